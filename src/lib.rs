@@ -1,0 +1,19 @@
+//! opencode-mcp: an MCP stdio server that hands mechanical work to cheaper models running as
+//! OpenCode agents, asynchronously and in parallel, while the orchestrating host stays in charge.
+//!
+//! # Layout
+//!
+//! - [`config`]: `delegation.yaml`: its types, the figment layering (built-in default, user file,
+//!   repo file, `--config`, env) and the validation that names file and key on every error.
+//! - [`opencode`]: everything that speaks to OpenCode: the progenitor client generated from
+//!   `openapi/` by `build.rs`, supervision of `opencode serve` processes, and the SSE event pump.
+//!   No other module names a generated type.
+//! - [`tasks`]: the task model, the one status vocabulary, the registry every tool reads from, and
+//!   waiting (all/any) on it.
+//! - [`gateway`]: the rmcp `ServerHandler`: the tool table built from config, one file per action,
+//!   the `delegate_task` prompt, and the error vocabulary every tool shares.
+
+pub mod config;
+pub mod gateway;
+pub mod opencode;
+pub mod tasks;

@@ -1,0 +1,128 @@
+//! The `opencode-mcp` binary: the MCP stdio server, plus config subcommands.
+//!
+//! stdout belongs to the MCP protocol alone; every log line goes to stderr through `tracing`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use opencode_mcp::config::{self, Sources};
+
+#[derive(Debug, Parser)]
+#[command(name = "opencode-mcp", version, about)]
+struct Cli {
+    /// A delegation.yaml layered above the built-in, user and repo files.
+    #[arg(long, global = true, env = "OPENCODE_MCP_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve MCP over stdio (the default).
+    Serve,
+    /// Load and validate the configuration; print the errors and exit non-zero if any.
+    CheckConfig,
+    /// Print the resolved configuration as YAML.
+    PrintConfig,
+    /// Print the JSON Schema of delegation.yaml.
+    ConfigSchema,
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let sources = Sources {
+        explicit: cli.config.clone(),
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        user_dir: user_config_dir(),
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::ConfigSchema => {
+            match serde_json::to_string_pretty(&config::json_schema()) {
+                Ok(text) => println!("{text}"),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Command::CheckConfig => match config::load(&sources) {
+            Ok(_) => {
+                eprintln!("configuration is valid");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::PrintConfig => match config::load(&sources) {
+            Ok(cfg) => match yaml_serde::to_string(&cfg) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve => serve(&sources),
+    }
+}
+
+fn serve(sources: &Sources) -> ExitCode {
+    // A malformed config refuses to start: running on defaults the user did not choose is worse.
+    let cfg = match config::load(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("opencode-mcp: refusing to start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("opencode-mcp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("opencode-mcp: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `$XDG_CONFIG_HOME/opencode-mcp`, else `$HOME/.config/opencode-mcp`.
+fn user_config_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("opencode-mcp"))
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OPENCODE_MCP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
