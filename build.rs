@@ -1,1 +1,70 @@
-fn main() {}
+//! Generates the typed OpenCode client from the pinned spec in `openapi/`.
+//!
+//! The spec is OpenAPI 3.1 and progenitor reads 3.0, so `openapi/normalize.rs` first rewrites it
+//! (keeping only the operations in `openapi/operations.txt`); the result is handed to progenitor
+//! and pretty-printed into `$OUT_DIR/opencode_client.rs`, which `src/opencode/client.rs` includes.
+//! The normalised spec is written next to it for inspection.
+
+#[path = "openapi/normalize.rs"]
+#[allow(dead_code)]
+mod normalize;
+
+use std::path::PathBuf;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: generating the OpenCode client failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    for input in [
+        "openapi/opencode.json",
+        "openapi/operations.txt",
+        "openapi/normalize.rs",
+    ] {
+        println!("cargo:rerun-if-changed={input}");
+    }
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
+
+    let raw = std::fs::read_to_string("openapi/opencode.json")
+        .map_err(|e| format!("reading openapi/opencode.json: {e}"))?;
+    let spec: serde_json::Value = serde_json::from_str(&raw)
+        .map_err(|e| format!("openapi/opencode.json is not JSON: {e}"))?;
+    let operations: Vec<String> = std::fs::read_to_string("openapi/operations.txt")
+        .map_err(|e| format!("reading openapi/operations.txt: {e}"))?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+
+    let normalized = normalize::normalize(spec, &operations)
+        .map_err(|e| format!("openapi/opencode.json {e}"))?;
+    let collisions = normalize::identifier_collisions(&normalized);
+    if !collisions.is_empty() {
+        return Err(format!(
+            "schema names collide once turned into Rust identifiers: {collisions:?}; \
+             add a rename rule in openapi/normalize.rs"
+        ));
+    }
+    let pretty = serde_json::to_string_pretty(&normalized).map_err(|e| e.to_string())?;
+    std::fs::write(out_dir.join("opencode.normalized.json"), &pretty)
+        .map_err(|e| format!("writing the normalised spec: {e}"))?;
+
+    let openapi: openapiv3::OpenAPI = serde_json::from_value(normalized)
+        .map_err(|e| format!("the normalised spec is not OpenAPI 3.0: {e}"))?;
+    let mut settings = progenitor::GenerationSettings::new();
+    settings.with_interface(progenitor::InterfaceStyle::Builder);
+    let mut generator = progenitor::Generator::new(&settings);
+    let tokens = generator
+        .generate_tokens(&openapi)
+        .map_err(|e| format!("progenitor: {e}"))?;
+    let file: syn::File =
+        syn::parse2(tokens).map_err(|e| format!("progenitor emitted invalid Rust: {e}"))?;
+    let code = prettyplease::unparse(&file);
+    std::fs::write(out_dir.join("opencode_client.rs"), code)
+        .map_err(|e| format!("writing the generated client: {e}"))?;
+    Ok(())
+}

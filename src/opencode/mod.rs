@@ -1,1 +1,3 @@
-//! placeholder
+//! Everything that speaks to OpenCode.
+
+pub mod client;
