@@ -479,17 +479,17 @@ pub fn any_of_to_one_of(schema: &mut Map<String, Value>) {
     }
 }
 
-/// A union of object variants (message parts, tool states, errors) gets a final free-form object
+/// A union of named object schemas (message parts, tool states, errors) gets a final free-form object
 /// branch, so that a variant added by a newer OpenCode decodes as "unknown" instead of failing the
 /// whole response (one new part type would otherwise make every message list unreadable).
 pub fn open_unions(schema: &mut Map<String, Value>) {
     let Some(list) = schema.get_mut("oneOf").and_then(Value::as_array_mut) else {
         return;
     };
-    let all_objects = list.iter().all(|branch| {
-        branch.get("$ref").is_some() || branch.get("type").and_then(Value::as_str) == Some("object")
-    });
-    if all_objects && list.len() > 1 {
+    // Only unions of named schemas: an inline union (`SessionStatus`) becomes a tagged enum with
+    // readable variants, which a catch-all would turn into `Variant0..n`.
+    let all_refs = list.iter().all(|branch| branch.get("$ref").is_some());
+    if all_refs && list.len() > 1 {
         list.push(json!({
             "type": "object",
             "description": "A variant this client does not know yet (from a newer OpenCode)."

@@ -14,6 +14,7 @@
 //!   the `delegate_task` prompt, and the error vocabulary every tool shares.
 
 pub mod config;
+pub mod error;
 pub mod gateway;
 pub mod opencode;
 pub mod tasks;

@@ -1,0 +1,35 @@
+//! Errors of the task actions.
+
+use crate::error::{Coded, ErrorCode};
+use crate::opencode::OpencodeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("unknown task id(s): {}", .0.join(", "))]
+    UnknownTasks(Vec<String>),
+    #[error("unknown server id `{0}`: call opencode_start_server first, or use the server_id it returned")]
+    UnknownServer(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    LimitExceeded(String),
+    #[error("{0}")]
+    NotImplemented(String),
+    #[error(transparent)]
+    Opencode(#[from] OpencodeError),
+}
+
+impl Coded for TaskError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            TaskError::UnknownTasks(_) | TaskError::UnknownServer(_) => ErrorCode::NotFound,
+            TaskError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            TaskError::Conflict(_) => ErrorCode::Conflict,
+            TaskError::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            TaskError::NotImplemented(_) => ErrorCode::NotImplemented,
+            TaskError::Opencode(e) => e.code(),
+        }
+    }
+}
