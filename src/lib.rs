@@ -16,5 +16,6 @@
 pub mod config;
 pub mod error;
 pub mod gateway;
+pub mod ids;
 pub mod opencode;
 pub mod tasks;

@@ -1,12 +1,26 @@
-//! The OpenCode servers the gateway knows: managed children it started and servers it attached to.
+//! The OpenCode servers the gateway knows: managed children it started and servers it attached
+//! to, keyed by a `server_id` the host passes back.
+//!
+//! One server per directory: a second `start_server` for the same directory returns the running
+//! one (the original spawned a second process on the same fixed port). Each server gets its event
+//! pump the moment it is known, before any task can be started on it, because OpenCode's stream
+//! has no replay.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use schemars::JsonSchema;
 use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
+use super::api::Api;
 use super::error::OpencodeError;
+use super::events::{run_pump, PumpEvent};
+use super::process::{ManagedProcess, SpawnRequest};
 use crate::config::Config;
+use crate::ids;
 
 /// What `start_server` reports.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -32,28 +46,238 @@ pub struct StopInfo {
     pub server_id: String,
     /// `true` if a process was terminated; `false` for an attached server (only forgotten).
     pub terminated: bool,
+    /// How the process ended, for a managed server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
     /// Tasks that were still running and are now `failed`.
     pub failed_tasks: Vec<String>,
 }
 
+/// One known server.
+#[derive(Debug)]
+pub struct Server {
+    pub id: String,
+    pub api: Api,
+    pub directory: String,
+    pub version: String,
+    pub process: Option<ManagedProcess>,
+    /// Stops the pump (and the tracker listening to it).
+    pub stop: CancellationToken,
+}
+
+impl Server {
+    pub fn info(&self, reused: bool) -> ServerInfo {
+        ServerInfo {
+            server_id: self.id.clone(),
+            url: self.api.base_url().to_string(),
+            managed: self.process.is_some(),
+            version: self.version.clone(),
+            directory: self.directory.clone(),
+            reused,
+            pid: self.process.as_ref().map(|p| p.pid),
+        }
+    }
+
+    /// `Some(how)` when the managed process has exited.
+    pub fn exited(&self) -> Option<String> {
+        self.process.as_ref().and_then(ManagedProcess::exit_status)
+    }
+}
+
+/// A newly known server and the stream of its events, for the tracker.
+pub struct Started {
+    pub server: Arc<Server>,
+    pub events: mpsc::UnboundedReceiver<PumpEvent>,
+}
+
 /// The servers, by id.
 pub struct ServerPool {
-    #[allow(dead_code)]
     config: Arc<Config>,
+    servers: Mutex<HashMap<String, Arc<Server>>>,
+    /// Serialises starts so two concurrent `start_server` calls for one directory cannot spawn
+    /// two processes.
+    starting: tokio::sync::Mutex<()>,
 }
 
 impl ServerPool {
     pub fn new(config: Arc<Config>) -> Self {
-        Self { config }
+        Self {
+            config,
+            servers: Mutex::new(HashMap::new()),
+            starting: tokio::sync::Mutex::new(()),
+        }
     }
 
-    /// Starts (or attaches to, when `opencode.url` is set) a server for `directory` (default:
-    /// the gateway's working directory); returns the running one for that directory if any.
+    /// The server with this id.
+    pub fn get(&self, server_id: &str) -> Option<Arc<Server>> {
+        self.lock().get(server_id).cloned()
+    }
+
+    /// Every known server.
+    pub fn all(&self) -> Vec<Arc<Server>> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Server>>> {
+        // A poisoned lock only means another thread panicked mid-update of a plain map.
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a managed server for `directory` (default: the gateway's working directory), or
+    /// attaches to `opencode.url` when configured. Returns `Ok((info, None))` when a running
+    /// server for that directory (or URL) already exists.
     pub async fn start(
         &self,
-        _port: Option<u16>,
-        _directory: Option<String>,
-    ) -> Result<ServerInfo, OpencodeError> {
-        Err(OpencodeError::Start("not implemented yet".into()))
+        port: Option<u16>,
+        directory: Option<String>,
+    ) -> Result<(ServerInfo, Option<Started>), OpencodeError> {
+        let directory = resolve_directory(directory)?;
+        let _guard = self.starting.lock().await;
+        let existing = self.lock().values().find(|s| {
+            s.exited().is_none()
+                && match &self.config.opencode.url {
+                    Some(url) => s.process.is_none() && s.api.base_url() == url.trim_end_matches('/'),
+                    None => s.process.is_some() && s.directory == directory,
+                }
+        }).cloned();
+        if let Some(server) = existing {
+            return Ok((server.info(true), None));
+        }
+        // Forget servers whose process died: a fresh start replaces them.
+        self.lock().retain(|_, s| s.exited().is_none());
+
+        let request_timeout = self.config.timeouts.request.get();
+        let (api, process) = match &self.config.opencode.url {
+            Some(url) => {
+                let password = std::env::var(&self.config.opencode.password_env).ok();
+                if password.is_none() && !is_loopback_url(url) {
+                    return Err(OpencodeError::Config(format!(
+                        "attaching to {url} needs a password: set the environment variable {} (opencode.password_env)",
+                        self.config.opencode.password_env
+                    )));
+                }
+                (Api::new(url, password.as_deref(), request_timeout)?, None)
+            }
+            None => {
+                let password = ids::secret();
+                let process = ManagedProcess::spawn(SpawnRequest {
+                    config: &self.config.opencode,
+                    port: port.unwrap_or(self.config.opencode.port),
+                    directory: Path::new(&directory),
+                    password: &password,
+                    start_timeout: self.config.timeouts.server_start.get(),
+                })
+                .await?;
+                let api = Api::new(&process.url, Some(&password), request_timeout)?;
+                (api, Some(process))
+            }
+        };
+        let version = match api.health().await {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(p) = &process {
+                    p.stop().await;
+                }
+                return Err(e);
+            }
+        };
+        let server = Arc::new(Server {
+            id: ids::server_id(),
+            api: api.clone(),
+            directory,
+            version,
+            process,
+            stop: CancellationToken::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_pump(api, tx, server.stop.clone()));
+        self.lock().insert(server.id.clone(), server.clone());
+        tracing::info!(server_id = %server.id, url = server.api.base_url(), managed = server.process.is_some(), "OpenCode server ready");
+        Ok((
+            server.info(false),
+            Some(Started {
+                server,
+                events: rx,
+            }),
+        ))
+    }
+
+    /// Removes the server, stops its pump and, for a managed one, its process.
+    pub async fn stop(&self, server_id: &str) -> Option<(Arc<Server>, Option<String>)> {
+        let server = self.lock().remove(server_id)?;
+        server.stop.cancel();
+        let exit = match &server.process {
+            Some(p) => Some(p.stop().await),
+            None => None,
+        };
+        Some((server, exit))
+    }
+
+    /// Stops every server (shutdown).
+    pub async fn stop_all(&self) {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        let stops = ids.iter().map(|id| self.stop(id));
+        futures::future::join_all(stops).await;
+    }
+}
+
+/// The directory a server or task runs in: absolute, existing, canonical.
+pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeError> {
+    let path = match directory {
+        Some(d) => PathBuf::from(d),
+        None => std::env::current_dir().map_err(|e| {
+            OpencodeError::Config(format!("cannot read the working directory: {e}"))
+        })?,
+    };
+    if !path.is_absolute() {
+        return Err(OpencodeError::Config(format!(
+            "directory `{}` must be an absolute path",
+            path.display()
+        )));
+    }
+    let canonical = path.canonicalize().map_err(|e| {
+        OpencodeError::Config(format!("directory `{}` is not usable: {e}", path.display()))
+    })?;
+    if !canonical.is_dir() {
+        return Err(OpencodeError::Config(format!(
+            "`{}` is not a directory",
+            canonical.display()
+        )));
+    }
+    Ok(canonical.to_string_lossy().into_owned())
+}
+
+fn is_loopback_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url);
+    let host = rest.split(['/', ':']).next().unwrap_or("");
+    host == "localhost"
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        || rest.starts_with("[::1]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_urls_are_recognised() {
+        assert!(is_loopback_url("http://127.0.0.1:4096"));
+        assert!(is_loopback_url("http://localhost:4096/"));
+        assert!(is_loopback_url("http://[::1]:4096"));
+        assert!(!is_loopback_url("http://10.0.0.2:4096"));
+        assert!(!is_loopback_url("https://example.invalid"));
+    }
+
+    #[test]
+    fn relative_and_missing_directories_are_rejected() {
+        assert!(resolve_directory(Some("relative/dir".into())).is_err());
+        assert!(resolve_directory(Some("/definitely/not/here/xyz".into())).is_err());
+        assert!(resolve_directory(Some("/".into())).is_ok());
     }
 }

@@ -1,5 +1,5 @@
 //! The task actions: start, continue, cancel, status, result, wait, and the server actions that
-//! touch tasks (stop, list agents). Tool handlers in `gateway` call exactly one of these.
+//! touch tasks (start, stop, list agents). Tool handlers in `gateway` call exactly one of these.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +8,15 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::error::TaskError;
-use super::model::{TaskResult, TaskSnapshot, WaitMode, WaitOutcome};
-use crate::config::Config;
-use crate::opencode::{AgentInfo, ServerInfo, ServerPool, StopInfo};
+use super::model::{TaskResult, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
+use super::registry::{Registry, TaskEntry};
+use super::tracker::{self, TrackerContext};
+use crate::config::{Config, Tier};
+use crate::ids;
+use crate::opencode::{
+    resolve_directory, AgentInfo, ErrorInfo, ModelCatalog, OpencodeError, PermissionReply, Server,
+    ServerInfo, ServerPool, StopInfo,
+};
 
 /// A validated `start_task` request.
 #[derive(Debug, Clone, Default)]
@@ -55,29 +61,50 @@ pub struct AgentCatalog {
     pub agents: Vec<AgentInfo>,
     /// Every model the server offers, as exact `provider/model` ids.
     pub models: Vec<String>,
-    /// The server's default model, if it has one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_model: Option<String>,
+    /// The server's default model per provider (`provider/model`).
+    pub default_models: Vec<String>,
     pub tiers: Vec<TierResolution>,
 }
 
 /// The tasks and the servers they run on.
 pub struct TaskService {
-    #[allow(dead_code)]
     config: Arc<Config>,
     pool: ServerPool,
-}
-
-fn not_yet() -> TaskError {
-    TaskError::NotImplemented("this action is not implemented yet".into())
+    registry: Arc<Registry>,
 }
 
 impl TaskService {
     pub fn new(config: Arc<Config>) -> Self {
         Self {
             pool: ServerPool::new(config.clone()),
+            registry: Arc::new(Registry::new()),
             config,
         }
+    }
+
+    fn stall(&self) -> Duration {
+        self.config.timeouts.stall.get()
+    }
+
+    fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
+        let server = self
+            .pool
+            .get(server_id)
+            .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
+        if let Some(how) = server.exited() {
+            return Err(OpencodeError::Gone {
+                server_id: server_id.to_string(),
+                reason: format!("its process {how}; call opencode_start_server again"),
+            }
+            .into());
+        }
+        Ok(server)
+    }
+
+    fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
+        self.registry
+            .get(task_id)
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
     }
 
     pub async fn start_server(
@@ -85,51 +112,578 @@ impl TaskService {
         port: Option<u16>,
         directory: Option<String>,
     ) -> Result<ServerInfo, TaskError> {
-        Ok(self.pool.start(port, directory).await?)
+        let (info, started) = self.pool.start(port, directory).await?;
+        if let Some(started) = started {
+            let ctx = TrackerContext {
+                registry: self.registry.clone(),
+                tail_chars: self.config.limits.progress_tail_chars as usize,
+            };
+            tokio::spawn(tracker::run(ctx, started.server, started.events));
+        }
+        Ok(info)
     }
 
-    pub async fn stop_server(&self, _server_id: &str) -> Result<StopInfo, TaskError> {
-        Err(not_yet())
+    pub async fn stop_server(&self, server_id: &str) -> Result<StopInfo, TaskError> {
+        let (server, exit) = self
+            .pool
+            .stop(server_id)
+            .await
+            .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
+        let failed_tasks = tracker::fail_server_tasks(
+            &self.registry,
+            &server.id,
+            &format!("the OpenCode server {} was stopped by opencode_stop_server", server.id),
+        );
+        Ok(StopInfo {
+            server_id: server.id.clone(),
+            terminated: server.process.is_some(),
+            exit,
+            failed_tasks,
+        })
     }
 
-    pub async fn list_agents(&self, _server_id: &str) -> Result<AgentCatalog, TaskError> {
-        Err(not_yet())
+    pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
+        let server = self.server(server_id)?;
+        let (agents, catalog) = tokio::join!(
+            server.api.agents(&server.directory),
+            server.api.models(&server.directory)
+        );
+        let (agents, catalog) = (agents?, catalog?);
+        let tiers = self
+            .config
+            .tiers
+            .iter()
+            .map(|t| resolve_tier(t, &catalog))
+            .collect();
+        Ok(AgentCatalog {
+            server_id: server.id.clone(),
+            agents,
+            default_models: catalog
+                .defaults
+                .iter()
+                .map(|(p, m)| format!("{p}/{m}"))
+                .collect(),
+            models: catalog.models,
+            tiers,
+        })
     }
 
-    /// Returns as soon as the prompt is accepted (status `pending`).
-    pub async fn start(&self, _req: StartTask) -> Result<TaskSnapshot, TaskError> {
-        Err(not_yet())
+    /// Checks agent, model and tier against the live server; returns the model to use.
+    async fn choose(
+        &self,
+        server: &Server,
+        directory: &str,
+        agent: Option<&str>,
+        model: Option<&str>,
+        tier: Option<&str>,
+    ) -> Result<Option<String>, TaskError> {
+        let tier = match tier {
+            Some(name) => Some(
+                self.config
+                    .tiers
+                    .iter()
+                    .find(|t| t.name == name)
+                    .ok_or_else(|| {
+                        TaskError::InvalidArgument(format!(
+                            "unknown tier `{name}`; configured tiers: {}",
+                            self.config
+                                .tiers
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let need_models = model.is_some() || tier.is_some_and(|t| !t.models.is_empty());
+        let (agents, catalog) = tokio::join!(
+            async {
+                match agent {
+                    Some(_) => server.api.agents(directory).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            async {
+                if need_models {
+                    server.api.models(directory).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            }
+        );
+        if let (Some(name), Some(agents)) = (agent, agents?) {
+            if !agents.iter().any(|a| a.name == name) {
+                return Err(TaskError::InvalidArgument(format!(
+                    "unknown agent `{name}`; this server offers: {}",
+                    agents
+                        .iter()
+                        .map(|a| a.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let catalog = catalog?.unwrap_or_default();
+        if let Some(m) = model {
+            if !catalog.contains(m) {
+                return Err(TaskError::InvalidArgument(format!(
+                    "unknown model `{m}`; this server offers: {}",
+                    list_some(&catalog.models)
+                )));
+            }
+            return Ok(Some(m.to_string()));
+        }
+        if let Some(t) = tier {
+            let r = resolve_tier(t, &catalog);
+            if !r.available {
+                return Err(TaskError::InvalidArgument(format!(
+                    "tier `{}` lists {} but this server offers none of them; it offers: {}",
+                    t.name,
+                    t.models.join(", "),
+                    list_some(&catalog.models)
+                )));
+            }
+            return Ok(r.model);
+        }
+        Ok(None)
     }
 
-    pub async fn continue_task(&self, _req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
-        Err(not_yet())
+    /// Makes room for one more task: evicts expired finished tasks, then refuses at the cap.
+    fn ensure_capacity(&self) -> Result<(), TaskError> {
+        self.registry
+            .evict_finished(self.config.limits.finished_task_ttl.get());
+        let max = self.config.limits.max_tasks as usize;
+        if self.registry.count() >= max {
+            return Err(TaskError::LimitExceeded(format!(
+                "{max} tasks are tracked (limits.max_tasks); wait for some to finish, or raise the limit"
+            )));
+        }
+        Ok(())
     }
 
-    pub async fn cancel(&self, _task_id: &str) -> Result<TaskSnapshot, TaskError> {
-        Err(not_yet())
+    /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it.
+    pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
+        let server = self.server(&req.server_id)?;
+        self.ensure_capacity()?;
+        let directory = match req.directory {
+            Some(d) => resolve_directory(Some(d))?,
+            None => server.directory.clone(),
+        };
+        let model = self
+            .choose(
+                &server,
+                &directory,
+                req.agent.as_deref(),
+                req.model.as_deref(),
+                req.tier.as_deref(),
+            )
+            .await?;
+        let title = req
+            .title
+            .clone()
+            .unwrap_or_else(|| default_title(&req.prompt));
+        let session_id = server.api.create_session(&directory, &title).await?;
+        let task_id = ids::task_id();
+        let message_id = ids::message_id();
+        let mut entry = TaskEntry::new(
+            task_id.clone(),
+            server.id.clone(),
+            session_id.clone(),
+            directory.clone(),
+            title,
+        );
+        entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
+        // Registered before the prompt goes out, so no event of this turn can be missed.
+        self.registry.insert(entry);
+        if let Err(e) = server
+            .api
+            .prompt_async(
+                &directory,
+                &session_id,
+                &message_id,
+                &req.prompt,
+                req.agent.as_deref(),
+                model.as_deref(),
+            )
+            .await
+        {
+            self.registry.remove(&task_id);
+            return Err(e.into());
+        }
+        self.arm_deadline(&server, &task_id, 1);
+        self.snapshot(&task_id, false)
     }
 
-    pub fn status(&self, _task_id: &str, _include_progress: bool) -> Result<TaskSnapshot, TaskError> {
-        Err(not_yet())
+    /// Sends a follow-up in the same session. Refused while the task is still working: a prompt
+    /// sent to a busy session is queued and batched into the running LLM call, which would blur
+    /// which result belongs to which prompt.
+    pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
+        let entry = self.entry(&req.task_id)?;
+        if !entry.status.is_terminal() || entry.aborting {
+            return Err(TaskError::Conflict(format!(
+                "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
+                entry.id,
+                entry.status.as_str()
+            )));
+        }
+        let server = self.server(&entry.server_id)?;
+        let agent = req.agent.clone().or(entry.agent.clone());
+        let model = match req.model.as_deref() {
+            Some(_) => {
+                self.choose(&server, &entry.directory, agent.as_deref(), req.model.as_deref(), None)
+                    .await?
+            }
+            None => {
+                if req.agent.is_some() {
+                    self.choose(&server, &entry.directory, agent.as_deref(), None, None)
+                        .await?;
+                }
+                entry.model.clone()
+            }
+        };
+        let message_id = ids::message_id();
+        let previous = entry.clone();
+        let turn = self
+            .registry
+            .update(&entry.id, |e| {
+                e.begin_turn(message_id.clone(), agent.clone(), model.clone());
+                e.turn
+            })
+            .ok_or_else(|| TaskError::UnknownTasks(vec![entry.id.clone()]))?;
+        if let Err(e) = server
+            .api
+            .prompt_async(
+                &entry.directory,
+                &entry.session_id,
+                &message_id,
+                &req.prompt,
+                agent.as_deref(),
+                model.as_deref(),
+            )
+            .await
+        {
+            // The follow-up never started: the previous turn's result stays readable.
+            self.registry.update(&entry.id, |e| *e = previous);
+            return Err(e.into());
+        }
+        self.arm_deadline(&server, &entry.id, turn);
+        self.snapshot(&entry.id, false)
     }
 
-    /// `offset` is in characters.
-    pub async fn result(&self, _task_id: &str, _offset: u64) -> Result<TaskResult, TaskError> {
-        Err(not_yet())
+    /// Aborts the turn (and rejects a permission it waits on); idempotent on finished tasks.
+    pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
+        let entry = self.entry(task_id)?;
+        if entry.status.is_terminal() {
+            return self.snapshot(task_id, false);
+        }
+        let server = self.server(&entry.server_id)?;
+        self.abort_turn(&server, &entry, TaskStatus::Cancelled, None)
+            .await?;
+        self.snapshot(task_id, false)
+    }
+
+    /// Aborts the session's turn and finishes the task with `status`. On failure the task is left
+    /// as it was and the error returned: a 404 is never reported as a cancellation.
+    async fn abort_turn(
+        &self,
+        server: &Server,
+        entry: &TaskEntry,
+        status: TaskStatus,
+        error: Option<ErrorInfo>,
+    ) -> Result<(), TaskError> {
+        let turn = entry.turn;
+        let claimed = self.registry.update(&entry.id, |e| {
+            if e.turn != turn || e.status.is_terminal() || e.aborting {
+                false
+            } else {
+                e.aborting = true;
+                true
+            }
+        });
+        if claimed != Some(true) {
+            return Ok(());
+        }
+        if let Some(ask) = &entry.permission {
+            if let Err(e) = server
+                .api
+                .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
+                .await
+            {
+                tracing::warn!(task_id = %entry.id, error = %e, "rejecting the pending permission failed");
+            }
+        }
+        match server.api.abort(&entry.directory, &entry.session_id).await {
+            Ok(_) => {
+                self.registry.update(&entry.id, |e| {
+                    if e.turn == turn {
+                        e.finish(status, error);
+                    }
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.registry.update(&entry.id, |e| e.aborting = false);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Aborts the turn at `timeouts.task` if it is still running then.
+    fn arm_deadline(&self, server: &Arc<Server>, task_id: &str, turn: u32) {
+        let limit = self.config.timeouts.task.get();
+        let registry = self.registry.clone();
+        let server = server.clone();
+        let task_id = task_id.to_string();
+        let stop = server.stop.clone();
+        let svc = DeadlineAbort { registry };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(limit) => svc.fire(&server, &task_id, turn, limit).await,
+            }
+        });
+    }
+
+    pub fn status(&self, task_id: &str, include_progress: bool) -> Result<TaskSnapshot, TaskError> {
+        self.snapshot(task_id, include_progress)
+    }
+
+    fn snapshot(&self, task_id: &str, include_progress: bool) -> Result<TaskSnapshot, TaskError> {
+        self.registry
+            .snapshots(&[task_id.to_string()], include_progress, self.stall())
+            .map_err(TaskError::UnknownTasks)?
+            .pop()
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
+    }
+
+    /// The full result of the current turn; `offset` is in characters. For an unfinished task it
+    /// reports what is known so far, with the same status `get_task_status` gives.
+    pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
+        let entry = self.entry(task_id)?;
+        let server = self.pool.get(&entry.server_id).filter(|s| s.exited().is_none());
+        let outcome = match (&entry.outcome, &server) {
+            (Some(o), _) => Some(o.clone()),
+            (None, Some(s)) => s
+                .api
+                .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id)
+                .await
+                .ok(),
+            (None, None) => None,
+        };
+        let files = match (&entry.files_changed, &server) {
+            (Some(f), _) => f.clone(),
+            (None, Some(s)) => {
+                let files = s
+                    .api
+                    .changed_files(&entry.directory, &entry.session_id, None)
+                    .await
+                    .unwrap_or_default();
+                if entry.status.is_terminal() {
+                    let f = files.clone();
+                    let turn = entry.turn;
+                    self.registry.update(task_id, |e| {
+                        if e.turn == turn {
+                            e.files_changed = Some(f);
+                        }
+                    });
+                }
+                files
+            }
+            (None, None) => Vec::new(),
+        };
+        // Status is re-read so result never disagrees with status (the original's bug 3).
+        let current = self.entry(task_id)?;
+        let outcome = outcome.unwrap_or_default();
+        let page = self.config.limits.result_page_chars as usize;
+        let total = outcome.text.chars().count();
+        let start = (offset as usize).min(total);
+        let text: String = outcome.text.chars().skip(start).take(page).collect();
+        let end = start + text.chars().count();
+        Ok(TaskResult {
+            task_id: current.id.clone(),
+            status: current.status,
+            turn: current.turn,
+            truncated: end < total,
+            next_offset: (end < total).then_some(end as u64),
+            offset: start as u64,
+            total_chars: total as u64,
+            text,
+            model: outcome.model.clone().or(current.model.clone()),
+            agent: outcome.agent.clone().or(current.agent.clone()),
+            tokens: outcome.tokens,
+            cost: outcome.cost,
+            finish: outcome.finish.clone(),
+            duration_ms: current.duration().as_millis() as u64,
+            files_changed: files,
+            tools: outcome.tools.clone(),
+            error: current.error.clone(),
+        })
     }
 
     /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`. Never
     /// cancels a task; dropping the future ends only the wait.
     pub async fn wait(
         &self,
-        _task_ids: &[String],
-        _mode: WaitMode,
-        _timeout: Duration,
-        _include_progress: bool,
+        task_ids: &[String],
+        mode: WaitMode,
+        timeout: Duration,
+        include_progress: bool,
     ) -> Result<WaitOutcome, TaskError> {
-        Err(not_yet())
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = self.registry.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let tasks = self
+                .registry
+                .snapshots(task_ids, include_progress, self.stall())
+                .map_err(TaskError::UnknownTasks)?;
+            let (finished, unfinished): (Vec<_>, Vec<_>) =
+                tasks.iter().partition(|t| t.status.is_terminal());
+            let done = match mode {
+                WaitMode::All => unfinished.is_empty(),
+                WaitMode::Any => !finished.is_empty(),
+            };
+            let expired = tokio::time::Instant::now() >= deadline;
+            if done || expired {
+                return Ok(WaitOutcome {
+                    done,
+                    timed_out: !done,
+                    mode,
+                    finished: finished.iter().map(|t| t.task_id.clone()).collect(),
+                    unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),
+                    tasks,
+                });
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { tokio::time::sleep_until(deadline).await },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 
     /// Stops every managed server (used on shutdown).
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        self.pool.stop_all().await;
+    }
+}
+
+/// The deadline's abort, separated so the spawned timer holds only what it needs.
+struct DeadlineAbort {
+    registry: Arc<Registry>,
+}
+
+impl DeadlineAbort {
+    async fn fire(&self, server: &Server, task_id: &str, turn: u32, limit: Duration) {
+        let claimed = self.registry.update(task_id, |e| {
+            if e.turn != turn || e.status.is_terminal() || e.aborting {
+                None
+            } else {
+                e.aborting = true;
+                Some(e.clone())
+            }
+        });
+        let Some(Some(entry)) = claimed else {
+            return;
+        };
+        if let Some(ask) = &entry.permission {
+            let _ = server
+                .api
+                .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
+                .await;
+        }
+        let error = ErrorInfo {
+            name: "TaskTimeout".into(),
+            message: format!(
+                "the task ran longer than timeouts.task ({}) and was aborted",
+                humantime::format_duration(limit)
+            ),
+        };
+        let aborted = server.api.abort(&entry.directory, &entry.session_id).await;
+        if let Err(e) = &aborted {
+            tracing::warn!(task_id, error = %e, "aborting a timed-out task failed; reporting it timed out anyway");
+        }
+        self.registry.update(task_id, |e| {
+            if e.turn == turn {
+                e.finish(TaskStatus::TimedOut, Some(error));
+            }
+        });
+    }
+}
+
+/// A tier's model on a server: the first listed model the server offers; a tier that lists no
+/// models means the server's default.
+pub fn resolve_tier(tier: &Tier, catalog: &ModelCatalog) -> TierResolution {
+    let (model, available) = if tier.models.is_empty() {
+        (None, true)
+    } else {
+        match tier.models.iter().find(|m| catalog.contains(m)) {
+            Some(m) => (Some(m.clone()), true),
+            None => (None, false),
+        }
+    };
+    TierResolution {
+        name: tier.name.clone(),
+        handles: tier.handles.clone(),
+        model,
+        available,
+    }
+}
+
+fn list_some(items: &[String]) -> String {
+    const MAX: usize = 40;
+    if items.is_empty() {
+        return "(none)".into();
+    }
+    let mut s = items.iter().take(MAX).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > MAX {
+        s.push_str(&format!(", ... ({} more)", items.len() - MAX));
+    }
+    s
+}
+
+/// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
+fn default_title(prompt: &str) -> String {
+    let line = prompt.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("task");
+    let mut title: String = line.chars().take(60).collect();
+    if line.chars().count() > 60 {
+        title.push('…');
+    }
+    format!("[opencode-mcp] {title}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tier(models: &[&str]) -> Tier {
+        Tier {
+            name: "fast".into(),
+            handles: "x".into(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn tiers_resolve_to_the_first_offered_model() {
+        let catalog = ModelCatalog {
+            models: vec!["a/one".into(), "b/two".into()],
+            defaults: Default::default(),
+        };
+        assert_eq!(
+            resolve_tier(&tier(&["z/nope", "b/two", "a/one"]), &catalog).model,
+            Some("b/two".into())
+        );
+        let none = resolve_tier(&tier(&["z/nope"]), &catalog);
+        assert!(!none.available && none.model.is_none());
+        let default = resolve_tier(&tier(&[]), &catalog);
+        assert!(default.available && default.model.is_none());
+    }
+
+    #[test]
+    fn titles_come_from_the_first_non_empty_line() {
+        assert_eq!(default_title("\n  fix the bug\nmore"), "[opencode-mcp] fix the bug");
+        assert!(default_title(&"x".repeat(100)).ends_with('…'));
+    }
 }

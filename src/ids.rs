@@ -1,0 +1,78 @@
+//! Identifiers and secrets: task and server ids the host sees, OpenCode-compatible message ids,
+//! and the random passwords managed servers get.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+fn random_base62(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness is a broken machine; fall back to time-derived noise rather than
+        // panicking, since ids only need to be unique, not secret.
+        let seed = now_nanos();
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (seed >> ((i % 8) * 8)) as u8 ^ (i as u8).wrapping_mul(31);
+        }
+    }
+    bytes
+        .iter()
+        .map(|b| BASE62[(*b as usize) % 62] as char)
+        .collect()
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// A task id the host passes back: `tsk_` + 16 base62 characters.
+pub fn task_id() -> String {
+    format!("tsk_{}", random_base62(16))
+}
+
+/// A server id: `srv_` + 10 base62 characters.
+pub fn server_id() -> String {
+    format!("srv_{}", random_base62(10))
+}
+
+/// A password for a managed server: 32 base62 characters (about 190 bits).
+pub fn secret() -> String {
+    random_base62(32)
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A message id in OpenCode's own ascending format (`msg_` + 12 hex digits of
+/// `millis * 0x1000 + counter` + 14 base62 characters), so that our user messages sort among
+/// OpenCode's by creation time, as its own ids do.
+pub fn message_id() -> String {
+    let millis = (now_nanos() / 1_000_000) as u64;
+    let counter = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
+    let value = (millis.wrapping_mul(0x1000).wrapping_add(counter)) & 0xffff_ffff_ffff;
+    format!("msg_{value:012x}{}", random_base62(14))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_have_their_prefix_and_length() {
+        assert!(task_id().starts_with("tsk_") && task_id().len() == 20);
+        assert!(server_id().starts_with("srv_") && server_id().len() == 14);
+        assert_eq!(secret().len(), 32);
+        assert_ne!(task_id(), task_id());
+    }
+
+    #[test]
+    fn message_ids_ascend() {
+        let a = message_id();
+        let b = message_id();
+        assert!(a.starts_with("msg_") && a.len() == 4 + 12 + 14);
+        assert!(a[..16] < b[..16], "{a} then {b}");
+    }
+}

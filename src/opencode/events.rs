@@ -1,0 +1,453 @@
+//! The event pump: one SSE stream per OpenCode server (`GET /global/event`), decoded leniently
+//! into the few events the task tracker needs.
+//!
+//! The `Event` union in OpenCode's spec has about eighty variants and changes between releases,
+//! so it is not generated: frames are read as JSON and only the fields we use are picked out.
+//! An unknown event type, an extra field or a malformed frame is skipped, never an error, so a
+//! newer OpenCode cannot break the stream. The stream has no replay, so the pump is subscribed
+//! before any prompt is sent, and after a reconnect the tracker reconciles over HTTP.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::api::{error_info_from_json, Api, ErrorInfo, PermissionAsk, SessionActivity};
+
+/// What the pump reports to the tracker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PumpEvent {
+    /// The stream is (re)connected: anything may have been missed before this, reconcile.
+    Connected,
+    /// The stream broke; the pump is reconnecting.
+    Disconnected(String),
+    /// An event from OpenCode.
+    Event(Event),
+}
+
+/// The OpenCode events the tracker understands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    SessionStatus {
+        session_id: String,
+        activity: SessionActivity,
+    },
+    SessionIdle {
+        session_id: String,
+    },
+    SessionError {
+        session_id: Option<String>,
+        error: ErrorInfo,
+    },
+    MessageUpdated {
+        session_id: String,
+        message_id: String,
+        /// `user` or `assistant`.
+        role: String,
+        parent_id: Option<String>,
+        completed: bool,
+        finish: Option<String>,
+        error: Option<ErrorInfo>,
+    },
+    PartUpdated {
+        session_id: String,
+        message_id: String,
+        part_id: String,
+        part: PartEvent,
+    },
+    PartDelta {
+        session_id: String,
+        message_id: String,
+        part_id: String,
+        field: String,
+        delta: String,
+    },
+    PermissionAsked(PermissionAsk),
+    PermissionReplied {
+        session_id: String,
+        request_id: String,
+    },
+    /// Heartbeats, and every event type we do not use.
+    Other,
+}
+
+impl Event {
+    /// The session an event is about, if any.
+    pub fn session_id(&self) -> Option<&str> {
+        match self {
+            Event::SessionStatus { session_id, .. }
+            | Event::SessionIdle { session_id }
+            | Event::MessageUpdated { session_id, .. }
+            | Event::PartUpdated { session_id, .. }
+            | Event::PartDelta { session_id, .. }
+            | Event::PermissionReplied { session_id, .. } => Some(session_id),
+            Event::SessionError { session_id, .. } => session_id.as_deref(),
+            Event::PermissionAsked(ask) => Some(&ask.session_id),
+            Event::Other => None,
+        }
+    }
+}
+
+/// The parts of a `message.part.updated` the progress report uses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PartEvent {
+    Text {
+        text: String,
+    },
+    Tool {
+        tool: String,
+        /// `pending`, `running`, `completed`, `error`.
+        status: String,
+        title: Option<String>,
+    },
+    StepStart,
+    StepFinish,
+    Other,
+}
+
+/// Incremental parser of a `text/event-stream` body: feed it bytes, get the `data` payloads of
+/// complete events. Only `data:` lines matter here (OpenCode sends no `event:` or `id:`).
+#[derive(Debug, Default)]
+pub struct SseParser {
+    line: Vec<u8>,
+    data: String,
+    has_data: bool,
+}
+
+impl SseParser {
+    /// Feeds a chunk; returns the payloads of the events it completed.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &b in chunk {
+            if b == b'\n' {
+                let mut line = std::mem::take(&mut self.line);
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                self.on_line(&line, &mut out);
+            } else {
+                self.line.push(b);
+            }
+        }
+        out
+    }
+
+    fn on_line(&mut self, line: &[u8], out: &mut Vec<String>) {
+        if line.is_empty() {
+            if self.has_data {
+                out.push(std::mem::take(&mut self.data));
+                self.has_data = false;
+            }
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        if let Some(rest) = text.strip_prefix("data:") {
+            if self.has_data {
+                self.data.push('\n');
+            }
+            self.data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+            self.has_data = true;
+        }
+        // `event:`, `id:`, `retry:` and comments are ignored.
+    }
+}
+
+/// Decodes one `data:` payload of `/global/event` (`{directory, payload: {type, properties}}`)
+/// or of `/event` (`{type, properties}`). Never fails: what it cannot read is [`Event::Other`].
+pub fn decode_event(data: &str) -> Event {
+    let Ok(value) = serde_json::from_str::<Value>(data) else {
+        return Event::Other;
+    };
+    let payload = value.get("payload").unwrap_or(&value);
+    let kind = payload.get("type").and_then(Value::as_str).unwrap_or("");
+    let props = payload.get("properties").unwrap_or(&Value::Null);
+    decode_properties(kind, props).unwrap_or(Event::Other)
+}
+
+fn s(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(String::from)
+}
+
+fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
+    Some(match kind {
+        "session.status" => {
+            let status = p.get("status")?;
+            let activity = match status.get("type").and_then(Value::as_str)? {
+                "idle" => SessionActivity::Idle,
+                "busy" => SessionActivity::Busy,
+                "retry" => SessionActivity::Retry {
+                    attempt: status.get("attempt").and_then(Value::as_u64).unwrap_or(0),
+                    message: s(status, "message").unwrap_or_default(),
+                    next: status.get("next").and_then(Value::as_u64).unwrap_or(0),
+                },
+                _ => SessionActivity::Busy,
+            };
+            Event::SessionStatus {
+                session_id: s(p, "sessionID")?,
+                activity,
+            }
+        }
+        "session.idle" => Event::SessionIdle {
+            session_id: s(p, "sessionID")?,
+        },
+        "session.error" => Event::SessionError {
+            session_id: s(p, "sessionID"),
+            error: p
+                .get("error")
+                .map(error_info_from_json)
+                .unwrap_or(ErrorInfo {
+                    name: "UnknownError".into(),
+                    message: "OpenCode reported a session error without details".into(),
+                }),
+        },
+        "message.updated" => {
+            let info = p.get("info")?;
+            Event::MessageUpdated {
+                session_id: s(info, "sessionID").or_else(|| s(p, "sessionID"))?,
+                message_id: s(info, "id")?,
+                role: s(info, "role").unwrap_or_default(),
+                parent_id: s(info, "parentID"),
+                completed: info.pointer("/time/completed").is_some_and(|c| !c.is_null()),
+                finish: s(info, "finish"),
+                error: info.get("error").map(error_info_from_json),
+            }
+        }
+        "message.part.updated" => {
+            let part = p.get("part")?;
+            let decoded = match part.get("type").and_then(Value::as_str).unwrap_or("") {
+                "text" => PartEvent::Text {
+                    text: s(part, "text").unwrap_or_default(),
+                },
+                "tool" => PartEvent::Tool {
+                    tool: s(part, "tool").unwrap_or_default(),
+                    status: part
+                        .pointer("/state/status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("pending")
+                        .to_string(),
+                    title: part
+                        .pointer("/state/title")
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                },
+                "step-start" => PartEvent::StepStart,
+                "step-finish" => PartEvent::StepFinish,
+                _ => PartEvent::Other,
+            };
+            Event::PartUpdated {
+                session_id: s(part, "sessionID").or_else(|| s(p, "sessionID"))?,
+                message_id: s(part, "messageID")?,
+                part_id: s(part, "id").unwrap_or_default(),
+                part: decoded,
+            }
+        }
+        "message.part.delta" => Event::PartDelta {
+            session_id: s(p, "sessionID")?,
+            message_id: s(p, "messageID")?,
+            part_id: s(p, "partID").unwrap_or_default(),
+            field: s(p, "field").unwrap_or_default(),
+            delta: s(p, "delta").unwrap_or_default(),
+        },
+        "permission.asked" => Event::PermissionAsked(PermissionAsk {
+            id: s(p, "id")?,
+            session_id: s(p, "sessionID")?,
+            permission: s(p, "permission").unwrap_or_default(),
+            patterns: p
+                .get("patterns")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            metadata: p.get("metadata").cloned().unwrap_or(Value::Null),
+        }),
+        "permission.replied" => Event::PermissionReplied {
+            session_id: s(p, "sessionID")?,
+            request_id: s(p, "requestID")?,
+        },
+        _ => Event::Other,
+    })
+}
+
+/// Runs the pump until `stop` is cancelled: connect, forward events, and on any break report
+/// `Disconnected`, back off (250 ms doubling to 5 s) and reconnect. Each successful connect is
+/// reported as `Connected` so the tracker reconciles what the gap may have hidden.
+pub async fn run_pump(api: Api, tx: mpsc::UnboundedSender<PumpEvent>, stop: CancellationToken) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = stream_once(&api, &tx) => r,
+        };
+        let reason = match outcome {
+            Ok(()) => "the event stream ended".to_string(),
+            Err(e) => e,
+        };
+        if tx.send(PumpEvent::Disconnected(reason.clone())).is_err() {
+            return;
+        }
+        tracing::debug!(url = api.base_url(), %reason, "event stream lost; reconnecting");
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection: returns when the stream ends or fails. A connection that delivered data
+/// resets nothing here; the caller's backoff is short enough either way.
+async fn stream_once(api: &Api, tx: &mpsc::UnboundedSender<PumpEvent>) -> Result<(), String> {
+    let response = api
+        .stream_get("/global/event")
+        .header(reqwest::header::ACCEPT, "text/event-stream")
+        .send()
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("HTTP {}", response.status()));
+    }
+    let is_sse = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    if !is_sse {
+        return Err("the event endpoint did not answer with text/event-stream".into());
+    }
+    if tx.send(PumpEvent::Connected).is_err() {
+        return Ok(());
+    }
+    let mut parser = SseParser::default();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| format!("stream read failed: {e}"))?;
+        for data in parser.feed(&chunk) {
+            let event = decode_event(&data);
+            if event != Event::Other && tx.send(PumpEvent::Event(event)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_parser_handles_split_chunks_and_crlf() {
+        let mut p = SseParser::default();
+        assert!(p.feed(b"data: {\"a\"").is_empty());
+        assert!(p.feed(b":1}\r\n").is_empty());
+        assert_eq!(p.feed(b"\r\n"), vec!["{\"a\":1}".to_string()]);
+        assert_eq!(
+            p.feed(b": comment\nevent: x\ndata: one\ndata: two\n\n"),
+            vec!["one\ntwo".to_string()]
+        );
+        assert!(p.feed(b"\n\n").is_empty(), "blank lines alone emit nothing");
+    }
+
+    #[test]
+    fn decodes_global_wrapper_and_session_events() {
+        let e = decode_event(
+            r#"{"directory":"/w","payload":{"id":"evt_1","type":"session.idle","properties":{"sessionID":"ses_1"}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::SessionIdle {
+                session_id: "ses_1".into()
+            }
+        );
+        let e = decode_event(
+            r#"{"type":"session.status","properties":{"sessionID":"ses_1","status":{"type":"retry","attempt":2,"message":"500","next":99}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::SessionStatus {
+                session_id: "ses_1".into(),
+                activity: SessionActivity::Retry {
+                    attempt: 2,
+                    message: "500".into(),
+                    next: 99
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_types_extra_fields_and_garbage_are_other_or_tolerated() {
+        assert_eq!(decode_event("not json"), Event::Other);
+        assert_eq!(
+            decode_event(r#"{"type":"brand.new.event","properties":{}}"#),
+            Event::Other
+        );
+        // Missing required field: skipped, not an error.
+        assert_eq!(
+            decode_event(r#"{"type":"session.idle","properties":{}}"#),
+            Event::Other
+        );
+        let e = decode_event(
+            r#"{"type":"session.idle","properties":{"sessionID":"ses_1","newField":[1,2]},"extra":true}"#,
+        );
+        assert_eq!(e.session_id(), Some("ses_1"));
+    }
+
+    #[test]
+    fn session_error_carries_name_and_message() {
+        let e = decode_event(
+            r#"{"type":"session.error","properties":{"sessionID":"ses_1","error":{"name":"APIError","data":{"message":"Bad Request: nope","statusCode":400}}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::SessionError {
+                session_id: Some("ses_1".into()),
+                error: ErrorInfo {
+                    name: "APIError".into(),
+                    message: "Bad Request: nope".into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn message_and_part_events() {
+        let e = decode_event(
+            r#"{"type":"message.updated","properties":{"sessionID":"ses_1","info":{"id":"msg_2","sessionID":"ses_1","role":"assistant","parentID":"msg_1","finish":"stop","time":{"created":1,"completed":2}}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::MessageUpdated {
+                session_id: "ses_1".into(),
+                message_id: "msg_2".into(),
+                role: "assistant".into(),
+                parent_id: Some("msg_1".into()),
+                completed: true,
+                finish: Some("stop".into()),
+                error: None
+            }
+        );
+        let e = decode_event(
+            r#"{"type":"message.part.updated","properties":{"sessionID":"ses_1","time":1,"part":{"id":"prt_1","sessionID":"ses_1","messageID":"msg_2","type":"tool","tool":"bash","callID":"c","state":{"status":"running","title":"ls"}}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::PartUpdated {
+                session_id: "ses_1".into(),
+                message_id: "msg_2".into(),
+                part_id: "prt_1".into(),
+                part: PartEvent::Tool {
+                    tool: "bash".into(),
+                    status: "running".into(),
+                    title: Some("ls".into())
+                }
+            }
+        );
+    }
+}
