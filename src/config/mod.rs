@@ -1,10 +1,44 @@
-//! `delegation.yaml`: types, layering and validation.
+//! `delegation.yaml`: the declared surface of the gateway.
+//!
+//! Everything a host sees (tools, their names and descriptions, the `delegate_task` prompt, the
+//! model tiers) and every limit is configuration, layered with figment, lowest first:
+//!
+//! 1. the built-in default, the repo's own `delegation.yaml` compiled in ([`DEFAULT_YAML`]);
+//! 2. the user's file, `<user_dir>/delegation.yaml` (`$XDG_CONFIG_HOME/opencode-mcp`), if present;
+//! 3. `delegation.yaml` in the directory the host started us in, if present;
+//! 4. the file named by `--config` / `OPENCODE_MCP_CONFIG`, which must exist;
+//! 5. `OPENCODE_MCP_*` environment variables, `__` separating nested keys
+//!    (`OPENCODE_MCP_TIMEOUTS__WAIT_DEFAULT=30s`).
+//!
+//! Maps (`tools`, `prompts`, and every settings block) merge key by key; lists (`tiers`, a prompt's
+//! `arguments`) are replaced whole by the highest layer that sets them.
+//!
+//! Files:
+//! - `types.rs`: the shape (serde + schemars; unknown keys are errors);
+//! - `duration.rs`: `45s`-style durations;
+//! - `yaml.rs`: the figment `Format` for `yaml_serde`;
+//! - `env.rs`: the environment layer (injectable, one provider per variable);
+//! - `load.rs`: layering, extraction, attribution of errors to layers;
+//! - `validate.rs`: rules types cannot express (loopback host, `wait_default <= wait_max`, ...);
+//! - `template.rs`: `{{placeholder}}` parsing and rendering for prompt templates;
+//! - `error.rs`: [`ConfigError`], whose every problem names source, key path and expectation.
 
 mod duration;
+mod env;
+mod error;
+mod load;
+mod template;
 mod types;
+mod validate;
+mod yaml;
 
 pub use duration::HumanDuration;
+pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
+pub use error::{ConfigError, Origin, Problem};
+pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
+pub use template::{placeholders, render, TIERS_PLACEHOLDER};
 pub use types::*;
+pub use yaml::Yaml;
 
 use std::path::PathBuf;
 
@@ -15,7 +49,8 @@ pub const DEFAULT_YAML: &str = include_str!("../../delegation.yaml");
 /// in `cwd`, `explicit`, then `OPENCODE_MCP_*` environment variables).
 #[derive(Debug, Clone, Default)]
 pub struct Sources {
-    /// `--config FILE` or `OPENCODE_MCP_CONFIG`.
+    /// `--config FILE` or `OPENCODE_MCP_CONFIG`; must exist. A relative path is taken relative to
+    /// `cwd`.
     pub explicit: Option<PathBuf>,
     /// Directory searched for `delegation.yaml` (the directory the host started us in).
     pub cwd: PathBuf,
@@ -23,17 +58,40 @@ pub struct Sources {
     pub user_dir: Option<PathBuf>,
 }
 
-/// A configuration error. Placeholder until the loader lands.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-/// Loads and validates the layered configuration.
-pub fn load(_sources: &Sources) -> Result<Config, ConfigError> {
-    Err(ConfigError("config loading not implemented yet".into()))
+/// Loads and validates the layered configuration, reading `OPENCODE_MCP_*` variables from the
+/// process environment. See [`load_with_env`] to pass the environment explicitly.
+pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+    let vars = std::env::vars_os().filter_map(|(name, value)| {
+        // A variable whose name is not UTF-8 cannot be one of ours.
+        let name = name.into_string().ok()?;
+        Some((name, value.to_string_lossy().into_owned()))
+    });
+    load_with_env(sources, vars)
 }
 
-/// The JSON Schema of `delegation.yaml`.
+/// The JSON Schema of a `delegation.yaml` file (committed as `delegation.schema.json`;
+/// regenerate with `cargo run -- config-schema > delegation.schema.json`).
+///
+/// It is the schema of [`Config`] with one change: a file is one layer and sets only what it
+/// changes, so keys of merged maps are not `required` (the loader checks that the merged result
+/// is complete). Items of lists (`Tier`, `PromptArgument`) keep their required keys, since a
+/// layer that sets a list replaces it whole.
 pub fn json_schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default()
+    let mut schema = serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
+    if let Some(root) = schema.as_object_mut() {
+        root.remove("required");
+    }
+    if let Some(defs) = schema.get_mut("$defs").and_then(|d| d.as_object_mut()) {
+        for (name, def) in defs.iter_mut() {
+            if !WHOLE_LIST_ITEMS.contains(&name.as_str()) {
+                if let Some(def) = def.as_object_mut() {
+                    def.remove("required");
+                }
+            }
+        }
+    }
+    schema
 }
+
+/// Schema definitions that only occur as list items, which a layer always gives whole.
+const WHOLE_LIST_ITEMS: [&str; 2] = ["Tier", "PromptArgument"];

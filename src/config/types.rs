@@ -13,7 +13,23 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
 
+/// What an MCP tool name must look like (letters, digits, `_` and `-`, 1 to 64 of them).
+pub const TOOL_NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,64}$";
+
+/// What a model id in a tier must look like: `provider/model` (the model part may hold more `/`).
+pub const MODEL_ID_PATTERN: &str = r"^[^/\s]+/\S+$";
+
+/// What a prompt argument name must look like (it is written `{{name}}` in templates).
+pub const ARGUMENT_NAME_PATTERN: &str = "^[a-zA-Z0-9_-]+$";
+
+/// The most characters `instructions` may hold (Claude Code cuts longer ones).
+pub const MAX_INSTRUCTIONS_CHARS: usize = 2048;
+
 /// The whole resolved configuration, after every layer has been merged.
+///
+/// In a file every key is optional: each file is one layer and sets only what it changes, and the
+/// merged result must be complete. Items of lists (`tiers`, a prompt's `arguments`) are the
+/// exception: a layer that sets a list replaces it whole, so each item must be complete.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -22,6 +38,7 @@ pub struct Config {
     pub schema: Option<String>,
     /// Server `instructions` sent to the host at `initialize` (at most 2,048 characters, because
     /// Claude Code cuts longer ones).
+    #[schemars(length(max = MAX_INSTRUCTIONS_CHARS))]
     pub instructions: String,
     /// How to reach or start OpenCode.
     pub opencode: OpenCodeConfig,
@@ -30,11 +47,32 @@ pub struct Config {
     /// Bounds every tool argument and the task registry are checked against.
     pub limits: Limits,
     /// Model tiers, cheapest first: which difficulty of work each one takes and which models serve it.
+    ///
+    /// A list: a layer that sets `tiers` replaces the whole list (copy the default tiers you keep).
     pub tiers: Vec<Tier>,
     /// The tool set: each entry binds a tool name to an action.
+    ///
+    /// A map: layers merge per tool and per field, so a repository can change one tool's
+    /// `description` or set `enabled: false` without repeating the rest.
+    #[schemars(extend("propertyNames" = { "pattern": TOOL_NAME_PATTERN }))]
     pub tools: BTreeMap<String, ToolConfig>,
-    /// Prompts offered to the host (`prompts/list`).
+    /// Prompts offered to the host (`prompts/list`). Merged per prompt like `tools`.
     pub prompts: BTreeMap<String, PromptConfig>,
+}
+
+impl Config {
+    /// The enabled tools, by name.
+    pub fn enabled_tools(&self) -> impl Iterator<Item = (&str, &ToolConfig)> {
+        self.tools
+            .iter()
+            .filter(|(_, tool)| tool.enabled)
+            .map(|(name, tool)| (name.as_str(), tool))
+    }
+
+    /// The tier called `name`, if configured.
+    pub fn tier(&self, name: &str) -> Option<&Tier> {
+        self.tiers.iter().find(|tier| tier.name == name)
+    }
 }
 
 /// How OpenCode is reached: a managed `opencode serve` child, or an attached server at `url`.
@@ -42,16 +80,20 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct OpenCodeConfig {
     /// The `opencode` binary used for managed servers (a name on PATH or a path).
+    #[schemars(length(min = 1))]
     pub command: String,
-    /// Interface managed servers bind to. Only loopback addresses are accepted.
+    /// Interface managed servers bind to. Only loopback addresses are accepted (`127.0.0.0/8`,
+    /// `::1`, `localhost`): a managed server runs tools with the user's rights.
     pub hostname: String,
     /// Port for managed servers; 0 picks a free one.
     pub port: u16,
-    /// Attach to an already running server instead of spawning one (e.g. `http://127.0.0.1:4096`).
+    /// Attach to an already running server instead of spawning one (an `http` or `https` URL such as
+    /// `http://127.0.0.1:4096`). Unset (`~`) means managed servers are spawned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// Name of the environment variable holding the basic-auth password for an attached server.
     /// Managed servers always get a fresh random password.
+    #[schemars(length(min = 1))]
     pub password_env: String,
     /// What managed servers do when a tool asks for permission.
     pub permission: PermissionPolicy,
@@ -69,7 +111,8 @@ pub enum PermissionPolicy {
     Deny,
 }
 
-/// Timeouts. All are human durations (`500ms`, `45s`, `10m`).
+/// Timeouts. All are human durations (`500ms`, `45s`, `10m`); none may be zero, and
+/// `wait_default` may not exceed `wait_max`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Timeouts {
@@ -90,21 +133,26 @@ pub struct Timeouts {
     pub progress_interval: HumanDuration,
 }
 
-/// Bounds on inputs and on what the gateway keeps.
+/// Bounds on inputs and on what the gateway keeps. None may be zero.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Largest prompt accepted, in bytes.
+    #[schemars(range(min = 1))]
     pub max_prompt_bytes: u32,
     /// Most task ids one `wait_for_task` call may name.
+    #[schemars(range(min = 1))]
     pub max_wait_ids: u32,
     /// Most characters of result text returned by one `get_task_result` call; pass `offset` to page.
+    #[schemars(range(min = 1))]
     pub result_page_chars: u32,
     /// Most tasks tracked at once (finished ones are evicted after `finished_task_ttl`).
+    #[schemars(range(min = 1))]
     pub max_tasks: u32,
     /// How long a finished task stays answerable.
     pub finished_task_ttl: HumanDuration,
     /// Characters of streamed text shown as the tail in progress reports.
+    #[schemars(range(min = 1))]
     pub progress_tail_chars: u32,
 }
 
@@ -112,13 +160,16 @@ pub struct Limits {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Tier {
-    /// Name used as `tier` in `opencode_start_task` (e.g. `fast`).
+    /// Name used as `tier` in `opencode_start_task` (e.g. `fast`); unique among tiers.
+    #[schemars(length(min = 1))]
     pub name: String,
     /// The kind of work this tier handles, in words the host model reads.
+    #[schemars(length(min = 1))]
     pub handles: String,
-    /// Candidate models as exact `provider/model` ids; the first one the server offers wins.
-    /// Empty means "the server's default model".
+    /// Candidate models as exact `provider/model` ids (e.g. `openrouter/qwen/qwen3-coder`); the
+    /// first one the server offers wins. Empty means "the server's default model".
     #[serde(default)]
+    #[schemars(inner(regex(pattern = MODEL_ID_PATTERN)))]
     pub models: Vec<String>,
 }
 
@@ -128,7 +179,8 @@ pub struct Tier {
 pub struct ToolConfig {
     /// The action this tool performs.
     pub action: Action,
-    /// The description the host model reads.
+    /// The description the host model reads: what the tool does, when to use it, what it returns.
+    #[schemars(length(min = 1))]
     pub description: String,
     /// Disabled tools are absent from `tools/list` and cannot be called.
     #[serde(default = "default_true")]
@@ -142,18 +194,30 @@ fn default_true() -> bool {
     true
 }
 
-/// The actions the gateway implements. Tools are bound to these by name in `tools`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+/// The actions the gateway implements. Tools are bound to these by name in `tools`; one action may
+/// back several tools (aliases).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
+    /// Start (or reuse) an OpenCode server.
     StartServer,
+    /// Stop a managed OpenCode server.
     StopServer,
+    /// List the agents a server offers.
     ListAgents,
+    /// Start a delegated task (a new OpenCode session) and return its id at once.
     StartTask,
+    /// Send a follow-up prompt to a task's session.
     ContinueTask,
+    /// Abort a running task.
     CancelTask,
+    /// Report a task's status (and optionally its progress).
     GetTaskStatus,
+    /// Return a finished task's full output, paged.
     GetTaskResult,
+    /// Long-poll one or more tasks until all or any finish, or the wait times out.
     WaitForTask,
 }
 
@@ -193,11 +257,13 @@ impl Action {
 #[serde(deny_unknown_fields)]
 pub struct PromptConfig {
     /// What the prompt is for.
+    #[schemars(length(min = 1))]
     pub description: String,
-    /// Arguments the host fills in.
+    /// Arguments the host fills in. A list: a layer that sets it replaces the whole list.
     #[serde(default)]
     pub arguments: Vec<PromptArgument>,
     /// The message text, with `{{argument}}` and `{{tiers}}` placeholders.
+    #[schemars(length(min = 1))]
     pub template: String,
 }
 
@@ -205,8 +271,14 @@ pub struct PromptConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PromptArgument {
+    /// The argument's name, used as `{{name}}` in the template (letters, digits, `_`, `-`; not
+    /// `tiers`, which the gateway fills in itself).
+    #[schemars(regex(pattern = ARGUMENT_NAME_PATTERN))]
     pub name: String,
+    /// What the host should put here.
+    #[schemars(length(min = 1))]
     pub description: String,
+    /// Whether the host must supply it. Optional arguments left out render as empty text.
     #[serde(default)]
     pub required: bool,
 }

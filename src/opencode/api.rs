@@ -495,7 +495,10 @@ pub fn split_model(model: &str) -> Option<(&str, &str)> {
 }
 
 fn basic_auth_header(user: &str, password: &str) -> String {
-    format!("Basic {}", base64_encode(format!("{user}:{password}").as_bytes()))
+    format!(
+        "Basic {}",
+        base64_encode(format!("{user}:{password}").as_bytes())
+    )
 }
 
 /// Standard base64 with padding; a dozen lines do not justify a dependency.
@@ -568,7 +571,9 @@ pub(crate) fn derive_turn(
         state.text = parts
             .iter()
             .filter_map(|p| match p {
-                types::Part::TextPart(t) if t.synthetic != Some(true) && t.ignored != Some(true) => {
+                types::Part::TextPart(t)
+                    if t.synthetic != Some(true) && t.ignored != Some(true) =>
+                {
                     Some(t.text.as_str())
                 }
                 _ => None,
@@ -576,8 +581,7 @@ pub(crate) fn derive_turn(
             .collect::<Vec<_>>()
             .join("\n");
         let terminal = a.finish.as_deref().is_some_and(is_terminal_finish);
-        state.finished =
-            state.error.is_some() || (a.time.completed.is_some() && terminal);
+        state.finished = state.error.is_some() || (a.time.completed.is_some() && terminal);
     }
     state
 }
@@ -589,7 +593,9 @@ fn tool_call(tp: &types::ToolPart) -> ToolCall {
         types::ToolState::ToolStateCompleted(c) => ("completed", Some(c.title.clone()), None),
         types::ToolState::ToolStateError(e) => ("error", None, Some(e.error.clone())),
         types::ToolState::Object(o) => (
-            o.get("status").and_then(|s| s.as_str()).unwrap_or("unknown"),
+            o.get("status")
+                .and_then(|s| s.as_str())
+                .unwrap_or("unknown"),
             None,
             None,
         ),

@@ -209,7 +209,9 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                 message_id: s(info, "id")?,
                 role: s(info, "role").unwrap_or_default(),
                 parent_id: s(info, "parentID"),
-                completed: info.pointer("/time/completed").is_some_and(|c| !c.is_null()),
+                completed: info
+                    .pointer("/time/completed")
+                    .is_some_and(|c| !c.is_null()),
                 finish: s(info, "finish"),
                 error: info.get("error").map(error_info_from_json),
             }

@@ -133,13 +133,19 @@ impl ServerPool {
     ) -> Result<(ServerInfo, Option<Started>), OpencodeError> {
         let directory = resolve_directory(directory)?;
         let _guard = self.starting.lock().await;
-        let existing = self.lock().values().find(|s| {
-            s.exited().is_none()
-                && match &self.config.opencode.url {
-                    Some(url) => s.process.is_none() && s.api.base_url() == url.trim_end_matches('/'),
-                    None => s.process.is_some() && s.directory == directory,
-                }
-        }).cloned();
+        let existing = self
+            .lock()
+            .values()
+            .find(|s| {
+                s.exited().is_none()
+                    && match &self.config.opencode.url {
+                        Some(url) => {
+                            s.process.is_none() && s.api.base_url() == url.trim_end_matches('/')
+                        }
+                        None => s.process.is_some() && s.directory == directory,
+                    }
+            })
+            .cloned();
         if let Some(server) = existing {
             return Ok((server.info(true), None));
         }
@@ -193,13 +199,7 @@ impl ServerPool {
         tokio::spawn(run_pump(api, tx, server.stop.clone()));
         self.lock().insert(server.id.clone(), server.clone());
         tracing::info!(server_id = %server.id, url = server.api.base_url(), managed = server.process.is_some(), "OpenCode server ready");
-        Ok((
-            server.info(false),
-            Some(Started {
-                server,
-                events: rx,
-            }),
-        ))
+        Ok((server.info(false), Some(Started { server, events: rx })))
     }
 
     /// Removes the server, stops its pump and, for a managed one, its process.

@@ -149,7 +149,9 @@ impl ManagedProcess {
                 let how = exit_rx.borrow().clone().unwrap_or_default();
                 let tail = tail_text(&tail);
                 let hint = if tail.contains("in use") || tail.contains("EADDRINUSE") {
-                    format!(" (port {port} is in use: pick another `port` or pass 0 for a free one)")
+                    format!(
+                        " (port {port} is in use: pick another `port` or pass 0 for a free one)"
+                    )
                 } else {
                     String::new()
                 };
@@ -314,8 +316,10 @@ mod tests {
 
     #[test]
     fn users_own_permission_wins_and_garbage_passes_through() {
-        let merged =
-            merged_config_content(Some(r#"{"permission":{"bash":"ask"}}"#), PermissionPolicy::Allow);
+        let merged = merged_config_content(
+            Some(r#"{"permission":{"bash":"ask"}}"#),
+            PermissionPolicy::Allow,
+        );
         let v: serde_json::Value = serde_json::from_str(&merged).expect("json");
         assert_eq!(v["permission"]["bash"], "ask");
         assert_eq!(
@@ -323,7 +327,8 @@ mod tests {
             "not json"
         );
         let fresh: serde_json::Value =
-            serde_json::from_str(&merged_config_content(None, PermissionPolicy::Ask)).expect("json");
+            serde_json::from_str(&merged_config_content(None, PermissionPolicy::Ask))
+                .expect("json");
         assert_eq!(fresh["permission"], "ask");
     }
 }

@@ -87,7 +87,12 @@ impl TaskEntry {
     }
 
     /// Opens a new turn: everything about the previous one is cleared.
-    pub fn begin_turn(&mut self, user_message_id: String, agent: Option<String>, model: Option<String>) {
+    pub fn begin_turn(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
         let now = Instant::now();
         self.turn += 1;
         self.user_message_id = user_message_id;
@@ -370,7 +375,11 @@ mod tests {
         let r = Registry::new();
         r.insert(entry("a"));
         let err = r
-            .snapshots(&["a".into(), "b".into(), "c".into()], false, Duration::from_secs(1))
+            .snapshots(
+                &["a".into(), "b".into(), "c".into()],
+                false,
+                Duration::from_secs(1),
+            )
             .expect_err("unknown");
         assert_eq!(err, vec!["b".to_string(), "c".to_string()]);
         assert_eq!(r.task_for_session("ses_a").as_deref(), Some("a"));

@@ -132,7 +132,10 @@ impl TaskService {
         let failed_tasks = tracker::fail_server_tasks(
             &self.registry,
             &server.id,
-            &format!("the OpenCode server {} was stopped by opencode_stop_server", server.id),
+            &format!(
+                "the OpenCode server {} was stopped by opencode_stop_server",
+                server.id
+            ),
         );
         Ok(StopInfo {
             server_id: server.id.clone(),
@@ -332,8 +335,14 @@ impl TaskService {
         let agent = req.agent.clone().or(entry.agent.clone());
         let model = match req.model.as_deref() {
             Some(_) => {
-                self.choose(&server, &entry.directory, agent.as_deref(), req.model.as_deref(), None)
-                    .await?
+                self.choose(
+                    &server,
+                    &entry.directory,
+                    agent.as_deref(),
+                    req.model.as_deref(),
+                    None,
+                )
+                .await?
             }
             None => {
                 if req.agent.is_some() {
@@ -462,7 +471,10 @@ impl TaskService {
     /// reports what is known so far, with the same status `get_task_status` gives.
     pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
         let entry = self.entry(task_id)?;
-        let server = self.pool.get(&entry.server_id).filter(|s| s.exited().is_none());
+        let server = self
+            .pool
+            .get(&entry.server_id)
+            .filter(|s| s.exited().is_none());
         let outcome = match (&entry.outcome, &server) {
             (Some(o), _) => Some(o.clone()),
             (None, Some(s)) => s
@@ -636,7 +648,12 @@ fn list_some(items: &[String]) -> String {
     if items.is_empty() {
         return "(none)".into();
     }
-    let mut s = items.iter().take(MAX).cloned().collect::<Vec<_>>().join(", ");
+    let mut s = items
+        .iter()
+        .take(MAX)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
     if items.len() > MAX {
         s.push_str(&format!(", ... ({} more)", items.len() - MAX));
     }
@@ -645,7 +662,11 @@ fn list_some(items: &[String]) -> String {
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
 fn default_title(prompt: &str) -> String {
-    let line = prompt.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("task");
+    let line = prompt
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("task");
     let mut title: String = line.chars().take(60).collect();
     if line.chars().count() > 60 {
         title.push('…');
@@ -683,7 +704,10 @@ mod tests {
 
     #[test]
     fn titles_come_from_the_first_non_empty_line() {
-        assert_eq!(default_title("\n  fix the bug\nmore"), "[opencode-mcp] fix the bug");
+        assert_eq!(
+            default_title("\n  fix the bug\nmore"),
+            "[opencode-mcp] fix the bug"
+        );
         assert!(default_title(&"x".repeat(100)).ends_with('…'));
     }
 }

@@ -31,7 +31,11 @@ pub struct TrackerContext {
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
-pub async fn run(ctx: TrackerContext, server: Arc<Server>, mut events: mpsc::UnboundedReceiver<PumpEvent>) {
+pub async fn run(
+    ctx: TrackerContext,
+    server: Arc<Server>,
+    mut events: mpsc::UnboundedReceiver<PumpEvent>,
+) {
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let exited = async {
@@ -139,12 +143,19 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
             Event::MessageUpdated {
                 role, parent_id, ..
             } => {
-                if role == "assistant" && parent_id.as_deref() == Some(e.user_message_id.as_str()) && e.status == TaskStatus::Pending {
+                if role == "assistant"
+                    && parent_id.as_deref() == Some(e.user_message_id.as_str())
+                    && e.status == TaskStatus::Pending
+                {
                     e.status = TaskStatus::Running;
                 }
             }
             Event::PartUpdated { part, .. } => match part {
-                PartEvent::Tool { tool, status, title } => match status.as_str() {
+                PartEvent::Tool {
+                    tool,
+                    status,
+                    title,
+                } => match status.as_str() {
                     "pending" | "running" => e.current_tool = Some((tool.clone(), title.clone())),
                     _ => {
                         e.tools_run += 1;

@@ -1,0 +1,345 @@
+//! Layering (figment), extraction and error attribution.
+//!
+//! Layers, lowest first: the built-in `delegation.yaml`, `<user_dir>/delegation.yaml`,
+//! `<cwd>/delegation.yaml`, the `--config` file, then `OPENCODE_MCP_*` variables. figment merges
+//! maps key by key (so `tools` and `prompts` can be tuned one entry, even one field, at a time) and
+//! replaces everything else whole: a layer that sets `tiers`, or a prompt's `arguments`, replaces
+//! the list rather than appending to it.
+//!
+//! Errors are reported all at once where serde allows: every layer's syntax errors, then (since
+//! serde stops at the first error inside a struct) each top-level section and each tool and
+//! prompt entry is extracted on its own, then the validation rules run over the merged result.
+//! Each problem is attributed to the layer that supplied the offending value, using the figment
+//! tag of that value (`Figment::find_metadata`).
+
+use std::path::{Path, PathBuf};
+
+use figment::error::Kind;
+use figment::providers::{Data, Format};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::de::DeserializeOwned;
+
+use super::env;
+use super::error::{ConfigError, Origin, Problem};
+use super::types::{Config, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts, ToolConfig};
+use super::validate::{self, Issue};
+use super::yaml::Yaml;
+use super::{Sources, DEFAULT_YAML};
+
+/// How the compiled-in default is named in errors.
+pub const BUILT_IN_NAME: &str = "built-in delegation.yaml";
+
+/// The file name looked for in the user and working directories.
+pub const FILE_NAME: &str = "delegation.yaml";
+
+/// The top-level keys of [`Config`] (checked against the JSON Schema in a test).
+pub(crate) const CONFIG_KEYS: &[&str] = &[
+    "$schema",
+    "instructions",
+    "opencode",
+    "timeouts",
+    "limits",
+    "tiers",
+    "tools",
+    "prompts",
+];
+
+/// A YAML layer with the name errors should use for it.
+struct Layer {
+    metadata: Metadata,
+    data: Data<Yaml>,
+}
+
+impl Layer {
+    fn built_in() -> Self {
+        Layer {
+            metadata: Metadata::named(BUILT_IN_NAME),
+            data: Yaml::string(DEFAULT_YAML),
+        }
+    }
+
+    fn file(path: &Path) -> Self {
+        Layer {
+            metadata: Metadata::from("file", figment::Source::File(path.to_path_buf())),
+            data: Yaml::file_exact(path),
+        }
+    }
+}
+
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        self.metadata.clone()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        self.data.data()
+    }
+}
+
+/// Loads the layered configuration with the given environment instead of the process's (see
+/// [`super::load`], which passes `std::env::vars_os()`). Only `OPENCODE_MCP_*` variables are
+/// looked at.
+pub fn load_with_env(
+    sources: &Sources,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let mut layers = vec![Origin::BuiltIn];
+    let mut figment = Figment::new().merge(Layer::built_in());
+
+    let mut files: Vec<PathBuf> = Vec::new();
+    if let Some(dir) = &sources.user_dir {
+        files.push(dir.join(FILE_NAME));
+    }
+    files.push(sources.cwd.join(FILE_NAME));
+    let files = files.into_iter().filter(|p| p.is_file());
+    let explicit = match &sources.explicit {
+        Some(path) => {
+            let path = sources.cwd.join(path);
+            if !path.is_file() {
+                return Err(ConfigError::MissingFile { path });
+            }
+            Some(path)
+        }
+        None => None,
+    };
+    for path in files.chain(explicit) {
+        layers.push(Origin::File(path.clone()));
+        figment = figment.merge(Layer::file(&path));
+    }
+
+    let schema = super::json_schema();
+    let (vars, mut problems) = env::collect(env, &schema);
+    for var in vars {
+        layers.push(Origin::Env(var.name().to_string()));
+        figment = figment.merge(var);
+    }
+
+    match extract(&figment) {
+        Ok(config) => {
+            let issues = validate::validate(&config);
+            problems.extend(issues.into_iter().map(|i| attribute(&figment, &layers, i)));
+            if problems.is_empty() {
+                Ok(config)
+            } else {
+                Err(ConfigError::Invalid { problems })
+            }
+        }
+        Err(more) => {
+            problems.extend(more);
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+}
+
+/// Deserializes the merged layers, collecting as many problems as serde lets us see.
+fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
+    // Fails only when some layer could not be read or parsed; then every such layer is listed.
+    let root = figment.find_value("").map_err(problems_from)?;
+    let first = match figment.extract::<Config>() {
+        Ok(config) => return Ok(config),
+        Err(e) => e,
+    };
+    let mut problems = Vec::new();
+    if let Some(dict) = root.as_dict() {
+        for (key, value) in dict {
+            let errors = match key.as_str() {
+                "$schema" | "instructions" => check::<String>(figment, key),
+                "opencode" => check::<OpenCodeConfig>(figment, key),
+                "timeouts" => check::<Timeouts>(figment, key),
+                "limits" => check::<Limits>(figment, key),
+                "tiers" => check::<Vec<Tier>>(figment, key),
+                "tools" => check_entries::<ToolConfig>(figment, key, value),
+                "prompts" => check_entries::<PromptConfig>(figment, key, value),
+                _ => vec![unknown_top_level_key(figment, key)],
+            };
+            problems.extend(errors.into_iter().flat_map(problems_from));
+        }
+    }
+    if problems.is_empty() {
+        // Some failure the sections do not show (a missing top-level key): report it as is.
+        problems = problems_from(first);
+    }
+    Err(problems)
+}
+
+/// Extracts the section at `path` alone, returning its first error with a correct key path.
+fn check<T: DeserializeOwned>(figment: &Figment, path: &str) -> Vec<figment::Error> {
+    match figment.extract_inner::<T>(path) {
+        Ok(_) => Vec::new(),
+        Err(mut e) => {
+            // `extract_inner` appends `path` after the inner path; put it in front.
+            let prefix: Vec<String> = path.split('.').map(str::to_string).collect();
+            if e.path.ends_with(&prefix) {
+                let inner = e.path.len() - prefix.len();
+                e.path.truncate(inner);
+            }
+            e.path.splice(0..0, prefix);
+            vec![e]
+        }
+    }
+}
+
+/// Checks each entry of a map section on its own, so two broken tools are both reported.
+fn check_entries<T: DeserializeOwned>(
+    figment: &Figment,
+    path: &str,
+    value: &Value,
+) -> Vec<figment::Error> {
+    match value.as_dict() {
+        Some(entries) if entries.keys().all(|k| !k.contains('.') && !k.is_empty()) => entries
+            .keys()
+            .flat_map(|name| check::<T>(figment, &format!("{path}.{name}")))
+            .collect(),
+        _ => check::<std::collections::BTreeMap<String, T>>(figment, path),
+    }
+}
+
+fn unknown_top_level_key(figment: &Figment, key: &str) -> figment::Error {
+    let mut e = figment::Error::from(Kind::UnknownField(key.to_string(), CONFIG_KEYS));
+    e.path = vec![key.to_string()];
+    e.metadata = figment.find_metadata(key).cloned();
+    e
+}
+
+/// Turns a figment error (a chain) into problems.
+fn problems_from(error: figment::Error) -> Vec<Problem> {
+    error
+        .into_iter()
+        .map(|e| {
+            let origin = e.metadata.as_ref().map_or(Origin::Unknown, origin_of);
+            let mut key = e.path.join(".");
+            let message = describe(&e.kind, &mut key);
+            Problem {
+                origin,
+                key,
+                message,
+            }
+        })
+        .collect()
+}
+
+fn origin_of(metadata: &Metadata) -> Origin {
+    if let Some(figment::Source::File(path)) = &metadata.source {
+        return Origin::File(path.clone());
+    }
+    if metadata.name == BUILT_IN_NAME {
+        return Origin::BuiltIn;
+    }
+    env::origin_of_name(&metadata.name).unwrap_or(Origin::Unknown)
+}
+
+/// Says what was expected, in the words of the file (keys, not Rust types).
+fn describe(kind: &Kind, key: &mut String) -> String {
+    match kind {
+        Kind::Message(message) => message.clone(),
+        Kind::InvalidType(found, expected) | Kind::InvalidValue(found, expected) => {
+            format!("expected {}, found {found}", plain(expected))
+        }
+        Kind::InvalidLength(len, expected) => {
+            format!("expected {}, found {len} elements", plain(expected))
+        }
+        Kind::UnknownVariant(found, expected) => format!(
+            "unknown value `{found}`; expected one of: {}",
+            expected.join(", ")
+        ),
+        Kind::UnknownField(found, expected) => format!(
+            "unknown key `{found}`; valid keys here: {}",
+            expected.join(", ")
+        ),
+        Kind::MissingField(field) => {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(field);
+            format!(
+                "missing required key `{field}`: expected it to be set (an entry added by a layer \
+                 must give all its required keys)"
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+/// serde's expectation strings, reworded where they name Rust types.
+fn plain(expected: &str) -> String {
+    match expected {
+        "u8" => format!("an integer from 0 to {}", u8::MAX),
+        "u16" => format!("an integer from 0 to {}", u16::MAX),
+        "u32" => format!("an integer from 0 to {}", u32::MAX),
+        "u64" => format!("an integer from 0 to {}", u64::MAX),
+        "a boolean" => "`true` or `false`".to_string(),
+        other => match other.strip_prefix("struct ") {
+            Some(name) => format!("a mapping of {name} settings"),
+            None => other.to_string(),
+        },
+    }
+}
+
+/// Names the layer to blame for a validation issue: of the keys involved, the one whose value
+/// came from the latest layer (the one the user most likely just changed).
+fn attribute(figment: &Figment, layers: &[Origin], issue: Issue) -> Problem {
+    let Issue {
+        key,
+        related,
+        message,
+    } = issue;
+    let rank = |origin: &Origin| layers.iter().position(|l| l == origin);
+    let (key, origin) = std::iter::once(key)
+        .chain(related)
+        .map(|k| {
+            let origin = origin_of_key(figment, &k);
+            (k, origin)
+        })
+        .enumerate()
+        // Latest layer wins; among equals, the first key (the one the rule is about).
+        .max_by_key(|(i, (_, origin))| (rank(origin), std::cmp::Reverse(*i)))
+        .map(|(_, pair)| pair)
+        .unwrap_or((String::new(), Origin::Unknown));
+    Problem {
+        origin,
+        key,
+        message,
+    }
+}
+
+/// The layer that supplied the value at `key`, or at its nearest ancestor that figment can find
+/// (list elements such as `tiers.0.name` are attributed to the whole list).
+fn origin_of_key(figment: &Figment, key: &str) -> Origin {
+    let mut path = key;
+    loop {
+        if let Some(metadata) = figment.find_metadata(path) {
+            return origin_of(metadata);
+        }
+        match path.rfind('.') {
+            Some(dot) => path = &path[..dot],
+            None => return Origin::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_keys_match_the_schema() {
+        let schema = super::super::json_schema();
+        let props = schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .expect("schema has properties");
+        let mut from_schema: Vec<&str> = props.keys().map(String::as_str).collect();
+        let mut ours = CONFIG_KEYS.to_vec();
+        from_schema.sort_unstable();
+        ours.sort_unstable();
+        assert_eq!(from_schema, ours);
+    }
+
+    #[test]
+    fn built_in_layer_parses() {
+        let figment = Figment::new().merge(Layer::built_in());
+        let config: Config = figment.extract().expect("built-in extracts");
+        assert!(validate::validate(&config).is_empty());
+    }
+}

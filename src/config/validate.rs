@@ -1,0 +1,435 @@
+//! Checks on the merged configuration that types alone cannot express.
+//!
+//! Every rule here is an error (the server refuses to start), never a warning: a gateway running
+//! on a setting the user did not mean is worse than one that says why it will not start, and
+//! `check-config` is there to find out before a host does. In particular, a configuration with no
+//! enabled tool bound to `start_task`, or none that reads a task's outcome (`wait_for_task`,
+//! `get_task_status`, `get_task_result`), is rejected: such a gateway cannot do its one job.
+//! Binding one action to several enabled tools (aliases) is fine.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::template::{self, TIERS_PLACEHOLDER};
+use super::types::{Action, Config, MAX_INSTRUCTIONS_CHARS};
+
+/// One violated rule. `key` is the setting to blame; `related` are other settings the rule
+/// compares it with. The loader reports whichever of them came from the latest layer, since
+/// that is the one the user most likely just changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Issue {
+    pub key: String,
+    pub related: Vec<String>,
+    pub message: String,
+}
+
+struct Issues(Vec<Issue>);
+
+impl Issues {
+    fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Issue {
+            key: key.into(),
+            related: Vec::new(),
+            message: message.into(),
+        });
+    }
+
+    fn push_related(&mut self, key: &str, related: &str, message: String) {
+        self.0.push(Issue {
+            key: key.into(),
+            related: vec![related.into()],
+            message,
+        });
+    }
+
+    fn non_empty(&mut self, key: String, text: &str, what: &str) {
+        if text.trim().is_empty() {
+            self.push(key, format!("expected {what}, found empty text"));
+        }
+    }
+}
+
+/// Every rule violated by `config`, in the order of the file.
+pub(crate) fn validate(config: &Config) -> Vec<Issue> {
+    let mut issues = Issues(Vec::new());
+    instructions(config, &mut issues);
+    opencode(config, &mut issues);
+    timeouts(config, &mut issues);
+    limits(config, &mut issues);
+    tiers(config, &mut issues);
+    tools(config, &mut issues);
+    prompts(config, &mut issues);
+    issues.0
+}
+
+fn instructions(config: &Config, issues: &mut Issues) {
+    let chars = config.instructions.chars().count();
+    if chars > MAX_INSTRUCTIONS_CHARS {
+        issues.push(
+            "instructions",
+            format!(
+                "expected at most {MAX_INSTRUCTIONS_CHARS} characters (Claude Code cuts longer \
+                 instructions), found {chars}; move guidance into the `delegate_task` prompt or \
+                 the tool descriptions"
+            ),
+        );
+    }
+}
+
+fn opencode(config: &Config, issues: &mut Issues) {
+    let oc = &config.opencode;
+    issues.non_empty(
+        "opencode.command".into(),
+        &oc.command,
+        "the `opencode` binary (a name on PATH or a path)",
+    );
+    if !is_loopback(&oc.hostname) {
+        issues.push(
+            "opencode.hostname",
+            format!(
+                "expected a loopback address (`127.0.0.1` or another 127.x.y.z, `::1`, or \
+                 `localhost`), found `{}`: a managed OpenCode server runs tools with your rights \
+                 and must not listen on the network",
+                oc.hostname
+            ),
+        );
+    }
+    if let Some(url) = &oc.url {
+        if let Err(why) = check_url(url) {
+            issues.push("opencode.url", why);
+        }
+    }
+    issues.non_empty(
+        "opencode.password_env".into(),
+        &oc.password_env,
+        "the name of an environment variable",
+    );
+    if oc.password_env.contains('=') || oc.password_env.contains('\0') {
+        issues.push(
+            "opencode.password_env",
+            format!(
+                "expected the name of an environment variable, found `{}`",
+                oc.password_env
+            ),
+        );
+    }
+}
+
+fn timeouts(config: &Config, issues: &mut Issues) {
+    let t = &config.timeouts;
+    let all = [
+        ("server_start", t.server_start),
+        ("request", t.request),
+        ("wait_default", t.wait_default),
+        ("wait_max", t.wait_max),
+        ("task", t.task),
+        ("stall", t.stall),
+        ("progress_interval", t.progress_interval),
+    ];
+    for (name, value) in all {
+        if value.get() == Duration::ZERO {
+            issues.push(
+                format!("timeouts.{name}"),
+                "expected a duration greater than zero, found 0s",
+            );
+        }
+    }
+    if t.wait_default > t.wait_max {
+        issues.push_related(
+            "timeouts.wait_default",
+            "timeouts.wait_max",
+            format!(
+                "expected `timeouts.wait_default` ({}) to be at most `timeouts.wait_max` ({})",
+                t.wait_default, t.wait_max
+            ),
+        );
+    }
+}
+
+fn limits(config: &Config, issues: &mut Issues) {
+    let l = &config.limits;
+    let counts = [
+        ("max_prompt_bytes", l.max_prompt_bytes),
+        ("max_wait_ids", l.max_wait_ids),
+        ("result_page_chars", l.result_page_chars),
+        ("max_tasks", l.max_tasks),
+        ("progress_tail_chars", l.progress_tail_chars),
+    ];
+    for (name, value) in counts {
+        if value == 0 {
+            issues.push(
+                format!("limits.{name}"),
+                "expected a number greater than zero, found 0",
+            );
+        }
+    }
+    if l.finished_task_ttl.get() == Duration::ZERO {
+        issues.push(
+            "limits.finished_task_ttl",
+            "expected a duration greater than zero, found 0s",
+        );
+    }
+}
+
+fn tiers(config: &Config, issues: &mut Issues) {
+    let mut seen = BTreeSet::new();
+    for (i, tier) in config.tiers.iter().enumerate() {
+        let at = format!("tiers.{i}");
+        if tier.name.trim().is_empty() {
+            issues.push(
+                format!("{at}.name"),
+                "expected a tier name such as `fast`, found empty text",
+            );
+        } else if !seen.insert(tier.name.as_str()) {
+            issues.push(
+                format!("{at}.name"),
+                format!(
+                    "expected unique tier names, found `{}` more than once",
+                    tier.name
+                ),
+            );
+        }
+        issues.non_empty(
+            format!("{at}.handles"),
+            &tier.handles,
+            "a description of the work this tier handles",
+        );
+        for (j, model) in tier.models.iter().enumerate() {
+            if !is_model_id(model) {
+                issues.push(
+                    format!("{at}.models.{j}"),
+                    format!(
+                        "expected a model id of the form `provider/model` (e.g. \
+                         `openrouter/qwen/qwen3-coder`), found `{model}`"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn tools(config: &Config, issues: &mut Issues) {
+    for (name, tool) in &config.tools {
+        if !is_tool_name(name) {
+            issues.push(
+                format!("tools.{name}"),
+                format!(
+                    "expected a tool name of 1 to 64 letters, digits, `_` or `-`, found `{name}`"
+                ),
+            );
+        }
+        issues.non_empty(
+            format!("tools.{name}.description"),
+            &tool.description,
+            "a description the host model reads",
+        );
+    }
+    require_action(
+        config,
+        issues,
+        &[Action::StartTask],
+        "no task could ever be started",
+    );
+    require_action(
+        config,
+        issues,
+        &[
+            Action::WaitForTask,
+            Action::GetTaskStatus,
+            Action::GetTaskResult,
+        ],
+        "the host could start tasks but never learn how they ended",
+    );
+}
+
+/// At least one enabled tool must be bound to one of `actions`. If a disabled one exists, blame
+/// its `enabled` flag (that is what the user changed); otherwise blame `tools`.
+fn require_action(config: &Config, issues: &mut Issues, actions: &[Action], why: &str) {
+    if config
+        .enabled_tools()
+        .any(|(_, t)| actions.contains(&t.action))
+    {
+        return;
+    }
+    let names: Vec<&str> = actions.iter().map(|a| a.as_str()).collect();
+    let key = config
+        .tools
+        .iter()
+        .find(|(_, t)| actions.contains(&t.action))
+        .map(|(name, _)| format!("tools.{name}.enabled"))
+        .unwrap_or_else(|| "tools".to_string());
+    issues.push(
+        key,
+        format!(
+            "expected at least one enabled tool bound to action {}, found none: {why}",
+            names.join(" or ")
+        ),
+    );
+}
+
+fn prompts(config: &Config, issues: &mut Issues) {
+    for (name, prompt) in &config.prompts {
+        let at = format!("prompts.{name}");
+        if name.trim().is_empty() {
+            issues.push(at.clone(), "expected a prompt name, found empty text");
+        }
+        issues.non_empty(
+            format!("{at}.description"),
+            &prompt.description,
+            "a description of the prompt",
+        );
+        issues.non_empty(
+            format!("{at}.template"),
+            &prompt.template,
+            "the prompt text",
+        );
+        let mut declared = Vec::new();
+        for (i, arg) in prompt.arguments.iter().enumerate() {
+            let arg_at = format!("{at}.arguments.{i}");
+            if !is_argument_name(&arg.name) {
+                issues.push(
+                    format!("{arg_at}.name"),
+                    format!(
+                        "expected an argument name of letters, digits, `_` or `-`, found `{}`",
+                        arg.name
+                    ),
+                );
+            } else if arg.name == TIERS_PLACEHOLDER {
+                issues.push(
+                    format!("{arg_at}.name"),
+                    "expected a name other than `tiers`, which the gateway fills in itself",
+                );
+            } else if declared.contains(&arg.name.as_str()) {
+                issues.push(
+                    format!("{arg_at}.name"),
+                    format!(
+                        "expected unique argument names, found `{}` more than once",
+                        arg.name
+                    ),
+                );
+            } else {
+                declared.push(arg.name.as_str());
+            }
+            issues.non_empty(
+                format!("{arg_at}.description"),
+                &arg.description,
+                "a description of the argument",
+            );
+        }
+        let mut reported = BTreeSet::new();
+        for placeholder in template::placeholders(&prompt.template) {
+            if placeholder != TIERS_PLACEHOLDER
+                && !declared.contains(&placeholder)
+                && reported.insert(placeholder)
+            {
+                let mut known = declared.clone();
+                known.push(TIERS_PLACEHOLDER);
+                issues.push(
+                    format!("{at}.template"),
+                    format!(
+                        "placeholder `{{{{{placeholder}}}}}` names no declared argument; expected \
+                         one of: {}",
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// `localhost`, an IPv4 address in 127.0.0.0/8, or `::1`.
+pub(crate) fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `^[a-zA-Z0-9_-]{1,64}$` ([`super::TOOL_NAME_PATTERN`]).
+pub(crate) fn is_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && is_argument_name(name)
+}
+
+/// `^[a-zA-Z0-9_-]+$` ([`super::ARGUMENT_NAME_PATTERN`]).
+fn is_argument_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// `^[^/\s]+/\S+$` ([`super::MODEL_ID_PATTERN`]).
+pub(crate) fn is_model_id(id: &str) -> bool {
+    match id.split_once('/') {
+        Some((provider, model)) => {
+            !provider.is_empty() && !model.is_empty() && !id.chars().any(char::is_whitespace)
+        }
+        None => false,
+    }
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        format!("expected an http(s) URL such as `http://127.0.0.1:4096`, found `{url}` ({e})")
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(format!(
+            "expected an http(s) URL such as `http://127.0.0.1:4096`, found `{url}`"
+        ));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(
+            "expected a URL without credentials: put the password in the environment variable \
+             named by `opencode.password_env`"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback() {
+        for ok in ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST"] {
+            assert!(is_loopback(ok), "{ok}");
+        }
+        for bad in [
+            "0.0.0.0",
+            "192.168.1.2",
+            "::",
+            "example.com",
+            "[::1]",
+            "",
+            "128.0.0.1",
+        ] {
+            assert!(!is_loopback(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_and_models() {
+        assert!(is_tool_name("opencode_start-task9"));
+        assert!(!is_tool_name(""));
+        assert!(!is_tool_name("has space"));
+        assert!(!is_tool_name("dotted.name"));
+        assert!(!is_tool_name(&"x".repeat(65)));
+        assert!(is_tool_name(&"x".repeat(64)));
+        assert!(is_model_id("anthropic/claude-sonnet-4"));
+        assert!(is_model_id("openrouter/qwen/qwen3-coder"));
+        for bad in ["gpt-5", "/model", "provider/", "pro vider/m", "p/m x", ""] {
+            assert!(!is_model_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert!(check_url("http://127.0.0.1:4096").is_ok());
+        assert!(check_url("https://example.com/").is_ok());
+        assert!(check_url("ftp://example.com").is_err());
+        assert!(check_url("127.0.0.1:4096").is_err());
+        assert!(check_url("").is_err());
+        assert!(check_url("http://u:p@127.0.0.1:4096").is_err());
+    }
+}

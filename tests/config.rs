@@ -1,0 +1,941 @@
+//! `delegation.yaml`: the built-in default, layering, environment overrides, error messages, the
+//! committed JSON Schema, and the `check-config` subcommand.
+//!
+//! No test here reads or writes the test runner's own environment: library tests pass variables to
+//! `load_with_env`, and binary tests set them on the child process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use opencode_mcp::config::{
+    self, json_schema, load_with_env, Action, Config, ConfigError, Origin, Sources, Tier,
+    DEFAULT_YAML,
+};
+use tempfile::TempDir;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// A fresh directory standing in for the directory the host starts us in.
+fn workdir() -> TempDir {
+    tempfile::tempdir().expect("create a temp dir")
+}
+
+fn sources(cwd: &Path) -> Sources {
+    Sources {
+        explicit: None,
+        cwd: cwd.to_path_buf(),
+        user_dir: None,
+    }
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).expect("create dirs");
+    }
+    std::fs::write(&path, text).expect("write file");
+    path
+}
+
+/// The resolved built-in configuration.
+fn default_config() -> Config {
+    let dir = workdir();
+    load_with_env(&sources(dir.path()), env(&[])).expect("the built-in default loads")
+}
+
+/// Loads with `yaml` as `<cwd>/delegation.yaml` and the given environment.
+fn load_repo(yaml: &str, vars: &[(&str, &str)]) -> (TempDir, Result<Config, ConfigError>) {
+    let dir = workdir();
+    write(dir.path(), "delegation.yaml", yaml);
+    let result = load_with_env(&sources(dir.path()), env(vars));
+    (dir, result)
+}
+
+fn assert_mentions(text: &str, fragments: &[&str]) {
+    for fragment in fragments {
+        assert!(
+            text.contains(fragment),
+            "expected the error to mention {fragment:?}; it was:\n{text}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The built-in default
+
+#[test]
+fn default_loads_and_validates() {
+    let cfg = default_config();
+
+    let names: Vec<&str> = cfg.tools.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "opencode_cancel_task",
+            "opencode_continue_task",
+            "opencode_get_task_result",
+            "opencode_get_task_status",
+            "opencode_list_agents",
+            "opencode_start_server",
+            "opencode_start_task",
+            "opencode_stop_server",
+            "opencode_wait_for_task",
+        ]
+    );
+    // Every action is bound to exactly one tool, named after it, and every tool is enabled.
+    for action in Action::ALL {
+        let bound: Vec<&str> = cfg
+            .enabled_tools()
+            .filter(|(_, t)| t.action == action)
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            bound,
+            [format!("opencode_{}", action.as_str())],
+            "{action:?}"
+        );
+    }
+    for (name, tool) in &cfg.tools {
+        assert!(tool.enabled, "{name}");
+        assert!(tool.description.len() > 80, "{name}: describe it properly");
+        assert!(tool.description.len() < 700, "{name}: keep it concise");
+    }
+
+    let tiers: Vec<&str> = cfg.tiers.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(tiers, ["fast", "standard", "strong"]);
+    assert!(
+        cfg.tiers.iter().all(|t| t.models.is_empty()),
+        "the default names no vendor models"
+    );
+
+    assert_eq!(cfg.opencode.command, "opencode");
+    assert_eq!(cfg.opencode.hostname, "127.0.0.1");
+    assert_eq!(cfg.opencode.port, 0);
+    assert_eq!(cfg.opencode.url, None);
+    assert_eq!(cfg.opencode.password_env, "OPENCODE_SERVER_PASSWORD");
+    assert_eq!(cfg.opencode.permission, config::PermissionPolicy::Allow);
+    assert_eq!(cfg.timeouts.wait_default.get().as_secs(), 45);
+    assert_eq!(cfg.timeouts.wait_max.get().as_secs(), 600);
+    assert_eq!(cfg.limits.finished_task_ttl.get().as_secs(), 24 * 3600);
+    assert!(
+        cfg.instructions.chars().count() <= 1000,
+        "keep instructions short"
+    );
+}
+
+#[test]
+fn default_file_points_editors_at_the_schema() {
+    assert_eq!(
+        DEFAULT_YAML.lines().next(),
+        Some("# yaml-language-server: $schema=./delegation.schema.json")
+    );
+}
+
+#[test]
+fn default_prompt_renders_completely() {
+    let cfg = default_config();
+    let prompt = cfg
+        .prompts
+        .get("delegate_task")
+        .expect("delegate_task prompt");
+    let names: Vec<&str> = prompt.arguments.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["task", "difficulty", "context"]);
+    assert!(prompt.arguments[0].required && !prompt.arguments[1].required);
+    assert!(prompt.placeholders().contains(&"tiers"));
+
+    let mut args = std::collections::BTreeMap::new();
+    args.insert("task".to_string(), "rename foo to bar".to_string());
+    let text = prompt.render(&args, "- fast: renames");
+    assert!(!text.contains("{{"), "unrendered placeholder in:\n{text}");
+    assert_mentions(&text, &["rename foo to bar", "- fast: renames"]);
+}
+
+#[test]
+fn snapshot_of_the_resolved_default() {
+    let text = yaml_serde::to_string(&default_config()).expect("serializes");
+    insta::assert_snapshot!("default_config", text);
+}
+
+#[test]
+fn snapshot_of_the_json_schema() {
+    insta::assert_json_snapshot!("json_schema", json_schema());
+}
+
+#[test]
+fn printed_config_loads_back_unchanged() {
+    // What `print-config` prints (durations such as `1day` included) is valid input.
+    let cfg = default_config();
+    let text = yaml_serde::to_string(&cfg).expect("serializes");
+    let (_dir, again) = load_repo(&text, &[]);
+    assert_eq!(again.expect("printed config loads"), cfg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The committed schema
+
+#[test]
+fn committed_schema_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("delegation.schema.json");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let current = serde_json::to_string_pretty(&json_schema()).expect("schema serializes");
+    assert!(
+        committed.trim_end() == current,
+        "delegation.schema.json is out of date: run `cargo run -- config-schema > \
+         delegation.schema.json`"
+    );
+}
+
+#[test]
+fn schema_lets_a_layer_set_only_what_it_changes() {
+    let schema = json_schema();
+    assert!(schema.get("required").is_none());
+    for def in [
+        "Timeouts",
+        "Limits",
+        "OpenCodeConfig",
+        "ToolConfig",
+        "PromptConfig",
+    ] {
+        assert!(schema["$defs"][def].get("required").is_none(), "{def}");
+    }
+    // A layer replaces lists whole, so list items stay complete.
+    assert_eq!(
+        schema["$defs"]["Tier"]["required"],
+        serde_json::json!(["name", "handles"])
+    );
+    // Unknown keys stay errors for editors too.
+    assert_eq!(schema["$defs"]["Timeouts"]["additionalProperties"], false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layering
+
+#[test]
+fn repo_file_changes_exactly_what_it_sets() {
+    let (_dir, loaded) = load_repo(
+        r#"
+tools:
+  opencode_get_task_status:
+    description: Poll a task. Prefer opencode_wait_for_task.
+  opencode_stop_server:
+    enabled: false
+tiers:
+  - name: fast
+    handles: renames and docs
+    models: [acme/small-1]
+  - name: standard
+    handles: features
+    models: []
+  - name: strong
+    handles: everything hard
+    models: [acme/big-2, other/vendor/model-x]
+  - name: review
+    handles: second opinions
+"#,
+        &[],
+    );
+    let loaded = loaded.expect("repo file loads");
+
+    let mut expected = default_config();
+    expected
+        .tools
+        .get_mut("opencode_get_task_status")
+        .expect("tool exists")
+        .description = "Poll a task. Prefer opencode_wait_for_task.".to_string();
+    expected
+        .tools
+        .get_mut("opencode_stop_server")
+        .expect("tool exists")
+        .enabled = false;
+    let tier = |name: &str, handles: &str, models: &[&str]| Tier {
+        name: name.into(),
+        handles: handles.into(),
+        models: models.iter().map(|m| m.to_string()).collect(),
+    };
+    expected.tiers = vec![
+        tier("fast", "renames and docs", &["acme/small-1"]),
+        tier("standard", "features", &[]),
+        tier(
+            "strong",
+            "everything hard",
+            &["acme/big-2", "other/vendor/model-x"],
+        ),
+        tier("review", "second opinions", &[]),
+    ];
+    assert_eq!(loaded, expected);
+}
+
+#[test]
+fn a_layer_replaces_lists_whole() {
+    let (_dir, loaded) = load_repo("tiers:\n  - {name: only, handles: everything}\n", &[]);
+    let tiers = loaded.expect("loads").tiers;
+    assert_eq!(tiers.len(), 1);
+    assert_eq!(tiers[0].name, "only");
+}
+
+#[test]
+fn a_layer_can_add_a_tool_alias() {
+    let (_dir, loaded) = load_repo(
+        "tools:\n  delegate:\n    action: start_task\n    description: Same as opencode_start_task.\n",
+        &[],
+    );
+    let cfg = loaded.expect("loads");
+    assert_eq!(cfg.tools.len(), 10);
+    assert_eq!(cfg.tools["delegate"].action, Action::StartTask);
+    assert!(cfg.tools["delegate"].enabled, "enabled defaults to true");
+}
+
+#[test]
+fn layers_apply_in_order_built_in_user_repo_explicit_env() {
+    let dir = workdir();
+    let user = dir.path().join("user");
+    let repo = dir.path().join("repo");
+    write(
+        &user,
+        "delegation.yaml",
+        "timeouts: {request: 1s, task: 1m, stall: 1m, server_start: 1s}\n",
+    );
+    write(
+        &repo,
+        "delegation.yaml",
+        "timeouts: {request: 2s, task: 2m, stall: 2m}\n",
+    );
+    write(
+        &repo,
+        "custom/extra.yaml",
+        "timeouts: {request: 3s, task: 3m}\n",
+    );
+    let sources = Sources {
+        // Relative: taken relative to `cwd`.
+        explicit: Some(PathBuf::from("custom/extra.yaml")),
+        cwd: repo.clone(),
+        user_dir: Some(user.clone()),
+    };
+    let cfg =
+        load_with_env(&sources, env(&[("OPENCODE_MCP_TIMEOUTS__REQUEST", "4s")])).expect("loads");
+    let secs = |d: config::HumanDuration| d.get().as_secs();
+    assert_eq!(secs(cfg.timeouts.request), 4, "env beats everything");
+    assert_eq!(secs(cfg.timeouts.task), 180, "explicit beats repo");
+    assert_eq!(secs(cfg.timeouts.stall), 120, "repo beats user");
+    assert_eq!(secs(cfg.timeouts.server_start), 1, "user beats built-in");
+    assert_eq!(
+        secs(cfg.timeouts.wait_default),
+        45,
+        "built-in fills the rest"
+    );
+}
+
+#[test]
+fn empty_or_comment_only_repo_file_changes_nothing() {
+    for text in ["", "# nothing yet\n"] {
+        let (_dir, loaded) = load_repo(text, &[]);
+        assert_eq!(loaded.expect("loads"), default_config());
+    }
+}
+
+#[test]
+fn missing_explicit_file_is_an_error_naming_it() {
+    let dir = workdir();
+    let sources = Sources {
+        explicit: Some(PathBuf::from("nope/delegation.yaml")),
+        ..sources(dir.path())
+    };
+    let err = load_with_env(&sources, env(&[])).expect_err("must fail");
+    assert!(matches!(err, ConfigError::MissingFile { .. }));
+    assert_mentions(
+        &err.to_string(),
+        &[
+            &dir.path()
+                .join("nope/delegation.yaml")
+                .display()
+                .to_string(),
+            "does not exist",
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment overrides
+
+#[test]
+fn env_values_take_the_type_of_their_key() {
+    let dir = workdir();
+    let cfg = load_with_env(
+        &sources(dir.path()),
+        env(&[
+            ("OPENCODE_MCP_TIMEOUTS__WAIT_DEFAULT", "30s"),
+            ("OPENCODE_MCP_OPENCODE__PORT", "5000"),
+            ("OPENCODE_MCP_TOOLS__OPENCODE_CANCEL_TASK__ENABLED", "false"),
+            // Looks like a number, but the key holds a string.
+            ("OPENCODE_MCP_OPENCODE__PASSWORD_ENV", "123"),
+            ("OPENCODE_MCP_OPENCODE__URL", "http://127.0.0.1:4096"),
+            ("OPENCODE_MCP_LIMITS__MAX_WAIT_IDS", "7"),
+            ("OPENCODE_MCP_OPENCODE__PERMISSION", "deny"),
+            (
+                "OPENCODE_MCP_TOOLS__OPENCODE_LIST_AGENTS__DESCRIPTION",
+                "true",
+            ),
+            (
+                "OPENCODE_MCP_TIERS",
+                r#"[{name=fast, handles="docs", models=["acme/m-1"]}]"#,
+            ),
+        ]),
+    )
+    .expect("env overrides load");
+
+    let mut expected = default_config();
+    expected.timeouts.wait_default = "30s".parse().expect("duration");
+    expected.opencode.port = 5000;
+    expected.opencode.password_env = "123".into();
+    expected.opencode.url = Some("http://127.0.0.1:4096".into());
+    expected.opencode.permission = config::PermissionPolicy::Deny;
+    expected.limits.max_wait_ids = 7;
+    expected
+        .tools
+        .get_mut("opencode_cancel_task")
+        .expect("tool")
+        .enabled = false;
+    expected
+        .tools
+        .get_mut("opencode_list_agents")
+        .expect("tool")
+        .description = "true".into();
+    expected.tiers = vec![Tier {
+        name: "fast".into(),
+        handles: "docs".into(),
+        models: vec!["acme/m-1".into()],
+    }];
+    assert_eq!(cfg, expected);
+}
+
+#[test]
+fn env_ignores_cli_and_log_variables_and_others() {
+    let dir = workdir();
+    let cfg = load_with_env(
+        &sources(dir.path()),
+        env(&[
+            ("OPENCODE_MCP_CONFIG", "/does/not/matter.yaml"),
+            ("OPENCODE_MCP_LOG", "debug"),
+            ("OPENCODE_SERVER_PASSWORD", "secret"),
+            ("PATH", "/usr/bin"),
+        ]),
+    )
+    .expect("loads");
+    assert_eq!(cfg, default_config());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed configurations: every error names the source, the key path and the expectation.
+
+/// A case: its name, the repo file, the environment, then fragments the error must contain.
+/// `{file}` in a fragment stands for the repo file's path.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+);
+
+const MALFORMED: &[Case] = &[
+    (
+        "unknown top-level key",
+        "colour: blue\n",
+        &[],
+        &[
+            "{file}",
+            "`colour`",
+            "unknown key",
+            "valid keys here:",
+            "timeouts",
+        ],
+    ),
+    (
+        "unknown nested key",
+        "timeouts:\n  wiat_default: 30s\n",
+        &[],
+        &[
+            "{file}",
+            "`timeouts.wiat_default`",
+            "unknown key",
+            "wait_default",
+        ],
+    ),
+    (
+        "unknown key in a tool",
+        "tools:\n  opencode_start_task:\n    descripton: x\n",
+        &[],
+        &[
+            "{file}",
+            "`tools.opencode_start_task.descripton`",
+            "description",
+        ],
+    ),
+    (
+        "wrong type (number)",
+        "limits:\n  max_wait_ids: lots\n",
+        &[],
+        &[
+            "{file}",
+            "`limits.max_wait_ids`",
+            "expected an integer",
+            "\"lots\"",
+        ],
+    ),
+    (
+        "wrong type (boolean)",
+        "tools:\n  opencode_cancel_task:\n    enabled: maybe\n",
+        &[],
+        &[
+            "{file}",
+            "`tools.opencode_cancel_task.enabled`",
+            "`true` or `false`",
+        ],
+    ),
+    (
+        "wrong type (section)",
+        "timeouts: 30s\n",
+        &[],
+        &[
+            "{file}",
+            "`timeouts`",
+            "expected a mapping of Timeouts settings",
+        ],
+    ),
+    (
+        "bad duration",
+        "timeouts:\n  task: 45 parsecs\n",
+        &[],
+        &[
+            "{file}",
+            "`timeouts.task`",
+            "expected a duration",
+            "45 parsecs",
+        ],
+    ),
+    (
+        "bare number as duration",
+        "timeouts:\n  task: 30\n",
+        &[],
+        &["{file}", "`timeouts.task`", "expected a duration"],
+    ),
+    (
+        "unknown action",
+        "tools:\n  opencode_start_task:\n    action: start_taks\n",
+        &[],
+        &[
+            "{file}",
+            "`tools.opencode_start_task.action`",
+            "start_taks",
+            "expected one of:",
+            "start_task",
+        ],
+    ),
+    (
+        "new tool without an action",
+        "tools:\n  extra:\n    description: x\n",
+        &[],
+        &["{file}", "`tools.extra.action`", "missing required key"],
+    ),
+    (
+        "tier without handles",
+        "tiers:\n  - name: x\n",
+        &[],
+        &["{file}", "`tiers.0.handles`", "missing required key"],
+    ),
+    (
+        "wait_default above wait_max (blames the key this file set)",
+        "timeouts:\n  wait_max: 30s\n",
+        &[],
+        &["{file}", "`timeouts.wait_max`", "wait_default", "at most"],
+    ),
+    (
+        "empty tier name",
+        "tiers:\n  - name: ''\n    handles: x\n",
+        &[],
+        &["{file}", "`tiers.0.name`", "expected a tier name"],
+    ),
+    (
+        "duplicate tier names",
+        "tiers:\n  - {name: a, handles: x}\n  - {name: a, handles: y}\n",
+        &[],
+        &["{file}", "`tiers.1.name`", "unique tier names"],
+    ),
+    (
+        "model id without provider",
+        "tiers:\n  - {name: a, handles: x, models: [gpt-5]}\n",
+        &[],
+        &["{file}", "`tiers.0.models.0`", "provider/model", "gpt-5"],
+    ),
+    (
+        "non-loopback hostname",
+        "opencode:\n  hostname: 0.0.0.0\n",
+        &[],
+        &["{file}", "`opencode.hostname`", "loopback", "0.0.0.0"],
+    ),
+    (
+        "url not http",
+        "opencode:\n  url: ftp://127.0.0.1/\n",
+        &[],
+        &["{file}", "`opencode.url`", "http(s) URL"],
+    ),
+    (
+        "zero timeout",
+        "timeouts:\n  request: 0s\n",
+        &[],
+        &["{file}", "`timeouts.request`", "greater than zero"],
+    ),
+    (
+        "zero limit",
+        "limits:\n  max_tasks: 0\n",
+        &[],
+        &["{file}", "`limits.max_tasks`", "greater than zero"],
+    ),
+    (
+        "port out of range",
+        "opencode:\n  port: 70000\n",
+        &[],
+        &["{file}", "`opencode.port`", "an integer from 0 to 65535"],
+    ),
+    (
+        "instructions too long",
+        "instructions: LONG\n",
+        &[],
+        &["{file}", "`instructions`", "at most 2048 characters"],
+    ),
+    (
+        "bad tool name",
+        "tools:\n  'bad name':\n    action: list_agents\n    description: x\n",
+        &[],
+        &["{file}", "`tools.bad name`", "1 to 64 letters"],
+    ),
+    (
+        "no enabled start_task tool",
+        "tools:\n  opencode_start_task:\n    enabled: false\n",
+        &[],
+        &[
+            "{file}",
+            "`tools.opencode_start_task.enabled`",
+            "start_task",
+        ],
+    ),
+    (
+        "empty tool description",
+        "tools:\n  opencode_cancel_task:\n    description: ''\n",
+        &[],
+        &[
+            "{file}",
+            "`tools.opencode_cancel_task.description`",
+            "found empty text",
+        ],
+    ),
+    (
+        "undeclared placeholder",
+        "prompts:\n  delegate_task:\n    template: 'Do {{task}} in {{repo}}.'\n",
+        &[],
+        &[
+            "{file}",
+            "`prompts.delegate_task.template`",
+            "`{{repo}}`",
+            "task, difficulty, context, tiers",
+        ],
+    ),
+    (
+        "YAML syntax error",
+        "timeouts: [1, 2\nlimits: 3\n",
+        &[],
+        &["{file}", "line"],
+    ),
+    (
+        "bad env duration",
+        "",
+        &[("OPENCODE_MCP_TIMEOUTS__TASK", "soon")],
+        &[
+            "environment variable OPENCODE_MCP_TIMEOUTS__TASK",
+            "`timeouts.task`",
+            "expected a duration",
+            "soon",
+        ],
+    ),
+    (
+        "unknown env key",
+        "",
+        &[("OPENCODE_MCP_TIMEOUT__TASK", "1m")],
+        &[
+            "environment variable OPENCODE_MCP_TIMEOUT__TASK",
+            "`timeout`",
+            "unknown key",
+        ],
+    ),
+    (
+        "env port out of range",
+        "",
+        &[("OPENCODE_MCP_OPENCODE__PORT", "99999")],
+        &[
+            "environment variable OPENCODE_MCP_OPENCODE__PORT",
+            "`opencode.port`",
+            "0 to 65535",
+        ],
+    ),
+    (
+        "env value failing validation",
+        "",
+        &[("OPENCODE_MCP_OPENCODE__HOSTNAME", "192.168.1.10")],
+        &[
+            "environment variable OPENCODE_MCP_OPENCODE__HOSTNAME",
+            "`opencode.hostname`",
+            "loopback",
+        ],
+    ),
+    (
+        "env name with an empty segment",
+        "",
+        &[("OPENCODE_MCP_TIMEOUTS____TASK", "1m")],
+        &[
+            "environment variable OPENCODE_MCP_TIMEOUTS____TASK",
+            "cannot be read as a config key",
+        ],
+    ),
+];
+
+#[test]
+fn malformed_configs_are_rejected_with_source_key_and_expectation() {
+    let long = format!("'{}'", "x".repeat(2049));
+    for (name, yaml, vars, fragments) in MALFORMED {
+        let yaml = yaml.replace("LONG", &long);
+        let (dir, result) = load_repo(&yaml, vars);
+        let err = match result {
+            Ok(_) => panic!("{name}: expected an error"),
+            Err(e) => e,
+        };
+        let text = err.to_string();
+        eprintln!("--- {name}\n{text}");
+        let file = dir.path().join("delegation.yaml").display().to_string();
+        for fragment in *fragments {
+            let fragment = fragment.replace("{file}", &file);
+            assert!(
+                text.contains(&fragment),
+                "{name}: expected the error to mention {fragment:?}; it was:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let (dir, result) = load_repo(
+        "colour: blue\ntimeouts:\n  task: soon\nlimits:\n  max_tasks: many\ntools:\n  \
+         opencode_start_task:\n    action: nope\n  opencode_cancel_task:\n    enabled: maybe\n",
+        &[("OPENCODE_MCP_OPENCODE__PORT", "x")],
+    );
+    let err = result.expect_err("must fail");
+    let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "colour",
+        "timeouts.task",
+        "limits.max_tasks",
+        "tools.opencode_start_task.action",
+        "tools.opencode_cancel_task.enabled",
+        "opencode.port",
+    ] {
+        assert!(keys.contains(&key), "{key} missing from {keys:?}");
+    }
+    let file = Origin::File(dir.path().join("delegation.yaml"));
+    for p in err.problems() {
+        let expected = if p.key == "opencode.port" {
+            Origin::Env("OPENCODE_MCP_OPENCODE__PORT".into())
+        } else {
+            file.clone()
+        };
+        assert_eq!(p.origin, expected, "{p}");
+    }
+    assert!(err.to_string().contains("6 problems"), "{err}");
+}
+
+#[test]
+fn all_validation_problems_are_reported_at_once() {
+    let (_dir, result) = load_repo(
+        "opencode:\n  hostname: 10.0.0.1\ntimeouts:\n  request: 0s\nlimits:\n  max_tasks: 0\n",
+        &[],
+    );
+    let err = result.expect_err("must fail");
+    let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["opencode.hostname", "timeouts.request", "limits.max_tasks"]
+    );
+}
+
+#[test]
+fn syntax_errors_in_several_files_are_all_reported() {
+    let dir = workdir();
+    let user = dir.path().join("user");
+    write(&user, "delegation.yaml", "a: [\n");
+    write(dir.path(), "delegation.yaml", "b: {\n");
+    let sources = Sources {
+        user_dir: Some(user.clone()),
+        ..sources(dir.path())
+    };
+    let err = load_with_env(&sources, env(&[])).expect_err("must fail");
+    let origins: Vec<&Origin> = err.problems().iter().map(|p| &p.origin).collect();
+    assert!(
+        origins.contains(&&Origin::File(user.join("delegation.yaml"))),
+        "{err}"
+    );
+    assert!(
+        origins.contains(&&Origin::File(dir.path().join("delegation.yaml"))),
+        "{err}"
+    );
+}
+
+#[test]
+fn validation_errors_name_the_layer_that_set_the_value() {
+    let dir = workdir();
+    let user = dir.path().join("user");
+    write(&user, "delegation.yaml", "opencode:\n  hostname: 0.0.0.0\n");
+    // The repo file sets other things; the bad value still comes from the user file.
+    write(dir.path(), "delegation.yaml", "opencode:\n  port: 4100\n");
+    let sources = Sources {
+        user_dir: Some(user.clone()),
+        ..sources(dir.path())
+    };
+    let err = load_with_env(&sources, env(&[])).expect_err("must fail");
+    assert_eq!(err.problems().len(), 1, "{err}");
+    assert_eq!(
+        err.problems()[0].origin,
+        Origin::File(user.join("delegation.yaml"))
+    );
+    assert_eq!(err.problems()[0].key, "opencode.hostname");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary
+
+/// `opencode-mcp <args>` in `cwd`, isolated from the user's config and the runner's
+/// `OPENCODE_MCP_*` variables, with `vars` added.
+fn run(cwd: &Path, args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .env("XDG_CONFIG_HOME", cwd.join("xdg-config"))
+        .env("HOME", cwd.join("home"));
+    for (name, _) in std::env::vars_os() {
+        if name
+            .to_str()
+            .is_some_and(|n| n.to_ascii_uppercase().starts_with("OPENCODE_MCP_"))
+        {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.envs(vars.iter().copied());
+    let out = cmd.output().expect("run opencode-mcp");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_accepts_the_default() {
+    let dir = workdir();
+    let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(ok, "stderr:\n{stderr}");
+    assert!(stdout.is_empty(), "stdout belongs to MCP: {stdout}");
+    assert!(stderr.contains("configuration is valid"), "{stderr}");
+}
+
+#[test]
+fn check_config_rejects_a_bad_repo_file() {
+    let dir = workdir();
+    let file = write(
+        dir.path(),
+        "delegation.yaml",
+        "timeouts:\n  wait_default: 45 parsecs\n",
+    );
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok, "must fail; stderr:\n{stderr}");
+    assert_mentions(
+        &stderr,
+        &[
+            &file.display().to_string(),
+            "`timeouts.wait_default`",
+            "expected a duration",
+        ],
+    );
+}
+
+#[test]
+fn check_config_rejects_a_bad_env_override() {
+    let dir = workdir();
+    let (ok, _, stderr) = run(
+        dir.path(),
+        &["check-config"],
+        &[("OPENCODE_MCP_TIMEOUTS__TASK", "soon")],
+    );
+    assert!(!ok, "must fail; stderr:\n{stderr}");
+    assert_mentions(
+        &stderr,
+        &[
+            "environment variable OPENCODE_MCP_TIMEOUTS__TASK",
+            "`timeouts.task`",
+            "expected a duration",
+        ],
+    );
+}
+
+#[test]
+fn check_config_reads_the_user_file_and_the_explicit_file() {
+    let dir = workdir();
+    let user_file = write(
+        &dir.path().join("xdg-config/opencode-mcp"),
+        "delegation.yaml",
+        "limits:\n  max_tasks: 0\n",
+    );
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok);
+    assert_mentions(
+        &stderr,
+        &[&user_file.display().to_string(), "`limits.max_tasks`"],
+    );
+
+    // The explicit file (here through OPENCODE_MCP_CONFIG) overrides the user file.
+    write(dir.path(), "fix.yaml", "limits:\n  max_tasks: 5\n");
+    let (ok, _, stderr) = run(
+        dir.path(),
+        &["check-config"],
+        &[("OPENCODE_MCP_CONFIG", "fix.yaml")],
+    );
+    assert!(ok, "stderr:\n{stderr}");
+}
+
+#[test]
+fn check_config_names_a_missing_config_file() {
+    let dir = workdir();
+    let (ok, _, stderr) = run(
+        dir.path(),
+        &["--config", "missing.yaml", "check-config"],
+        &[],
+    );
+    assert!(!ok);
+    assert_mentions(&stderr, &["missing.yaml", "does not exist"]);
+}
+
+#[test]
+fn print_config_prints_the_resolved_yaml() {
+    let dir = workdir();
+    write(dir.path(), "delegation.yaml", "opencode:\n  port: 4100\n");
+    let (ok, stdout, stderr) = run(dir.path(), &["print-config"], &[]);
+    assert!(ok, "stderr:\n{stderr}");
+    let printed: Config = yaml_serde::from_str(&stdout).expect("print-config prints a Config");
+    let mut expected = default_config();
+    expected.opencode.port = 4100;
+    assert_eq!(printed, expected);
+}
