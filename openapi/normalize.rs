@@ -895,11 +895,17 @@ mod tests {
 
     #[test]
     fn unions_of_objects_get_a_catch_all_branch() {
-        let mut s =
-            schema(json!({"oneOf": [{"$ref": "#/components/schemas/A"}, {"type": "object"}]}));
+        let mut s = schema(json!({"oneOf": [
+            {"$ref": "#/components/schemas/A"},
+            {"$ref": "#/components/schemas/B"}
+        ]}));
         open_unions(&mut s);
         assert_eq!(s["oneOf"].as_array().map(Vec::len), Some(3));
-        // A union with a scalar branch is left alone: a free-form object there would be ambiguous.
+        // Inline unions (and any with a scalar branch) are left alone: they become tagged enums.
+        let mut inline =
+            schema(json!({"oneOf": [{"$ref": "#/components/schemas/A"}, {"type": "object"}]}));
+        open_unions(&mut inline);
+        assert_eq!(inline["oneOf"].as_array().map(Vec::len), Some(2));
         let mut scalar = schema(json!({"oneOf": [{"type": "boolean"}, {"type": "object"}]}));
         open_unions(&mut scalar);
         assert_eq!(scalar["oneOf"].as_array().map(Vec::len), Some(2));

@@ -1,6 +1,36 @@
 //! The MCP surface: an rmcp `ServerHandler` whose tools and prompts come from the config.
+//!
+//! - `handler.rs`: [`Gateway`], the hand-written `ServerHandler` (info, tools, prompts, dispatch);
+//! - `tools.rs`: the tool table, config tool -> action, with schemas and annotations;
+//! - `actions/`: one file per action: its arguments, output, checks and the one service call;
+//! - `schema.rs`: how argument and output types become JSON Schemas hosts accept;
+//! - `prompts.rs`: prompts from the config, rendered with the tier list;
+//! - `error.rs`: [`ToolError`], how a failed call reads to the host.
+//!
+//! [`serve_stdio`] runs it all on stdin/stdout and, however the session ends (the host closes
+//! stdin, or SIGTERM/SIGINT), stops the OpenCode servers the gateway started before returning, so
+//! no child process outlives us (the original orphaned them).
+
+mod actions;
+mod error;
+mod handler;
+mod prompts;
+mod schema;
+mod tools;
+
+pub use error::ToolError;
+pub use handler::{Gateway, SERVER_NAME};
+
+use std::time::Duration;
+
+use rmcp::service::ServerInitializeError;
+use rmcp::ServiceExt;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+
+/// How long stopping the managed servers may take at exit before we give up on them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Errors that end the stdio server.
 #[derive(Debug, thiserror::Error)]
@@ -9,7 +39,99 @@ pub enum GatewayError {
     Transport(String),
 }
 
-/// Serves MCP on stdin/stdout until the host closes stdin.
-pub async fn serve_stdio(_config: Config) -> Result<(), GatewayError> {
-    Err(GatewayError::Transport("not implemented yet".into()))
+/// Serves MCP on stdin/stdout until the host closes stdin or a SIGTERM/SIGINT arrives, then stops
+/// every managed OpenCode server and returns.
+pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
+    let gateway = Gateway::new(config);
+    let tasks = gateway.tasks();
+    let stop = CancellationToken::new();
+    let signals = tokio::spawn(cancel_on_signal(stop.clone()));
+    let served = serve(gateway, stop).await;
+    signals.abort();
+    tracing::info!("stopping managed OpenCode servers");
+    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "managed OpenCode servers did not stop within {}s",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+    served
+}
+
+async fn serve(gateway: Gateway, stop: CancellationToken) -> Result<(), GatewayError> {
+    // `stdio_pipes` reads stdin through the reactor when it is a pipe (as hosts launch us), so a
+    // signal can end the session without a blocking read holding the runtime open.
+    let running = match gateway
+        .serve_with_ct(rmcp::transport::stdio_pipes(), stop)
+        .await
+    {
+        Ok(running) => running,
+        Err(ServerInitializeError::ConnectionClosed(reason)) => {
+            tracing::info!("the host closed stdin before initializing: {reason}");
+            return Ok(());
+        }
+        Err(ServerInitializeError::Cancelled) => {
+            tracing::info!("stopped before the host initialized");
+            return Ok(());
+        }
+        Err(e) => return Err(GatewayError::Transport(e.to_string())),
+    };
+    tracing::info!("serving MCP on stdio");
+    match running.waiting().await {
+        Ok(reason) => {
+            tracing::info!(?reason, "MCP session ended");
+            Ok(())
+        }
+        Err(e) => Err(GatewayError::Transport(format!(
+            "the MCP service task failed: {e}"
+        ))),
+    }
+}
+
+/// Cancels `stop` on the first SIGTERM or SIGINT.
+#[cfg(unix)]
+async fn cancel_on_signal(stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!("cannot listen for SIGTERM/SIGINT: {e}");
+            return;
+        }
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!("{name} received, shutting down");
+    stop.cancel();
+}
+
+/// Cancels `stop` on the first Ctrl-C.
+#[cfg(not(unix))]
+async fn cancel_on_signal(stop: CancellationToken) {
+    if tokio::signal::ctrl_c().await.is_ok() {
+        tracing::info!("interrupted, shutting down");
+        stop.cancel();
+    }
+}
+
+/// The built-in configuration, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_config() -> Config {
+    let sources = crate::config::Sources {
+        explicit: None,
+        cwd: std::path::PathBuf::from("/nonexistent/opencode-mcp-unit-tests"),
+        user_dir: None,
+    };
+    match crate::config::load_with_env(&sources, Vec::new()) {
+        Ok(config) => config,
+        Err(e) => panic!("the built-in config does not load: {e}"),
+    }
 }

@@ -105,6 +105,10 @@ pub struct TurnState {
     pub assistant_messages: usize,
     /// The latest of them has `time.completed` with a terminal finish, or an error.
     pub finished: bool,
+    /// The latest of them has `time.completed` (whatever its finish). Completed with
+    /// `tool-calls` while the session is idle means the agent loop stopped after a tool call
+    /// without a final answer (a rejected permission does this).
+    pub latest_completed: bool,
     pub finish: Option<String>,
     pub error: Option<ErrorInfo>,
     /// Text of the latest assistant message (what the model said last).
@@ -581,6 +585,7 @@ pub(crate) fn derive_turn(
             .collect::<Vec<_>>()
             .join("\n");
         let terminal = a.finish.as_deref().is_some_and(is_terminal_finish);
+        state.latest_completed = a.time.completed.is_some();
         state.finished = state.error.is_some() || (a.time.completed.is_some() && terminal);
     }
     state
@@ -666,6 +671,113 @@ mod tests {
         assert!(is_terminal_finish("stop"));
         assert!(is_terminal_finish("length"));
         assert!(!is_terminal_finish("tool-calls"));
+    }
+
+    /// Decodes a recorded response of the real OpenCode 1.18.33 with the generated types, naming
+    /// the JSON path on failure.
+    fn fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
+        let path = format!(
+            "{}/tests/fixtures/opencode/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).expect("fixture exists");
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        serde_path_to_error::deserialize(de)
+            .unwrap_or_else(|e| panic!("{name} does not decode at {}: {e}", e.path()))
+    }
+
+    fn user_message_id(messages: &[types::SessionMessagesResponseItem]) -> String {
+        messages
+            .iter()
+            .find_map(|m| match &m.info {
+                types::Message::UserMessage(u) => Some(u.id.clone()),
+                _ => None,
+            })
+            .expect("a user message")
+    }
+
+    #[test]
+    fn recorded_agents_and_providers_decode() {
+        let agents: Vec<types::Agent> = fixture("agents.json");
+        assert!(agents.iter().any(|a| a.name == "build"));
+        let providers: types::ConfigProvidersResponse = fixture("config_providers.json");
+        let fake = providers
+            .providers
+            .iter()
+            .find(|p| p.id == "fake")
+            .expect("fake provider");
+        assert!(fake.models.contains_key("fake-model"));
+    }
+
+    #[test]
+    fn recorded_sessions_statuses_and_permissions_decode() {
+        let s: types::Session = fixture("session.json");
+        assert!(s.id.starts_with("ses"));
+        let _: types::Session = fixture("session_after_turn.json");
+        let busy: std::collections::HashMap<String, types::SessionStatus> =
+            fixture("session_status_busy.json");
+        assert!(busy
+            .values()
+            .any(|v| matches!(v, types::SessionStatus::Busy)));
+        let retry: std::collections::HashMap<String, types::SessionStatus> =
+            fixture("session_status_retry.json");
+        assert!(retry
+            .values()
+            .any(|v| matches!(v, types::SessionStatus::Retry { .. })));
+        let asks: Vec<types::PermissionRequest> = fixture("permission_list.json");
+        assert!(asks.iter().all(|a| a.id.starts_with("per")));
+    }
+
+    #[test]
+    fn a_text_turn_is_finished_with_its_text_and_tokens() {
+        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_text.json");
+        let turn = derive_turn(&messages, &user_message_id(&messages));
+        assert!(turn.user_message_seen && turn.finished && turn.latest_completed);
+        assert_eq!(turn.finish.as_deref(), Some("stop"));
+        assert!(turn.text.starts_with("ECHO: "), "{}", turn.text);
+        assert!(turn.tokens.input > 0 && turn.tokens.output > 0);
+        assert_eq!(turn.model.as_deref(), Some("fake/fake-model"));
+        assert!(turn.error.is_none());
+    }
+
+    #[test]
+    fn a_tool_turn_lists_its_tools_and_ends_on_the_final_step() {
+        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_tool.json");
+        let turn = derive_turn(&messages, &user_message_id(&messages));
+        assert!(turn.finished);
+        assert!(turn.assistant_messages >= 2, "a tool step, then the answer");
+        assert!(turn
+            .tools
+            .iter()
+            .any(|t| t.tool == "bash" && t.status == "completed"));
+        assert!(turn.steps >= 2);
+    }
+
+    #[test]
+    fn error_and_abort_turns_carry_the_error() {
+        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_error.json");
+        let turn = derive_turn(&messages, &user_message_id(&messages));
+        let error = turn.error.expect("error");
+        assert_eq!(error.name, "APIError");
+        assert!(
+            error.message.contains("scripted bad request"),
+            "{}",
+            error.message
+        );
+        assert!(turn.finished);
+        let aborted: Vec<types::SessionMessagesResponseItem> = fixture("messages_abort.json");
+        let turn = derive_turn(&aborted, &user_message_id(&aborted));
+        assert_eq!(
+            turn.error.map(|e| e.name).as_deref(),
+            Some("MessageAbortedError")
+        );
+    }
+
+    #[test]
+    fn a_turn_belongs_to_its_own_user_message_only() {
+        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_text.json");
+        let other = derive_turn(&messages, "msg_someone_else");
+        assert!(!other.user_message_seen && !other.finished && other.text.is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
-use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens, TurnState};
+use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
 
 /// One tracked task (one OpenCode session) and the state of its current turn.
 #[derive(Debug, Clone)]
@@ -137,11 +137,7 @@ impl TaskEntry {
     pub fn snapshot(&self, include_progress: bool, stall: Duration) -> TaskSnapshot {
         let progress = include_progress.then(|| {
             let since_event = self.last_event.elapsed();
-            let tokens = self
-                .outcome
-                .as_ref()
-                .map(|o| o.tokens)
-                .unwrap_or(Tokens::default());
+            let tokens = self.outcome.as_ref().map(|o| o.tokens).unwrap_or_default();
             Progress {
                 current_tool: self.current_tool.as_ref().map(|(t, _)| t.clone()),
                 current_tool_title: self.current_tool.as_ref().and_then(|(_, t)| t.clone()),
@@ -389,7 +385,7 @@ mod tests {
     fn updates_wake_subscribers() {
         let r = Registry::new();
         r.insert(entry("a"));
-        let mut rx = r.subscribe();
+        let rx = r.subscribe();
         assert!(!rx.has_changed().unwrap_or(true));
         r.update("a", |e| e.status = TaskStatus::Running);
         assert!(rx.has_changed().unwrap_or(false));

@@ -243,6 +243,16 @@ pub async fn check_completion(registry: &Registry, server: &Server, task_id: &st
             let error = e.session_error.clone();
             e.outcome = Some(turn);
             e.finish(TaskStatus::Failed, error);
+        } else if idle && turn.latest_completed {
+            // The loop ended after a tool step with no final answer (e.g. a rejected permission).
+            e.outcome = Some(turn);
+            e.finish(
+                TaskStatus::Failed,
+                Some(ErrorInfo {
+                    name: "TurnStopped".into(),
+                    message: "the agent stopped after a tool call without a final answer (was a permission rejected?)".into(),
+                }),
+            );
         } else if !idle && e.status == TaskStatus::Pending && turn.user_message_seen {
             e.status = TaskStatus::Running;
         }

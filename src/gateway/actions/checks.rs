@@ -1,0 +1,129 @@
+//! Argument checks shared by several actions: the rules a JSON type cannot express.
+//!
+//! Every error names the argument, so the host model can fix its call without guessing (the
+//! original accepted empty prompts, negative timeouts and unbounded id lists).
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::gateway::error::ToolError;
+
+/// An id or name: surrounding whitespace is dropped, and nothing may remain empty.
+pub fn required_name(field: &str, value: String) -> Result<String, ToolError> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` must not be empty"
+        )));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// An optional id or name: absent is fine, given-but-blank is an error.
+pub fn optional_name(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
+    value.map(|v| required_name(field, v)).transpose()
+}
+
+/// A prompt: not blank, at most `limits.max_prompt_bytes` bytes. Kept as written.
+pub fn prompt(field: &str, value: String, config: &Config) -> Result<String, ToolError> {
+    if value.trim().is_empty() {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` must not be empty: give the agent a self-contained task"
+        )));
+    }
+    let max = config.limits.max_prompt_bytes as usize;
+    if value.len() > max {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` is {} bytes, more than the limit of {max} bytes (limits.max_prompt_bytes)",
+            value.len()
+        )));
+    }
+    Ok(value)
+}
+
+/// An optional absolute directory path.
+pub fn directory(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
+    let Some(dir) = optional_name(field, value)? else {
+        return Ok(None);
+    };
+    if !Path::new(&dir).is_absolute() {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` must be an absolute path, got `{dir}`"
+        )));
+    }
+    Ok(Some(dir))
+}
+
+/// An optional exact model id, `provider/model` (the model part may contain more `/`).
+pub fn model(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
+    let Some(model) = optional_name(field, value)? else {
+        return Ok(None);
+    };
+    let well_formed = !model.chars().any(char::is_whitespace)
+        && model
+            .split_once('/')
+            .is_some_and(|(provider, id)| !provider.is_empty() && !id.is_empty());
+    if !well_formed {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` must be an exact model id of the form provider/model \
+             (e.g. `anthropic/claude-sonnet-4`), got `{model}`"
+        )));
+    }
+    Ok(Some(model))
+}
+
+/// An optional tier name, which must be one of the configured tiers.
+pub fn tier(
+    field: &str,
+    value: Option<String>,
+    config: &Config,
+) -> Result<Option<String>, ToolError> {
+    let Some(tier) = optional_name(field, value)? else {
+        return Ok(None);
+    };
+    if config.tier(&tier).is_none() {
+        let names: Vec<&str> = config.tiers.iter().map(|t| t.name.as_str()).collect();
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}` `{tier}` is not a configured tier; the tiers are: {}",
+            names.join(", ")
+        )));
+    }
+    Ok(Some(tier))
+}
+
+/// Milliseconds from a config duration, saturating (for schema bounds and comparisons).
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_trimmed_and_not_blank() {
+        assert_eq!(required_name("task_id", " tsk_1 ".into()).unwrap(), "tsk_1");
+        let e = required_name("task_id", "  ".into()).unwrap_err();
+        assert_eq!(e.message, "`task_id` must not be empty");
+        assert_eq!(optional_name("agent", None).unwrap(), None);
+        assert!(optional_name("agent", Some(String::new())).is_err());
+    }
+
+    #[test]
+    fn models_need_provider_and_model() {
+        for ok in ["a/b", "openrouter/qwen/qwen3-coder"] {
+            assert!(model("model", Some(ok.into())).is_ok(), "{ok}");
+        }
+        for bad in ["gpt-4", "/b", "a/", "a /b"] {
+            let e = model("model", Some(bad.into())).unwrap_err();
+            assert!(e.message.starts_with("`model`"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn directories_must_be_absolute() {
+        assert!(directory("directory", Some("/tmp/x".into())).is_ok());
+        let e = directory("directory", Some("rel/x".into())).unwrap_err();
+        assert!(e.message.contains("absolute"), "{}", e.message);
+    }
+}

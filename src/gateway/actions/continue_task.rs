@@ -1,0 +1,65 @@
+//! `continue_task`: send a follow-up prompt to a task's session. The agent keeps its context; the
+//! same task id runs a new turn (turn + 1) and is waited on as before.
+//!
+//! The service ties completion to the new turn's own message, so status and wait can never report
+//! the previous turn as the answer (a race in the original).
+
+use rmcp::model::{JsonObject, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, start_task, ActionSpec, Ctx};
+use crate::config::Config;
+use crate::gateway::error::ToolError;
+use crate::tasks::{self, TaskSnapshot};
+
+/// Arguments of `continue_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `task_id` returned by the start task tool.
+    #[schemars(length(min = 1))]
+    pub task_id: String,
+    /// The follow-up: a correction, the next step, or an answer to the agent's question.
+    #[schemars(length(min = 1))]
+    pub prompt: String,
+    /// Run this turn with another OpenCode agent. Default: the task's agent.
+    #[schemars(length(min = 1))]
+    pub agent: Option<String>,
+    /// Run this turn with another exact model, `provider/model`. Default: the task's model.
+    #[schemars(length(min = 1))]
+    pub model: Option<String>,
+}
+
+/// The `continue_task` action.
+pub struct ContinueTask;
+
+impl ActionSpec for ContinueTask {
+    type Args = Args;
+    type Output = TaskSnapshot;
+    const TITLE: &'static str = "Continue a task";
+
+    /// As for starting a task: the agent may change or delete files (destructive), each call runs
+    /// another turn (not idempotent), and the agent reaches an LLM provider (open world).
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(true)
+    }
+
+    fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
+        start_task::refine_prompt(config, schema);
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
+    let request = tasks::ContinueTask {
+        task_id: checks::required_name("task_id", args.task_id)?,
+        prompt: checks::prompt("prompt", args.prompt, ctx.config)?,
+        agent: checks::optional_name("agent", args.agent)?,
+        model: checks::model("model", args.model)?,
+    };
+    Ok(ctx.tasks.continue_task(request).await?)
+}

@@ -1,0 +1,49 @@
+//! `get_task_result`: a task's full outcome: status, final text (paged), model, tokens, cost,
+//! changed files, tool calls, or the error that ended it.
+//!
+//! Long text is paged by `offset` in characters, up to `limits.result_page_chars` per call, so a
+//! large answer never overflows the host's context in one go.
+
+use rmcp::model::ToolAnnotations;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::gateway::error::ToolError;
+use crate::tasks::TaskResult;
+
+/// Arguments of `get_task_result`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `task_id` returned by the start task tool.
+    #[schemars(length(min = 1))]
+    pub task_id: String,
+    /// Character offset into the final text: 0 for the first page, then the `next_offset` of
+    /// the previous page.
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// The `get_task_result` action.
+pub struct GetTaskResult;
+
+impl ActionSpec for GetTaskResult {
+    type Args = Args;
+    type Output = TaskResult;
+    const TITLE: &'static str = "Get task result";
+
+    /// Reads the session's messages and changes nothing.
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskResult, ToolError> {
+    let task_id = checks::required_name("task_id", args.task_id)?;
+    Ok(ctx.tasks.result(&task_id, args.offset).await?)
+}

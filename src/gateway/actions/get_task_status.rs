@@ -1,0 +1,47 @@
+//! `get_task_status`: a task's status right now, without waiting.
+//!
+//! It reads the same state as wait and result (kept current by OpenCode's event stream), so the
+//! three tools never disagree about a task.
+
+use rmcp::model::ToolAnnotations;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::gateway::error::ToolError;
+use crate::tasks::TaskSnapshot;
+
+/// Arguments of `get_task_status`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `task_id` returned by the start task tool.
+    #[schemars(length(min = 1))]
+    pub task_id: String,
+    /// Also report what a running task is doing now (current tool, recent text, tokens).
+    #[serde(default)]
+    pub include_progress: bool,
+}
+
+/// The `get_task_status` action.
+pub struct GetTaskStatus;
+
+impl ActionSpec for GetTaskStatus {
+    type Args = Args;
+    type Output = TaskSnapshot;
+    const TITLE: &'static str = "Get task status";
+
+    /// Reads the gateway's own state and changes nothing.
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
+    let task_id = checks::required_name("task_id", args.task_id)?;
+    Ok(ctx.tasks.status(&task_id, args.include_progress)?)
+}

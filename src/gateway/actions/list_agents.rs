@@ -1,0 +1,43 @@
+//! `list_agents`: the agents and models a server offers, and what each configured tier resolves
+//! to on it, so the host can choose `agent`, `model` or `tier` for a task from facts rather than
+//! guesses.
+
+use rmcp::model::ToolAnnotations;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::gateway::error::ToolError;
+use crate::tasks::AgentCatalog;
+
+/// Arguments of `list_agents`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `server_id` returned by the start server tool.
+    #[schemars(length(min = 1))]
+    pub server_id: String,
+}
+
+/// The `list_agents` action.
+pub struct ListAgents;
+
+impl ActionSpec for ListAgents {
+    type Args = Args;
+    type Output = AgentCatalog;
+    const TITLE: &'static str = "List agents and models";
+
+    /// Reads the server's catalog and changes nothing.
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<AgentCatalog, ToolError> {
+    let server_id = checks::required_name("server_id", args.server_id)?;
+    Ok(ctx.tasks.list_agents(&server_id).await?)
+}

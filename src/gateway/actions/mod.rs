@@ -1,0 +1,212 @@
+//! The actions behind the tools, one file each.
+//!
+//! Every file follows the same shape, so reading one is reading them all:
+//!
+//! - `Args`: the tool's arguments. Its serde derive is the parser (`deny_unknown_fields`: a
+//!   misspelt argument is an error, not silently ignored), and its schemars derive, doc comments
+//!   included, is the input schema the host sees, so the two cannot drift apart.
+//! - a unit struct implementing [`ActionSpec`]: the output type (the output schema), a default
+//!   title, honest annotations, and the config-dependent parts of the input schema (limits, tier
+//!   names), which a derive cannot know.
+//! - `run`: checks what types cannot express (non-blank text, absolute paths, the config's limits),
+//!   then calls exactly one [`TaskService`] method. Handlers stay thin; the behaviour lives in
+//!   `tasks`.
+//!
+//! [`run`] here is the dispatch from a config [`Action`] to those handlers.
+
+mod cancel_task;
+mod checks;
+mod continue_task;
+mod get_task_result;
+mod get_task_status;
+mod list_agents;
+mod start_server;
+mod start_task;
+mod stop_server;
+mod wait_for_task;
+
+pub use cancel_task::CancelTask;
+pub use continue_task::ContinueTask;
+pub use get_task_result::GetTaskResult;
+pub use get_task_status::GetTaskStatus;
+pub use list_agents::ListAgents;
+pub use start_server::StartServer;
+pub use start_task::StartTask;
+pub use stop_server::StopServer;
+pub use wait_for_task::WaitForTask;
+
+use rmcp::model::{JsonObject, ToolAnnotations};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::ToolError;
+use crate::config::{Action, Config};
+use crate::tasks::TaskService;
+
+/// What a handler may use: the config, the task service, and the MCP request (for progress
+/// notifications and the host's cancellation).
+pub struct Ctx<'a> {
+    pub config: &'a Config,
+    pub tasks: &'a TaskService,
+    pub request: &'a RequestContext<RoleServer>,
+}
+
+/// The static description of an action, from which `tools.rs` builds the MCP tool.
+pub trait ActionSpec {
+    /// The arguments (input schema).
+    type Args: DeserializeOwned + JsonSchema;
+    /// The success result (output schema). Must serialize as a JSON object.
+    type Output: Serialize + JsonSchema;
+    /// The title used when the config gives the tool none.
+    const TITLE: &'static str;
+    /// Behaviour hints for the host (read-only, destructive, idempotent, open world).
+    fn annotations() -> ToolAnnotations;
+    /// Adds what depends on the config (bounds from `limits`/`timeouts`, tier names) to the
+    /// derived input schema.
+    fn refine_input_schema(_config: &Config, _schema: &mut JsonObject) {}
+}
+
+/// Parses `args` for `action`, runs its handler, and returns the result as JSON.
+pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Value, ToolError> {
+    match action {
+        Action::StartServer => json(start_server::run(parse_args(args)?, ctx).await),
+        Action::StopServer => json(stop_server::run(parse_args(args)?, ctx).await),
+        Action::ListAgents => json(list_agents::run(parse_args(args)?, ctx).await),
+        Action::StartTask => json(start_task::run(parse_args(args)?, ctx).await),
+        Action::ContinueTask => json(continue_task::run(parse_args(args)?, ctx).await),
+        Action::CancelTask => json(cancel_task::run(parse_args(args)?, ctx).await),
+        Action::GetTaskStatus => json(get_task_status::run(parse_args(args)?, ctx).await),
+        Action::GetTaskResult => json(get_task_result::run(parse_args(args)?, ctx).await),
+        Action::WaitForTask => json(wait_for_task::run(parse_args(args)?, ctx).await),
+    }
+}
+
+fn json<T: Serialize>(result: Result<T, ToolError>) -> Result<Value, ToolError> {
+    let value = result?;
+    serde_json::to_value(value)
+        .map_err(|e| ToolError::internal(format!("cannot serialize the result: {e}")))
+}
+
+/// Deserializes tool arguments, with errors that name the argument.
+///
+/// An explicit `null` counts as absent: some hosts send `null` for every optional argument they
+/// leave out. serde's own messages name the field for missing and unknown fields but not for a
+/// wrong type (`invalid type: string "x", expected u16`); to name it there too, the arguments are
+/// parsed from their pretty-printed text, where every top-level key starts a line indented by
+/// exactly two spaces, and the error's line number leads back to the key.
+pub fn parse_args<T: DeserializeOwned>(mut args: JsonObject) -> Result<T, ToolError> {
+    args.retain(|_, value| !value.is_null());
+    let text = serde_json::to_string_pretty(&Value::Object(args))
+        .map_err(|e| ToolError::internal(format!("cannot re-encode the arguments: {e}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ToolError::invalid_argument(describe_serde_error(&text, &e)))
+}
+
+fn describe_serde_error(text: &str, e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    let message = full.strip_suffix(&position).unwrap_or(&full);
+    let names_field = ["missing field", "unknown field", "duplicate field"]
+        .iter()
+        .any(|prefix| message.starts_with(prefix));
+    match field_at_line(text, e.line()) {
+        Some(field) if !names_field => format!("`{field}`: {message}"),
+        _ => message.to_string(),
+    }
+}
+
+/// The top-level key whose value spans `line` (1-based) of a pretty-printed JSON object.
+fn field_at_line(text: &str, line: usize) -> Option<String> {
+    text.lines().take(line).filter_map(top_level_key).last()
+}
+
+/// `  "key": ...` -> `key` (deeper lines are indented further and do not match).
+fn top_level_key(line: &str) -> Option<String> {
+    let quoted = line.strip_prefix("  ")?;
+    let rest = quoted.strip_prefix('"')?;
+    let mut escaped = false;
+    for (i, c) in rest.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return serde_json::from_str(&quoted[..i + 2]).ok(),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Sample {
+        name: String,
+        #[serde(default)]
+        ids: Vec<String>,
+        port: Option<u16>,
+        #[serde(default)]
+        flag: bool,
+    }
+
+    fn parse(v: Value) -> Result<Sample, ToolError> {
+        match v {
+            Value::Object(o) => parse_args(o),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e = parse(json!({"name": "a", "port": "x"})).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`port`: invalid type: string \"x\", expected u16"
+        );
+        let e = parse(json!({"name": "a", "ids": ["ok", 3]})).unwrap_err();
+        assert!(
+            e.message.starts_with("`ids`: invalid type: integer `3`"),
+            "{}",
+            e.message
+        );
+        let e = parse(json!({"name": "a", "port": 70000})).unwrap_err();
+        assert!(
+            e.message.starts_with("`port`: invalid value"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn missing_and_unknown_fields_keep_serde_wording() {
+        let e = parse(json!({"port": 1})).unwrap_err();
+        assert_eq!(e.message, "missing field `name`");
+        let e = parse(json!({"name": "a", "colour": 1})).unwrap_err();
+        assert!(
+            e.message.starts_with("unknown field `colour`"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn null_means_absent() {
+        let s = parse(json!({"name": "a", "flag": null, "port": null})).unwrap();
+        assert!(!s.flag && s.port.is_none());
+    }
+
+    #[test]
+    fn keys_with_escapes_are_recovered() {
+        assert_eq!(top_level_key("  \"a\\\"b\": 1,").as_deref(), Some("a\"b"));
+        assert_eq!(top_level_key("    \"deep\""), None);
+    }
+}

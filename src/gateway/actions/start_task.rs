@@ -1,0 +1,115 @@
+//! `start_task`: delegate work to an OpenCode agent. It creates a session, sends the prompt and
+//! returns at once with the task's id and status `pending`; the work runs in the background.
+//!
+//! `model` and `tier` are alternatives: an exact `provider/model`, or a configured tier that the
+//! service resolves against the models the server offers. Giving both is an error rather than a
+//! silent preference for one of them.
+
+use rmcp::model::{JsonObject, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::config::Config;
+use crate::gateway::error::ToolError;
+use crate::gateway::schema::property;
+use crate::tasks::{self, TaskSnapshot};
+
+/// Arguments of `start_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `server_id` returned by the start server tool.
+    #[schemars(length(min = 1))]
+    pub server_id: String,
+    /// The task for the agent, self-contained: the goal, the files involved, constraints and
+    /// how to check the result. The agent sees nothing of your conversation.
+    #[schemars(length(min = 1))]
+    pub prompt: String,
+    /// The OpenCode agent to run (see the list agents tool). Default: the server's default agent.
+    #[schemars(length(min = 1))]
+    pub agent: Option<String>,
+    /// An exact model id, `provider/model`. Do not combine with `tier`.
+    #[schemars(length(min = 1))]
+    pub model: Option<String>,
+    /// A configured model tier, cheapest that can do the job. Do not combine with `model`.
+    #[schemars(length(min = 1))]
+    pub tier: Option<String>,
+    /// Absolute path the session works in. Default: the server's directory. Give parallel tasks
+    /// that edit files separate directories (e.g. git worktrees).
+    #[schemars(length(min = 1))]
+    pub directory: Option<String>,
+    /// A short title for the task, shown in status reports and in OpenCode.
+    #[schemars(length(min = 1))]
+    pub title: Option<String>,
+}
+
+/// The `start_task` action.
+pub struct StartTask;
+
+impl ActionSpec for StartTask {
+    type Args = Args;
+    type Output = TaskSnapshot;
+    const TITLE: &'static str = "Start a delegated task";
+
+    /// Destructive: the agent runs with the permissions of the managed server (by default it may
+    /// run any shell command and edit or delete any file in the directory), so the call can
+    /// overwrite work; a host that gates destructive tools should gate this one. Not idempotent:
+    /// each call starts another session doing the work again. Open world: the agent talks to an
+    /// LLM provider and may use web tools.
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(true)
+    }
+
+    fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
+        refine_prompt(config, schema);
+        refine_tier(config, schema);
+    }
+}
+
+/// States the byte limit on `prompt` (JSON Schema's `maxLength` counts characters, not bytes).
+pub(super) fn refine_prompt(config: &Config, schema: &mut JsonObject) {
+    if let Some(Value::String(d)) =
+        property(schema, "prompt").and_then(|p| p.get_mut("description"))
+    {
+        d.push_str(&format!(
+            " At most {} bytes.",
+            config.limits.max_prompt_bytes
+        ));
+    }
+}
+
+/// Lists the configured tiers as the allowed values of `tier`.
+fn refine_tier(config: &Config, schema: &mut JsonObject) {
+    if let Some(tier) = property(schema, "tier") {
+        let names: Vec<Value> = config
+            .tiers
+            .iter()
+            .map(|t| Value::String(t.name.clone()))
+            .collect();
+        tier.insert("enum".into(), Value::Array(names));
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
+    if args.model.is_some() && args.tier.is_some() {
+        return Err(ToolError::invalid_argument(
+            "`model` and `tier` are mutually exclusive: pass an exact `model` or a `tier`, not both",
+        ));
+    }
+    let request = tasks::StartTask {
+        server_id: checks::required_name("server_id", args.server_id)?,
+        prompt: checks::prompt("prompt", args.prompt, ctx.config)?,
+        agent: checks::optional_name("agent", args.agent)?,
+        model: checks::model("model", args.model)?,
+        tier: checks::tier("tier", args.tier, ctx.config)?,
+        directory: checks::directory("directory", args.directory)?,
+        title: checks::optional_name("title", args.title)?,
+    };
+    Ok(ctx.tasks.start(request).await?)
+}

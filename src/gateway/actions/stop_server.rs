@@ -1,0 +1,45 @@
+//! `stop_server`: stop a managed OpenCode server (an attached one is only forgotten).
+//!
+//! Tasks still running on it end as `failed`, and the result says which, so the host is never
+//! left waiting on tasks that can no longer finish.
+
+use rmcp::model::ToolAnnotations;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::gateway::error::ToolError;
+use crate::opencode::StopInfo;
+
+/// Arguments of `stop_server`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `server_id` returned by the start server tool.
+    #[schemars(length(min = 1))]
+    pub server_id: String,
+}
+
+/// The `stop_server` action.
+pub struct StopServer;
+
+impl ActionSpec for StopServer {
+    type Args = Args;
+    type Output = StopInfo;
+    const TITLE: &'static str = "Stop an OpenCode server";
+
+    /// Kills a process and fails the tasks still running on it (destructive); stopping a stopped
+    /// server changes nothing more (idempotent); local only (closed world).
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(false)
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<StopInfo, ToolError> {
+    let server_id = checks::required_name("server_id", args.server_id)?;
+    Ok(ctx.tasks.stop_server(&server_id).await?)
+}

@@ -1,0 +1,360 @@
+//! `wait_for_task`: long-poll one or more tasks until all (or any) of them finish, or the wait
+//! times out.
+//!
+//! Hosts cut tool calls off (Codex after 60 s by default), so a wait is bounded by `timeout_ms`
+//! (default `timeouts.wait_default`, under a minute) and a timeout is not an error: it returns
+//! every task's current status with `timed_out: true`, and the host calls again.
+//!
+//! The wait runs in slices of `timeouts.progress_interval`. Between slices, when the request
+//! carried a progress token, a `notifications/progress` tells the host how far along the tasks
+//! are; Claude Code resets its tool timeout on each one. The host may cancel the call
+//! (`notifications/cancelled`): the wait then ends at once, and the tasks keep running, because
+//! cancelling a wait must never cancel the work it waits for (a bug of the original).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use rmcp::model::{JsonObject, ProgressNotificationParam, ProgressToken, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::config::Config;
+use crate::error::ErrorCode;
+use crate::gateway::error::ToolError;
+use crate::gateway::schema::property;
+use crate::tasks::{TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
+
+/// Arguments of `wait_for_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The ids of the tasks to wait for (repeats are ignored).
+    #[schemars(length(min = 1))]
+    pub task_ids: Vec<String>,
+    /// `all`: return when every task has finished; `any`: as soon as one has.
+    #[serde(default)]
+    pub mode: WaitMode,
+    /// How long to wait, in milliseconds, before returning the current statuses; 0 returns them
+    /// at once.
+    pub timeout_ms: Option<u64>,
+    /// Also report what the running tasks are doing (current tool, recent text, tokens).
+    #[serde(default)]
+    pub include_progress: bool,
+}
+
+/// The `wait_for_task` action.
+pub struct WaitForTask;
+
+impl ActionSpec for WaitForTask {
+    type Args = Args;
+    type Output = WaitOutcome;
+    const TITLE: &'static str = "Wait for tasks";
+
+    /// Only watches; cancelling the call leaves the tasks alone.
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    }
+
+    fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
+        if let Some(ids) = property(schema, "task_ids") {
+            ids.insert("maxItems".into(), json!(config.limits.max_wait_ids));
+        }
+        let default_ms = checks::millis(config.timeouts.wait_default.get());
+        let max_ms = checks::millis(config.timeouts.wait_max.get());
+        if let Some(timeout) = property(schema, "timeout_ms") {
+            timeout.insert("default".into(), json!(default_ms));
+            timeout.insert("maximum".into(), json!(max_ms));
+            if let Some(Value::String(d)) = timeout.get_mut("description") {
+                d.push_str(&format!(" Default {default_ms}, at most {max_ms}."));
+            }
+        }
+    }
+}
+
+/// A checked request.
+#[derive(Debug, PartialEq)]
+struct Request {
+    ids: Vec<String>,
+    mode: WaitMode,
+    timeout: Duration,
+    include_progress: bool,
+}
+
+fn validate(args: Args, config: &Config) -> Result<Request, ToolError> {
+    if args.task_ids.is_empty() {
+        return Err(ToolError::invalid_argument(
+            "`task_ids` must name at least one task",
+        ));
+    }
+    let mut seen = HashSet::with_capacity(args.task_ids.len());
+    let mut ids: Vec<String> = Vec::with_capacity(args.task_ids.len());
+    for (i, id) in args.task_ids.into_iter().enumerate() {
+        let id = checks::required_name(&format!("task_ids[{i}]"), id)?;
+        if seen.insert(id.clone()) {
+            ids.push(id);
+        }
+    }
+    let max_ids = config.limits.max_wait_ids as usize;
+    if ids.len() > max_ids {
+        return Err(ToolError::invalid_argument(format!(
+            "`task_ids` names {} distinct tasks, more than the limit of {max_ids} (limits.max_wait_ids)",
+            ids.len()
+        )));
+    }
+    let max_ms = checks::millis(config.timeouts.wait_max.get());
+    let timeout_ms = args
+        .timeout_ms
+        .unwrap_or_else(|| checks::millis(config.timeouts.wait_default.get()));
+    if timeout_ms > max_ms {
+        return Err(ToolError::invalid_argument(format!(
+            "`timeout_ms` is {timeout_ms}, more than the maximum of {max_ms} (timeouts.wait_max); \
+             wait in shorter calls"
+        )));
+    }
+    Ok(Request {
+        ids,
+        mode: args.mode,
+        timeout: Duration::from_millis(timeout_ms),
+        include_progress: args.include_progress,
+    })
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
+    let request = validate(args, ctx.config)?;
+    let token = ctx.request.meta.get_progress_token();
+    // The shortest slice is bounded so that a tiny configured interval cannot spin.
+    let interval = ctx
+        .config
+        .timeouts
+        .progress_interval
+        .get()
+        .max(Duration::from_millis(100));
+    // Progress messages name the running tools, so ask for progress when reporting it.
+    let with_progress = request.include_progress || token.is_some();
+    let started = Instant::now();
+    let deadline = started + request.timeout;
+    let mut last_progress = 0.0;
+    loop {
+        let slice_end = deadline.min(Instant::now() + interval);
+        let slice = slice_end.saturating_duration_since(Instant::now());
+        let wait = ctx
+            .tasks
+            .wait(&request.ids, request.mode, slice, with_progress);
+        let outcome = tokio::select! {
+            biased;
+            _ = ctx.request.ct.cancelled() => return Err(cancelled()),
+            outcome = wait => outcome?,
+        };
+        if outcome.done || slice_end >= deadline {
+            return Ok(finish(outcome, request.include_progress));
+        }
+        if let Some(token) = &token {
+            let elapsed = started.elapsed().as_secs_f64() / request.timeout.as_secs_f64();
+            let value = progress_value(outcome.finished.len(), elapsed, last_progress);
+            last_progress = value;
+            let note = ProgressNotificationParam::new(token.clone(), value)
+                .with_total(request.ids.len() as f64)
+                .with_message(progress_message(&outcome, request.ids.len()));
+            notify(ctx, note).await;
+        }
+        // A service that returned before the slice ended without meeting the condition must not
+        // turn this loop into a spin: wait out the slice.
+        tokio::select! {
+            biased;
+            _ = ctx.request.ct.cancelled() => return Err(cancelled()),
+            _ = tokio::time::sleep_until(slice_end) => {}
+        }
+    }
+}
+
+fn cancelled() -> ToolError {
+    // rmcp drops the response to a cancelled request; this is for the log only.
+    ToolError::new(
+        ErrorCode::Conflict,
+        "the host cancelled this wait; the tasks keep running",
+    )
+}
+
+async fn notify(ctx: &Ctx<'_>, note: ProgressNotificationParam) {
+    let token: &ProgressToken = &note.progress_token;
+    tracing::debug!(?token, message = ?note.message, "wait progress");
+    tokio::select! {
+        biased;
+        _ = ctx.request.ct.cancelled() => {}
+        sent = ctx.request.peer.notify_progress(note) => {
+            if let Err(e) = sent {
+                tracing::debug!("cannot send a progress notification: {e}");
+            }
+        }
+    }
+}
+
+/// The result the host sees: `timed_out` is exactly "the condition was not met", and progress is
+/// shown only when asked for (it may have been fetched for the notifications).
+fn finish(mut outcome: WaitOutcome, include_progress: bool) -> WaitOutcome {
+    outcome.timed_out = !outcome.done;
+    if !include_progress {
+        for task in &mut outcome.tasks {
+            task.progress = None;
+        }
+    }
+    outcome
+}
+
+/// MCP requires progress to increase with every notification. The integer part is the number of
+/// finished tasks; the fraction is the share of this wait's timeout used so far (below 1 until the
+/// deadline, when no notification is sent), so the value grows even while no task finishes. A task
+/// reopened by `continue_task` mid-wait lowers the count; the value then still creeps up.
+fn progress_value(finished: usize, elapsed_fraction: f64, last: f64) -> f64 {
+    let value = finished as f64 + elapsed_fraction.clamp(0.0, 0.999);
+    if value > last {
+        value
+    } else {
+        last + 0.0001
+    }
+}
+
+/// `2/5 finished; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c`.
+fn progress_message(outcome: &WaitOutcome, total: usize) -> String {
+    const SHOWN: usize = 5;
+    let mut message = format!("{}/{total} finished", outcome.finished.len());
+    for status in [
+        TaskStatus::Running,
+        TaskStatus::WaitingPermission,
+        TaskStatus::Pending,
+    ] {
+        let tasks: Vec<&TaskSnapshot> = outcome
+            .tasks
+            .iter()
+            .filter(|t| t.status == status)
+            .collect();
+        if tasks.is_empty() {
+            continue;
+        }
+        let mut shown: Vec<String> = tasks.iter().take(SHOWN).map(|t| describe(t)).collect();
+        if tasks.len() > SHOWN {
+            shown.push(format!("+{} more", tasks.len() - SHOWN));
+        }
+        message.push_str(&format!("; {}: {}", status.as_str(), shown.join(", ")));
+    }
+    message
+}
+
+fn describe(task: &TaskSnapshot) -> String {
+    let progress = task.progress.as_ref();
+    match (
+        progress.and_then(|p| p.current_tool.as_deref()),
+        progress.and_then(|p| p.current_tool_title.as_deref()),
+    ) {
+        (Some(tool), Some(title)) => format!("{} ({tool}: {})", task.task_id, shorten(title, 60)),
+        (Some(tool), None) => format!("{} ({tool})", task.task_id),
+        _ => task.task_id.clone(),
+    }
+}
+
+fn shorten(text: &str, max_chars: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    if line.chars().count() <= max_chars && line.len() == text.len() {
+        return line.to_string();
+    }
+    let mut out: String = line.chars().take(max_chars).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::Progress;
+
+    fn snapshot(id: &str, status: TaskStatus, tool: Option<(&str, &str)>) -> TaskSnapshot {
+        TaskSnapshot {
+            task_id: id.into(),
+            status,
+            server_id: "srv_1".into(),
+            session_id: "ses_1".into(),
+            title: "t".into(),
+            directory: "/tmp".into(),
+            agent: None,
+            model: None,
+            turn: 1,
+            elapsed_ms: 0,
+            error: None,
+            permission: None,
+            progress: tool.map(|(tool, title)| Progress {
+                current_tool: Some(tool.into()),
+                current_tool_title: Some(title.into()),
+                ..Progress::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn message_groups_unfinished_tasks_by_status() {
+        let outcome = WaitOutcome {
+            done: false,
+            timed_out: true,
+            mode: WaitMode::All,
+            finished: vec!["tsk_d".into(), "tsk_e".into()],
+            unfinished: vec!["tsk_a".into(), "tsk_b".into(), "tsk_c".into()],
+            tasks: vec![
+                snapshot("tsk_a", TaskStatus::Running, Some(("bash", "cargo test"))),
+                snapshot("tsk_b", TaskStatus::Running, None),
+                snapshot("tsk_c", TaskStatus::WaitingPermission, None),
+                snapshot("tsk_d", TaskStatus::Completed, None),
+                snapshot("tsk_e", TaskStatus::Failed, None),
+            ],
+        };
+        assert_eq!(
+            progress_message(&outcome, 5),
+            "2/5 finished; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c"
+        );
+        let finished = finish(outcome, false);
+        assert!(finished.tasks.iter().all(|t| t.progress.is_none()));
+        assert!(finished.timed_out);
+    }
+
+    #[test]
+    fn validation_dedupes_in_order_and_applies_config_bounds() {
+        let config = crate::gateway::test_config();
+        let args = |ids: &[&str], timeout_ms: Option<u64>| Args {
+            task_ids: ids.iter().map(|s| s.to_string()).collect(),
+            mode: WaitMode::Any,
+            timeout_ms,
+            include_progress: false,
+        };
+        let r = validate(args(&["b", " a", "b", "a "], None), &config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.ids, vec!["b", "a"]);
+        assert_eq!(r.timeout, config.timeouts.wait_default.get());
+        let max = checks::millis(config.timeouts.wait_max.get());
+        assert!(validate(args(&["a"], Some(max)), &config).is_ok());
+        let e = validate(args(&["a"], Some(max + 1)), &config).unwrap_err();
+        assert!(e.message.starts_with("`timeout_ms`"), "{}", e.message);
+        let e = validate(args(&[], None), &config).unwrap_err();
+        assert!(e.message.starts_with("`task_ids`"), "{}", e.message);
+    }
+
+    #[test]
+    fn progress_always_increases() {
+        let a = progress_value(1, 0.2, 0.0);
+        let b = progress_value(1, 0.4, a);
+        let c = progress_value(0, 0.6, b);
+        let d = progress_value(1, 1.5, c);
+        assert!(a < b && b < c && c < d && d < 2.0, "{a} {b} {c} {d}");
+    }
+
+    #[test]
+    fn shortens_long_titles() {
+        assert_eq!(shorten("ab\ncd", 10), "ab…");
+        assert_eq!(shorten("abcdef", 3), "abc…");
+        assert_eq!(shorten("abc", 3), "abc");
+    }
+}

@@ -1,0 +1,101 @@
+//! How a failed tool call reads to the host.
+//!
+//! MCP has two ways to fail a `tools/call`: a JSON-RPC error, which hosts tend to show as an opaque
+//! "tool failed", and a normal result with `isError: true`, which the host model reads and can act
+//! on. Everything the caller can fix or should know about (a bad argument, an unknown task, OpenCode
+//! being down) is the latter, as a [`ToolError`]: one [`ErrorCode`] from the crate-wide vocabulary
+//! plus a message, sent as `structuredContent` `{"error": {"code", "message"}}` and mirrored as text
+//! for hosts that ignore structured content. JSON-RPC errors are kept for requests that cannot be
+//! routed at all (an unknown or disabled tool name), see `handler.rs`.
+//!
+//! Output schemas describe only the success shape: MCP exempts `isError` results from them.
+
+use rmcp::model::CallToolResult;
+use serde_json::json;
+
+use crate::error::{Coded, ErrorCode};
+use crate::tasks::TaskError;
+
+/// A tool call that failed in a way the caller should read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ToolError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// An argument failed validation; the message must name the argument.
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+
+    /// A condition that is a bug in the gateway rather than the caller's doing.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    /// The `isError: true` result the host receives.
+    pub fn into_result(self) -> CallToolResult {
+        CallToolResult::structured_error(json!({
+            "error": { "code": self.code.as_str(), "message": self.message }
+        }))
+    }
+
+    fn from_coded<E: Coded>(e: &E) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}
+
+impl From<TaskError> for ToolError {
+    fn from(e: TaskError) -> Self {
+        Self::from_coded(&e)
+    }
+}
+
+impl From<crate::opencode::OpencodeError> for ToolError {
+    fn from(e: crate::opencode::OpencodeError) -> Self {
+        Self::from_coded(&e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_as_structured_error_with_text_mirror() {
+        let r = ToolError::new(ErrorCode::NotFound, "unknown task id(s): tsk_x").into_result();
+        assert_eq!(r.is_error, Some(true));
+        let expected =
+            json!({"error": {"code": "not_found", "message": "unknown task id(s): tsk_x"}});
+        assert_eq!(r.structured_content, Some(expected.clone()));
+        let text = r
+            .content
+            .first()
+            .and_then(|c| c.as_text())
+            .map(|t| t.text.clone());
+        assert_eq!(text, Some(expected.to_string()));
+    }
+
+    #[test]
+    fn task_errors_keep_their_code() {
+        let e: ToolError = TaskError::UnknownTasks(vec!["tsk_a".into()]).into();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(e.message.contains("tsk_a"));
+    }
+}

@@ -1,0 +1,1138 @@
+//! A scripted, OpenAI-compatible LLM on 127.0.0.1 for OpenCode to talk to.
+//!
+//! [`FakeLlm::start`] binds `127.0.0.1:0` and serves on its own thread (its own tokio runtime),
+//! so it works from sync and async tests alike and stops when dropped. OpenCode reaches it through
+//! the `fake` provider that [`OpenCodeEnv`](super::isolation::OpenCodeEnv) configures with
+//! [`FakeLlm::url`] (`http://127.0.0.1:<port>/v1`).
+//!
+//! # Routes
+//!
+//! - `POST /v1/chat/completions`: scripted (below). With `"stream": true` (what OpenCode sends) the
+//!   answer is `text/event-stream`: a role chunk, content or `tool_calls` chunks, a chunk with
+//!   `finish_reason` (`stop` or `tool_calls`), a usage chunk (always 100 prompt + 10 completion
+//!   tokens), then `data: [DONE]`. Without it, one `chat.completion` JSON object.
+//! - `GET /v1/models`: lists `fake-model` and `fake-strong`.
+//! - anything else: 404 with an OpenAI-style error body.
+//!
+//! Every request is recorded ([`FakeLlm::requests`]), and so is the end of every streamed answer,
+//! including whether the client hung up first ([`FakeLlm::stream_ends`]).
+//!
+//! # Script: markers in the last user message
+//!
+//! The fake reads the text of the last `user` message of a chat request (its text parts joined by
+//! newlines) and acts on the markers in it. Without markers it answers **`ECHO: <first line>`**,
+//! where `<first line>` is the first non-empty line of that text, trimmed, markers included; so
+//! every task gets its own, predictable reply. Markers (none may contain `]]`):
+//!
+//! | marker | effect |
+//! |---|---|
+//! | `[[bash:<cmd>]]` | answer with a `bash` tool call `{"command": "<cmd>"}` |
+//! | `[[write:<path>:<content>]]` | answer with a `write` tool call `{"filePath": "<path>", "content": "<content>"}`; `<path>` has no `:`; `\n` in `<content>` becomes a newline. A relative path is taken relative to the session directory (missing dirs are created). |
+//! | `[[slow:<ms>]]` | stream the text answer in 10 chunks spread over about `<ms>` ms; if the client hangs up meanwhile, the [`StreamEnd`] says so (for abort tests) |
+//! | `[[delay:<ms>]]` | wait `<ms>` ms before answering at all (also before an error) |
+//! | `[[error400]]` | HTTP 400 with an OpenAI-style error body whose message is [`ERROR_400_MESSAGE`] (not retried: OpenCode reports a `session.error`) |
+//! | `[[error500:<retry-after-ms>]]` | HTTP 500 with header `retry-after-ms: <retry-after-ms>` and message [`ERROR_500_MESSAGE`], on every attempt |
+//! | `[[error500:<retry-after-ms>:<n>]]` | the same for the first `<n>` attempts of this turn, then the normal answer |
+//! | `[[error500]]` | HTTP 500 without a retry header, on every attempt |
+//!
+//! OpenCode 1.18.33 retries a 500 five times (six requests in all), waiting `retry-after-ms` when
+//! given, else 2 s, 4 s, 8 s, 16 s, 32 s (plus up to 25 % jitter), then reports a `session.error`
+//! (`APIError`, `isRetryable: true`). So `[[error500:<ms>]]` gives up after about `5 × <ms>`, and
+//! `[[error500]]` after more than a minute.
+//!
+//! Tool markers run one per step, in the order written: a request whose messages after the last
+//! user message already hold `k` assistant tool-call messages gets the `k+1`-th tool call, and once
+//! all have been issued the final text answer (`ECHO: <first line>`). So `[[bash:ls]]` makes two
+//! LLM calls: the tool call, then (carrying the tool result) the text. A tool marker for a tool that
+//! is not in the request's `tools` array is skipped. Errors win over tool calls and text.
+//! "Attempts of this turn" are earlier requests with the same `x-session-id` header, the same
+//! last-user text and the same number of messages.
+//!
+//! A session created without a title costs one extra request before the turn's own: OpenCode asks
+//! for a title (no tools; see [`RecordedRequest::is_title_request`]); the fake echoes, so the title
+//! becomes `ECHO: <first line>`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// The `error.message` of a scripted 400.
+pub const ERROR_400_MESSAGE: &str = "fake-llm: scripted bad request ([[error400]])";
+/// The `error.message` of a scripted 500.
+pub const ERROR_500_MESSAGE: &str = "fake-llm: scripted server error ([[error500]])";
+/// Prompt tokens reported in every usage chunk.
+pub const USAGE_PROMPT_TOKENS: u64 = 100;
+/// Completion tokens reported in every usage chunk.
+pub const USAGE_COMPLETION_TOKENS: u64 = 10;
+
+/// One scripting marker found in a prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Marker {
+    Bash(String),
+    Write {
+        path: String,
+        content: String,
+    },
+    Slow {
+        ms: u64,
+    },
+    Delay {
+        ms: u64,
+    },
+    Error400,
+    Error500 {
+        retry_after_ms: Option<u64>,
+        times: Option<u64>,
+    },
+}
+
+/// What the fake answered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// Not answered yet (the request is being delayed or streamed).
+    Pending,
+    /// The client hung up during a `[[delay]]`, before any answer.
+    ClientClosed,
+    Text {
+        text: String,
+        slow_ms: Option<u64>,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    Error {
+        status: u16,
+        message: String,
+    },
+    Models,
+    NotFound,
+    BadRequest(String),
+}
+
+/// One HTTP request the fake received.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    /// Position in [`FakeLlm::requests`].
+    pub index: usize,
+    pub at: Instant,
+    pub method: String,
+    /// The request target, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Header names in lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body (`Null` when there is none).
+    pub body: Value,
+    pub model: String,
+    pub stream: bool,
+    pub messages: Vec<Value>,
+    /// Names of the tools offered.
+    pub tools: Vec<String>,
+    /// Text of the last user message (text parts joined by newlines).
+    pub last_user_text: String,
+    pub markers: Vec<Marker>,
+    pub reply: Reply,
+}
+
+impl RecordedRequest {
+    pub fn is_chat(&self) -> bool {
+        self.method == "POST" && self.path.starts_with("/v1/chat/completions")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// OpenCode's `x-session-id` header.
+    pub fn session_id(&self) -> Option<&str> {
+        self.header("x-session-id")
+    }
+
+    /// The roles of the messages, in order.
+    pub fn roles(&self) -> Vec<&str> {
+        self.messages
+            .iter()
+            .map(|m| m.get("role").and_then(Value::as_str).unwrap_or(""))
+            .collect()
+    }
+
+    /// The text of every `tool` message (tool results), in order.
+    pub fn tool_results(&self) -> Vec<String> {
+        self.messages
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+            .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+            .collect()
+    }
+
+    /// The system prompt (text of the `system` messages).
+    pub fn system_text(&self) -> String {
+        self.messages
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("system"))
+            .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// OpenCode's session-title request (sent when a session is created without a title): its
+    /// system prompt starts "You are a title generator" and it offers no tools.
+    pub fn is_title_request(&self) -> bool {
+        self.is_chat()
+            && self.tools.is_empty()
+            && self.system_text().contains("You are a title generator")
+    }
+
+    /// A one-line summary for assertion messages.
+    pub fn summary(&self) -> String {
+        format!(
+            "#{} {} {} model={} stream={} roles={:?} last_user={:?} reply={:?}",
+            self.index,
+            self.method,
+            self.path,
+            self.model,
+            self.stream,
+            self.roles(),
+            self.last_user_text.lines().next().unwrap_or(""),
+            self.reply
+        )
+    }
+}
+
+/// The end of one streamed (SSE) answer.
+#[derive(Clone, Debug)]
+pub struct StreamEnd {
+    /// Index of the request in [`FakeLlm::requests`].
+    pub request: usize,
+    pub at: Instant,
+    /// SSE frames written before the end.
+    pub chunks_sent: usize,
+    /// The client closed the connection before the answer was complete.
+    pub client_closed: bool,
+}
+
+#[derive(Default)]
+struct State {
+    requests: Vec<RecordedRequest>,
+    stream_ends: Vec<StreamEnd>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Bumped after every change to `state` (never while holding its lock).
+    changed: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let result = {
+            let mut state = self.state.lock().expect("fake LLM state lock");
+            f(&mut state)
+        };
+        self.changed.send_modify(|n| *n += 1);
+        result
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        let state = self.state.lock().expect("fake LLM state lock");
+        f(&state)
+    }
+}
+
+/// The fake LLM server. Stops (and drops open connections) when dropped.
+pub struct FakeLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeLlm {
+    /// Binds 127.0.0.1:0 and starts serving on a dedicated thread.
+    pub fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("fake LLM: bind");
+        listener
+            .set_nonblocking(true)
+            .expect("fake LLM: set_nonblocking");
+        let addr = listener.local_addr().expect("fake LLM: local_addr");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: watch::channel(0).0,
+        });
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("fake-llm".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("fake LLM: runtime");
+                runtime.block_on(async move {
+                    let listener =
+                        TcpListener::from_std(listener).expect("fake LLM: tokio listener");
+                    tokio::select! {
+                        _ = accept_loop(listener, serve_shared) => {}
+                        _ = shutdown_rx => {}
+                    }
+                });
+                // Dropping the runtime cancels every connection task.
+            })
+            .expect("fake LLM: spawn thread");
+        FakeLlm {
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        }
+    }
+
+    /// The base URL for an OpenAI-compatible client: `http://127.0.0.1:<port>/v1`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.read(|s| s.requests.clone())
+    }
+
+    /// The chat completion requests so far.
+    pub fn chat_requests(&self) -> Vec<RecordedRequest> {
+        self.shared
+            .read(|s| s.requests.iter().filter(|r| r.is_chat()).cloned().collect())
+    }
+
+    /// Every finished SSE answer so far.
+    pub fn stream_ends(&self) -> Vec<StreamEnd> {
+        self.shared.read(|s| s.stream_ends.clone())
+    }
+
+    /// Waits until at least `n` requests have arrived and returns them all. Panics after
+    /// `timeout` listing what did arrive.
+    pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Vec<RecordedRequest> {
+        self.wait_until(timeout, &format!("{n} requests"), |s| {
+            (s.requests.len() >= n).then(|| s.requests.clone())
+        })
+        .await
+    }
+
+    /// Waits until a request matching `pred` has arrived and returns the first such one.
+    /// Panics after `timeout`.
+    pub async fn wait_for_request(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&RecordedRequest) -> bool,
+    ) -> RecordedRequest {
+        self.wait_until(timeout, "a matching request", |s| {
+            s.requests.iter().find(|r| pred(r)).cloned()
+        })
+        .await
+    }
+
+    /// Waits until the answer to request `index` has ended and returns how. Panics after
+    /// `timeout`.
+    pub async fn wait_for_stream_end(&self, index: usize, timeout: Duration) -> StreamEnd {
+        self.wait_until(
+            timeout,
+            &format!("end of the stream for request #{index}"),
+            |s| s.stream_ends.iter().find(|e| e.request == index).cloned(),
+        )
+        .await
+    }
+
+    /// Waits until `check` returns `Some` over the recorded state. Panics after `timeout`.
+    async fn wait_until<R>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&State) -> Option<R>,
+    ) -> R {
+        let mut changes = self.shared.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(found) = self.shared.read(&check) {
+                return found;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("fake LLM stopped while waiting for {what}"),
+                Err(_) => {
+                    let seen: Vec<String> = self.requests().iter().map(|r| r.summary()).collect();
+                    panic!(
+                        "fake LLM: timed out after {timeout:?} waiting for {what}; requests:\n{}",
+                        seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Finds the markers in `text`, in order. Unknown `[[...]]` are not markers.
+pub fn parse_markers(text: &str) -> Vec<Marker> {
+    let mut markers = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("[[") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("]]") else { break };
+        let inner = &after[..end];
+        if let Some(marker) = parse_marker(inner) {
+            markers.push(marker);
+            rest = &after[end + 2..];
+        } else {
+            rest = after;
+        }
+    }
+    markers
+}
+
+fn parse_marker(inner: &str) -> Option<Marker> {
+    let (name, arg) = match inner.split_once(':') {
+        Some((name, arg)) => (name, Some(arg)),
+        None => (inner, None),
+    };
+    let ms = |s: &str| s.trim().parse::<u64>().ok();
+    match (name, arg) {
+        ("bash", Some(cmd)) => Some(Marker::Bash(cmd.to_owned())),
+        ("write", Some(arg)) => {
+            let (path, content) = arg.split_once(':')?;
+            Some(Marker::Write {
+                path: path.to_owned(),
+                content: content.replace("\\n", "\n"),
+            })
+        }
+        ("slow", Some(arg)) => Some(Marker::Slow { ms: ms(arg)? }),
+        ("delay", Some(arg)) => Some(Marker::Delay { ms: ms(arg)? }),
+        ("error400", None) => Some(Marker::Error400),
+        ("error500", None) => Some(Marker::Error500 {
+            retry_after_ms: None,
+            times: None,
+        }),
+        ("error500", Some(arg)) => {
+            let (retry, times) = match arg.split_once(':') {
+                Some((retry, times)) => (Some(ms(retry)?), Some(ms(times)?)),
+                None => (Some(ms(arg)?), None),
+            };
+            Some(Marker::Error500 {
+                retry_after_ms: retry,
+                times,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The text of an OpenAI message `content`: a string, or the `text` of its text parts joined by
+/// newlines.
+pub fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The default answer to a prompt: `ECHO: <first non-empty line>`.
+pub fn echo_reply(prompt: &str) -> String {
+    let first = prompt
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    format!("ECHO: {first}")
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle_connection(stream, shared.clone()));
+            }
+            Err(e) => eprintln!("fake LLM: accept failed: {e}"),
+        }
+    }
+}
+
+struct HttpRequest {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// Reads one HTTP/1.1 request (head, then a `Content-Length` or chunked body).
+async fn read_request<R: AsyncRead + Unpin>(reader: &mut R) -> io::Result<Option<HttpRequest>> {
+    let mut buf = Vec::with_capacity(8192);
+    let head_end = loop {
+        if let Some(pos) = find(&buf, b"\r\n\r\n") {
+            break pos;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(invalid("request head too large"));
+        }
+        let mut chunk = [0u8; 8192];
+        let n = reader.read(&mut chunk).await?;
+        if n == 0 {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(invalid("connection closed inside the request head"))
+            };
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut rest = buf[head_end + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or("");
+    let mut parts = request_line.split(' ');
+    let method = parts.next().unwrap_or("").to_owned();
+    let path = parts.next().unwrap_or("").to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        read_chunked(reader, rest).await?
+    } else {
+        let len = match header("content-length") {
+            Some(v) => v
+                .parse::<usize>()
+                .map_err(|_| invalid("bad content-length"))?,
+            None => 0,
+        };
+        if len > MAX_BODY {
+            return Err(invalid("body too large"));
+        }
+        while rest.len() < len {
+            let mut chunk = vec![0u8; (len - rest.len()).min(64 * 1024)];
+            let n = reader.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(invalid("connection closed inside the body"));
+            }
+            rest.extend_from_slice(&chunk[..n]);
+        }
+        rest.truncate(len);
+        rest
+    };
+    Ok(Some(HttpRequest {
+        method,
+        path,
+        headers,
+        body,
+    }))
+}
+
+async fn read_chunked<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    mut buf: Vec<u8>,
+) -> io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = loop {
+            if let Some(pos) = find(&buf, b"\r\n") {
+                break pos;
+            }
+            fill(reader, &mut buf).await?;
+        };
+        let size_text = String::from_utf8_lossy(&buf[..line_end]).into_owned();
+        let size_text = size_text.split(';').next().unwrap_or("").trim().to_owned();
+        let size = usize::from_str_radix(&size_text, 16).map_err(|_| invalid("bad chunk size"))?;
+        buf.drain(..line_end + 2);
+        if size == 0 {
+            return Ok(body);
+        }
+        if body.len() + size > MAX_BODY {
+            return Err(invalid("body too large"));
+        }
+        while buf.len() < size + 2 {
+            fill(reader, &mut buf).await?;
+        }
+        body.extend_from_slice(&buf[..size]);
+        buf.drain(..size + 2);
+    }
+}
+
+async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut chunk = [0u8; 8192];
+    let n = reader.read(&mut chunk).await?;
+    if n == 0 {
+        return Err(invalid("connection closed inside a chunked body"));
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn invalid(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.to_owned())
+}
+
+/// What to send back for one chat request, decided from the request and the history.
+enum Plan {
+    Error {
+        status: u16,
+        message: String,
+        extra_headers: Vec<(String, String)>,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    Text {
+        text: String,
+        slow_ms: Option<u64>,
+    },
+}
+
+impl Plan {
+    fn reply(&self) -> Reply {
+        match self {
+            Plan::Error {
+                status, message, ..
+            } => Reply::Error {
+                status: *status,
+                message: message.clone(),
+            },
+            Plan::ToolCall {
+                id,
+                name,
+                arguments,
+            } => Reply::ToolCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            },
+            Plan::Text { text, slow_ms } => Reply::Text {
+                text: text.clone(),
+                slow_ms: *slow_ms,
+            },
+        }
+    }
+}
+
+/// Decides the answer to the chat request recorded as `this`, given earlier `requests`.
+fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
+    let messages = &this.messages;
+    let last_user = messages
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let tool_steps_done = match last_user {
+        Some(i) => messages[i + 1..]
+            .iter()
+            .filter(|m| {
+                m.get("role").and_then(Value::as_str) == Some("assistant")
+                    && m.get("tool_calls")
+                        .and_then(Value::as_array)
+                        .is_some_and(|c| !c.is_empty())
+            })
+            .count(),
+        None => 0,
+    };
+    if this.markers.contains(&Marker::Error400) {
+        return Plan::Error {
+            status: 400,
+            message: ERROR_400_MESSAGE.to_owned(),
+            extra_headers: Vec::new(),
+        };
+    }
+    for marker in &this.markers {
+        if let Marker::Error500 {
+            retry_after_ms,
+            times,
+        } = marker
+        {
+            let attempt = earlier
+                .iter()
+                .filter(|r| {
+                    r.is_chat()
+                        && r.session_id() == this.session_id()
+                        && r.last_user_text == this.last_user_text
+                        && r.messages.len() == this.messages.len()
+                })
+                .count() as u64;
+            if times.is_none_or(|t| attempt < t) {
+                return Plan::Error {
+                    status: 500,
+                    message: ERROR_500_MESSAGE.to_owned(),
+                    extra_headers: retry_after_ms
+                        .map(|ms| vec![("retry-after-ms".into(), ms.to_string())])
+                        .unwrap_or_default(),
+                };
+            }
+        }
+    }
+    let tool_calls: Vec<(&str, Value)> = this
+        .markers
+        .iter()
+        .filter_map(|m| match m {
+            Marker::Bash(cmd) => Some(("bash", json!({ "command": cmd }))),
+            Marker::Write { path, content } => {
+                Some(("write", json!({ "filePath": path, "content": content })))
+            }
+            _ => None,
+        })
+        .filter(|(name, _)| this.tools.iter().any(|t| t == name))
+        .collect();
+    if let Some((name, arguments)) = tool_calls.into_iter().nth(tool_steps_done) {
+        return Plan::ToolCall {
+            id: format!("call_fake_{}_{}", this.index, tool_steps_done),
+            name: name.to_owned(),
+            arguments,
+        };
+    }
+    let slow_ms = this.markers.iter().find_map(|m| match m {
+        Marker::Slow { ms } => Some(*ms),
+        _ => None,
+    });
+    Plan::Text {
+        text: echo_reply(&this.last_user_text),
+        slow_ms,
+    }
+}
+
+async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
+    let request = match read_request(&mut stream).await {
+        Ok(Some(request)) => request,
+        Ok(None) => return,
+        Err(e) => {
+            let _ = write_json(
+                &mut stream,
+                400,
+                &[],
+                &error_body(&e.to_string(), "bad_request"),
+            )
+            .await;
+            return;
+        }
+    };
+    let body: Value = if request.body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&request.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&request.body).into_owned()))
+    };
+    let messages: Vec<Value> = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let last_user_text = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+        .unwrap_or_default();
+    let tools: Vec<String> = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| {
+                    t.pointer("/function/name")
+                        .or_else(|| t.get("name"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let markers = parse_markers(&last_user_text);
+    let recorded = RecordedRequest {
+        index: 0,
+        at: Instant::now(),
+        method: request.method.clone(),
+        path: request.path.clone(),
+        headers: request.headers.clone(),
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        body,
+        messages,
+        tools,
+        last_user_text,
+        markers,
+        reply: Reply::Pending,
+    };
+
+    let route = request.path.split('?').next().unwrap_or("");
+    let is_chat = request.method == "POST" && route == "/v1/chat/completions";
+    let is_models = request.method == "GET" && route == "/v1/models";
+
+    // Record, and decide the plan against the history as it was on arrival.
+    let (index, plan) = shared.update(|s| {
+        let mut recorded = recorded;
+        recorded.index = s.requests.len();
+        let plan = if is_chat {
+            if recorded.body.is_object() {
+                Some(plan(&recorded, &s.requests))
+            } else {
+                recorded.reply = Reply::BadRequest("body is not a JSON object".into());
+                None
+            }
+        } else {
+            recorded.reply = if is_models {
+                Reply::Models
+            } else {
+                Reply::NotFound
+            };
+            None
+        };
+        let index = recorded.index;
+        s.requests.push(recorded);
+        (index, plan)
+    });
+
+    if is_models {
+        let models = json!({
+            "object": "list",
+            "data": [
+                {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"},
+                {"id": "fake-strong", "object": "model", "created": 0, "owned_by": "fake"}
+            ]
+        });
+        let _ = write_json(&mut stream, 200, &[], &models).await;
+        return;
+    }
+    let Some(plan) = plan else {
+        let (status, body) = if is_chat {
+            (
+                400,
+                error_body("request body is not a JSON object", "invalid_request_error"),
+            )
+        } else {
+            (
+                404,
+                error_body(
+                    &format!("no route {} {}", request.method, request.path),
+                    "not_found",
+                ),
+            )
+        };
+        let _ = write_json(&mut stream, status, &[], &body).await;
+        return;
+    };
+
+    let (model, streaming, markers) = shared.read(|s| {
+        let r = &s.requests[index];
+        (r.model.clone(), r.stream, r.markers.clone())
+    });
+    let (mut reader, mut writer) = stream.split();
+
+    for marker in &markers {
+        if let Marker::Delay { ms } = marker {
+            if pause(&mut reader, Duration::from_millis(*ms)).await {
+                shared.update(|s| s.requests[index].reply = Reply::ClientClosed);
+                return;
+            }
+        }
+    }
+
+    let reply = plan.reply();
+    shared.update(|s| s.requests[index].reply = reply);
+
+    match plan {
+        Plan::Error {
+            status,
+            message,
+            extra_headers,
+        } => {
+            let code = if status == 400 {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            };
+            let _ = write_json(
+                &mut writer,
+                status,
+                &extra_headers,
+                &error_body(&message, code),
+            )
+            .await;
+        }
+        _ if !streaming => {
+            let _ = write_json(
+                &mut writer,
+                200,
+                &[],
+                &completion_json(index, &model, &plan),
+            )
+            .await;
+        }
+        _ => {
+            let end = stream_answer(&mut reader, &mut writer, index, &model, &plan).await;
+            shared.update(|s| s.stream_ends.push(end));
+        }
+    }
+}
+
+/// Waits `dur` while watching for the client hanging up. Returns true if it did.
+async fn pause<R: AsyncRead + Unpin>(reader: &mut R, dur: Duration) -> bool {
+    let sleep = tokio::time::sleep(dur);
+    tokio::pin!(sleep);
+    let mut buf = [0u8; 1024];
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return false,
+            read = reader.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {} // unexpected bytes (a pipelined request): ignore
+            }
+        }
+    }
+}
+
+fn error_body(message: &str, code: &str) -> Value {
+    json!({
+        "error": {
+            "message": message,
+            "type": code,
+            "param": null,
+            "code": code
+        }
+    })
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        _ => "Status",
+    }
+}
+
+async fn write_json<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    status: u16,
+    extra_headers: &[(String, String)],
+    body: &Value,
+) -> io::Result<()> {
+    let body = serde_json::to_vec(body).map_err(io::Error::other)?;
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        reason_phrase(status),
+        body.len()
+    );
+    for (name, value) in extra_headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    writer.write_all(head.as_bytes()).await?;
+    writer.write_all(&body).await?;
+    writer.flush().await?;
+    writer.shutdown().await
+}
+
+fn usage_json() -> Value {
+    json!({
+        "prompt_tokens": USAGE_PROMPT_TOKENS,
+        "completion_tokens": USAGE_COMPLETION_TOKENS,
+        "total_tokens": USAGE_PROMPT_TOKENS + USAGE_COMPLETION_TOKENS
+    })
+}
+
+fn completion_json(index: usize, model: &str, plan: &Plan) -> Value {
+    let (message, finish) = match plan {
+        Plan::ToolCall {
+            id,
+            name,
+            arguments,
+        } => (
+            json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": id,
+                    "type": "function",
+                    "function": { "name": name, "arguments": arguments.to_string() }
+                }]
+            }),
+            "tool_calls",
+        ),
+        Plan::Text { text, .. } => (json!({ "role": "assistant", "content": text }), "stop"),
+        Plan::Error { .. } => (json!({ "role": "assistant", "content": "" }), "stop"),
+    };
+    json!({
+        "id": format!("chatcmpl-fake-{index}"),
+        "object": "chat.completion",
+        "created": 1_700_000_000u64,
+        "model": model,
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
+        "usage": usage_json()
+    })
+}
+
+/// Streams the answer as SSE. Returns how the stream ended.
+async fn stream_answer<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    index: usize,
+    model: &str,
+    plan: &Plan,
+) -> StreamEnd
+where
+    R: AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let id = format!("chatcmpl-fake-{index}");
+    let chunk = |choices: Value| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000u64,
+            "model": model,
+            "choices": choices
+        })
+    };
+    let delta = |delta: Value, finish: Option<&str>| {
+        chunk(json!([{ "index": 0, "delta": delta, "finish_reason": finish }]))
+    };
+    let mut frames: Vec<(Duration, String)> = Vec::new();
+    let mut push =
+        |pause: Duration, value: Value| frames.push((pause, format!("data: {value}\n\n")));
+    push(
+        Duration::ZERO,
+        delta(json!({ "role": "assistant", "content": "" }), None),
+    );
+    let finish = match plan {
+        Plan::ToolCall {
+            id,
+            name,
+            arguments,
+        } => {
+            push(
+                Duration::ZERO,
+                delta(
+                    json!({ "tool_calls": [{
+                        "index": 0,
+                        "id": id,
+                        "type": "function",
+                        "function": { "name": name, "arguments": arguments.to_string() }
+                    }] }),
+                    None,
+                ),
+            );
+            "tool_calls"
+        }
+        Plan::Text { text, slow_ms } => {
+            match slow_ms {
+                Some(ms) => {
+                    let pieces = split_even(text, 10);
+                    let gap = Duration::from_millis(*ms / pieces.len().max(1) as u64);
+                    for piece in pieces {
+                        push(gap, delta(json!({ "content": piece }), None));
+                    }
+                }
+                None => push(Duration::ZERO, delta(json!({ "content": text }), None)),
+            }
+            "stop"
+        }
+        Plan::Error { .. } => "stop",
+    };
+    push(Duration::ZERO, delta(json!({}), Some(finish)));
+    let mut usage = chunk(json!([]));
+    usage["usage"] = usage_json();
+    push(Duration::ZERO, usage);
+    frames.push((Duration::ZERO, "data: [DONE]\n\n".to_owned()));
+
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+    let mut end = StreamEnd {
+        request: index,
+        at: Instant::now(),
+        chunks_sent: 0,
+        client_closed: false,
+    };
+    if writer.write_all(head.as_bytes()).await.is_err() {
+        end.client_closed = true;
+        end.at = Instant::now();
+        return end;
+    }
+    for (gap, frame) in frames {
+        if !gap.is_zero() && pause(reader, gap).await {
+            end.client_closed = true;
+            end.at = Instant::now();
+            return end;
+        }
+        if writer.write_all(frame.as_bytes()).await.is_err() || writer.flush().await.is_err() {
+            end.client_closed = true;
+            end.at = Instant::now();
+            return end;
+        }
+        end.chunks_sent += 1;
+    }
+    let _ = writer.shutdown().await;
+    end.at = Instant::now();
+    end
+}
+
+/// Splits `text` into at most `n` non-empty pieces of similar length (on char boundaries).
+fn split_even(text: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.is_empty() {
+        return vec![String::new()];
+    }
+    let size = chars.len().div_ceil(n.max(1));
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// Groups recorded chat requests by `x-session-id` (requests without one under `""`).
+pub fn by_session(requests: &[RecordedRequest]) -> HashMap<String, Vec<RecordedRequest>> {
+    let mut map: HashMap<String, Vec<RecordedRequest>> = HashMap::new();
+    for r in requests.iter().filter(|r| r.is_chat()) {
+        map.entry(r.session_id().unwrap_or("").to_owned())
+            .or_default()
+            .push(r.clone());
+    }
+    map
+}

@@ -1,0 +1,548 @@
+//! The MCP surface as a host sees it: the built binary, spawned over stdio in a temp directory
+//! with a clean environment, driven by rmcp's client (and once by hand, to check the wire).
+//!
+//! - snapshots of `initialize`, `tools/list`, `prompts/list` and a rendered `delegate_task`;
+//! - a repo-level `delegation.yaml` changes exactly what it says, compared against the default
+//!   run with the same edits applied programmatically;
+//! - every stdout line is JSON-RPC 2.0, and the process exits 0 when stdin closes;
+//! - argument validation over the wire: each bad call is an `isError` result with code
+//!   `invalid_argument` and a message naming the argument.
+//!
+//! No OpenCode is started here: every call either fails validation before reaching the task
+//! service or names an id the gateway does not know.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+
+use opencode_mcp::config::{self, Config, Sources};
+use serde_json::{json, Value};
+use support::mcp::{BoxError, McpClient, Sandbox, TIMEOUT};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+const TASK_STATUS: &str = "opencode_get_task_status";
+const TASK_RESULT: &str = "opencode_get_task_result";
+const START_TASK: &str = "opencode_start_task";
+const CONTINUE_TASK: &str = "opencode_continue_task";
+const WAIT: &str = "opencode_wait_for_task";
+const START_SERVER: &str = "opencode_start_server";
+const LIST_AGENTS: &str = "opencode_list_agents";
+
+/// The built-in configuration, as the library loads it with no files and no env.
+fn default_config() -> Result<Config, BoxError> {
+    let sandbox = Sandbox::new()?;
+    let sources = Sources {
+        explicit: None,
+        cwd: sandbox.cwd(),
+        user_dir: None,
+    };
+    Ok(config::load_with_env(&sources, Vec::new())?)
+}
+
+/// Everything a host learns from one session: initialize, tools, prompts, a rendered prompt.
+struct Surface {
+    initialize: Value,
+    tools: Value,
+    prompts: Value,
+    delegate_task: Value,
+}
+
+fn prompt_args() -> Value {
+    json!({
+        "task": "Rename `Foo` to `Bar` across src/",
+        "difficulty": "mechanical",
+        "context": "Keep the public API; run cargo test.",
+    })
+}
+
+async fn surface(client: &McpClient) -> Result<Surface, BoxError> {
+    let mut initialize = serde_json::to_value(client.server_info())?;
+    // The version changes with every release; the snapshot should not.
+    if let Some(v) = initialize.pointer_mut("/serverInfo/version") {
+        assert_eq!(v, env!("CARGO_PKG_VERSION"));
+        *v = json!("[version]");
+    }
+    Ok(Surface {
+        initialize,
+        tools: serde_json::to_value(client.list_tools().await?)?,
+        prompts: serde_json::to_value(client.list_prompts().await?)?,
+        delegate_task: serde_json::to_value(
+            client.get_prompt("delegate_task", prompt_args()).await?,
+        )?,
+    })
+}
+
+async fn default_surface() -> Result<Surface, BoxError> {
+    let sandbox = Sandbox::new()?;
+    let client = sandbox.launch().connect().await?;
+    let s = surface(&client).await?;
+    client.close().await?;
+    Ok(s)
+}
+
+#[tokio::test]
+async fn snapshots_of_the_default_surface() -> Result<(), BoxError> {
+    let s = default_surface().await?;
+    insta::assert_json_snapshot!("initialize", s.initialize);
+    insta::assert_json_snapshot!("tools_list", s.tools);
+    insta::assert_json_snapshot!("prompts_list", s.prompts);
+    insta::assert_json_snapshot!("prompts_get_delegate_task", s.delegate_task);
+
+    // What the snapshots must show whatever the wording of the default file.
+    let names: Vec<&str> = s
+        .tools
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+        .unwrap_or_default();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted, "tools/list is sorted by name");
+    assert_eq!(names.len(), 9, "{names:?}");
+    for tool in s.tools.as_array().into_iter().flatten() {
+        assert_eq!(tool["inputSchema"]["type"], "object", "{}", tool["name"]);
+        assert_eq!(tool["outputSchema"]["type"], "object", "{}", tool["name"]);
+        assert!(tool["annotations"].is_object(), "{}", tool["name"]);
+        assert!(!tool.to_string().contains("$ref"), "{}", tool["name"]);
+    }
+    assert_eq!(s.initialize["serverInfo"]["name"], "opencode-mcp");
+    let text = s.delegate_task["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("Rename `Foo` to `Bar` across src/"), "{text}");
+    assert!(!text.contains("{{"), "every placeholder is filled: {text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
+    let defaults = default_config()?;
+    let new_description = "Repo-specific: report one task's status at once.";
+    let new_tier = json!({
+        "name": "review",
+        "handles": "security reviews of finished work",
+        "models": ["acme/reviewer-1", "acme/reviewer-2"],
+    });
+    // `tiers` is a list: a layer that sets it replaces it whole, so keep the default tiers.
+    let mut tiers = serde_json::to_value(&defaults.tiers)?;
+    if let Some(list) = tiers.as_array_mut() {
+        list.push(new_tier.clone());
+    }
+    let repo = json!({
+        "tools": {
+            TASK_STATUS: { "description": new_description },
+            LIST_AGENTS: { "enabled": false },
+        },
+        "tiers": tiers,
+    });
+
+    let default = default_surface().await?;
+    let sandbox = Sandbox::new()?;
+    sandbox.write_repo_config(&yaml_serde::to_string(&repo)?)?;
+    let client = sandbox.launch().connect().await?;
+    let tuned = surface(&client).await?;
+
+    // tools/list: the default with the three edits applied.
+    let mut expected_tools = default.tools.clone();
+    if let Some(tools) = expected_tools.as_array_mut() {
+        tools.retain(|t| t["name"] != LIST_AGENTS);
+        for tool in tools.iter_mut() {
+            if tool["name"] == TASK_STATUS {
+                tool["description"] = json!(new_description);
+            }
+            if tool["name"] == START_TASK {
+                // The tier argument lists the configured tiers.
+                if let Some(names) = tool
+                    .pointer_mut("/inputSchema/properties/tier/enum")
+                    .and_then(Value::as_array_mut)
+                {
+                    names.push(new_tier["name"].clone());
+                }
+            }
+        }
+    }
+    assert_eq!(tuned.tools, expected_tools);
+
+    // The rendered prompt: one more tier line, after the last default tier.
+    let line =
+        "- review: security reviews of finished work (models: acme/reviewer-1, acme/reviewer-2)";
+    let last = defaults
+        .tiers
+        .last()
+        .map(|t| t.name.clone())
+        .unwrap_or_default();
+    let mut expected_prompt = default.delegate_task.clone();
+    if let Some(Value::String(text)) = expected_prompt.pointer_mut("/messages/0/content/text") {
+        let lines: Vec<String> = text
+            .lines()
+            .flat_map(|l| {
+                let mut out = vec![l.to_string()];
+                if l.trim_start().starts_with(&format!("- {last}: ")) {
+                    out.push(format!("{}{line}", &l[..l.len() - l.trim_start().len()]));
+                }
+                out
+            })
+            .collect();
+        *text = lines.join("\n");
+    }
+    assert_ne!(
+        expected_prompt, default.delegate_task,
+        "the edit found the tier list"
+    );
+    assert_eq!(tuned.delegate_task, expected_prompt);
+
+    // Nothing else moved.
+    assert_eq!(tuned.initialize, default.initialize);
+    assert_eq!(tuned.prompts, default.prompts);
+
+    // The disabled tool cannot be called: a JSON-RPC invalid_params error naming it.
+    match client
+        .call(LIST_AGENTS, json!({"server_id": "srv_x"}))
+        .await
+    {
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+            assert!(e.message.contains(LIST_AGENTS), "{}", e.message);
+        }
+        other => panic!("calling a disabled tool: {other:?}"),
+    }
+    client.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Result<(), BoxError> {
+    let sandbox = Sandbox::new()?;
+    let mut child = sandbox
+        .launch()
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "prompts/list"}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+            "params": {"name": "no_such_tool", "arguments": {}}}),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": START_TASK, "arguments": {"server_id": 7, "prompt": ""}}}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+            "params": {"name": TASK_STATUS, "arguments": {"task_id": "tsk_unknown"}}}),
+        json!({"jsonrpc": "2.0", "id": 7, "method": "prompts/get",
+            "params": {"name": "delegate_task", "arguments": {}}}),
+    ];
+    let mut input = String::new();
+    for r in &requests {
+        input.push_str(&r.to_string());
+        input.push('\n');
+    }
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let stderr_task = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
+    tokio::time::timeout(TIMEOUT, async {
+        stdin.write_all(input.as_bytes()).await?;
+        stdin.shutdown().await
+    })
+    .await??;
+    drop(stdin);
+
+    let mut output = String::new();
+    tokio::time::timeout(TIMEOUT, stdout.read_to_string(&mut output)).await??;
+    let status = tokio::time::timeout(TIMEOUT, child.wait()).await??;
+    let stderr_text = tokio::time::timeout(TIMEOUT, stderr_task).await??;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status; stderr:\n{stderr_text}"
+    );
+
+    let mut answered = BTreeSet::new();
+    for line in output.lines() {
+        let msg: Value = serde_json::from_str(line)
+            .map_err(|e| format!("stdout line is not JSON ({e}): {line}"))?;
+        assert_eq!(msg["jsonrpc"], "2.0", "{line}");
+        let is_response =
+            msg.get("id").is_some() && (msg.get("result").is_some() != msg.get("error").is_some());
+        let is_notification = msg.get("method").is_some();
+        assert!(is_response || is_notification, "not JSON-RPC: {line}");
+        if let Some(id) = msg.get("id").and_then(Value::as_i64) {
+            assert!(answered.insert(id), "id {id} answered twice");
+        }
+    }
+    assert_eq!(
+        answered,
+        (1..=7).collect(),
+        "stdout:\n{output}\nstderr:\n{stderr_text}"
+    );
+
+    let by_id = |id: i64| {
+        output
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|m| m["id"] == id)
+            .unwrap_or_default()
+    };
+    assert_eq!(by_id(4)["error"]["code"], -32602, "unknown tool");
+    assert!(by_id(4)["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("no_such_tool")));
+    assert_eq!(by_id(5)["result"]["isError"], true);
+    assert_eq!(
+        by_id(5)["result"]["structuredContent"]["error"]["code"],
+        "invalid_argument"
+    );
+    assert_eq!(by_id(6)["result"]["isError"], true);
+    assert_eq!(
+        by_id(6)["result"]["structuredContent"]["error"]["code"],
+        "not_found"
+    );
+    assert_eq!(
+        by_id(7)["error"]["code"],
+        -32602,
+        "missing required prompt argument"
+    );
+    Ok(())
+}
+
+/// Asserts an `isError` result with code `invalid_argument` whose message contains every `names`.
+async fn assert_invalid(
+    client: &McpClient,
+    tool: &str,
+    args: Value,
+    names: &[&str],
+) -> Result<String, BoxError> {
+    let reply = client.call(tool, args.clone()).await?;
+    assert!(
+        reply.is_error,
+        "{tool} {args}: expected an error, got {}",
+        reply.text
+    );
+    assert_eq!(
+        reply.error_code(),
+        Some("invalid_argument"),
+        "{tool} {args}: {}",
+        reply.text
+    );
+    let message = reply.error_message().unwrap_or_default().to_string();
+    for name in names {
+        assert!(
+            message.contains(name),
+            "{tool} {args}: `{message}` should name {name}"
+        );
+    }
+    // The text block mirrors the structured content for hosts that ignore the latter.
+    assert_eq!(
+        serde_json::from_str::<Value>(&reply.text)?,
+        reply.structured
+    );
+    Ok(message)
+}
+
+#[tokio::test]
+async fn arguments_are_validated_before_anything_runs() -> Result<(), BoxError> {
+    let defaults = default_config()?;
+    let wait_max_ms = u64::try_from(defaults.timeouts.wait_max.get().as_millis())?;
+    let sandbox = Sandbox::new()?;
+    let client = sandbox.launch().connect().await?;
+    let start = |extra: Value| {
+        let mut args = json!({"server_id": "srv_x", "prompt": "Add a unit test for parse()."});
+        if let (Some(a), Value::Object(e)) = (args.as_object_mut(), extra) {
+            a.extend(e);
+        }
+        args
+    };
+
+    // Empty (blank) prompt.
+    assert_invalid(
+        &client,
+        START_TASK,
+        start(json!({"prompt": "  \n"})),
+        &["`prompt`"],
+    )
+    .await?;
+    assert_invalid(
+        &client,
+        CONTINUE_TASK,
+        json!({"task_id": "tsk_x", "prompt": ""}),
+        &["`prompt`"],
+    )
+    .await?;
+    // Unknown field.
+    assert_invalid(
+        &client,
+        TASK_STATUS,
+        json!({"task_id": "tsk_x", "colour": 1}),
+        &["`colour`"],
+    )
+    .await?;
+    // Wrong type.
+    assert_invalid(
+        &client,
+        TASK_RESULT,
+        json!({"task_id": "tsk_x", "offset": "ten"}),
+        &["`offset`"],
+    )
+    .await?;
+    assert_invalid(&client, WAIT, json!({"task_ids": "tsk_x"}), &["`task_ids`"]).await?;
+    // Missing required field.
+    assert_invalid(
+        &client,
+        START_TASK,
+        json!({"prompt": "x"}),
+        &["`server_id`"],
+    )
+    .await?;
+    // timeout_ms over the maximum, and negative.
+    let over = json!({"task_ids": ["tsk_x"], "timeout_ms": wait_max_ms + 1});
+    assert_invalid(
+        &client,
+        WAIT,
+        over,
+        &["`timeout_ms`", &wait_max_ms.to_string()],
+    )
+    .await?;
+    assert_invalid(
+        &client,
+        WAIT,
+        json!({"task_ids": ["tsk_x"], "timeout_ms": -5}),
+        &["`timeout_ms`"],
+    )
+    .await?;
+    // Empty and oversized task_ids.
+    assert_invalid(&client, WAIT, json!({"task_ids": []}), &["`task_ids`"]).await?;
+    let many: Vec<String> = (0..=defaults.limits.max_wait_ids)
+        .map(|i| format!("tsk_{i}"))
+        .collect();
+    assert_invalid(
+        &client,
+        WAIT,
+        json!({"task_ids": many}),
+        &["`task_ids`", "max_wait_ids"],
+    )
+    .await?;
+    assert_invalid(
+        &client,
+        WAIT,
+        json!({"task_ids": ["tsk_x", " "]}),
+        &["`task_ids[1]`"],
+    )
+    .await?;
+    // Bad mode.
+    assert_invalid(
+        &client,
+        WAIT,
+        json!({"task_ids": ["tsk_x"], "mode": "some"}),
+        &["`mode`"],
+    )
+    .await?;
+    // model and tier together, a malformed model, an unknown tier, a relative directory.
+    assert_invalid(
+        &client,
+        START_TASK,
+        start(json!({"model": "a/b", "tier": "fast"})),
+        &["`model`", "`tier`"],
+    )
+    .await?;
+    assert_invalid(
+        &client,
+        START_TASK,
+        start(json!({"model": "gpt"})),
+        &["`model`"],
+    )
+    .await?;
+    let tiers: Vec<&str> = defaults.tiers.iter().map(|t| t.name.as_str()).collect();
+    let mut names = vec!["`tier`"];
+    names.extend(&tiers);
+    assert_invalid(&client, START_TASK, start(json!({"tier": "huge"})), &names).await?;
+    assert_invalid(
+        &client,
+        START_TASK,
+        start(json!({"directory": "rel/dir"})),
+        &["`directory`"],
+    )
+    .await?;
+    assert_invalid(
+        &client,
+        START_SERVER,
+        json!({"directory": "rel/dir"}),
+        &["`directory`"],
+    )
+    .await?;
+    assert_invalid(&client, START_SERVER, json!({"port": 70000}), &["`port`"]).await?;
+    // A prompt over limits.max_prompt_bytes.
+    let big = "x".repeat(defaults.limits.max_prompt_bytes as usize + 1);
+    assert_invalid(
+        &client,
+        START_TASK,
+        start(json!({"prompt": big})),
+        &["`prompt`", "max_prompt_bytes"],
+    )
+    .await?;
+
+    // Past validation: ids the gateway does not know.
+    for (tool, args) in [
+        (TASK_STATUS, json!({"task_id": "tsk_unknown"})),
+        (TASK_RESULT, json!({"task_id": "tsk_unknown"})),
+        (WAIT, json!({"task_ids": ["tsk_unknown"], "timeout_ms": 0})),
+        (START_TASK, start(json!({}))),
+    ] {
+        let reply = client.call(tool, args).await?;
+        assert!(reply.is_error, "{tool}: {}", reply.text);
+        assert_eq!(
+            reply.error_code(),
+            Some("not_found"),
+            "{tool}: {}",
+            reply.text
+        );
+    }
+    client.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_session_cleanly() -> Result<(), BoxError> {
+    let sandbox = Sandbox::new()?;
+    let mut child = sandbox
+        .launch()
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "0"}}});
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let answer = tokio::time::timeout(TIMEOUT, async {
+        stdin
+            .write_all(format!("{initialize}\n").as_bytes())
+            .await?;
+        stdin.flush().await?;
+        lines.next_line().await
+    })
+    .await??
+    .ok_or("no answer to initialize")?;
+    assert!(answer.contains("\"id\":1"), "{answer}");
+
+    // stdin stays open: only the signal can end the session.
+    let pid = i32::try_from(child.id().ok_or("no pid")?)?;
+    // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0, "kill(SIGTERM)");
+    let status = tokio::time::timeout(TIMEOUT, child.wait()).await??;
+    assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
+    drop(stdin);
+    Ok(())
+}
