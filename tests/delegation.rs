@@ -1,0 +1,422 @@
+//! Delegation end to end: the gateway binary over MCP stdio, a real `opencode serve` (the pinned
+//! release) that the gateway starts itself, and the scripted fake LLM on 127.0.0.1. Each test
+//! drives the nine tools as a host would and checks what the host sees.
+//!
+//! Each test owns one rig (one gateway, one OpenCode); scenarios that can share a server share a
+//! test, which keeps the suite to a handful of OpenCode start-ups.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde_json::{json, Value};
+use support::fake_llm::{echo_reply, ERROR_400_MESSAGE};
+use support::rig::{alive, wait_gone, Rig, TASK_TIMEOUT_MS};
+
+fn id(v: &Value) -> String {
+    v["task_id"].as_str().expect("task_id").to_string()
+}
+
+fn status(v: &Value) -> &str {
+    v["status"].as_str().unwrap_or("<none>")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_tasks_each_complete_with_their_own_reply() {
+    let rig = Rig::start(&[]).await;
+    // The fake answers only after 1.5 s, so a start that waited for the work would see it done.
+    let prompts: Vec<String> = (0..5)
+        .map(|i| format!("parallel task {i} [[delay:1500]]"))
+        .collect();
+    let starts = join_all(prompts.iter().map(|p| rig.start_task(p))).await;
+    for s in &starts {
+        assert!(
+            matches!(status(s), "pending" | "running"),
+            "start_task returns before the work is done: {s}"
+        );
+        assert_eq!(s["turn"], 1);
+    }
+    let ids: Vec<String> = starts.iter().map(id).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let w = rig.wait(&id_refs, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    assert_eq!(w["timed_out"], false);
+    assert_eq!(w["unfinished"], json!([]));
+    for (task_id, prompt) in ids.iter().zip(&prompts) {
+        let r = rig
+            .ok("opencode_get_task_result", json!({ "task_id": task_id }))
+            .await;
+        assert_eq!(r["status"], "completed", "{r}");
+        assert_eq!(
+            r["text"],
+            echo_reply(prompt),
+            "each task gets its own reply"
+        );
+        assert_eq!(r["truncated"], false);
+        assert_eq!(r["model"], "fake/fake-model");
+        assert_eq!(r["finish"], "stop");
+        assert!(r["tokens"]["input"].as_u64() > Some(0), "{r}");
+        assert!(r["error"].is_null());
+    }
+    // Five sessions, one LLM call each.
+    let sessions: std::collections::BTreeSet<String> = rig
+        .fake
+        .chat_requests()
+        .iter()
+        .filter_map(|r| r.session_id().map(String::from))
+        .collect();
+    assert_eq!(sessions.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bash_tool_runs_and_its_output_goes_back_to_the_model() {
+    let rig = Rig::start(&[]).await;
+    let start = rig
+        .start_task("list it [[bash:echo tool-output-$((40+2))]]")
+        .await;
+    let r = rig.finish(&id(&start)).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    let tools = r["tools"].as_array().expect("tools");
+    assert!(
+        tools
+            .iter()
+            .any(|t| t["tool"] == "bash" && t["status"] == "completed"),
+        "{r}"
+    );
+    let session = start["session_id"].as_str().expect("session_id");
+    let requests = rig.requests_for(session);
+    assert_eq!(requests.len(), 2, "the tool call, then the answer");
+    assert!(
+        requests[1]
+            .tool_results()
+            .iter()
+            .any(|out| out.contains("tool-output-42")),
+        "the shell ran and its output reached the model: {:?}",
+        requests[1].tool_results()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_reports_the_new_turn_never_the_previous_one() {
+    let rig = Rig::start(&[]).await;
+    let start = rig.start_task("first turn").await;
+    let task = id(&start);
+    let first = rig.finish(&task).await;
+    assert_eq!(first["text"], echo_reply("first turn"));
+
+    let second_prompt = "second turn [[delay:1500]]";
+    let cont = rig
+        .ok(
+            "opencode_continue_task",
+            json!({ "task_id": task, "prompt": second_prompt }),
+        )
+        .await;
+    assert_eq!(cont["turn"], 2);
+    assert!(matches!(status(&cont), "pending" | "running"), "{cont}");
+    // Right after the continue, nothing may report the finished first turn.
+    let st = rig.status(&task).await;
+    assert!(matches!(status(&st), "pending" | "running"), "{st}");
+    let early = rig
+        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert_ne!(early["status"], "completed", "{early}");
+    assert_ne!(early["text"], first["text"], "{early}");
+
+    // A follow-up while the turn runs is refused, not queued.
+    let (code, message) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": task, "prompt": "third" }),
+        )
+        .await;
+    assert_eq!(code, "conflict", "{message}");
+
+    let second = rig.finish(&task).await;
+    assert_eq!(second["status"], "completed");
+    assert_eq!(second["turn"], 2);
+    assert_eq!(second["text"], echo_reply(second_prompt));
+
+    // The model saw the whole conversation on the second call.
+    let session = start["session_id"].as_str().expect("session_id");
+    let requests = rig.requests_for(session);
+    let last = requests.last().expect("requests");
+    let roles: Vec<&str> = last
+        .roles()
+        .into_iter()
+        .filter(|r| *r != "system")
+        .collect();
+    assert_eq!(
+        roles,
+        vec!["user", "assistant", "user"],
+        "{}",
+        last.summary()
+    );
+    assert!(serde_json::to_string(&last.messages)
+        .unwrap_or_default()
+        .contains("first turn"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_aborts_a_slow_stream() {
+    let rig = Rig::start(&[]).await;
+    let start = rig.start_task("slow one [[slow:30000]]").await;
+    let task = id(&start);
+    let first = rig.fake.wait_for_requests(1, Duration::from_secs(30)).await;
+    let request_index = first[0].index;
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": task }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let end = rig
+        .fake
+        .wait_for_stream_end(request_index, Duration::from_secs(5))
+        .await;
+    assert!(end.client_closed, "OpenCode hung up the LLM stream");
+    // It stays cancelled (the abort's own error events do not turn it into `failed`).
+    let w = rig.wait(&[&task], "all", 1000).await;
+    assert_eq!(w["tasks"][0]["status"], "cancelled", "{w}");
+    // Cancelling again is a no-op that reports the same state.
+    let again = rig
+        .ok("opencode_cancel_task", json!({ "task_id": task }))
+        .await;
+    assert_eq!(again["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_errors_fail_and_the_deadline_times_out() {
+    let rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__TASK", "3s")]).await;
+    // A 400 is not retried: failed, with the provider's message.
+    let bad = rig.start_task("bad request [[error400]]").await;
+    let r = rig.finish(&id(&bad)).await;
+    assert_eq!(r["status"], "failed", "{r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(ERROR_400_MESSAGE), "{r}");
+    assert!(r["error"]["name"].as_str().is_some_and(|n| !n.is_empty()));
+
+    // 500s with retry-after: OpenCode keeps retrying; the task deadline ends it.
+    let flaky = rig.start_task("flaky provider [[error500:1000]]").await;
+    let task = id(&flaky);
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["tasks"][0]["status"], "timed_out", "{w}");
+    assert!(w["tasks"][0]["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("timeouts.task"));
+    let session = flaky["session_id"].as_str().expect("session_id");
+    let at_abort = rig.requests_for(session).len();
+    assert!(at_abort >= 1, "the provider was tried");
+    // Watch for longer than two retry intervals: OpenCode must send nothing more.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        rig.requests_for(session).len(),
+        at_abort,
+        "no LLM request after the abort"
+    );
+    let st = rig.status(&task).await;
+    assert_eq!(st["status"], "timed_out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_any_timeouts_progress_and_host_cancellation() {
+    let rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__PROGRESS_INTERVAL", "200ms")]).await;
+    let fast = id(&rig.start_task("fast one").await);
+    let slow = id(&rig.start_task("slow one [[slow:8000]]").await);
+
+    // `any` returns on the first finish.
+    let w = rig
+        .wait(&[&slow, &fast, &fast], "any", TASK_TIMEOUT_MS)
+        .await;
+    assert_eq!(w["done"], true, "{w}");
+    assert_eq!(w["finished"], json!([fast]), "{w}");
+    assert_eq!(w["unfinished"], json!([slow]));
+    assert_eq!(
+        w["tasks"].as_array().map(Vec::len),
+        Some(2),
+        "duplicate ids collapse"
+    );
+
+    // A short wait times out with a snapshot, not an error.
+    let w = rig.wait(&[&slow], "all", 300).await;
+    assert_eq!(w["done"], false);
+    assert_eq!(w["timed_out"], true);
+    assert!(matches!(
+        w["tasks"][0]["status"].as_str(),
+        Some("pending" | "running")
+    ));
+
+    // Progress notifications arrive during a wait that carries a progress token.
+    let handle = rig
+        .client
+        .start_call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [slow], "timeout_ms": 1200, "include_progress": true }),
+        )
+        .await
+        .expect("send wait");
+    let token = handle.progress_token.clone();
+    let reply = support::mcp::McpClient::await_call(handle, Duration::from_secs(30))
+        .await
+        .expect("wait returns");
+    assert_eq!(reply.structured["timed_out"], true);
+    assert!(reply.structured["tasks"][0]["progress"].is_object());
+    let progress = rig.client.progress_for(&token);
+    assert!(
+        progress.len() >= 2,
+        "progress every 200 ms over 1.2 s, got {progress:?}"
+    );
+    assert!(progress.windows(2).all(|p| p[1].progress > p[0].progress));
+
+    // The host cancelling a wait ends the wait only.
+    let handle = rig
+        .client
+        .start_call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [slow], "timeout_ms": 30000 }),
+        )
+        .await
+        .expect("send wait");
+    handle
+        .cancel(Some("host gave up".into()))
+        .await
+        .expect("cancel the wait");
+    let st = rig.status(&slow).await;
+    assert!(
+        matches!(status(&st), "pending" | "running"),
+        "the task goes on: {st}"
+    );
+    let done = rig.finish(&slow).await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors() {
+    let rig = Rig::start(&[]).await;
+    let known = id(&rig.start_task("known task").await);
+    let server_id = rig.server_id();
+
+    for tool in [
+        "opencode_get_task_status",
+        "opencode_get_task_result",
+        "opencode_cancel_task",
+    ] {
+        let (code, message) = rig.err(tool, json!({ "task_id": "tsk_nope" })).await;
+        assert_eq!(code, "not_found", "{tool}: {message}");
+        assert!(message.contains("tsk_nope"), "{tool}: {message}");
+    }
+    let (code, message) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": "tsk_nope", "prompt": "x" }),
+        )
+        .await;
+    assert_eq!(code, "not_found", "{message}");
+    let (code, message) = rig
+        .err(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [known, "tsk_gone1", "tsk_gone2"] }),
+        )
+        .await;
+    assert_eq!(code, "not_found");
+    assert!(message.contains("tsk_gone1") && message.contains("tsk_gone2"));
+    assert!(!message.contains(&known), "only the unknown ids: {message}");
+
+    let start = |args: Value| {
+        let mut args = args;
+        args["server_id"] = json!(server_id);
+        args
+    };
+    let cases = [
+        (start(json!({ "prompt": "   " })), "prompt"),
+        (
+            start(json!({ "prompt": "x", "agent": "no-such-agent" })),
+            "build",
+        ),
+        (
+            start(json!({ "prompt": "x", "model": "fake/no-such-model" })),
+            "fake/fake-model",
+        ),
+        (start(json!({ "prompt": "x", "model": "nomodel" })), "model"),
+        (
+            start(json!({ "prompt": "x", "tier": "no-such-tier" })),
+            "fast",
+        ),
+        (
+            start(json!({ "prompt": "x", "directory": "relative/dir" })),
+            "directory",
+        ),
+    ];
+    for (args, mentions) in cases {
+        let (code, message) = rig.err("opencode_start_task", args.clone()).await;
+        assert_eq!(code, "invalid_argument", "{args}: {message}");
+        assert!(message.contains(mentions), "{args}: {message}");
+    }
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": "srv_nope", "prompt": "x" }),
+        )
+        .await;
+    assert_eq!(code, "not_found", "{message}");
+    for timeout in [json!(-1), json!(1_000_000_000u64), json!("soon")] {
+        let (code, message) = rig
+            .err(
+                "opencode_wait_for_task",
+                json!({ "task_ids": [known], "timeout_ms": timeout }),
+            )
+            .await;
+        assert_eq!(code, "invalid_argument", "{timeout}: {message}");
+        assert!(message.contains("timeout_ms"), "{message}");
+    }
+    // None of that disturbed the real task.
+    let r = rig.finish(&known).await;
+    assert_eq!(r["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_opencode_process_outlives_stop_server_or_the_gateway() {
+    let rig = Rig::start(&[]).await;
+    let first_pid = rig.opencode_pid();
+    assert!(alive(first_pid));
+    // A second start for the same directory returns the running server.
+    let again = rig.ok("opencode_start_server", json!({})).await;
+    assert_eq!(again["server_id"], rig.server["server_id"]);
+    assert_eq!(again["reused"], true);
+
+    let running = id(&rig.start_task("long one [[slow:30000]]").await);
+    rig.fake.wait_for_requests(1, Duration::from_secs(30)).await;
+    let stopped = rig
+        .ok(
+            "opencode_stop_server",
+            json!({ "server_id": rig.server_id() }),
+        )
+        .await;
+    assert_eq!(stopped["terminated"], true, "{stopped}");
+    assert_eq!(stopped["failed_tasks"], json!([running]));
+    assert!(wait_gone(first_pid, Duration::from_secs(10)).await);
+    let st = rig.status(&running).await;
+    assert_eq!(st["status"], "failed");
+    assert!(st["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("stopped"));
+    // Its result stays readable.
+    let r = rig
+        .ok("opencode_get_task_result", json!({ "task_id": running }))
+        .await;
+    assert_eq!(r["status"], "failed");
+
+    // A fresh server; then the host closes stdin: the gateway stops it and exits.
+    let fresh = rig.ok("opencode_start_server", json!({})).await;
+    assert_ne!(fresh["server_id"], rig.server["server_id"]);
+    let second_pid = fresh["pid"].as_u64().expect("pid") as u32;
+    assert!(alive(second_pid));
+    let gateway_pid = rig.client.pid().expect("gateway pid");
+    let Rig { client, .. } = rig;
+    client.close().await.expect("the gateway closes");
+    assert!(wait_gone(gateway_pid, Duration::from_secs(15)).await);
+    assert!(
+        wait_gone(second_pid, Duration::from_secs(10)).await,
+        "the managed OpenCode went with the gateway"
+    );
+}

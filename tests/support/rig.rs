@@ -1,0 +1,175 @@
+//! The end-to-end rig: a fake LLM, an isolated environment, the gateway binary spawned over stdio
+//! with the pinned OpenCode as its `opencode.command`, and one managed OpenCode server started
+//! through the gateway's own `opencode_start_server` tool, exactly as a host would do it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::fake_llm::{FakeLlm, RecordedRequest};
+use super::isolation::OpenCodeEnv;
+use super::mcp::{Launch, McpClient};
+use super::opencode_bin::opencode_bin;
+
+/// Generous bound for a task that should finish quickly (OpenCode's first turn loads plugins).
+pub const TASK_TIMEOUT_MS: u64 = 60_000;
+
+pub struct Rig {
+    pub fake: FakeLlm,
+    pub env: OpenCodeEnv,
+    pub client: McpClient,
+    /// The `opencode_start_server` result.
+    pub server: Value,
+}
+
+impl Rig {
+    /// Starts everything; `extra_env` are `OPENCODE_MCP_*` overrides for this gateway.
+    pub async fn start(extra_env: &[(&str, &str)]) -> Self {
+        let fake = FakeLlm::start();
+        let env = OpenCodeEnv::new();
+        let mut launch = Launch::new(env.work_dir(), &env.home_dir())
+            .envs(env.vars(&fake.url()))
+            .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin())
+            .env("OPENCODE_MCP_LOG", "info,opencode=debug");
+        for (k, v) in extra_env {
+            launch = launch.env(*k, *v);
+        }
+        let client = launch
+            .connect()
+            .await
+            .expect("the gateway starts and initializes");
+        let server = match client.call_ok("opencode_start_server", json!({})).await {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "start_server: {e}\n--- gateway stderr ---\n{}",
+                client.stderr()
+            ),
+        };
+        Self {
+            fake,
+            env,
+            client,
+            server,
+        }
+    }
+
+    pub fn server_id(&self) -> String {
+        self.server["server_id"]
+            .as_str()
+            .expect("server_id")
+            .to_string()
+    }
+
+    /// The managed OpenCode's pid.
+    pub fn opencode_pid(&self) -> u32 {
+        self.server["pid"]
+            .as_u64()
+            .expect("a managed server has a pid") as u32
+    }
+
+    /// Calls a tool and returns its structured content, panicking with the gateway's stderr on
+    /// a tool error.
+    pub async fn ok(&self, tool: &str, args: Value) -> Value {
+        match self.client.call(tool, args.clone()).await {
+            Ok(r) if !r.is_error => r.structured,
+            Ok(r) => panic!(
+                "{tool}({args}) failed: {}\n--- gateway stderr ---\n{}",
+                r.text,
+                self.client.stderr()
+            ),
+            Err(e) => panic!(
+                "{tool}({args}) protocol error: {e}\n--- gateway stderr ---\n{}",
+                self.client.stderr()
+            ),
+        }
+    }
+
+    /// Calls a tool that must fail; returns (code, message).
+    pub async fn err(&self, tool: &str, args: Value) -> (String, String) {
+        let r = self
+            .client
+            .call(tool, args.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{tool}({args}) protocol error: {e}"));
+        assert!(
+            r.is_error,
+            "{tool}({args}) should fail but returned {}",
+            r.text
+        );
+        (
+            r.error_code().unwrap_or_default().to_string(),
+            r.error_message().unwrap_or_default().to_string(),
+        )
+    }
+
+    /// Starts a task on the rig's server; returns the start reply.
+    pub async fn start_task(&self, prompt: &str) -> Value {
+        self.start_task_with(json!({ "prompt": prompt })).await
+    }
+
+    /// Starts a task with extra arguments (server_id is filled in).
+    pub async fn start_task_with(&self, mut args: Value) -> Value {
+        args["server_id"] = json!(self.server_id());
+        self.ok("opencode_start_task", args).await
+    }
+
+    /// Waits for `ids` in `mode` for at most `timeout_ms`.
+    pub async fn wait(&self, ids: &[&str], mode: &str, timeout_ms: u64) -> Value {
+        self.ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": ids, "mode": mode, "timeout_ms": timeout_ms }),
+        )
+        .await
+    }
+
+    /// Waits until `id` is finished and returns its result.
+    pub async fn finish(&self, id: &str) -> Value {
+        let w = self.wait(&[id], "all", TASK_TIMEOUT_MS).await;
+        assert_eq!(
+            w["done"],
+            true,
+            "task {id} did not finish: {w}\n--- gateway stderr ---\n{}",
+            self.client.stderr()
+        );
+        self.ok("opencode_get_task_result", json!({ "task_id": id }))
+            .await
+    }
+
+    pub async fn status(&self, id: &str) -> Value {
+        self.ok("opencode_get_task_status", json!({ "task_id": id }))
+            .await
+    }
+
+    /// Chat requests the fake received for one OpenCode session.
+    pub fn requests_for(&self, session_id: &str) -> Vec<RecordedRequest> {
+        self.fake
+            .chat_requests()
+            .into_iter()
+            .filter(|r| r.session_id() == Some(session_id))
+            .collect()
+    }
+}
+
+/// `true` while a process with this pid exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) for a process that is not our child to disappear. There is no event to await
+/// for another process's exit, so this polls `/proc`.
+pub async fn wait_gone(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    !alive(pid)
+}
