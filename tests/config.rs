@@ -84,6 +84,7 @@ fn default_loads_and_validates() {
             "opencode_get_task_result",
             "opencode_get_task_status",
             "opencode_list_agents",
+            "opencode_reply_permission",
             "opencode_start_server",
             "opencode_start_task",
             "opencode_stop_server",
@@ -288,7 +289,7 @@ fn a_layer_can_add_a_tool_alias() {
         &[],
     );
     let cfg = loaded.expect("loads");
-    assert_eq!(cfg.tools.len(), 10);
+    assert_eq!(cfg.tools.len(), Action::ALL.len() + 1);
     assert_eq!(cfg.tools["delegate"].action, Action::StartTask);
     assert!(cfg.tools["delegate"].enabled, "enabled defaults to true");
 }

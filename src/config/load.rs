@@ -42,6 +42,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "limits",
     "tiers",
     "tools",
+    "state_dir",
     "prompts",
 ];
 
@@ -145,6 +146,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
         for (key, value) in dict {
             let errors = match key.as_str() {
                 "$schema" | "instructions" => check::<String>(figment, key),
+                "state_dir" => check::<Option<String>>(figment, key),
                 "opencode" => check::<OpenCodeConfig>(figment, key),
                 "timeouts" => check::<Timeouts>(figment, key),
                 "limits" => check::<Limits>(figment, key),

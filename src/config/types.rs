@@ -56,6 +56,10 @@ pub struct Config {
     /// `description` or set `enabled: false` without repeating the rest.
     #[schemars(extend("propertyNames" = { "pattern": TOOL_NAME_PATTERN }))]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Where the task registry is kept so a restarted gateway still answers for its tasks
+    /// (default: `$XDG_STATE_HOME/opencode-mcp`, else `~/.local/state/opencode-mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
     /// Prompts offered to the host (`prompts/list`). Merged per prompt like `tools`.
     pub prompts: BTreeMap<String, PromptConfig>,
 }
@@ -219,11 +223,13 @@ pub enum Action {
     GetTaskResult,
     /// Long-poll one or more tasks until all or any finish, or the wait times out.
     WaitForTask,
+    /// Answer the permission a task is waiting on (once, always, or reject).
+    ReplyPermission,
 }
 
 impl Action {
     /// Every action, in the order tools are documented.
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 10] = [
         Action::StartServer,
         Action::StopServer,
         Action::ListAgents,
@@ -233,6 +239,7 @@ impl Action {
         Action::GetTaskStatus,
         Action::GetTaskResult,
         Action::WaitForTask,
+        Action::ReplyPermission,
     ];
 
     /// The snake_case name used in `delegation.yaml`.
@@ -247,6 +254,7 @@ impl Action {
             Action::GetTaskStatus => "get_task_status",
             Action::GetTaskResult => "get_task_result",
             Action::WaitForTask => "wait_for_task",
+            Action::ReplyPermission => "reply_permission",
         }
     }
 }

@@ -60,7 +60,19 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tiers(config, &mut issues);
     tools(config, &mut issues);
     prompts(config, &mut issues);
+    state_dir(config, &mut issues);
     issues.0
+}
+
+fn state_dir(config: &Config, issues: &mut Issues) {
+    if let Some(dir) = &config.state_dir {
+        if !std::path::Path::new(dir).is_absolute() {
+            issues.push(
+                "state_dir",
+                format!("expected an absolute directory path, found `{dir}`"),
+            );
+        }
+    }
 }
 
 fn instructions(config: &Config, issues: &mut Issues) {

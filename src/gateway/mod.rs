@@ -44,6 +44,8 @@ pub enum GatewayError {
 pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
     let gateway = Gateway::new(config);
     let tasks = gateway.tasks();
+    // Tasks a previous gateway left in the state directory answer again from the first call.
+    tasks.restore();
     let stop = CancellationToken::new();
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
     let served = serve(gateway, stop).await;

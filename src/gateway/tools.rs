@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use rmcp::model::Tool;
 
 use super::actions::{
-    ActionSpec, CancelTask, ContinueTask, GetTaskResult, GetTaskStatus, ListAgents, StartServer,
-    StartTask, StopServer, WaitForTask,
+    ActionSpec, CancelTask, ContinueTask, GetTaskResult, GetTaskStatus, ListAgents,
+    ReplyPermission, StartServer, StartTask, StopServer, WaitForTask,
 };
 use super::schema;
 use crate::config::{Action, Config, ToolConfig};
@@ -65,6 +65,7 @@ fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
         Action::GetTaskStatus => build::<GetTaskStatus>(name, tool, config),
         Action::GetTaskResult => build::<GetTaskResult>(name, tool, config),
         Action::WaitForTask => build::<WaitForTask>(name, tool, config),
+        Action::ReplyPermission => build::<ReplyPermission>(name, tool, config),
     }
 }
 

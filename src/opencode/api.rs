@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::client::{types, Client};
 use super::error::OpencodeError;
@@ -66,7 +66,7 @@ pub enum SessionActivity {
 }
 
 /// Token counts of a turn (summed over its assistant messages).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Tokens {
     pub input: u64,
     pub output: u64,
@@ -76,7 +76,7 @@ pub struct Tokens {
 }
 
 /// An error OpenCode recorded on an assistant message or a session.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorInfo {
     /// OpenCode's error name, e.g. `APIError`, `ProviderAuthError`, `MessageAbortedError`.
     pub name: String,
@@ -84,7 +84,7 @@ pub struct ErrorInfo {
 }
 
 /// One tool call of a turn.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ToolCall {
     pub tool: String,
     /// `pending`, `running`, `completed` or `error`.
@@ -97,7 +97,7 @@ pub struct ToolCall {
 
 /// The state of one turn (our user message and the assistant messages answering it), read from
 /// `GET /session/{id}/message`. This is the authority on completion (design notes §5).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TurnState {
     /// Our user message is in the session.
     pub user_message_seen: bool,
@@ -125,7 +125,7 @@ pub struct TurnState {
 }
 
 /// A pending permission ask.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PermissionAsk {
     pub id: String,
     pub session_id: String,
@@ -138,7 +138,7 @@ pub struct PermissionAsk {
 }
 
 /// One file a session changed.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileChange {
     pub file: String,
     #[serde(skip_serializing_if = "Option::is_none")]

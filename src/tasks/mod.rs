@@ -6,6 +6,7 @@ mod error;
 mod model;
 mod registry;
 mod service;
+mod store;
 mod tracker;
 
 pub use error::TaskError;

@@ -80,7 +80,7 @@ pub struct Progress {
 }
 
 /// OpenCode's retry state for a failing provider.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetryInfo {
     pub attempt: u64,
     pub message: String,

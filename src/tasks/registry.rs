@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
+use super::store::{Store, StoredTask};
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
 
 /// One tracked task (one OpenCode session) and the state of its current turn.
@@ -18,6 +19,10 @@ use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
 pub struct TaskEntry {
     pub id: String,
     pub server_id: String,
+    /// The server's base URL and whether the gateway manages it: after a restart this is how a
+    /// stored task finds its server again (or learns it is gone).
+    pub server_url: String,
+    pub managed: bool,
     pub session_id: String,
     pub directory: String,
     pub title: String,
@@ -61,6 +66,8 @@ impl TaskEntry {
         Self {
             id,
             server_id,
+            server_url: String::new(),
+            managed: false,
             session_id,
             directory,
             title,
@@ -197,10 +204,26 @@ struct Tables {
     by_session: HashMap<String, String>,
 }
 
-/// The tasks, by id and by session, with a change signal.
+/// The tasks, by id and by session, with a change signal, written through to the [`Store`]
+/// when one is attached.
 pub struct Registry {
     tables: Mutex<Tables>,
     changed: watch::Sender<u64>,
+    store: Option<Store>,
+}
+
+/// What makes a change worth writing to disk (progress is not).
+type Durable = (TaskStatus, u32, bool, bool, bool, String);
+
+fn durable(e: &TaskEntry) -> Durable {
+    (
+        e.status,
+        e.turn,
+        e.outcome.is_some(),
+        e.files_changed.is_some(),
+        e.permission.is_some(),
+        e.server_id.clone(),
+    )
 }
 
 impl Default for Registry {
@@ -214,7 +237,41 @@ impl Registry {
         Self {
             tables: Mutex::new(Tables::default()),
             changed: watch::channel(0).0,
+            store: None,
         }
+    }
+
+    /// A registry that writes every durable change to `store`.
+    pub fn with_store(store: Store) -> Self {
+        Self {
+            store: Some(store),
+            ..Self::new()
+        }
+    }
+
+    /// The attached store, if any.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
+    }
+
+    /// Writes one task to the store (outside the registry lock).
+    fn persist(&self, record: Option<StoredTask>) {
+        if let (Some(store), Some(record)) = (&self.store, record) {
+            if let Err(e) = store.save(&record) {
+                tracing::warn!(task_id = %record.id, error = %e, "cannot save the task to the state directory");
+            }
+        }
+    }
+
+    /// Adds a task loaded from the store, without writing it back.
+    pub fn restore(&self, entry: TaskEntry) {
+        {
+            let mut t = self.lock();
+            t.by_session
+                .insert(entry.session_id.clone(), entry.id.clone());
+            t.tasks.insert(entry.id.clone(), entry);
+        }
+        self.bump();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -232,13 +289,9 @@ impl Registry {
     }
 
     pub fn insert(&self, entry: TaskEntry) {
-        {
-            let mut t = self.lock();
-            t.by_session
-                .insert(entry.session_id.clone(), entry.id.clone());
-            t.tasks.insert(entry.id.clone(), entry);
-        }
-        self.bump();
+        let record = self.store.as_ref().map(|_| StoredTask::from_entry(&entry));
+        self.restore(entry);
+        self.persist(record);
     }
 
     pub fn remove(&self, task_id: &str) {
@@ -247,6 +300,9 @@ impl Registry {
             if let Some(e) = t.tasks.remove(task_id) {
                 t.by_session.remove(&e.session_id);
             }
+        }
+        if let Some(store) = &self.store {
+            store.remove(task_id);
         }
         self.bump();
     }
@@ -266,11 +322,17 @@ impl Registry {
 
     /// Applies `f` to the task and signals waiters if `f` says it changed something.
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
-        let r = {
+        let (r, record) = {
             let mut t = self.lock();
             let entry = t.tasks.get_mut(task_id)?;
-            f(entry)
+            let before = self.store.as_ref().map(|_| durable(entry));
+            let r = f(entry);
+            let record = before
+                .filter(|b| *b != durable(entry))
+                .map(|_| StoredTask::from_entry(entry));
+            (r, record)
         };
+        self.persist(record);
         self.bump();
         Some(r)
     }
@@ -320,6 +382,12 @@ impl Registry {
         for (id, session) in &old {
             t.tasks.remove(id);
             t.by_session.remove(session);
+        }
+        drop(t);
+        if let Some(store) = &self.store {
+            for (id, _) in &old {
+                store.remove(id);
+            }
         }
         old.len()
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::error::TaskError;
 use super::model::{TaskResult, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
 use super::registry::{Registry, TaskEntry};
+use super::store::{self, Store};
 use super::tracker::{self, TrackerContext};
 use crate::config::{Config, Tier};
 use crate::ids;
@@ -74,11 +75,130 @@ pub struct TaskService {
 }
 
 impl TaskService {
+    /// The service, with its registry written through to the state directory. If that
+    /// directory cannot be used the gateway still works, without surviving a restart, and says so.
     pub fn new(config: Arc<Config>) -> Self {
+        let dir = config
+            .state_dir
+            .as_ref()
+            .map(std::path::PathBuf::from)
+            .or_else(store::default_state_dir);
+        let registry = match dir.as_deref().map(Store::open) {
+            Some(Ok(s)) => Registry::with_store(s),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, dir = ?dir, "the state directory is not usable; tasks will not survive a restart");
+                Registry::new()
+            }
+            None => {
+                tracing::warn!("no state directory (set state_dir, XDG_STATE_HOME or HOME); tasks will not survive a restart");
+                Registry::new()
+            }
+        };
         Self {
             pool: ServerPool::new(config.clone()),
-            registry: Arc::new(Registry::new()),
+            registry: Arc::new(registry),
             config,
+        }
+    }
+
+    /// Loads the tasks a previous gateway left in the state directory. Finished tasks become
+    /// answerable again; unfinished ones on a managed server died with that gateway's server and
+    /// are reported `failed` (`Interrupted`); unfinished ones on the attached server are adopted
+    /// and finish normally. Unfinished tasks of another gateway that is still running are left to
+    /// it.
+    ///
+    /// Loading is synchronous (a directory of small files); adopting, which needs the network,
+    /// runs in the background so start-up does not wait for it.
+    pub fn restore(self: &Arc<Self>) {
+        let Some(store) = self.registry.store() else {
+            return;
+        };
+        let (records, bad) = store.load_all();
+        for (path, why) in bad {
+            tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
+        }
+        let attach_url = self
+            .config
+            .opencode
+            .url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_string());
+        let mut adopt = Vec::new();
+        let mut loaded = 0usize;
+        for record in records {
+            if record.status.is_terminal() {
+                self.registry.restore(record.into_entry());
+                loaded += 1;
+                continue;
+            }
+            if record.owner_pid != std::process::id() && store::gateway_alive(record.owner_pid) {
+                continue;
+            }
+            let attached_here =
+                !record.managed && attach_url.as_deref() == Some(record.server_url.as_str());
+            let mut entry = record.into_entry();
+            if attached_here {
+                adopt.push(entry.id.clone());
+                self.registry.insert(entry);
+            } else {
+                let reason = if entry.managed {
+                    "the gateway running this task exited, and its managed OpenCode server with it; start the task again"
+                } else {
+                    "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
+                };
+                entry.finish(TaskStatus::Failed, Some(store::interrupted(reason)));
+                self.registry.insert(entry);
+            }
+            loaded += 1;
+        }
+        if loaded > 0 {
+            tracing::info!(
+                tasks = loaded,
+                adopting = adopt.len(),
+                "restored tasks from the state directory"
+            );
+        }
+        if !adopt.is_empty() {
+            let this = self.clone();
+            tokio::spawn(async move { this.adopt(adopt).await });
+        }
+    }
+
+    /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
+    /// left there.
+    async fn adopt(&self, adopt: Vec<String>) {
+        let server = match self.start_server(None, None).await {
+            Ok(info) => self.pool.get(&info.server_id),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach the attached OpenCode to adopt unfinished tasks");
+                None
+            }
+        };
+        let Some(server) = server else {
+            for id in &adopt {
+                self.registry.update(id, |e| {
+                    e.finish(
+                        TaskStatus::Failed,
+                        Some(store::interrupted(
+                            "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",
+                        )),
+                    )
+                });
+            }
+            return;
+        };
+        let limit = self.config.timeouts.task.get();
+        for id in adopt {
+            let Some((turn, elapsed)) = self.registry.update(&id, |e| {
+                e.server_id = server.id.clone();
+                (e.turn, e.turn_started.elapsed())
+            }) else {
+                continue;
+            };
+            self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
+            let registry = self.registry.clone();
+            let server = server.clone();
+            tokio::spawn(async move { tracker::check_completion(&registry, &server, &id).await });
         }
     }
 
@@ -297,6 +417,8 @@ impl TaskService {
             directory.clone(),
             title,
         );
+        entry.server_url = server.api.base_url().to_string();
+        entry.managed = server.process.is_some();
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
         self.registry.insert(entry);
@@ -315,7 +437,7 @@ impl TaskService {
             self.registry.remove(&task_id);
             return Err(e.into());
         }
-        self.arm_deadline(&server, &task_id, 1);
+        self.arm_deadline(&server, &task_id, 1, self.config.timeouts.task.get());
         self.snapshot(&task_id, false)
     }
 
@@ -377,7 +499,7 @@ impl TaskService {
             self.registry.update(&entry.id, |e| *e = previous);
             return Err(e.into());
         }
-        self.arm_deadline(&server, &entry.id, turn);
+        self.arm_deadline(&server, &entry.id, turn, self.config.timeouts.task.get());
         self.snapshot(&entry.id, false)
     }
 
@@ -439,8 +561,8 @@ impl TaskService {
         }
     }
 
-    /// Aborts the turn at `timeouts.task` if it is still running then.
-    fn arm_deadline(&self, server: &Arc<Server>, task_id: &str, turn: u32) {
+    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
+    fn arm_deadline(&self, server: &Arc<Server>, task_id: &str, turn: u32, after: Duration) {
         let limit = self.config.timeouts.task.get();
         let registry = self.registry.clone();
         let server = server.clone();
@@ -450,9 +572,43 @@ impl TaskService {
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(limit) => svc.fire(&server, &task_id, turn, limit).await,
+                _ = tokio::time::sleep(after) => svc.fire(&server, &task_id, turn, limit).await,
             }
         });
+    }
+
+    /// Answers the permission the task is waiting on. Refused when it waits on none, so an
+    /// answer can never land on a later, different ask.
+    pub async fn reply_permission(
+        &self,
+        task_id: &str,
+        reply: PermissionReply,
+    ) -> Result<TaskSnapshot, TaskError> {
+        let entry = self.entry(task_id)?;
+        let ask = match (&entry.permission, entry.status) {
+            (Some(ask), TaskStatus::WaitingPermission) => ask.clone(),
+            _ => {
+                return Err(TaskError::Conflict(format!(
+                    "task {} is not waiting for a permission (status {})",
+                    entry.id,
+                    entry.status.as_str()
+                )))
+            }
+        };
+        let server = self.server(&entry.server_id)?;
+        server
+            .api
+            .reply_permission(&entry.directory, &ask.id, reply)
+            .await?;
+        self.registry.update(task_id, |e| {
+            if e.permission.as_ref().is_some_and(|p| p.id == ask.id) {
+                e.permission = None;
+                if e.status == TaskStatus::WaitingPermission {
+                    e.status = TaskStatus::Running;
+                }
+            }
+        });
+        self.snapshot(task_id, false)
     }
 
     pub fn status(&self, task_id: &str, include_progress: bool) -> Result<TaskSnapshot, TaskError> {

@@ -20,6 +20,7 @@ mod continue_task;
 mod get_task_result;
 mod get_task_status;
 mod list_agents;
+mod reply_permission;
 mod start_server;
 mod start_task;
 mod stop_server;
@@ -30,6 +31,7 @@ pub use continue_task::ContinueTask;
 pub use get_task_result::GetTaskResult;
 pub use get_task_status::GetTaskStatus;
 pub use list_agents::ListAgents;
+pub use reply_permission::ReplyPermission;
 pub use start_server::StartServer;
 pub use start_task::StartTask;
 pub use stop_server::StopServer;
@@ -82,6 +84,7 @@ pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Valu
         Action::GetTaskStatus => json(get_task_status::run(parse_args(args)?, ctx).await),
         Action::GetTaskResult => json(get_task_result::run(parse_args(args)?, ctx).await),
         Action::WaitForTask => json(wait_for_task::run(parse_args(args)?, ctx).await),
+        Action::ReplyPermission => json(reply_permission::run(parse_args(args)?, ctx).await),
     }
 }
 

@@ -1,0 +1,66 @@
+//! `reply_permission`: answer the permission ask a task is waiting on.
+//!
+//! With `opencode.permission: ask`, OpenCode pauses a tool call until someone answers; the task
+//! shows `waiting_permission` with what is asked. An unanswered ask would keep the session busy
+//! forever (the original's bug 5), so the host gets a tool to answer it.
+
+use rmcp::model::ToolAnnotations;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{checks, ActionSpec, Ctx};
+use crate::gateway::error::ToolError;
+use crate::opencode::PermissionReply;
+use crate::tasks::TaskSnapshot;
+
+/// How to answer.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    /// Allow this one call.
+    Once,
+    /// Allow this pattern for the rest of the session.
+    Always,
+    /// Refuse; the agent stops after the tool call.
+    Reject,
+}
+
+/// Arguments of `reply_permission`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// The `task_id` of a task whose status is `waiting_permission`.
+    #[schemars(length(min = 1))]
+    pub task_id: String,
+    /// `once`, `always` or `reject`.
+    pub reply: Reply,
+}
+
+/// The `reply_permission` action.
+pub struct ReplyPermission;
+
+impl ActionSpec for ReplyPermission {
+    type Args = Args;
+    type Output = TaskSnapshot;
+    const TITLE: &'static str = "Answer a permission ask";
+
+    /// Lets a paused tool call run (or refuses it): not read-only, and allowing a command can be
+    /// destructive; answering twice is refused rather than repeated (not idempotent).
+    fn annotations() -> ToolAnnotations {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(false)
+    }
+}
+
+pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
+    let task_id = checks::required_name("task_id", args.task_id)?;
+    let reply = match args.reply {
+        Reply::Once => PermissionReply::Once,
+        Reply::Always => PermissionReply::Always,
+        Reply::Reject => PermissionReply::Reject,
+    };
+    Ok(ctx.tasks.reply_permission(&task_id, reply).await?)
+}

@@ -1,0 +1,307 @@
+//! The task store: every task's state on disk, so a restarted gateway still answers for it.
+//!
+//! **Format: one small JSON file per task** in `<state_dir>/tasks/<task_id>.json`, replaced
+//! atomically (written to a temporary file in the same directory, flushed, then renamed over the
+//! old one). Why not an embedded database: the registry is small (capped by `limits.max_tasks`),
+//! is read whole once at start-up, and each task has exactly one writer: the gateway process that
+//! owns it. With a file per task, two gateway processes sharing the directory never write the same
+//! file, a crash mid-write leaves the previous version intact (rename is atomic), and a corrupt
+//! file costs one task rather than the store. A database would add a dependency, a lock shared by
+//! every process, and its own recovery story, for none of that.
+//!
+//! Ownership: each record names the pid of the gateway that wrote it. At start-up a gateway skips
+//! unfinished tasks whose owner is still alive (another gateway's live work) and takes over the
+//! rest.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{RetryInfo, TaskStatus};
+use super::registry::TaskEntry;
+use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
+
+/// Format version of a record.
+const VERSION: u32 = 1;
+
+/// A task as stored on disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredTask {
+    pub version: u32,
+    pub id: String,
+    pub owner_pid: u32,
+    pub server_id: String,
+    pub server_url: String,
+    pub managed: bool,
+    pub session_id: String,
+    pub directory: String,
+    pub title: String,
+    pub agent: Option<String>,
+    pub model: Option<String>,
+    pub turn: u32,
+    pub user_message_id: String,
+    /// Epoch milliseconds.
+    pub turn_started_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub status: TaskStatus,
+    pub error: Option<ErrorInfo>,
+    pub permission: Option<PermissionAsk>,
+    pub retry: Option<RetryInfo>,
+    pub outcome: Option<TurnState>,
+    pub files_changed: Option<Vec<FileChange>>,
+}
+
+pub fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The `Instant` that lies `epoch_ms` in the past, as well as this process can express it.
+fn instant_at(ms: u64) -> Instant {
+    let now_ms = epoch_ms(SystemTime::now());
+    let ago = Duration::from_millis(now_ms.saturating_sub(ms));
+    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+}
+
+impl StoredTask {
+    pub fn from_entry(e: &TaskEntry) -> Self {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let at = |i: Instant| {
+            epoch_ms(wall).saturating_sub(now.saturating_duration_since(i).as_millis() as u64)
+        };
+        Self {
+            version: VERSION,
+            id: e.id.clone(),
+            owner_pid: std::process::id(),
+            server_id: e.server_id.clone(),
+            server_url: e.server_url.clone(),
+            managed: e.managed,
+            session_id: e.session_id.clone(),
+            directory: e.directory.clone(),
+            title: e.title.clone(),
+            agent: e.agent.clone(),
+            model: e.model.clone(),
+            turn: e.turn,
+            user_message_id: e.user_message_id.clone(),
+            turn_started_ms: at(e.turn_started),
+            finished_ms: e.finished_at.map(at),
+            status: e.status,
+            error: e.error.clone(),
+            permission: e.permission.clone(),
+            retry: e.retry.clone(),
+            outcome: e.outcome.clone(),
+            files_changed: e.files_changed.clone(),
+        }
+    }
+
+    pub fn into_entry(self) -> TaskEntry {
+        let mut e = TaskEntry::new(
+            self.id,
+            self.server_id,
+            self.session_id,
+            self.directory,
+            self.title,
+        );
+        e.server_url = self.server_url;
+        e.managed = self.managed;
+        e.agent = self.agent;
+        e.model = self.model;
+        e.turn = self.turn;
+        e.user_message_id = self.user_message_id;
+        e.turn_started = instant_at(self.turn_started_ms);
+        e.finished_at = self.finished_ms.map(instant_at);
+        e.status = self.status;
+        e.error = self.error;
+        e.permission = self.permission;
+        e.retry = self.retry;
+        e.outcome = self.outcome;
+        e.files_changed = self.files_changed;
+        e
+    }
+}
+
+/// The directory of task files.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating) `<state_dir>/tasks`.
+    pub fn open(state_dir: &Path) -> std::io::Result<Self> {
+        let dir = state_dir.join("tasks");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, task_id: &str) -> Option<PathBuf> {
+        // Ids are ours (`tsk_` + base62), but a file name is built from them: refuse anything
+        // that could leave the directory.
+        let safe = !task_id.is_empty()
+            && task_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        safe.then(|| self.dir.join(format!("{task_id}.json")))
+    }
+
+    /// Writes the task atomically (temporary file, flush, rename).
+    pub fn save(&self, task: &StoredTask) -> std::io::Result<()> {
+        let Some(path) = self.path(&task.id) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("unsafe task id `{}`", task.id),
+            ));
+        };
+        let tmp = self
+            .dir
+            .join(format!(".{}.{}.tmp", task.id, std::process::id()));
+        let bytes = serde_json::to_vec(task).map_err(std::io::Error::other)?;
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_data()?;
+        }
+        std::fs::rename(&tmp, &path)
+    }
+
+    pub fn remove(&self, task_id: &str) {
+        if let Some(path) = self.path(task_id) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Every readable record; unreadable files are reported (path, reason) and left in place.
+    pub fn load_all(&self) -> (Vec<StoredTask>, Vec<(PathBuf, String)>) {
+        let mut tasks = Vec::new();
+        let mut bad = Vec::new();
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return (tasks, bad);
+        };
+        for entry in dir.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<StoredTask>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(t) if t.version == VERSION => tasks.push(t),
+                Ok(t) => bad.push((path, format!("unknown record version {}", t.version))),
+                Err(e) => bad.push((path, e)),
+            }
+        }
+        (tasks, bad)
+    }
+}
+
+/// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp`.
+pub fn default_state_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state"))
+        })?;
+    Some(base.join("opencode-mcp"))
+}
+
+/// Whether the gateway process `pid` is alive (and is a gateway: pids get reused).
+pub fn gateway_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let running = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .is_some_and(|s| s != 'Z' && s != 'X');
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    running && comm.trim().starts_with("opencode-mcp")
+}
+
+/// The error a task whose turn died with its gateway reports.
+pub fn interrupted(reason: &str) -> ErrorInfo {
+    ErrorInfo {
+        name: "Interrupted".into(),
+        message: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> TaskEntry {
+        let mut e = TaskEntry::new(
+            "tsk_abc".into(),
+            "srv_1".into(),
+            "ses_1".into(),
+            "/w".into(),
+            "title".into(),
+        );
+        e.server_url = "http://127.0.0.1:1".into();
+        e.managed = true;
+        e.begin_turn("msg_1".into(), Some("build".into()), None);
+        e.finish(TaskStatus::Completed, None);
+        e.outcome = Some(TurnState {
+            text: "done".into(),
+            finished: true,
+            ..TurnState::default()
+        });
+        e
+    }
+
+    #[test]
+    fn records_round_trip_through_disk() {
+        let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let stored = StoredTask::from_entry(&entry());
+        store.save(&stored).expect("save");
+        store.save(&stored).expect("overwrite");
+        let (all, bad) = store.load_all();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(all, vec![stored.clone()]);
+        let back = all[0].clone().into_entry();
+        assert_eq!(back.status, TaskStatus::Completed);
+        assert_eq!(back.outcome.map(|o| o.text).as_deref(), Some("done"));
+        assert!(back.finished_at.is_some());
+        store.remove("tsk_abc");
+        assert!(store.load_all().0.is_empty());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn corrupt_files_are_reported_not_fatal() {
+        let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        std::fs::write(store.dir.join("tsk_bad.json"), b"{not json").expect("write");
+        store.save(&StoredTask::from_entry(&entry())).expect("save");
+        let (all, bad) = store.load_all();
+        assert_eq!(all.len(), 1);
+        assert_eq!(bad.len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn unsafe_ids_never_become_paths() {
+        let store = Store {
+            dir: PathBuf::from("/nonexistent"),
+        };
+        assert!(store.path("../etc/passwd").is_none());
+        assert!(store.path("").is_none());
+        assert!(store.path("tsk_ok").is_some());
+    }
+
+    #[test]
+    fn only_live_gateways_count_as_owners() {
+        assert!(gateway_alive(std::process::id()));
+        assert!(!gateway_alive(u32::MAX - 1));
+    }
+}
