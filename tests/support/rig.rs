@@ -18,6 +18,8 @@ pub struct Rig {
     pub fake: FakeLlm,
     pub env: OpenCodeEnv,
     pub client: McpClient,
+    /// How the gateway was launched (to launch it again after a kill).
+    pub launch: Launch,
     /// The `opencode_start_server` result.
     pub server: Value,
 }
@@ -25,8 +27,11 @@ pub struct Rig {
 impl Rig {
     /// Starts everything; `extra_env` are `OPENCODE_MCP_*` overrides for this gateway.
     pub async fn start(extra_env: &[(&str, &str)]) -> Self {
-        let fake = FakeLlm::start();
-        let env = OpenCodeEnv::new();
+        Self::start_in(FakeLlm::start(), OpenCodeEnv::new(), extra_env).await
+    }
+
+    /// Starts a gateway in `env` (whose fake LLM is `fake`), then a server through it.
+    pub async fn start_in(fake: FakeLlm, env: OpenCodeEnv, extra_env: &[(&str, &str)]) -> Self {
         let mut launch = Launch::new(env.work_dir(), &env.home_dir())
             .envs(env.vars(&fake.url()))
             .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin())
@@ -49,8 +54,32 @@ impl Rig {
             fake,
             env,
             client,
+            launch,
             server,
         }
+    }
+
+    /// SIGKILLs the gateway (no chance to clean up) and waits until it is gone.
+    pub async fn kill_gateway(&self) {
+        let pid = self.client.pid().expect("gateway pid");
+        let pid_t = libc::pid_t::try_from(pid).expect("pid fits");
+        // SAFETY: kill(2) on a pid we spawned; no memory is involved.
+        unsafe {
+            libc::kill(pid_t, libc::SIGKILL);
+        }
+        assert!(
+            wait_gone(pid, Duration::from_secs(10)).await,
+            "gateway {pid} survived SIGKILL"
+        );
+    }
+
+    /// Launches a new gateway with the same configuration and environment (same state dir).
+    pub async fn relaunch(&mut self) {
+        self.client = self
+            .launch
+            .connect()
+            .await
+            .expect("the gateway starts again");
     }
 
     pub fn server_id(&self) -> String {

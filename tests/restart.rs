@@ -1,0 +1,91 @@
+//! Fault drill: the gateway restarts (SIGKILL, then the same config again). Finished tasks stay
+//! answerable by `task_id`; unfinished tasks on a managed server that died with the gateway are
+//! reported as interrupted, never as running; unfinished tasks on an attached server are adopted
+//! and finish normally.
+
+mod support;
+
+use serde_json::json;
+use support::fake_llm::echo_reply;
+use support::rig::{wait_gone, Rig, TASK_TIMEOUT_MS};
+use support::{FakeLlm, OpenCodeEnv, OpenCodeServer};
+
+fn id(v: &serde_json::Value) -> String {
+    v["task_id"].as_str().expect("task_id").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_ones() {
+    let mut rig = Rig::start(&[]).await;
+    let done = id(&rig.start_task("finished before the crash").await);
+    let before = rig.finish(&done).await;
+    assert_eq!(before["status"], "completed");
+    let running = id(&rig.start_task("cut short [[slow:30000]]").await);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("cut short")
+        })
+        .await;
+    let opencode = rig.opencode_pid();
+
+    rig.kill_gateway().await;
+    assert!(
+        wait_gone(opencode, std::time::Duration::from_secs(10)).await,
+        "the managed OpenCode dies with a SIGKILLed gateway"
+    );
+    rig.relaunch().await;
+
+    let after = rig
+        .ok("opencode_get_task_result", json!({ "task_id": done }))
+        .await;
+    assert_eq!(after["status"], "completed");
+    assert_eq!(after["text"], before["text"]);
+    assert_eq!(after["tokens"], before["tokens"]);
+    let st = rig.status(&running).await;
+    assert_eq!(st["status"], "failed", "{st}");
+    assert_eq!(st["error"]["name"], "Interrupted", "{st}");
+    // A wait on it returns at once: it is finished, not running.
+    let w = rig.wait(&[&running], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let opencode = OpenCodeServer::start(&env, &fake.url()).await;
+    let mut rig = Rig::start_in(
+        fake,
+        env,
+        &[
+            ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
+            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
+        ],
+    )
+    .await;
+    assert_eq!(rig.server["managed"], false);
+    let prompt = "outlives its gateway [[delay:4000]]";
+    let task = id(&rig.start_task(prompt).await);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("outlives its gateway")
+        })
+        .await;
+
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let r = rig
+        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(prompt));
+    // Reported once: one LLM call for the turn, and the task is not duplicated.
+    let session = r["task_id"]
+        .as_str()
+        .map(|_| ())
+        .and(w["tasks"][0]["session_id"].as_str());
+    assert_eq!(rig.requests_for(session.expect("session")).len(), 1);
+}
