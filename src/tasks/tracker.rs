@@ -53,11 +53,7 @@ pub async fn run(
                 return;
             }
             _ = server.stop.cancelled() => return,
-            _ = reconcile.tick() => {
-                for id in unfinished_on(&ctx.registry, &server.id) {
-                    spawn_check(&ctx, &server, id);
-                }
-            }
+            _ = reconcile.tick() => spawn_reconcile(&ctx, &server),
             msg = events.recv() => match msg {
                 None => return,
                 Some(PumpEvent::Connected) => {
@@ -72,6 +68,48 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The periodic safety net, kept cheap: one `GET /session/status` per directory in use, and a
+/// full completion check only for tasks whose session that says is no longer working (those are
+/// the ones a dropped event could have left behind). A busy session's task is left to its events.
+fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>) {
+    let ids = unfinished_on(&ctx.registry, &server.id);
+    if ids.is_empty() {
+        return;
+    }
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(async move {
+        let mut by_dir: std::collections::BTreeMap<String, Vec<(String, String)>> =
+            Default::default();
+        for id in ids {
+            if let Some(e) = ctx.registry.get(&id) {
+                by_dir
+                    .entry(e.directory.clone())
+                    .or_default()
+                    .push((id, e.session_id.clone()));
+            }
+        }
+        for (dir, tasks) in by_dir {
+            let activity = match server.api.session_activity(&dir).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!(server_id = %server.id, error = %e, "reconcile: status check failed");
+                    continue;
+                }
+            };
+            for (id, session) in tasks {
+                let working = matches!(
+                    activity.get(&session),
+                    Some(SessionActivity::Busy | SessionActivity::Retry { .. })
+                );
+                if !working {
+                    spawn_check(&ctx, &server, id);
+                }
+            }
+        }
+    });
 }
 
 fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
