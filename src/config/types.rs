@@ -158,6 +158,10 @@ pub struct Limits {
     /// Characters of streamed text shown as the tail in progress reports.
     #[schemars(range(min = 1))]
     pub progress_tail_chars: u32,
+    /// Most characters of a task's final text the gateway keeps (memory and state files stay
+    /// bounded); a longer answer is cut and the result says so (`text_capped`).
+    #[schemars(range(min = 1))]
+    pub max_result_chars: u32,
 }
 
 /// A tier of models and the difficulty of work it should take.

@@ -167,6 +167,7 @@ fn limits(config: &Config, issues: &mut Issues) {
         ("result_page_chars", l.result_page_chars),
         ("max_tasks", l.max_tasks),
         ("progress_tail_chars", l.progress_tail_chars),
+        ("max_result_chars", l.max_result_chars),
     ];
     for (name, value) in counts {
         if value == 0 {

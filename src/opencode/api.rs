@@ -122,6 +122,20 @@ pub struct TurnState {
     pub steps: u32,
     /// Epoch ms the latest assistant message completed.
     pub completed_at: Option<u64>,
+    /// `text` was cut at the gateway's `limits.max_result_chars`.
+    #[serde(default)]
+    pub text_capped: bool,
+}
+
+impl TurnState {
+    /// Keeps at most `max` characters of the text (memory and state files stay bounded).
+    pub fn cap_text(mut self, max: usize) -> Self {
+        if let Some((cut, _)) = self.text.char_indices().nth(max) {
+            self.text.truncate(cut);
+            self.text_capped = true;
+        }
+        self
+    }
 }
 
 /// A pending permission ask.
@@ -527,6 +541,15 @@ fn base64_encode(input: &[u8]) -> String {
     out
 }
 
+/// [`derive_turn`] from the JSON text of a `GET /session/{id}/message` answer, decoded with the
+/// generated types exactly as [`Api::turn_state`] decodes it. For tests and fuzzing: no generated
+/// type crosses this boundary.
+pub fn turn_from_messages_json(json: &str, user_message_id: &str) -> Result<TurnState, String> {
+    let messages: Vec<types::SessionMessagesResponseItem> =
+        serde_json::from_str(json).map_err(|e| e.to_string())?;
+    Ok(derive_turn(&messages, user_message_id))
+}
+
 /// Derives a turn's state from the session's messages (pure, so it is unit-tested on recorded
 /// responses).
 pub(crate) fn derive_turn(
@@ -778,6 +801,20 @@ mod tests {
         let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_text.json");
         let other = derive_turn(&messages, "msg_someone_else");
         assert!(!other.user_message_seen && !other.finished && other.text.is_empty());
+    }
+
+    #[test]
+    fn capping_keeps_whole_characters_and_says_so() {
+        let turn = TurnState {
+            text: "héllo".into(),
+            ..TurnState::default()
+        };
+        let capped = turn.clone().cap_text(2);
+        assert_eq!(capped.text, "hé");
+        assert!(capped.text_capped);
+        let whole = turn.cap_text(5);
+        assert_eq!(whole.text, "héllo");
+        assert!(!whole.text_capped);
     }
 
     #[test]

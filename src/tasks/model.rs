@@ -131,6 +131,8 @@ pub struct TaskResult {
     pub total_chars: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
+    /// The answer was longer than `limits.max_result_chars` and was cut there.
+    pub text_capped: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -196,9 +196,18 @@ impl TaskService {
                 continue;
             };
             self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
-            let registry = self.registry.clone();
+            let ctx = self.tracker_context();
             let server = server.clone();
-            tokio::spawn(async move { tracker::check_completion(&registry, &server, &id).await });
+            tokio::spawn(async move { tracker::check_completion(&ctx, &server, &id).await });
+        }
+    }
+
+    fn tracker_context(&self) -> TrackerContext {
+        TrackerContext {
+            registry: self.registry.clone(),
+            tail_chars: self.config.limits.progress_tail_chars as usize,
+            max_result_chars: self.config.limits.max_result_chars as usize,
+            finished_ttl: self.config.limits.finished_task_ttl.get(),
         }
     }
 
@@ -234,11 +243,11 @@ impl TaskService {
     ) -> Result<ServerInfo, TaskError> {
         let (info, started) = self.pool.start(port, directory).await?;
         if let Some(started) = started {
-            let ctx = TrackerContext {
-                registry: self.registry.clone(),
-                tail_chars: self.config.limits.progress_tail_chars as usize,
-            };
-            tokio::spawn(tracker::run(ctx, started.server, started.events));
+            tokio::spawn(tracker::run(
+                self.tracker_context(),
+                started.server,
+                started.events,
+            ));
         }
         Ok(info)
     }
@@ -637,7 +646,8 @@ impl TaskService {
                 .api
                 .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id)
                 .await
-                .ok(),
+                .ok()
+                .map(|t| t.cap_text(self.config.limits.max_result_chars as usize)),
             (None, None) => None,
         };
         let files = match (&entry.files_changed, &server) {
@@ -678,6 +688,7 @@ impl TaskService {
             offset: start as u64,
             total_chars: total as u64,
             text,
+            text_capped: outcome.text_capped,
             model: outcome.model.clone().or(current.model.clone()),
             agent: outcome.agent.clone().or(current.agent.clone()),
             tokens: outcome.tokens,

@@ -28,6 +28,10 @@ pub struct TrackerContext {
     pub registry: Arc<Registry>,
     /// Characters of streamed text kept for progress.
     pub tail_chars: usize,
+    /// Characters of final text kept per task.
+    pub max_result_chars: usize,
+    /// Finished tasks older than this are forgotten.
+    pub finished_ttl: Duration,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -53,7 +57,10 @@ pub async fn run(
                 return;
             }
             _ = server.stop.cancelled() => return,
-            _ = reconcile.tick() => spawn_reconcile(&ctx, &server),
+            _ = reconcile.tick() => {
+                ctx.registry.evict_finished(ctx.finished_ttl);
+                spawn_reconcile(&ctx, &server);
+            }
             msg = events.recv() => match msg {
                 None => return,
                 Some(PumpEvent::Connected) => {
@@ -227,15 +234,16 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
 }
 
 fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String) {
-    let registry = ctx.registry.clone();
+    let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(async move { check_completion(&registry, &server, &task_id).await });
+    tokio::spawn(async move { check_completion(&ctx, &server, &task_id).await });
 }
 
 /// Reads the turn over HTTP and finishes the task if the turn is over. Safe to call any time and
 /// any number of times: it only ever finishes the turn it read, and never a task that has moved
 /// on (a newer turn) or is being aborted.
-pub async fn check_completion(registry: &Registry, server: &Server, task_id: &str) {
+pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &str) {
+    let registry = &ctx.registry;
     let Some(entry) = registry.get(task_id) else {
         return;
     };
@@ -249,7 +257,7 @@ pub async fn check_completion(registry: &Registry, server: &Server, task_id: &st
         server.api.session_activity(&entry.directory),
     );
     let (turn, activity) = match (turn, activity) {
-        (Ok(t), Ok(a)) => (t, a),
+        (Ok(t), Ok(a)) => (t.cap_text(ctx.max_result_chars), a),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!(task_id, error = %e, "completion check failed; will retry");
             return;
