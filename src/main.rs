@@ -31,6 +31,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A managed OpenCode's supervisor is this binary too (see `opencode::supervisor`).
+    #[cfg(target_os = "linux")]
+    if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
+        return code;
+    }
     init_tracing();
     let cli = Cli::parse();
     let sources = Sources {
@@ -88,6 +93,10 @@ fn serve(sources: &Sources) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Managed servers run under a supervisor that takes down whatever OpenCode started. It is
+    // this very binary: /proc/self/exe stays valid even if the file is replaced while we run.
+    #[cfg(target_os = "linux")]
+    opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

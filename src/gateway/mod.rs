@@ -124,6 +124,32 @@ async fn cancel_on_signal(stop: CancellationToken) {
     }
 }
 
+/// Parses `args` as the arguments of `action`, exactly as a `tools/call` does before the action
+/// runs, and stops there: `Ok` or the `invalid_argument` error the host would get. Never touches
+/// OpenCode. For property tests and fuzzing of the argument parsing.
+pub fn parse_tool_arguments(
+    action: crate::config::Action,
+    args: rmcp::model::JsonObject,
+) -> Result<(), ToolError> {
+    use crate::config::Action;
+    use actions::ActionSpec;
+    fn parse<A: ActionSpec>(args: rmcp::model::JsonObject) -> Result<(), ToolError> {
+        actions::parse_args::<A::Args>(args).map(drop)
+    }
+    match action {
+        Action::StartServer => parse::<actions::StartServer>(args),
+        Action::StopServer => parse::<actions::StopServer>(args),
+        Action::ListAgents => parse::<actions::ListAgents>(args),
+        Action::StartTask => parse::<actions::StartTask>(args),
+        Action::ContinueTask => parse::<actions::ContinueTask>(args),
+        Action::CancelTask => parse::<actions::CancelTask>(args),
+        Action::GetTaskStatus => parse::<actions::GetTaskStatus>(args),
+        Action::GetTaskResult => parse::<actions::GetTaskResult>(args),
+        Action::WaitForTask => parse::<actions::WaitForTask>(args),
+        Action::ReplyPermission => parse::<actions::ReplyPermission>(args),
+    }
+}
+
 /// The built-in configuration, for unit tests.
 #[cfg(test)]
 pub(crate) fn test_config() -> Config {

@@ -20,6 +20,8 @@ pub const AUTH_USER: &str = "opencode";
 #[derive(Clone, Debug)]
 pub struct Api {
     client: Client,
+    /// The client the generated one uses (same auth and timeout), for the calls decoded by hand.
+    http: reqwest::Client,
     /// Same auth, connect timeout only: for the long-lived event stream.
     stream_http: reqwest::Client,
     base_url: String,
@@ -207,7 +209,8 @@ impl Api {
         let stream_http = build(None)?;
         let base_url = base_url.trim_end_matches('/').to_string();
         Ok(Self {
-            client: Client::new_with_client(&base_url, http),
+            client: Client::new_with_client(&base_url, http.clone()),
+            http,
             stream_http,
             base_url,
         })
@@ -372,37 +375,27 @@ impl Api {
     }
 
     /// `GET /session/status`: non-idle sessions of one directory's instance.
+    ///
+    /// Decoded by hand rather than with the generated `SessionStatus` (a closed, tagged enum):
+    /// a newer OpenCode with one more status type must not break the completion checks that
+    /// read this on every reconcile. See [`session_activity_from_json`].
     pub async fn session_activity(
         &self,
         directory: &str,
     ) -> Result<BTreeMap<String, SessionActivity>, OpencodeError> {
-        let r = self
-            .client
-            .session_status()
-            .directory(directory)
+        const OPERATION: &str = "GET /session/status";
+        let response = self
+            .http
+            .get(format!("{}/session/status", self.base_url))
+            .query(&[("directory", directory)])
             .send()
             .await
-            .map_err(|e| OpencodeError::from_client("GET /session/status", e))?;
-        Ok(r.into_inner()
-            .into_iter()
-            .map(|(id, s)| {
-                let activity = match s {
-                    types::SessionStatus::Idle => SessionActivity::Idle,
-                    types::SessionStatus::Busy => SessionActivity::Busy,
-                    types::SessionStatus::Retry {
-                        attempt,
-                        message,
-                        next,
-                        ..
-                    } => SessionActivity::Retry {
-                        attempt,
-                        message,
-                        next,
-                    },
-                };
-                (id, activity)
-            })
-            .collect())
+            .map_err(|e| OpencodeError::from_reqwest(OPERATION, &e))?;
+        let value = OpencodeError::json_body(OPERATION, response).await?;
+        session_activity_from_json(&value).map_err(|detail| OpencodeError::Decode {
+            operation: OPERATION.into(),
+            detail,
+        })
     }
 
     /// Reads the session's messages and derives the state of the turn opened by
@@ -541,9 +534,39 @@ fn base64_encode(input: &[u8]) -> String {
     out
 }
 
-/// [`derive_turn`] from the JSON text of a `GET /session/{id}/message` answer, decoded with the
-/// generated types exactly as [`Api::turn_state`] decodes it. For tests and fuzzing: no generated
-/// type crosses this boundary.
+/// Decodes a `GET /session/status` answer (`{sessionID: {type, ...}}`). Lenient: fields it does
+/// not use are ignored, and a status type it does not know counts as busy (the endpoint lists only
+/// sessions that are not idle, so whatever it is, the session is doing something).
+pub fn session_activity_from_json(
+    value: &serde_json::Value,
+) -> Result<BTreeMap<String, SessionActivity>, String> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| format!("expected an object of sessions, got {value}"))?;
+    Ok(map
+        .iter()
+        .map(|(id, status)| {
+            let activity = match status.get("type").and_then(|t| t.as_str()) {
+                Some("idle") => SessionActivity::Idle,
+                Some("retry") => SessionActivity::Retry {
+                    attempt: status.get("attempt").and_then(|a| a.as_u64()).unwrap_or(0),
+                    message: status
+                        .get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or_default()
+                        .to_string(),
+                    next: status.get("next").and_then(|n| n.as_u64()).unwrap_or(0),
+                },
+                _ => SessionActivity::Busy,
+            };
+            (id.clone(), activity)
+        })
+        .collect())
+}
+
+/// The turn state (`derive_turn`) from the JSON text of a `GET /session/{id}/message` answer,
+/// decoded with the generated types exactly as [`Api::turn_state`] decodes it. For tests and
+/// fuzzing: no generated type crosses this boundary.
 pub fn turn_from_messages_json(json: &str, user_message_id: &str) -> Result<TurnState, String> {
     let messages: Vec<types::SessionMessagesResponseItem> =
         serde_json::from_str(json).map_err(|e| e.to_string())?;

@@ -34,6 +34,10 @@ pub enum OpencodeError {
     /// A managed server could not be started.
     #[error("cannot start OpenCode: {0}")]
     Start(String),
+    /// The configured server (`opencode.url`) cannot be used: the reason says why and what to
+    /// change.
+    #[error("cannot attach to OpenCode at {url} (opencode.url): {reason}")]
+    Attach { url: String, reason: String },
     /// The server process is gone.
     #[error("the OpenCode server {server_id} is not running: {reason}")]
     Gone { server_id: String, reason: String },
@@ -47,6 +51,7 @@ impl Coded for OpencodeError {
         match self {
             OpencodeError::Unreachable { .. }
             | OpencodeError::Start(_)
+            | OpencodeError::Attach { .. }
             | OpencodeError::Gone { .. }
             | OpencodeError::Unauthorized { .. }
             | OpencodeError::NotTheApi { .. } => ErrorCode::OpencodeUnavailable,
@@ -116,6 +121,64 @@ impl OpencodeError {
                 }
             }
             E2::InvalidRequest(m) | E2::Custom(m) => OpencodeError::Config(m),
+        }
+    }
+}
+
+impl OpencodeError {
+    /// A request of ours that got no answer.
+    pub(crate) fn from_reqwest(operation: &str, e: &reqwest::Error) -> Self {
+        OpencodeError::Unreachable {
+            url: e
+                .url()
+                .map(|u| format!("{}://{}", u.scheme(), u.authority()))
+                .unwrap_or_default(),
+            operation: operation.to_string(),
+            reason: describe_reqwest(e),
+        }
+    }
+
+    /// The JSON body of an answer, classified as the generated client's answers are: 401,
+    /// other error statuses (with OpenCode's error name and message), a web page instead of
+    /// JSON, or JSON that does not parse.
+    pub(crate) async fn json_body(
+        operation: &str,
+        response: reqwest::Response,
+    ) -> Result<serde_json::Value, OpencodeError> {
+        let operation = operation.to_string();
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| OpencodeError::from_reqwest(&operation, &e))?;
+        if status.as_u16() == 401 {
+            return Err(OpencodeError::Unauthorized { operation });
+        }
+        let parsed = serde_json::from_slice::<serde_json::Value>(&bytes);
+        if !status.is_success() {
+            let info = parsed
+                .as_ref()
+                .map(super::api::error_info_from_json)
+                .unwrap_or_else(|_| super::api::ErrorInfo {
+                    name: "UnexpectedResponse".into(),
+                    message: format!("unexpected HTTP {}", status.as_u16()),
+                });
+            return Err(OpencodeError::Http {
+                operation,
+                status: status.as_u16(),
+                name: info.name,
+                message: info.message,
+            });
+        }
+        match parsed {
+            Ok(value) => Ok(value),
+            Err(_) if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') => {
+                Err(OpencodeError::NotTheApi { operation })
+            }
+            Err(e) => Err(OpencodeError::Decode {
+                operation,
+                detail: e.to_string(),
+            }),
         }
     }
 }

@@ -276,16 +276,30 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
     })
 }
 
+/// OpenCode sends `server.heartbeat` every 10 s: a stream silent for this long is dead even if
+/// the connection looks open (a half-open TCP connection never ends on its own).
+const STREAM_IDLE: Duration = Duration::from_secs(35);
+/// First and largest pause between reconnection attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 /// Runs the pump until `stop` is cancelled: connect, forward events, and on any break report
-/// `Disconnected`, back off (250 ms doubling to 5 s) and reconnect. Each successful connect is
-/// reported as `Connected` so the tracker reconciles what the gap may have hidden.
+/// `Disconnected`, back off (250 ms doubling to 5 s, back to 250 ms once a connection is made)
+/// and reconnect. Each successful connect is reported as `Connected` so the tracker reconciles
+/// what the gap may have hidden.
 pub async fn run_pump(api: Api, tx: mpsc::UnboundedSender<PumpEvent>, stop: CancellationToken) {
-    let mut backoff = Duration::from_millis(250);
+    let mut backoff = BACKOFF_MIN;
+    // When the stream was lost, and how many attempts failed since.
+    let mut lost: Option<(tokio::time::Instant, u32)> = None;
     loop {
+        let mut connected = false;
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            r = stream_once(&api, &tx) => r,
+            r = stream_once(&api, &tx, &mut connected, &mut lost) => r,
         };
+        if connected {
+            backoff = BACKOFF_MIN;
+        }
         let reason = match outcome {
             Ok(()) => "the event stream ended".to_string(),
             Err(e) => e,
@@ -293,18 +307,30 @@ pub async fn run_pump(api: Api, tx: mpsc::UnboundedSender<PumpEvent>, stop: Canc
         if tx.send(PumpEvent::Disconnected(reason.clone())).is_err() {
             return;
         }
-        tracing::debug!(url = api.base_url(), %reason, "event stream lost; reconnecting");
+        match &mut lost {
+            Some((_, failures)) => *failures += 1,
+            None => {
+                tracing::info!(url = api.base_url(), %reason, "event stream lost; reconnecting");
+                lost = Some((tokio::time::Instant::now(), 0));
+            }
+        }
+        tracing::debug!(url = api.base_url(), %reason, ?backoff, "event stream down; next attempt after the backoff");
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 
-/// One connection: returns when the stream ends or fails. A connection that delivered data
-/// resets nothing here; the caller's backoff is short enough either way.
-async fn stream_once(api: &Api, tx: &mpsc::UnboundedSender<PumpEvent>) -> Result<(), String> {
+/// One connection: returns when the stream ends or fails. Sets `connected` once the stream is
+/// established (and logs the reconnection if it follows a loss).
+async fn stream_once(
+    api: &Api,
+    tx: &mpsc::UnboundedSender<PumpEvent>,
+    connected: &mut bool,
+    lost: &mut Option<(tokio::time::Instant, u32)>,
+) -> Result<(), String> {
     let response = api
         .stream_get("/global/event")
         .header(reqwest::header::ACCEPT, "text/event-stream")
@@ -322,13 +348,31 @@ async fn stream_once(api: &Api, tx: &mpsc::UnboundedSender<PumpEvent>) -> Result
     if !is_sse {
         return Err("the event endpoint did not answer with text/event-stream".into());
     }
+    *connected = true;
+    if let Some((since, failures)) = lost.take() {
+        tracing::info!(
+            url = api.base_url(),
+            down_ms = since.elapsed().as_millis() as u64,
+            failed_attempts = failures,
+            "event stream reconnected"
+        );
+    }
     if tx.send(PumpEvent::Connected).is_err() {
         return Ok(());
     }
     let mut parser = SseParser::default();
     let mut body = response.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| format!("stream read failed: {e}"))?;
+    loop {
+        let chunk = match tokio::time::timeout(STREAM_IDLE, body.next()).await {
+            Err(_) => {
+                return Err(format!(
+                    "no data (not even a heartbeat) for {}s",
+                    STREAM_IDLE.as_secs()
+                ))
+            }
+            Ok(None) => return Ok(()),
+            Ok(Some(chunk)) => chunk.map_err(|e| format!("stream read failed: {e}"))?,
+        };
         for data in parser.feed(&chunk) {
             let event = decode_event(&data);
             if event != Event::Other && tx.send(PumpEvent::Event(event)).is_err() {
@@ -336,7 +380,6 @@ async fn stream_once(api: &Api, tx: &mpsc::UnboundedSender<PumpEvent>) -> Result
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -154,16 +154,7 @@ impl ServerPool {
 
         let request_timeout = self.config.timeouts.request.get();
         let (api, process) = match &self.config.opencode.url {
-            Some(url) => {
-                let password = std::env::var(&self.config.opencode.password_env).ok();
-                if password.is_none() && !is_loopback_url(url) {
-                    return Err(OpencodeError::Config(format!(
-                        "attaching to {url} needs a password: set the environment variable {} (opencode.password_env)",
-                        self.config.opencode.password_env
-                    )));
-                }
-                (Api::new(url, password.as_deref(), request_timeout)?, None)
-            }
+            Some(url) => (self.attach(url, request_timeout)?, None),
             None => {
                 let password = ids::secret();
                 let process = ManagedProcess::spawn(SpawnRequest {
@@ -183,8 +174,9 @@ impl ServerPool {
             Err(e) => {
                 if let Some(p) = &process {
                     p.stop().await;
+                    return Err(e);
                 }
-                return Err(e);
+                return Err(self.attach_error(api.base_url(), e));
             }
         };
         let server = Arc::new(Server {
@@ -200,6 +192,72 @@ impl ServerPool {
         self.lock().insert(server.id.clone(), server.clone());
         tracing::info!(server_id = %server.id, url = server.api.base_url(), managed = server.process.is_some(), "OpenCode server ready");
         Ok((server.info(false), Some(Started { server, events: rx })))
+    }
+
+    /// A client for the configured server. Its password comes from the environment variable named
+    /// by `opencode.password_env`; without one, only a loopback URL is accepted (anyone on the
+    /// network could otherwise drive an agent that runs tools with the user's rights, and the
+    /// traffic would be readable).
+    fn attach(
+        &self,
+        url: &str,
+        request_timeout: std::time::Duration,
+    ) -> Result<Api, OpencodeError> {
+        let env = &self.config.opencode.password_env;
+        let password = std::env::var(env).ok().filter(|p| !p.is_empty());
+        if password.is_none() && !is_loopback_url(url) {
+            return Err(OpencodeError::Attach {
+                url: url.to_string(),
+                reason: format!(
+                    "it is not a loopback address, so the gateway only talks to it with a \
+                     password: set the environment variable {env} (opencode.password_env) to the \
+                     password that server was started with (its OPENCODE_SERVER_PASSWORD)"
+                ),
+            });
+        }
+        Api::new(url, password.as_deref(), request_timeout)
+    }
+
+    /// Rewrites a failed first contact with an attached server as what the user must change.
+    fn attach_error(&self, url: &str, e: OpencodeError) -> OpencodeError {
+        let env = &self.config.opencode.password_env;
+        let has_password = std::env::var(env).is_ok_and(|p| !p.is_empty());
+        let reason = match &e {
+            OpencodeError::Unauthorized { .. } if has_password => format!(
+                "it refused the password (HTTP 401): the environment variable {env} \
+                 (opencode.password_env) must hold the password that server was started \
+                 with (its OPENCODE_SERVER_PASSWORD)"
+            ),
+            OpencodeError::Unauthorized { .. } => format!(
+                "it requires a password (HTTP 401): set the environment variable {env} \
+                 (opencode.password_env) to the password that server was started with \
+                 (its OPENCODE_SERVER_PASSWORD)"
+            ),
+            OpencodeError::NotTheApi { .. } => "GET /global/health answered with a web page \
+                 instead of OpenCode's JSON, so this URL is not the API of `opencode serve` (an \
+                 unknown route of OpenCode answers with its web UI too): set opencode.url to the \
+                 base URL that `opencode serve` prints, e.g. http://127.0.0.1:4096"
+                .to_string(),
+            OpencodeError::Unreachable { reason, .. } => format!(
+                "it is unreachable ({reason}): check that `opencode serve` runs there and that \
+                 opencode.url names it, or unset opencode.url to let the gateway start its own"
+            ),
+            OpencodeError::Decode { detail, .. } => format!(
+                "its answer to GET /global/health did not decode ({detail}): is it OpenCode, and \
+                 the version this gateway was built for?"
+            ),
+            OpencodeError::Http {
+                status, message, ..
+            } => format!(
+                "GET /global/health answered HTTP {status} ({message}): check opencode.url and \
+                 the server's logs"
+            ),
+            _ => return e,
+        };
+        OpencodeError::Attach {
+            url: url.to_string(),
+            reason,
+        }
     }
 
     /// Removes the server, stops its pump and, for a managed one, its process.

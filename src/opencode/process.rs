@@ -3,31 +3,61 @@
 //! Facts this rests on (design notes §4): the server prints `opencode server listening on
 //! http://127.0.0.1:<port>` when ready, and requests sent before that line can hang forever, so
 //! nothing is sent until it appears; `--port 0` prefers 4096 rather than a random port, so a free
-//! port is picked here. The child runs in its own process group so that stopping it also stops
-//! whatever it spawned, and (on Linux) dies with the gateway even if the gateway is SIGKILLed.
+//! port is picked here (and another one tried if OpenCode could not bind it); OpenCode reports a
+//! taken port only as `ServeError`, so a failed start checks the port itself to say so.
+//!
+//! The child runs in its own process group so that stopping it stops the group. On Linux the
+//! gateway runs OpenCode under its [supervisor](super::supervisor) (the same binary), which also
+//! takes down the detached shells OpenCode's tools start; the supervisor is forked with
+//! `PR_SET_PDEATHSIG` from [`spawn_child`]'s long-lived thread, so everything goes with the
+//! gateway even when the gateway is SIGKILLed.
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
-use tokio::sync::watch;
+use tokio::process::{Child, Command};
+use tokio::sync::{oneshot, watch};
 
 use super::error::OpencodeError;
 use crate::config::{OpenCodeConfig, PermissionPolicy};
 
-/// How long a stopped server gets between SIGTERM and SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(3);
+/// How long a stopped server gets between SIGTERM and SIGKILL: longer than the supervisor's own
+/// grace, so that it can still clean up what OpenCode started.
+const STOP_GRACE: Duration = Duration::from_secs(4);
 /// Lines of the child's output kept for error messages.
 const OUTPUT_TAIL: usize = 20;
+/// How long a server that exited early gets for its last output to be read.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
+/// Free ports tried when OpenCode cannot bind the one picked for it.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// A failed start, and whether it failed because the port was taken.
+struct SpawnFailure {
+    error: OpencodeError,
+    port_taken: bool,
+}
+
+impl From<OpencodeError> for SpawnFailure {
+    fn from(error: OpencodeError) -> Self {
+        Self {
+            error,
+            port_taken: false,
+        }
+    }
+}
 
 /// A running managed server.
 #[derive(Debug)]
 pub struct ManagedProcess {
+    /// OpenCode's own pid.
     pub pid: u32,
+    /// The process group the gateway started (led by the supervisor, or by OpenCode itself when
+    /// it runs without one): stopping signals all of it.
+    group: u32,
     pub url: String,
     /// `None` while running; `Some(description)` once the process has exited.
     exited: watch::Receiver<Option<String>>,
@@ -44,12 +74,52 @@ pub struct SpawnRequest<'a> {
 
 impl ManagedProcess {
     /// Spawns `opencode serve` and waits for its `listening on` line.
+    ///
+    /// With port 0 a free port is picked here; if OpenCode then fails to bind it (someone took it
+    /// in between), another one is tried, up to [`PORT_ATTEMPTS`] times.
     pub async fn spawn(req: SpawnRequest<'_>) -> Result<Self, OpencodeError> {
-        let port = match req.port {
-            0 => free_port(&req.config.hostname)?,
-            p => p,
+        if req.port != 0 {
+            return Self::spawn_on(&req, req.port).await.map_err(|f| f.error);
+        }
+        let mut attempt = 1;
+        loop {
+            let port = free_port(&req.config.hostname)?;
+            match Self::spawn_on(&req, port).await {
+                Ok(process) => return Ok(process),
+                Err(f) if f.port_taken && attempt < PORT_ATTEMPTS => {
+                    tracing::debug!(
+                        port,
+                        "the free port was taken before OpenCode bound it; trying another"
+                    );
+                    attempt += 1;
+                }
+                Err(f) => return Err(f.error),
+            }
+        }
+    }
+
+    async fn spawn_on(req: &SpawnRequest<'_>, port: u16) -> Result<Self, SpawnFailure> {
+        let command = &req.config.command;
+        let not_found = || {
+            OpencodeError::Start(format!(
+                "the `{command}` binary was not found: install OpenCode with `npm install -g \
+                 opencode-ai`, or set opencode.command in delegation.yaml (or \
+                 OPENCODE_MCP_OPENCODE__COMMAND) to the path of the `opencode` binary"
+            ))
         };
-        let mut cmd = Command::new(&req.config.command);
+        let supervisor = supervisor_program();
+        let mut cmd = match supervisor {
+            Some(program) => {
+                // The supervisor would only report the missing binary after the fact.
+                if !program_exists(command) {
+                    return Err(not_found().into());
+                }
+                let mut cmd = Command::new(program);
+                cmd.arg(super::supervisor::SUBCOMMAND).arg(command);
+                cmd
+            }
+            None => Command::new(command),
+        };
         cmd.arg("serve")
             .arg("--hostname")
             .arg(&req.config.hostname)
@@ -70,52 +140,82 @@ impl ManagedProcess {
             .kill_on_drop(true)
             .process_group(0);
         #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe and touches only the calling (child) process; it
-        // makes the kernel SIGKILL the child if the gateway dies without stopping it.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                OpencodeError::Start(format!(
-                    "the `{}` binary was not found: install it with `npm install -g opencode-ai` or set opencode.command in delegation.yaml to its path",
-                    req.config.command
-                ))
+        {
+            let gateway = std::process::id();
+            // The supervisor cleans up on SIGTERM; OpenCode run directly just dies.
+            let death_signal = if supervisor.is_some() {
+                libc::SIGTERM
             } else {
-                OpencodeError::Start(format!("spawning `{}` failed: {e}", req.config.command))
+                libc::SIGKILL
+            };
+            // SAFETY: prctl, getppid and kill are async-signal-safe and touch only the calling
+            // (child) process. PR_SET_PDEATHSIG makes the kernel signal the child when the thread
+            // that forked it ends; `spawn_child` forks from a thread that lives as long as the
+            // gateway, so that is when the gateway dies, however it dies. If the gateway died
+            // between fork and prctl, the parent is already someone else: stop right here.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if u32::try_from(libc::getppid()).ok() != Some(gateway) {
+                        libc::kill(libc::getpid(), libc::SIGKILL);
+                    }
+                    Ok(())
+                });
             }
+        }
+        let mut child = spawn_child(cmd).await.map_err(|e| {
+            SpawnFailure::from(if e.kind() == std::io::ErrorKind::NotFound {
+                not_found()
+            } else {
+                OpencodeError::Start(format!(
+                    "spawning `{command}` failed: {e}; check opencode.command in delegation.yaml"
+                ))
+            })
         })?;
-        let pid = child.id().unwrap_or(0);
+        let group = child.id().unwrap_or(0);
+        let pid = group;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
+        // The supervisor names OpenCode's pid on stderr first thing.
+        let (pid_tx, pid_rx) = oneshot::channel::<u32>();
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<String>(1);
 
+        let mut readers = Vec::new();
         if let Some(stdout) = child.stdout.take() {
             let tail = tail.clone();
-            tokio::spawn(async move {
+            readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    let line = strip_ansi(&line);
                     if let Some(url) = parse_listening_line(&line) {
                         let _ = ready_tx.try_send(url);
                     }
                     tracing::debug!(target: "opencode", pid, "{line}");
                     push_tail(&tail, line);
                 }
-            });
+            }));
         }
         if let Some(stderr) = child.stderr.take() {
             let tail = tail.clone();
-            tokio::spawn(async move {
+            readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
+                let mut pid_tx = Some(pid_tx);
                 while let Ok(Some(line)) = lines.next_line().await {
+                    let line = strip_ansi(&line);
+                    if let Some(n) = line
+                        .strip_prefix(super::supervisor::PID_LINE_PREFIX)
+                        .and_then(|n| n.trim().parse().ok())
+                    {
+                        if let Some(tx) = pid_tx.take() {
+                            let _ = tx.send(n);
+                        }
+                        continue;
+                    }
                     tracing::debug!(target: "opencode", pid, "{line}");
                     push_tail(&tail, line);
                 }
-            });
+            }));
         }
 
         let (exit_tx, exit_rx) = watch::channel(None);
@@ -124,6 +224,9 @@ impl ManagedProcess {
                 Ok(status) => describe_exit(status),
                 Err(e) => format!("waiting for it failed: {e}"),
             };
+            // Whatever is left in the group goes with it. A process group outlives its leader
+            // only while it has members, so its id cannot have been reused yet.
+            kill_group(group, libc::SIGKILL);
             let _ = exit_tx.send(Some(description));
         });
 
@@ -132,33 +235,58 @@ impl ManagedProcess {
             url = ready_rx.recv() => url,
             _ = exited.wait_for(|e| e.is_some()) => None,
             _ = tokio::time::sleep(req.start_timeout) => {
-                kill_group(pid, libc::SIGKILL);
+                kill_group(group, libc::SIGKILL);
                 return Err(OpencodeError::Start(format!(
-                    "`{} serve` printed no `listening on` line within {:?} (timeouts.server_start){}",
-                    req.config.command, req.start_timeout, tail_text(&tail)
-                )));
+                    "`{} serve` printed no `listening on` line within {} (timeouts.server_start); \
+                     raise timeouts.server_start if this machine is slow{}",
+                    req.config.command,
+                    humantime::format_duration(req.start_timeout),
+                    tail_text(&tail)
+                )).into());
             }
         };
         match url {
-            Some(url) => Ok(Self {
-                pid,
-                url,
-                exited: exit_rx,
-            }),
+            Some(url) => {
+                let pid = if supervisor.is_some() {
+                    // Printed long before the listening line; bounded all the same.
+                    match tokio::time::timeout(OUTPUT_DRAIN, pid_rx).await {
+                        Ok(Ok(pid)) => pid,
+                        _ => pid,
+                    }
+                } else {
+                    pid
+                };
+                Ok(Self {
+                    pid,
+                    group,
+                    url,
+                    exited: exit_rx,
+                })
+            }
             None => {
+                // Let the readers drain what the process printed last (its error, usually).
+                let _ =
+                    tokio::time::timeout(OUTPUT_DRAIN, futures::future::join_all(readers)).await;
                 let how = exit_rx.borrow().clone().unwrap_or_default();
-                let tail = tail_text(&tail);
-                let hint = if tail.contains("in use") || tail.contains("EADDRINUSE") {
+                let port_taken = port_in_use(&req.config.hostname, port);
+                let hint = if port_taken {
                     format!(
-                        " (port {port} is in use: pick another `port` or pass 0 for a free one)"
+                        ": port {port} on {} is already in use by another process; pass another \
+                         `port` to opencode_start_server (or omit it, or set opencode.port to 0, \
+                         for a free one)",
+                        req.config.hostname
                     )
                 } else {
                     String::new()
                 };
-                Err(OpencodeError::Start(format!(
-                    "`{} serve` exited before it was ready: {how}{hint}{tail}",
-                    req.config.command
-                )))
+                Err(SpawnFailure {
+                    error: OpencodeError::Start(format!(
+                        "`{} serve --port {port}` {how} before it was ready{hint}{}",
+                        req.config.command,
+                        tail_text(&tail)
+                    )),
+                    port_taken,
+                })
             }
         }
     }
@@ -183,19 +311,40 @@ impl ManagedProcess {
         if let Some(done) = self.exit_status() {
             return done;
         }
-        kill_group(self.pid, libc::SIGTERM);
+        kill_group(self.group, libc::SIGTERM);
         match tokio::time::timeout(STOP_GRACE, self.wait_exit()).await {
             Ok(how) => {
                 // Children of the server that ignored SIGTERM go too.
-                kill_group(self.pid, libc::SIGKILL);
+                kill_group(self.group, libc::SIGKILL);
                 how
             }
             Err(_) => {
-                kill_group(self.pid, libc::SIGKILL);
+                kill_group(self.group, libc::SIGKILL);
                 self.wait_exit().await
             }
         }
     }
+}
+
+/// The supervisor binary, when the gateway enabled it (Linux only).
+fn supervisor_program() -> Option<&'static Path> {
+    #[cfg(target_os = "linux")]
+    {
+        super::supervisor::program()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// `true` if `command` names an existing file: a path as given, or a name found on `PATH`.
+fn program_exists(command: &str) -> bool {
+    if command.contains('/') {
+        return Path::new(command).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(command).is_file()))
 }
 
 /// Signals the whole process group led by `pid` (the child was started as a group leader).
@@ -210,6 +359,90 @@ pub fn kill_group(pid: u32, signal: libc::c_int) {
     unsafe {
         libc::kill(-pgid, signal);
     }
+}
+
+/// Spawns `cmd` from the gateway's spawner thread: one thread that lives as long as the process.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process, and a
+/// tokio worker may be retired long before the gateway exits (a blocking-pool thread after
+/// `spawn_blocking` or `block_in_place` lives ten idle seconds). Forking from a thread that never
+/// ends ties the signal to the gateway's own death.
+pub(crate) async fn spawn_child(cmd: Command) -> std::io::Result<Child> {
+    type Job = (
+        Command,
+        tokio::runtime::Handle,
+        oneshot::Sender<std::io::Result<Child>>,
+    );
+    static SPAWNER: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
+    let sender = match SPAWNER.get() {
+        Some(s) => s,
+        None => {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("opencode-spawner".into())
+                .spawn(move || {
+                    // The static keeps a sender alive, so this loop (and the thread) never ends.
+                    for (mut cmd, handle, reply) in rx {
+                        let spawned = {
+                            let _runtime = handle.enter();
+                            cmd.spawn()
+                        };
+                        // If the caller went away, the child is dropped here and killed
+                        // (`kill_on_drop`).
+                        let _ = reply.send(spawned);
+                    }
+                })?;
+            // Two racing first calls may both start a thread; the loser's ends with its channel.
+            SPAWNER.get_or_init(|| Mutex::new(tx))
+        }
+    };
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let job = (cmd, tokio::runtime::Handle::current(), reply_tx);
+    sender
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send(job)
+        .map_err(|_| std::io::Error::other("the process spawner thread is gone"))?;
+    reply_rx
+        .await
+        .map_err(|_| std::io::Error::other("the process spawner thread is gone"))?
+}
+
+/// `true` when nothing can listen on `hostname:port` because someone already does.
+fn port_in_use(hostname: &str, port: u16) -> bool {
+    let host = if hostname == "localhost" {
+        "127.0.0.1"
+    } else {
+        hostname
+    };
+    matches!(
+        std::net::TcpListener::bind((host, port)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse
+    )
+}
+
+/// Removes ANSI escape sequences (OpenCode colours its errors even on a pipe).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters and intermediates, then one final byte in @..~.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
 }
 
 fn push_tail(tail: &Mutex<VecDeque<String>>, line: String) {
@@ -291,6 +524,68 @@ pub fn merged_config_content(existing: Option<&str>, policy: PermissionPolicy) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ansi_colours_are_stripped() {
+        assert_eq!(
+            strip_ansi("\u{1b}[91m\u{1b}[1mError: \u{1b}[0mUnexpected error"),
+            "Error: Unexpected error"
+        );
+        assert_eq!(strip_ansi("plain"), "plain");
+        assert_eq!(strip_ansi("cut \u{1b}["), "cut ");
+    }
+
+    #[test]
+    fn a_port_someone_listens_on_is_in_use() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        assert!(port_in_use("127.0.0.1", port));
+        drop(listener);
+        assert!(!port_in_use("127.0.0.1", port));
+    }
+
+    /// PR_SET_PDEATHSIG fires when the forking *thread* ends. A child spawned from a thread that
+    /// then exits must live on: it was forked by the spawner thread, not by the caller.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_child_outlives_the_thread_that_asked_for_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let handle = runtime.handle().clone();
+        let mut child = std::thread::spawn(move || {
+            handle.block_on(async {
+                let mut cmd = Command::new("sleep");
+                cmd.arg("30").kill_on_drop(true);
+                // SAFETY: prctl touches only the child.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                spawn_child(cmd).await.expect("spawn sleep")
+            })
+        })
+        .join()
+        .expect("the asking thread ends");
+        let pid = child.id().expect("pid");
+        // The asking thread is gone. A wrongly aimed SIGKILL lands at that thread's exit; give it
+        // a generous window to show, then look.
+        std::thread::sleep(Duration::from_millis(300));
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(") ")
+                    .map(|(_, r)| r.starts_with(['S', 'R', 'D']))
+            })
+            .unwrap_or(false);
+        let _ = child.start_kill();
+        assert!(alive, "the child died with the thread that asked for it");
+    }
 
     #[test]
     fn listening_line_is_parsed() {

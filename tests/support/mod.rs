@@ -25,4 +25,6 @@ pub use fake_llm::{FakeLlm, Marker, RecordedRequest, Reply, StreamEnd};
 pub use isolation::{OpenCodeEnv, FAKE_MODEL, FAKE_PROVIDER, FAKE_STRONG_MODEL};
 pub use opencode_bin::{opencode_bin, pinned_version};
 pub use opencode_server::{EventStream, OpenCodeServer};
+pub mod procs;
 pub mod rig;
+pub mod tcp_proxy;
