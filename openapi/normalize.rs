@@ -62,6 +62,7 @@ pub fn normalize(mut spec: Value, operations: &[String]) -> Result<Value, Normal
         open_objects(schema);
         any_of_to_one_of(schema);
         open_unions(schema);
+        open_string_enums(schema);
     });
     check_supported(&spec)?;
     Ok(spec)
@@ -497,6 +498,37 @@ pub fn open_unions(schema: &mut Map<String, Value>) {
     }
 }
 
+/// A string enum with several values (`AgentMode`, `SnapshotFileDiffStatus`, ...) becomes a plain
+/// string, its known values kept in the description: a value added by a newer OpenCode must not
+/// fail decoding of a whole response. Single-value enums stay: they are the discriminators
+/// (`type: "text"`) that tell union variants apart.
+pub fn open_string_enums(schema: &mut Map<String, Value>) {
+    if schema.get("type").and_then(Value::as_str) != Some("string") {
+        return;
+    }
+    let Some(values) = schema.get("enum").and_then(Value::as_array) else {
+        return;
+    };
+    if values.len() < 2 {
+        return;
+    }
+    let known: Vec<String> = values
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map(String::from)
+                .unwrap_or_else(|| v.to_string())
+        })
+        .collect();
+    let note = format!("Known values: {}.", known.join(", "));
+    let description = match schema.get("description").and_then(Value::as_str) {
+        Some(d) => format!("{d} {note}"),
+        None => note,
+    };
+    schema.remove("enum");
+    schema.insert("description".into(), Value::String(description));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The final check
 // ---------------------------------------------------------------------------------------------
@@ -890,6 +922,22 @@ mod tests {
         assert_eq!(
             Value::Object(s),
             json!({"oneOf": [{"type": "boolean"}, {"type": "object"}]})
+        );
+    }
+
+    #[test]
+    fn string_enums_open_up_but_discriminators_stay() {
+        let mut s = schema(json!({"type": "string", "enum": ["primary", "subagent", "all"]}));
+        open_string_enums(&mut s);
+        assert_eq!(
+            Value::Object(s),
+            json!({"type": "string", "description": "Known values: primary, subagent, all."})
+        );
+        let mut tag = schema(json!({"type": "string", "enum": ["text"]}));
+        open_string_enums(&mut tag);
+        assert_eq!(
+            Value::Object(tag),
+            json!({"type": "string", "enum": ["text"]})
         );
     }
 

@@ -478,9 +478,9 @@ impl Api {
         reply: PermissionReply,
     ) -> Result<bool, OpencodeError> {
         let reply = match reply {
-            PermissionReply::Once => types::PermissionReplyBodyReply::Once,
-            PermissionReply::Always => types::PermissionReplyBodyReply::Always,
-            PermissionReply::Reject => types::PermissionReplyBodyReply::Reject,
+            PermissionReply::Once => "once",
+            PermissionReply::Always => "always",
+            PermissionReply::Reject => "reject",
         };
         let r = self
             .client
@@ -489,7 +489,7 @@ impl Api {
             .directory(directory)
             .body(types::PermissionReplyBody {
                 message: None,
-                reply,
+                reply: reply.to_string(),
             })
             .send()
             .await
@@ -753,6 +753,19 @@ mod tests {
             .find(|p| p.id == "fake")
             .expect("fake provider");
         assert!(fake.models.contains_key("fake-model"));
+    }
+
+    #[test]
+    fn enum_values_from_a_newer_opencode_still_decode() {
+        let mut agents: serde_json::Value = fixture("agents.json");
+        if let Some(list) = agents.as_array_mut() {
+            for a in list {
+                a["mode"] = serde_json::json!("a-mode-from-the-future");
+            }
+        }
+        let decoded: Vec<types::Agent> =
+            serde_json::from_value(agents).expect("unknown enum values decode");
+        assert!(decoded.iter().all(|a| a.mode == "a-mode-from-the-future"));
     }
 
     #[test]
