@@ -89,3 +89,36 @@ async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
         .and(w["tasks"][0]["session_id"].as_str());
     assert_eq!(rig.requests_for(session.expect("session")).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_the_state_directory_without_stepping_on_each_other() {
+    let rig = Rig::start(&[]).await;
+    let done = id(&rig.start_task("finished by the first gateway").await);
+    rig.finish(&done).await;
+    let prompt = "still running in the first gateway [[delay:3000]]";
+    let running = id(&rig.start_task(prompt).await);
+
+    // A second gateway on the same state directory, while the first one lives.
+    let second = rig.launch.connect().await.expect("a second gateway starts");
+    let seen = second
+        .call_ok("opencode_get_task_status", json!({ "task_id": done }))
+        .await
+        .expect("the second gateway answers for a finished task");
+    assert_eq!(seen["status"], "completed");
+    let other = second
+        .call("opencode_get_task_status", json!({ "task_id": running }))
+        .await
+        .expect("call");
+    assert_eq!(
+        other.error_code(),
+        Some("not_found"),
+        "a live gateway's unfinished task is left to it: {}",
+        other.text
+    );
+    second.close().await.expect("close");
+
+    // The first gateway's task was not marked interrupted by the second one.
+    let r = rig.finish(&running).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(prompt));
+}
