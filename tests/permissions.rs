@@ -1,6 +1,7 @@
 //! Fault drill: a permission ask nobody answers. With policy `ask` the task shows
 //! `waiting_permission` with what is asked; `opencode_reply_permission` answers once, always or
-//! reject; cancelling a task rejects its pending ask. Also: a stalled task is reported, not killed.
+//! reject; cancelling a task rejects its pending ask. Also: a stalled task is reported, not killed,
+//! and the cap on tracked tasks is a clear error.
 
 mod support;
 
@@ -110,8 +111,21 @@ async fn permission_asks_are_shown_and_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_task_is_reported_stalled_not_killed() {
-    let rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__STALL", "1s")]).await;
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_TIMEOUTS__STALL", "1s"),
+        ("OPENCODE_MCP_LIMITS__MAX_TASKS", "1"),
+    ])
+    .await;
     let task = id(&rig.start_task("quiet for a while [[delay:5000]]").await);
+    // The cap on tracked tasks is a clear error, and costs the running task nothing.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "one too many" }),
+        )
+        .await;
+    assert_eq!(code, "limit_exceeded", "{message}");
+    assert!(message.contains("max_tasks"), "{message}");
     rig.fake.wait_for_requests(1, Duration::from_secs(30)).await;
     // The wait times out after 2.5 s with no event from the LLM-bound session in between.
     let w = rig
