@@ -164,6 +164,10 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
                 SessionActivity::Busy => {
                     if e.status == TaskStatus::Pending {
                         e.status = TaskStatus::Running;
+                        // The first `busy` of a turn follows everything the previous turn
+                        // emitted, so an error seen before it was the previous turn's (the
+                        // stream can lag behind the HTTP check that ended that turn).
+                        e.session_error = None;
                     }
                     e.retry = None;
                 }
