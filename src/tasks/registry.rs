@@ -14,6 +14,27 @@ use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
 use super::store::{Store, StoredTask};
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
 
+/// An assistant message of the current turn, from `message.updated` events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplySeen {
+    pub message_id: String,
+    pub completed: bool,
+    pub finish: Option<String>,
+    pub error: Option<ErrorInfo>,
+}
+
+impl ReplySeen {
+    /// Completed with a final finish (not `tool-calls`), or failed.
+    pub fn ends_turn(&self) -> bool {
+        self.error.is_some()
+            || (self.completed
+                && self
+                    .finish
+                    .as_deref()
+                    .is_some_and(crate::opencode::is_terminal_finish))
+    }
+}
+
 /// One tracked task (one OpenCode session) and the state of its current turn.
 #[derive(Debug, Clone)]
 pub struct TaskEntry {
@@ -40,6 +61,10 @@ pub struct TaskEntry {
     pub aborting: bool,
     /// A `session.error` seen during this turn (async failures arrive only this way).
     pub session_error: Option<ErrorInfo>,
+    /// The newest assistant message answering our user message, as the event stream reported
+    /// it. When the session goes idle with this completed and final, the turn is over without a
+    /// round trip (the HTTP read of the outcome then happens off the waiters' path).
+    pub latest_reply: Option<ReplySeen>,
     // Progress, fed by events.
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
@@ -81,6 +106,7 @@ impl TaskEntry {
             permission: None,
             aborting: false,
             session_error: None,
+            latest_reply: None,
             current_tool: None,
             text_tail: String::new(),
             steps: 0,
@@ -111,6 +137,7 @@ impl TaskEntry {
         self.permission = None;
         self.aborting = false;
         self.session_error = None;
+        self.latest_reply = None;
         self.current_tool = None;
         self.text_tail.clear();
         self.steps = 0;

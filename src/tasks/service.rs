@@ -198,7 +198,9 @@ impl TaskService {
             self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
             let ctx = self.tracker_context();
             let server = server.clone();
-            tokio::spawn(async move { tracker::check_completion(&ctx, &server, &id).await });
+            tokio::spawn(async move {
+                tracker::check_completion(&ctx, &server, &id, tracker::Activity::Unknown).await
+            });
         }
     }
 

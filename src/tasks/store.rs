@@ -1,8 +1,8 @@
 //! The task store: every task's state on disk, so a restarted gateway still answers for it.
 //!
 //! **Format: one small JSON file per task** in `<state_dir>/tasks/<task_id>.json`, replaced
-//! atomically (written to a temporary file in the same directory, flushed, then renamed over the
-//! old one). Why not an embedded database: the registry is small (capped by `limits.max_tasks`),
+//! atomically (written to a temporary file in the same directory, then renamed over the old
+//! one; not fsynced, see [`Store::save`]). Why not an embedded database: the registry is small (capped by `limits.max_tasks`),
 //! is read whole once at start-up, and each task has exactly one writer: the gateway process that
 //! owns it. With a file per task, two gateway processes sharing the directory never write the same
 //! file, a crash mid-write leaves the previous version intact (rename is atomic), and a corrupt
@@ -160,11 +160,11 @@ impl Store {
             .dir
             .join(format!(".{}.{}.tmp", task.id, std::process::id()));
         let bytes = serde_json::to_vec(task).map_err(std::io::Error::other)?;
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_data()?;
-        }
+        // No fsync: the rename keeps a crash of this process (or of the host model's session)
+        // from ever leaving a torn record, which is the failure this store is for; an fsync per
+        // state change would put a disk flush on every start_task (measured: most of the
+        // gateway's overhead over raw HTTP) to guard only against the machine losing power.
+        std::fs::File::create(&tmp)?.write_all(&bytes)?;
         std::fs::rename(&tmp, &path)
     }
 

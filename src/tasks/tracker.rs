@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::model::{RetryInfo, TaskStatus};
-use super::registry::Registry;
+use super::registry::{Registry, ReplySeen};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
 use crate::opencode::{ErrorInfo, Server, SessionActivity};
 
@@ -65,7 +65,7 @@ pub async fn run(
                 None => return,
                 Some(PumpEvent::Connected) => {
                     for id in unfinished_on(&ctx.registry, &server.id) {
-                        spawn_check(&ctx, &server, id);
+                        spawn_check(&ctx, &server, id, Activity::Unknown);
                     }
                 }
                 Some(PumpEvent::Disconnected(reason)) => {
@@ -112,7 +112,7 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>) {
                     Some(SessionActivity::Busy | SessionActivity::Retry { .. })
                 );
                 if !working {
-                    spawn_check(&ctx, &server, id);
+                    spawn_check(&ctx, &server, id, Activity::Idle);
                 }
             }
         }
@@ -150,7 +150,8 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
     let Some(task_id) = ctx.registry.task_for_session(session_id) else {
         return;
     };
-    let mut check = false;
+    let mut check = None;
+    let mut finished_turn = None;
     ctx.registry.update(&task_id, |e| {
         if e.server_id != server.id {
             return;
@@ -182,21 +183,39 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
                         message: message.clone(),
                     });
                 }
-                SessionActivity::Idle => check = true,
+                SessionActivity::Idle => check = Some(Activity::Idle),
             },
-            Event::SessionIdle { .. } => check = true,
+            Event::SessionIdle { .. } => check = Some(Activity::Idle),
             Event::SessionError { error, .. } => {
                 e.session_error = Some(error.clone());
-                check = true;
+                check = Some(Activity::Unknown);
             }
             Event::MessageUpdated {
-                role, parent_id, ..
+                role,
+                parent_id,
+                message_id,
+                completed,
+                finish,
+                error,
+                ..
             } => {
-                if role == "assistant"
-                    && parent_id.as_deref() == Some(e.user_message_id.as_str())
-                    && e.status == TaskStatus::Pending
-                {
-                    e.status = TaskStatus::Running;
+                if role == "assistant" && parent_id.as_deref() == Some(e.user_message_id.as_str()) {
+                    if e.status == TaskStatus::Pending {
+                        e.status = TaskStatus::Running;
+                    }
+                    // Message ids ascend: keep the newest reply.
+                    let newer = e
+                        .latest_reply
+                        .as_ref()
+                        .is_none_or(|r| *message_id >= r.message_id);
+                    if newer {
+                        e.latest_reply = Some(ReplySeen {
+                            message_id: message_id.clone(),
+                            completed: *completed,
+                            finish: finish.clone(),
+                            error: error.clone(),
+                        });
+                    }
                 }
             }
             Event::PartUpdated { part, .. } => match part {
@@ -231,22 +250,81 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
             }
             Event::Other => {}
         }
+        // Idle, and the events already showed our final reply: the turn is over (design notes
+        // §5) without a round trip; the outcome is read over HTTP off the waiters' path.
+        if check == Some(Activity::Idle) && !e.aborting {
+            if let Some(reply) = e.latest_reply.clone().filter(ReplySeen::ends_turn) {
+                let status = if reply.error.is_some() {
+                    TaskStatus::Failed
+                } else {
+                    TaskStatus::Completed
+                };
+                e.finish(status, reply.error);
+                finished_turn = Some(e.turn);
+                check = None;
+            }
+        }
     });
-    if check {
-        spawn_check(ctx, server, task_id);
+    if let Some(known) = check {
+        spawn_check(ctx, server, task_id.clone(), known);
+    }
+    if let Some(turn) = finished_turn {
+        let ctx = ctx.clone();
+        let server = server.clone();
+        tokio::spawn(async move { fill_outcome(&ctx, &server, &task_id, turn).await });
     }
 }
 
-fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String) {
+/// Reads a finished turn's outcome (text, tokens, tools) and keeps it. If this fails the result
+/// is read live when asked for.
+async fn fill_outcome(ctx: &TrackerContext, server: &Server, task_id: &str, turn: u32) {
+    let Some(entry) = ctx.registry.get(task_id) else {
+        return;
+    };
+    match server
+        .api
+        .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id)
+        .await
+    {
+        Ok(state) => {
+            let state = state.cap_text(ctx.max_result_chars);
+            ctx.registry.update(task_id, |e| {
+                if e.turn == turn && e.outcome.is_none() {
+                    e.outcome = Some(state);
+                }
+            });
+        }
+        Err(e) => {
+            tracing::debug!(task_id, error = %e, "reading a finished turn failed; the result will be read live")
+        }
+    }
+}
+
+/// What the trigger of a completion check already says about the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    /// An idle event or a status read just now: no need to ask again (it saves a request on
+    /// every completion, which matters when fifty tasks finish at once).
+    Idle,
+    /// Ask OpenCode (`GET /session/status`).
+    Unknown,
+}
+
+fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, known: Activity) {
     let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(async move { check_completion(&ctx, &server, &task_id).await });
+    tokio::spawn(async move { check_completion(&ctx, &server, &task_id, known).await });
 }
 
 /// Reads the turn over HTTP and finishes the task if the turn is over. Safe to call any time and
 /// any number of times: it only ever finishes the turn it read, and never a task that has moved
 /// on (a newer turn) or is being aborted.
-pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &str) {
+pub async fn check_completion(
+    ctx: &TrackerContext,
+    server: &Server,
+    task_id: &str,
+    known: Activity,
+) {
     let registry = &ctx.registry;
     let Some(entry) = registry.get(task_id) else {
         return;
@@ -254,23 +332,30 @@ pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &s
     if entry.status.is_terminal() || entry.aborting {
         return;
     }
-    let (turn, activity) = tokio::join!(
-        server
-            .api
-            .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id),
-        server.api.session_activity(&entry.directory),
-    );
-    let (turn, activity) = match (turn, activity) {
+    let turn = server
+        .api
+        .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id);
+    let activity = async {
+        match known {
+            Activity::Idle => Ok(None),
+            Activity::Unknown => server
+                .api
+                .session_activity(&entry.directory)
+                .await
+                .map(Some),
+        }
+    };
+    let (turn, activity) = match tokio::join!(turn, activity) {
         (Ok(t), Ok(a)) => (t.cap_text(ctx.max_result_chars), a),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!(task_id, error = %e, "completion check failed; will retry");
             return;
         }
     };
-    let idle = matches!(
-        activity.get(&entry.session_id),
-        None | Some(SessionActivity::Idle)
-    );
+    let idle = match &activity {
+        None => true,
+        Some(a) => matches!(a.get(&entry.session_id), None | Some(SessionActivity::Idle)),
+    };
     registry.update(task_id, |e| {
         if e.turn != entry.turn || e.status.is_terminal() || e.aborting {
             return;
