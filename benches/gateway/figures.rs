@@ -1,0 +1,229 @@
+//! Scenario results → the figures of the report (rows, targets, notes) and the raw samples
+//! kept in the JSON.
+
+use serde_json::json;
+
+use crate::report::{Figure, ScaleRow};
+use crate::scenarios::{FanOut, Footprint, StartResults};
+use crate::stats::{ratio, Summary};
+
+/// Everything a run reports.
+#[derive(Default)]
+pub struct Collected {
+    pub figures: Vec<Figure>,
+    pub scaling: Vec<ScaleRow>,
+    /// Raw samples and side readings, by name.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Figures 1 (start_task round trip) and 2 (completion noticed).
+pub fn start(out: &mut Collected, r: &StartResults) {
+    let g = Summary::of(&r.gateway_ms);
+    let d = Summary::of(&r.direct_ms);
+    let pair_ratios: Vec<f64> = r
+        .gateway_ms
+        .iter()
+        .zip(&r.direct_ms)
+        .map(|(g, d)| ratio(*g, *d))
+        .collect();
+    let per_pair = Summary::of(&pair_ratios);
+    let ratio_p50 = ratio(g.p50, d.p50);
+    out.figures.push(
+        Figure::new("start_task_round_trip", "start_task round trip", "ms")
+            .gateway(g)
+            .baseline("POST /session + POST prompt_async (reqwest)", d)
+            .target("≤ 1.15×", ratio_p50 <= 1.15)
+            .note(format!(
+                "median of per-pair ratios {:.3}×; gateway - direct p50 = {:.2} ms",
+                per_pair.p50,
+                g.p50 - d.p50
+            )),
+    );
+    let n = Summary::of(&r.noticed_ms);
+    out.figures.push(
+        Figure::new(
+            "completion_noticed",
+            "session.idle on the wire → wait_for_task returns",
+            "ms",
+        )
+        .gateway(n)
+        .baseline(
+            "session.idle → GET message + GET status answered (direct)",
+            Summary::of(&r.confirm_ms),
+        )
+        .target("p50 ≤ 25, p95 ≤ 100", n.p50 <= 25.0 && n.p95 <= 100.0)
+        .note(format!(
+            "{} samples dropped (wait sent after the idle)",
+            r.noticed_dropped
+        )),
+    );
+    out.extra.insert(
+        "start_round_trip_samples".into(),
+        json!({
+            "gateway_ms": r.gateway_ms, "direct_ms": r.direct_ms,
+            "noticed_ms": r.noticed_ms, "confirm_ms": r.confirm_ms,
+        }),
+    );
+}
+
+/// One scaling row; at 50 tasks also figure 3 (fan-out).
+pub fn fan_out(out: &mut Collected, n: usize, reps: usize, delay_ms: u64, f: &FanOut) {
+    let (gs, ds) = (
+        Summary::of(&f.gateway_started),
+        Summary::of(&f.direct_started),
+    );
+    let (gt, dt) = (Summary::of(&f.gateway_total), Summary::of(&f.direct_total));
+    let row = ScaleRow {
+        tasks: n,
+        reps,
+        gateway_started: gs,
+        direct_started: ds,
+        gateway_total: gt,
+        direct_total: dt,
+        ratio_total_p50: ratio(gt.p50, dt.p50),
+        overhead_total_ms: gt.p50 - dt.p50,
+        overhead_start_per_task_ms: (gs.p50 - ds.p50) / n as f64,
+        // /proc counts CPU in 10 ms ticks: average over all repetitions for resolution.
+        gateway_cpu_per_task_ms: f.gateway_cpu_ms.iter().sum::<f64>()
+            / (n * f.gateway_cpu_ms.len().max(1)) as f64,
+    };
+    if n == 50 {
+        out.figures.push(
+            Figure::new(
+                "fan_out_50",
+                format!(
+                    "fan-out: 50 tasks started and all finished ([[delay:{}]])",
+                    delay_ms
+                ),
+                "ms",
+            )
+            .gateway(gt)
+            .baseline("50 turns over HTTP + one SSE stream", dt)
+            .target("≤ 1.1×", row.ratio_total_p50 <= 1.1),
+        );
+    }
+    out.scaling.push(row);
+    out.extra.insert(
+        format!("fan_out_{n}_samples"),
+        json!({
+            "gateway_started_ms": f.gateway_started, "direct_started_ms": f.direct_started,
+            "gateway_total_ms": f.gateway_total, "direct_total_ms": f.direct_total,
+            "gateway_cpu_ms": f.gateway_cpu_ms,
+        }),
+    );
+}
+
+/// Figure 4 (cold start); returns the gateway's summary for the stored-tasks comparison.
+pub fn cold_start(out: &mut Collected, gateway_ms: &[f64], true_ms: &[f64]) -> Summary {
+    let (gs, ts) = (Summary::of(gateway_ms), Summary::of(true_ms));
+    out.figures.push(
+        Figure::new("cold_start", "cold start: exec → initialize reply", "ms")
+            .gateway(gs)
+            .baseline("exec → exit of `true` (stdout EOF)", ts)
+            .target("≤ 15 ms", gs.p50 <= 15.0)
+            .note(format!("gateway - true p50 = {:.2} ms", gs.p50 - ts.p50)),
+    );
+    gs
+}
+
+/// Figures 5 (RSS idle and with tasks) and 6 (CPU while tasks stream), and OpenCode's CPU.
+pub fn footprint(out: &mut Collected, f: &Footprint) {
+    let idle = Summary::of(&f.rss_idle);
+    let loaded = Summary::of(&f.rss_loaded);
+    out.figures.push(
+        Figure::new("rss_idle", "gateway RSS, idle (attached)", "MiB")
+            .gateway(idle)
+            .target("≤ 15 MB", idle.p50 <= 15.0)
+            .note(format!(
+                "after initialize, before attaching: {:.2} MiB",
+                Summary::of(&f.rss_initialized).p50
+            )),
+    );
+    out.figures.push(
+        Figure::new(
+            "rss_tasks",
+            format!("gateway RSS, {} tracked tasks", f.tracked_tasks),
+            "MiB",
+        )
+        .gateway(loaded)
+        .target("≤ 40 MB", loaded.p50 <= 40.0)
+        .note(format!(
+            "peak (VmHWM) {:.2} MiB; the {} tasks took {:.1} s in batches of 50",
+            f.hwm_loaded, f.tracked_tasks, f.load_secs
+        )),
+    );
+    let one = |v: f64| Summary::of(&[v]);
+    let per_min = f.gateway_cpu_secs * 60.0 / f.window_secs.max(1e-9);
+    out.figures.push(
+        Figure::new(
+            "cpu_busy",
+            format!(
+                "gateway CPU, {} tasks streaming for {} s",
+                f.busy_tasks, f.window_secs
+            ),
+            "CPU s",
+        )
+        .gateway(one(f.gateway_cpu_secs))
+        // "≈ 0": under 1 % of one core.
+        .target("≈ 0 (< 1 % of a core)", per_min < 0.6)
+        .note(format!(
+            "{:.3} CPU s per minute; idle (no tasks) {:.3} CPU s over {} s (OpenCode idle: {:.3})",
+            per_min, f.idle_cpu_secs, f.idle_window_secs, f.opencode_idle_cpu_secs
+        )),
+    );
+    out.figures.push(
+        Figure::new(
+            "opencode_cpu_busy",
+            format!(
+                "OpenCode CPU over the same window ({} streaming tasks)",
+                f.busy_tasks
+            ),
+            "CPU s",
+        )
+        .gateway(one(f.opencode_cpu_gateway_secs))
+        .baseline(
+            "the same turns driven directly (window just before)",
+            one(f.opencode_cpu_direct_secs),
+        )
+        .note("informational: what the gateway's subscription and polling cost OpenCode"),
+    );
+    out.extra.insert(
+        "footprint".into(),
+        json!({
+            "rss_initialized_mib": f.rss_initialized, "rss_idle_mib": f.rss_idle,
+            "rss_loaded_mib": f.rss_loaded, "hwm_loaded_mib": f.hwm_loaded,
+            "tracked_tasks": f.tracked_tasks, "load_secs": f.load_secs,
+            "idle_cpu_secs": f.idle_cpu_secs, "idle_window_secs": f.idle_window_secs,
+            "opencode_idle_cpu_secs": f.opencode_idle_cpu_secs,
+            "gateway_cpu_secs": f.gateway_cpu_secs, "window_secs": f.window_secs,
+            "opencode_cpu_gateway_secs": f.opencode_cpu_gateway_secs,
+            "opencode_cpu_direct_secs": f.opencode_cpu_direct_secs,
+        }),
+    );
+}
+
+/// Cold start with a populated task store, against the same start with an empty one.
+pub fn cold_start_stored(
+    out: &mut Collected,
+    stored: usize,
+    empty: Option<Summary>,
+    gateway_ms: &[f64],
+    true_ms: &[f64],
+) {
+    let (gs, ts) = (Summary::of(gateway_ms), Summary::of(true_ms));
+    let figure = Figure::new(
+        "cold_start_stored",
+        format!("cold start with {stored} stored tasks"),
+        "ms",
+    )
+    .gateway(gs);
+    // Against the same gateway with an empty store: the ratio is what the store costs.
+    let figure = match empty {
+        Some(empty) => figure.baseline("the same start with an empty task store", empty),
+        None => figure.baseline("exec → exit of `true` (stdout EOF)", ts),
+    };
+    out.figures.push(figure.note(format!(
+        "informational: the task store is read before `initialize` is answered; `true` took {:.2} ms",
+        ts.p50
+    )));
+}

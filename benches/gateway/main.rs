@@ -1,0 +1,425 @@
+//! `cargo bench --bench gateway`: the gateway against the raw OpenCode floor.
+//!
+//! One real `opencode serve` (the pinned release, as the tests use it) answers both sides: the
+//! release `opencode-mcp` binary, attached to it and driven over MCP stdio with rmcp's client,
+//! and a direct reqwest client making the same HTTP calls. The LLM is the tests' scripted fake
+//! on 127.0.0.1. Every comparative figure interleaves the two sides in the same run and is
+//! reported as medians, p95s and the ratio of medians; see `benches/README.md` for the figures,
+//! the knobs (`BENCH_*` environment variables) and a recorded run.
+//!
+//! Cargo builds the `opencode-mcp` binary for a bench in the bench profile (release settings)
+//! and hands its path to this harness as `CARGO_BIN_EXE_opencode-mcp`, so `cargo bench` alone
+//! measures a release gateway; the harness refuses a debug one. `BENCH_GATEWAY_BIN` measures
+//! another build instead (e.g. a candidate fix built in a worktree).
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod client;
+mod direct;
+mod figures;
+mod gw;
+mod machine;
+mod report;
+mod scenarios;
+mod sse;
+mod stats;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::json;
+
+use direct::Direct;
+use gw::Gw;
+use machine::Machine;
+use report::{Figure, ScaleRow};
+use scenarios::ms;
+use sse::IdleWatch;
+use stats::Summary;
+use support::fake_llm::FakeLlm;
+use support::isolation::OpenCodeEnv;
+use support::opencode_server::OpenCodeServer;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How much to measure; every field has a `BENCH_*` override.
+#[derive(Debug, Clone, Serialize)]
+struct Knobs {
+    quick: bool,
+    /// Measured start_task/direct pairs (figures 1 and 2).
+    start_pairs: usize,
+    start_warmup: usize,
+    /// Fake LLM delay for figures 1 and 2, ms.
+    start_delay_ms: u64,
+    cold_reps: usize,
+    /// (concurrent tasks, repetitions per side).
+    scale: Vec<(usize, usize)>,
+    /// Fake LLM delay for the fan-out and scaling turns, ms.
+    fan_delay_ms: u64,
+    rss_tasks: usize,
+    busy_tasks: usize,
+    long_secs: u64,
+    idle_secs: u64,
+    only: Option<BTreeSet<String>>,
+}
+
+/// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU).
+const SCENARIOS: [&str; 4] = ["start", "scale", "cold", "footprint"];
+
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={v} is not a number").into()),
+        _ => Ok(default),
+    }
+}
+
+impl Knobs {
+    fn from_env() -> Result<Self, BoxError> {
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let q = |full: usize, quick_value: usize| if quick { quick_value } else { full };
+        let default_scale = if quick {
+            vec![(1, 3), (10, 2), (50, 2), (200, 1)]
+        } else {
+            vec![(1, 8), (10, 5), (50, 5), (200, 2)]
+        };
+        let scale = match std::env::var("BENCH_SCALE") {
+            Ok(v) if !v.trim().is_empty() => parse_scale(&v, &default_scale)?,
+            _ => default_scale,
+        };
+        let only = match std::env::var("BENCH_ONLY") {
+            Ok(v) if !v.trim().is_empty() => {
+                let set: BTreeSet<String> = v.split(',').map(|s| s.trim().to_string()).collect();
+                if let Some(bad) = set.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+                    return Err(format!(
+                        "BENCH_ONLY: unknown scenario `{bad}`; known: {}",
+                        SCENARIOS.join(",")
+                    )
+                    .into());
+                }
+                Some(set)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            quick,
+            start_pairs: env_num("BENCH_START_PAIRS", q(40, 12))?,
+            start_warmup: 3,
+            start_delay_ms: 150,
+            cold_reps: env_num("BENCH_COLD_REPS", q(30, 10))?,
+            scale,
+            fan_delay_ms: 500,
+            rss_tasks: env_num("BENCH_RSS_TASKS", 1000)?,
+            busy_tasks: 50,
+            long_secs: env_num("BENCH_LONG_SECS", q(60, 10) as u64)?,
+            idle_secs: env_num("BENCH_IDLE_SECS", q(10, 3) as u64)?,
+            only,
+        })
+    }
+
+    fn runs(&self, scenario: &str) -> bool {
+        self.only.as_ref().is_none_or(|s| s.contains(scenario))
+    }
+}
+
+/// `1,10,50,200` (default repetitions) or `1:8,10:5,...`.
+fn parse_scale(text: &str, defaults: &[(usize, usize)]) -> Result<Vec<(usize, usize)>, BoxError> {
+    text.split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (n, reps) = match item.split_once(':') {
+                Some((n, r)) => (n.parse()?, r.parse()?),
+                None => {
+                    let n: usize = item.parse()?;
+                    let reps = defaults
+                        .iter()
+                        .find(|(d, _)| *d == n)
+                        .map_or(2, |(_, r)| *r);
+                    (n, reps)
+                }
+            };
+            Ok((n, reps))
+        })
+        .collect::<Result<_, std::num::ParseIntError>>()
+        .map_err(|e| format!("BENCH_SCALE={text}: {e}").into())
+}
+
+#[derive(Serialize)]
+struct Output {
+    schema: u32,
+    started_at: String,
+    duration_secs: f64,
+    git: String,
+    gateway_bin: String,
+    opencode_version: String,
+    machine: Machine,
+    knobs: Knobs,
+    figures: Vec<Figure>,
+    scaling: Vec<ScaleRow>,
+    extra: serde_json::Value,
+}
+
+fn main() {
+    // `cargo test --all-targets` runs a harness-less bench without `--bench`: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!(
+            "gateway bench: run it with `cargo bench --bench gateway` (nothing to do in test mode)"
+        );
+        return;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gateway bench: cannot start a runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run()) {
+        eprintln!("gateway bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn release_gateway() -> Result<PathBuf, BoxError> {
+    let bin = client::gateway_bin();
+    if !bin.is_file() {
+        return Err(format!("the gateway binary {} is missing", bin.display()).into());
+    }
+    let in_debug = bin
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|d| d == "debug");
+    if in_debug || cfg!(debug_assertions) {
+        return Err(format!(
+            "{} is a debug build; run `cargo bench --bench gateway`, which builds the gateway in the release (bench) profile",
+            bin.display()
+        )
+        .into());
+    }
+    Ok(bin)
+}
+
+fn now_iso() -> (String, String) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    match chrono::DateTime::from_timestamp(secs, 0) {
+        Some(t) => (
+            t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            t.format("%Y%m%d-%H%M%S").to_string(),
+        ),
+        None => (secs.to_string(), secs.to_string()),
+    }
+}
+
+fn out_path(stamp: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os("BENCH_OUT").filter(|v| !v.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|v| !v.is_empty())
+        .map(|d| manifest.join(d))
+        .unwrap_or_else(|| manifest.join("target"));
+    target
+        .join("bench-results")
+        .join(format!("gateway-{stamp}.json"))
+}
+
+fn step(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+async fn run() -> Result<(), BoxError> {
+    let knobs = Knobs::from_env()?;
+    let bin = release_gateway()?;
+    let run_started = Instant::now();
+    let (started_at, stamp) = now_iso();
+    let mut machine = Machine::read();
+    let opencode_version = support::opencode_bin::pinned_version();
+    println!("# opencode-mcp gateway benchmark ({started_at})");
+    println!(
+        "machine: {} CPU(s), {}, {} MiB RAM, Linux {}, load average {}",
+        machine.nproc,
+        machine.cpu_model,
+        machine.mem_total_mb,
+        machine.kernel,
+        machine.loadavg_at_start
+    );
+    println!(
+        "gateway: {} ({}); OpenCode {opencode_version}; quick={}",
+        bin.display(),
+        machine::git_describe(),
+        knobs.quick
+    );
+
+    step("starting the fake LLM and OpenCode");
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let server = OpenCodeServer::start(&env, &fake.url()).await;
+    let work_dir = env.work_dir().display().to_string();
+    let watch = IdleWatch::connect(server.url(), server.password()).await?;
+    let direct = Direct::new(server.url(), server.password(), &work_dir)?;
+    // BENCH_STATE_ROOT puts the gateways' task stores elsewhere (e.g. on tmpfs, to see what
+    // their fsyncs cost); by default they live in the isolated env's temp dir.
+    let state_root = std::env::var_os("BENCH_STATE_ROOT")
+        .filter(|v| !v.is_empty())
+        .map(|r| PathBuf::from(r).join(format!("opencode-mcp-bench-{}", std::process::id())))
+        .unwrap_or_else(|| env.root().join("bench-state"));
+    let state = |name: &str| state_root.join(name);
+    println!("task stores under {}", state_root.display());
+    let launch = gw::launch(&env, &fake.url(), &server, &state("main"));
+    let footprint_launch = gw::launch(&env, &fake.url(), &server, &state("footprint"));
+    let cold_launch = gw::launch(&env, &fake.url(), &server, &state("cold"));
+    let gateway = Gw::start(&launch).await?;
+    let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);
+
+    // OpenCode's first turn in a directory loads its plugins and agents; keep that out.
+    step("warming up");
+    for i in 0..3 {
+        let prompt = format!("bench warmup {i}");
+        let s = direct
+            .start(&direct::gateway_title(&prompt), &prompt)
+            .await?;
+        watch.wait_all(&[s], Duration::from_secs(120)).await?;
+        let t = gateway.start_task(&prompt).await?;
+        gateway
+            .wait_all(&[t.task_id], Duration::from_secs(120))
+            .await?;
+    }
+
+    let mut out = figures::Collected::default();
+    let mut cold_empty: Option<Summary> = None;
+
+    if knobs.runs("start") {
+        step(&format!(
+            "start_task round trip and completion noticed: {} pairs",
+            knobs.start_pairs
+        ));
+        let r = scenarios::start_round_trip(
+            &gateway,
+            &direct,
+            &watch,
+            knobs.start_warmup,
+            knobs.start_pairs,
+            knobs.start_delay_ms,
+        )
+        .await?;
+        figures::start(&mut out, &r);
+    }
+
+    if knobs.runs("scale") {
+        for &(n, reps) in &knobs.scale {
+            step(&format!(
+                "fan-out: {n} concurrent tasks, {reps} rep(s) per side"
+            ));
+            let f =
+                scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms).await?;
+            figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
+        }
+    }
+
+    if knobs.runs("cold") {
+        step(&format!("cold start: {} reps", knobs.cold_reps));
+        let (g, t) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
+        cold_empty = Some(figures::cold_start(&mut out, &g, &t));
+    }
+
+    if knobs.runs("footprint") {
+        let window = Duration::from_secs(knobs.long_secs);
+        step(&format!(
+            "footprint: RSS idle and with {} tasks; CPU with {} streaming tasks for {} s (twice: direct, gateway)",
+            knobs.rss_tasks, knobs.busy_tasks, knobs.long_secs
+        ));
+        let f = scenarios::footprint(
+            &footprint_launch,
+            &direct,
+            &fake,
+            server.pid(),
+            knobs.rss_tasks,
+            knobs.busy_tasks,
+            window,
+            Duration::from_secs(knobs.idle_secs),
+        )
+        .await?;
+        figures::footprint(&mut out, &f);
+    }
+
+    // Start-up loads the whole task store before answering `initialize`: measure it with the
+    // footprint gateway's records (its tracked tasks plus the busy ones) in place.
+    if knobs.runs("cold") && knobs.runs("footprint") {
+        let stored = std::fs::read_dir(state("footprint").join("tasks"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        step(&format!(
+            "cold start with {stored} stored tasks: {} reps",
+            knobs.cold_reps
+        ));
+        let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
+        figures::cold_start_stored(&mut out, stored, cold_empty, &g, &t);
+    }
+
+    // The main gateway after everything: how much it grew and burned over the run.
+    if let Some((rss, hwm)) = machine::rss_mb(gateway.pid) {
+        out.extra.insert(
+            "main_gateway_end".into(),
+            json!({
+                "rss_mib": rss, "hwm_mib": hwm,
+                "cpu_secs": machine::cpu_seconds(gateway.pid).unwrap_or(0.0) - gateway_cpu_at_start,
+            }),
+        );
+    }
+    gateway.client.close().await?;
+    if !state_root.starts_with(env.root()) {
+        let _ = std::fs::remove_dir_all(&state_root);
+    }
+
+    machine.loadavg_at_end = machine::loadavg();
+    let duration = run_started.elapsed();
+    println!();
+    println!("{}", report::figures_table(&out.figures));
+    for f in out.figures.iter().filter(|f| !f.note.is_empty()) {
+        println!("- {}: {}", f.title, f.note);
+    }
+    if !out.scaling.is_empty() {
+        println!();
+        println!("scaling (ms; \"started\" = all start acknowledgements in, \"all done\" = completion known to the client):");
+        println!();
+        println!("{}", report::scaling_table(&out.scaling));
+    }
+    println!(
+        "load average at end {}; run took {:.0} s",
+        machine.loadavg_at_end,
+        duration.as_secs_f64()
+    );
+    let output = Output {
+        schema: 1,
+        started_at,
+        duration_secs: ms(duration) / 1000.0,
+        git: machine::git_describe(),
+        gateway_bin: bin.display().to_string(),
+        opencode_version,
+        machine,
+        knobs,
+        figures: out.figures,
+        scaling: out.scaling,
+        extra: serde_json::Value::Object(out.extra),
+    };
+    let path = out_path(&stamp);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&output)? + "\n")?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}

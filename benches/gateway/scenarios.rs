@@ -1,0 +1,451 @@
+//! The measured scenarios. Every comparative one interleaves the gateway and the direct
+//! baseline (alternating which goes first) on the same OpenCode, so drift on a shared machine
+//! hits both sides alike.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::client::{Client, Spawn};
+use crate::direct::{gateway_title, Direct};
+use crate::gw::{check_completed, Gw};
+use crate::machine::{cpu_seconds, rss_mb};
+use crate::sse::IdleWatch;
+use crate::support::fake_llm::FakeLlm;
+use crate::BoxError;
+
+/// Pause after each measured turn so OpenCode's post-turn work does not spill into the next.
+const SETTLE: Duration = Duration::from_millis(30);
+/// Bound on any one turn or fan-out finishing.
+const FINISH_LIMIT: Duration = Duration::from_secs(300);
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `b - a` in ms, negative when `b` came first.
+fn signed_ms(a: Instant, b: Instant) -> f64 {
+    if b >= a {
+        ms(b - a)
+    } else {
+        -ms(a - b)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Cold start
+
+const INITIALIZE: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","#,
+    r#""capabilities":{},"clientInfo":{"name":"opencode-mcp-bench","version":"0"}}}"#,
+    "\n"
+);
+
+/// exec → `initialize` reply on stdout, and exec → end of stdout of `true` (its exit), `reps`
+/// times each, interleaved.
+pub async fn cold_start(launch: &Spawn, reps: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+    const WARMUP: usize = 2;
+    let (mut gateway, mut empty) = (Vec::new(), Vec::new());
+    for i in 0..WARMUP + reps {
+        let (g, t) = if i % 2 == 0 {
+            let g = cold_gateway(launch).await?;
+            (g, cold_true().await?)
+        } else {
+            let t = cold_true().await?;
+            (cold_gateway(launch).await?, t)
+        };
+        if i >= WARMUP {
+            gateway.push(g);
+            empty.push(t);
+        }
+    }
+    Ok((gateway, empty))
+}
+
+async fn cold_gateway(launch: &Spawn) -> Result<f64, BoxError> {
+    let mut cmd = launch.command();
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn()?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    stdin.write_all(INITIALIZE.as_bytes()).await?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .map_err(|_| "no initialize reply within 10 s")??
+        .ok_or("the gateway closed stdout before replying")?;
+    let elapsed = ms(t0.elapsed());
+    if !line.contains(r#""id":1"#) || !line.contains(r#""result""#) {
+        return Err(format!("unexpected initialize reply: {line:.300}").into());
+    }
+    // Closing stdin ends the session; the gateway exits on its own.
+    drop(stdin);
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+    Ok(elapsed)
+}
+
+fn true_bin() -> Result<std::path::PathBuf, BoxError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("true"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| "`true` is not on PATH".into())
+}
+
+async fn cold_true() -> Result<f64, BoxError> {
+    // Timed like the gateway: until something arrives on its stdout, here the end of file when
+    // `true` exits (reaping the child goes through a signal and is not what is compared).
+    // An absolute path, like the gateway's: with a changed PATH and a bare name, std falls back
+    // from posix_spawn to fork + exec, which costs milliseconds in this large process.
+    let mut cmd = tokio::process::Command::new(true_bin()?);
+    cmd.env_clear()
+        .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn()?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut sink = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stdout.read_to_end(&mut sink))
+        .await
+        .map_err(|_| "`true` did not exit within 10 s")??;
+    let elapsed = ms(t0.elapsed());
+    if !child.wait().await?.success() {
+        return Err("`true` failed".into());
+    }
+    Ok(elapsed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 + 2. start_task round trip, and completion noticed
+
+#[derive(Default)]
+pub struct StartResults {
+    pub gateway_ms: Vec<f64>,
+    pub direct_ms: Vec<f64>,
+    /// `session.idle` on the wire → `wait_for_task` returned, ms (negative: the gateway's reply
+    /// came first, which happens because it also reacts to `session.status idle`).
+    pub noticed_ms: Vec<f64>,
+    /// Samples dropped because the wait was sent after the idle had already arrived.
+    pub noticed_dropped: usize,
+    /// The floor for noticing: `session.idle` on the wire → the two reads the gateway's
+    /// completion check makes, answered to a direct client, ms.
+    pub confirm_ms: Vec<f64>,
+}
+
+/// `pairs` measured pairs (after `warmup` unmeasured ones) of one gateway `start_task` and one
+/// direct create + prompt. The fake LLM answers after `delay_ms`, so the turn's own work never
+/// overlaps the measured calls; every turn is waited out (unmeasured for the start figure)
+/// before the next call.
+pub async fn start_round_trip(
+    gw: &Gw,
+    direct: &Direct,
+    watch: &IdleWatch,
+    warmup: usize,
+    pairs: usize,
+    delay_ms: u64,
+) -> Result<StartResults, BoxError> {
+    let mut r = StartResults::default();
+    for i in 0..warmup + pairs {
+        let measured = i >= warmup;
+        for gateway_side in [i % 2 == 0, i % 2 != 0] {
+            if gateway_side {
+                let prompt = format!("bench start gateway {i} [[delay:{delay_ms}]]");
+                let (start, noticed) = gateway_turn(gw, watch, &prompt).await?;
+                if measured {
+                    r.gateway_ms.push(start);
+                    match noticed {
+                        Some(n) => r.noticed_ms.push(n),
+                        None => r.noticed_dropped += 1,
+                    }
+                }
+            } else {
+                let prompt = format!("bench start direct {i} [[delay:{delay_ms}]]");
+                let t0 = Instant::now();
+                let session = direct.start(&gateway_title(&prompt), &prompt).await?;
+                let elapsed = ms(t0.elapsed());
+                let idle = watch
+                    .wait_all(std::slice::from_ref(&session), FINISH_LIMIT)
+                    .await?;
+                direct.confirm(&session).await?;
+                let confirmed = Instant::now();
+                if measured {
+                    r.direct_ms.push(elapsed);
+                    r.confirm_ms.push(signed_ms(idle, confirmed));
+                }
+            }
+            tokio::time::sleep(SETTLE).await;
+        }
+    }
+    Ok(r)
+}
+
+/// One gateway turn: the timed `start_task`, then a pending `wait_for_task` whose return is
+/// compared with our own stream's `session.idle`.
+async fn gateway_turn(
+    gw: &Gw,
+    watch: &IdleWatch,
+    prompt: &str,
+) -> Result<(f64, Option<f64>), BoxError> {
+    let t0 = Instant::now();
+    let started = gw.start_task(prompt).await?;
+    let start_ms = ms(t0.elapsed());
+    let handle = gw
+        .client
+        .start_call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [started.task_id], "mode": "all", "timeout_ms": 20_000 }),
+        )
+        .await?;
+    let sent = Instant::now();
+    let reply = Client::await_call(handle, Duration::from_secs(30)).await?;
+    let returned = Instant::now();
+    if reply.is_error || reply.structured["done"] != true {
+        return Err(format!("wait_for_task did not finish the task: {}", reply.text).into());
+    }
+    check_completed(reply.structured)?;
+    // Our stream and the gateway's carry the same frame; ours may read it a moment later.
+    let idle = watch
+        .wait_all(
+            std::slice::from_ref(&started.session_id),
+            Duration::from_secs(5),
+        )
+        .await?;
+    let noticed = (idle > sent).then(|| signed_ms(idle, returned));
+    Ok((start_ms, noticed))
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3 + 7. Fan-out and scaling
+
+#[derive(Debug, Default, Clone)]
+pub struct FanOut {
+    /// From the first call to the last start acknowledged, ms.
+    pub gateway_started: Vec<f64>,
+    pub direct_started: Vec<f64>,
+    /// From the first call to "all finished" known to the client, ms.
+    pub gateway_total: Vec<f64>,
+    pub direct_total: Vec<f64>,
+    /// Gateway CPU time per gateway repetition, ms.
+    pub gateway_cpu_ms: Vec<f64>,
+}
+
+/// `n` tasks started at once and waited for, `reps` times on each side, interleaved. The fake
+/// LLM answers every turn after `delay_ms`.
+pub async fn fan_out(
+    gw: &Gw,
+    direct: &Direct,
+    watch: &IdleWatch,
+    n: usize,
+    reps: usize,
+    delay_ms: u64,
+) -> Result<FanOut, BoxError> {
+    let mut r = FanOut::default();
+    for rep in 0..reps {
+        for gateway_side in [rep % 2 == 0, rep % 2 != 0] {
+            let prompts: Vec<String> = (0..n)
+                .map(|k| {
+                    let side = if gateway_side { "gateway" } else { "direct" };
+                    format!("bench fan {n} {side} {rep} {k} [[delay:{delay_ms}]]")
+                })
+                .collect();
+            if gateway_side {
+                let cpu0 = cpu(gw.pid, "gateway")?;
+                let t0 = Instant::now();
+                let starts = join_all(prompts.iter().map(|p| gw.start_task(p))).await;
+                let started = ms(t0.elapsed());
+                let ids = starts
+                    .into_iter()
+                    .map(|s| s.map(|s| s.task_id))
+                    .collect::<Result<Vec<_>, _>>()?;
+                gw.wait_all(&ids, FINISH_LIMIT).await?;
+                r.gateway_started.push(started);
+                r.gateway_total.push(ms(t0.elapsed()));
+                r.gateway_cpu_ms
+                    .push((cpu(gw.pid, "gateway")? - cpu0) * 1000.0);
+            } else {
+                let t0 = Instant::now();
+                let starts = join_all(
+                    prompts
+                        .iter()
+                        .map(|p| async move { direct.start(&gateway_title(p), p).await }),
+                )
+                .await;
+                let started = ms(t0.elapsed());
+                let sessions = starts.into_iter().collect::<Result<Vec<_>, _>>()?;
+                watch.wait_all(&sessions, FINISH_LIMIT).await?;
+                r.direct_started.push(started);
+                r.direct_total.push(ms(t0.elapsed()));
+            }
+            // Let OpenCode finish its post-turn bookkeeping before the other side starts.
+            tokio::time::sleep(SETTLE * 10).await;
+        }
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5 + 6. Memory and CPU
+
+#[derive(Debug, Default, Clone)]
+pub struct Footprint {
+    /// VmRSS readings, MiB: right after `initialize`, after attaching (idle), with the tasks.
+    pub rss_initialized: Vec<f64>,
+    pub rss_idle: Vec<f64>,
+    pub rss_loaded: Vec<f64>,
+    pub hwm_loaded: f64,
+    pub tracked_tasks: usize,
+    /// Seconds taken to run the tracked tasks (batches of 50).
+    pub load_secs: f64,
+    /// Gateway and OpenCode CPU seconds over an idle window of `idle_window_secs`.
+    pub idle_cpu_secs: f64,
+    pub opencode_idle_cpu_secs: f64,
+    pub idle_window_secs: f64,
+    /// Gateway CPU seconds while `busy_tasks` streamed slowly for `window_secs`.
+    pub busy_tasks: usize,
+    pub window_secs: f64,
+    pub gateway_cpu_secs: f64,
+    /// OpenCode's CPU over the same window with the gateway driving the tasks, and over an
+    /// equal window (just before) with the same tasks driven directly: what the gateway's
+    /// subscription and polling cost OpenCode shows as the difference.
+    pub opencode_cpu_gateway_secs: f64,
+    pub opencode_cpu_direct_secs: f64,
+}
+
+async fn rss_samples(pid: u32) -> Result<Vec<f64>, BoxError> {
+    let mut v = Vec::new();
+    for _ in 0..5 {
+        v.push(rss_mb(pid).ok_or("cannot read the gateway's VmRSS")?.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(v)
+}
+
+fn cpu(pid: u32, what: &str) -> Result<f64, BoxError> {
+    cpu_seconds(pid).ok_or_else(|| format!("cannot read /proc/{pid}/stat ({what})").into())
+}
+
+/// A fresh gateway: RSS idle, RSS with `tasks` tracked (finished) tasks, then CPU while
+/// `busy` tasks stream slowly for `window`, after the same `busy` turns driven directly.
+#[allow(clippy::too_many_arguments)]
+pub async fn footprint(
+    launch: &Spawn,
+    direct: &Direct,
+    fake: &FakeLlm,
+    opencode_pid: u32,
+    tasks: usize,
+    busy: usize,
+    window: Duration,
+    idle_window: Duration,
+) -> Result<Footprint, BoxError> {
+    let mut f = Footprint::default();
+    let client = Gw::connect(launch).await?;
+    let pid = client.pid;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    f.rss_initialized = rss_samples(pid).await?;
+    let gateway = Gw::attach(client).await?;
+    let gw = &gateway;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.rss_idle = rss_samples(pid).await?;
+
+    let (c0, o0) = (cpu(pid, "gateway")?, cpu(opencode_pid, "opencode")?);
+    tokio::time::sleep(idle_window).await;
+    f.idle_cpu_secs = cpu(pid, "gateway")? - c0;
+    f.opencode_idle_cpu_secs = cpu(opencode_pid, "opencode")? - o0;
+    f.idle_window_secs = idle_window.as_secs_f64();
+
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < tasks {
+        let batch = (tasks - done).min(50);
+        let starts = join_all(
+            (done..done + batch)
+                .map(|k| async move { gw.start_task(&format!("bench rss {k}")).await }),
+        )
+        .await;
+        let ids = starts
+            .into_iter()
+            .map(|s| s.map(|s| s.task_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        gw.wait_all(&ids, FINISH_LIMIT).await?;
+        done += batch;
+    }
+    f.load_secs = t0.elapsed().as_secs_f64();
+    f.tracked_tasks = done;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.rss_loaded = rss_samples(pid).await?;
+    f.hwm_loaded = rss_mb(pid).map(|(_, hwm)| hwm).unwrap_or(0.0);
+
+    // CPU: `busy` turns whose answers stream slowly through the whole window, driven directly
+    // first, then through the gateway (after the load above, OpenCode settles first).
+    f.busy_tasks = busy;
+    f.window_secs = window.as_secs_f64();
+    let slow_ms = window.as_millis() as u64 + 20_000;
+    let prompt = |side: &str, k: usize| format!("bench cpu {side} {k} [[slow:{slow_ms}]]");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let sessions = join_all((0..busy).map(|k| {
+        let p = prompt("direct", k);
+        async move { direct.start(&gateway_title(&p), &p).await }
+    }))
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    for s in &sessions {
+        wait_llm_request(fake, s).await;
+    }
+    let o0 = cpu(opencode_pid, "opencode")?;
+    tokio::time::sleep(window).await;
+    f.opencode_cpu_direct_secs = cpu(opencode_pid, "opencode")? - o0;
+    for r in join_all(sessions.iter().map(|s| direct.abort(s))).await {
+        r?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let starts = join_all((0..busy).map(|k| {
+        let p = prompt("gateway", k);
+        async move { gw.start_task(&p).await }
+    }))
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    for s in &starts {
+        wait_llm_request(fake, &s.session_id).await;
+    }
+    let (g0, o0) = (cpu(pid, "gateway")?, cpu(opencode_pid, "opencode")?);
+    tokio::time::sleep(window).await;
+    let (g1, o1) = (cpu(pid, "gateway")?, cpu(opencode_pid, "opencode")?);
+    f.gateway_cpu_secs = g1 - g0;
+    f.opencode_cpu_gateway_secs = o1 - o0;
+    for r in join_all(
+        starts
+            .iter()
+            .map(|s| gw.ok("opencode_cancel_task", json!({ "task_id": s.task_id }))),
+    )
+    .await
+    {
+        r?;
+    }
+    gateway.client.close().await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(f)
+}
+
+async fn wait_llm_request(fake: &FakeLlm, session_id: &str) {
+    fake.wait_for_request(Duration::from_secs(60), |r| {
+        r.session_id() == Some(session_id)
+    })
+    .await;
+}
