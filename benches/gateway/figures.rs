@@ -185,7 +185,11 @@ pub fn footprint(out: &mut Collected, f: &Footprint) {
             "the same turns driven directly (window just before)",
             one(f.opencode_cpu_direct_secs),
         )
-        .note("informational: what the gateway's subscription and polling cost OpenCode"),
+        .note(format!(
+            "informational; OpenCode's CPU in the quiet second before each window: {:.2} s before direct, {:.2} s before gateway",
+            f.opencode_before_direct_secs,
+            f.opencode_before_gateway_secs
+        )),
     );
     out.extra.insert(
         "footprint".into(),
@@ -198,6 +202,8 @@ pub fn footprint(out: &mut Collected, f: &Footprint) {
             "gateway_cpu_secs": f.gateway_cpu_secs, "window_secs": f.window_secs,
             "opencode_cpu_gateway_secs": f.opencode_cpu_gateway_secs,
             "opencode_cpu_direct_secs": f.opencode_cpu_direct_secs,
+            "opencode_before_direct_secs": f.opencode_before_direct_secs,
+            "opencode_before_gateway_secs": f.opencode_before_gateway_secs,
         }),
     );
 }

@@ -322,6 +322,9 @@ pub struct Footprint {
     /// subscription and polling cost OpenCode shows as the difference.
     pub opencode_cpu_gateway_secs: f64,
     pub opencode_cpu_direct_secs: f64,
+    /// OpenCode's CPU in the last second before the direct and the gateway window.
+    pub opencode_before_direct_secs: f64,
+    pub opencode_before_gateway_secs: f64,
 }
 
 async fn rss_samples(pid: u32) -> Result<Vec<f64>, BoxError> {
@@ -395,6 +398,7 @@ pub async fn footprint(
     let slow_ms = window.as_millis() as u64 + 20_000;
     let prompt = |side: &str, k: usize| format!("bench cpu {side} {k} [[slow:{slow_ms}]]");
     tokio::time::sleep(Duration::from_secs(5)).await;
+    f.opencode_before_direct_secs = quiet_cpu(opencode_pid).await?;
 
     let sessions = join_all((0..busy).map(|k| {
         let p = prompt("direct", k);
@@ -413,6 +417,7 @@ pub async fn footprint(
         r?;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    f.opencode_before_gateway_secs = quiet_cpu(opencode_pid).await?;
 
     let starts = join_all((0..busy).map(|k| {
         let p = prompt("gateway", k);
@@ -442,6 +447,24 @@ pub async fn footprint(
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(f)
 }
+
+/// Waits (at most [`QUIET_MAX`]) until OpenCode has been quiet for a second, so that leftovers
+/// of earlier work (aborted turns, garbage collection) do not land in a CPU window; returns the
+/// CPU seconds of its last quiet second.
+async fn quiet_cpu(opencode_pid: u32) -> Result<f64, BoxError> {
+    let deadline = Instant::now() + QUIET_MAX;
+    loop {
+        let o0 = cpu(opencode_pid, "opencode")?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let used = cpu(opencode_pid, "opencode")? - o0;
+        if used <= 0.03 || Instant::now() >= deadline {
+            return Ok(used);
+        }
+    }
+}
+
+/// The longest wait for OpenCode to go quiet before a CPU window.
+const QUIET_MAX: Duration = Duration::from_secs(15);
 
 async fn wait_llm_request(fake: &FakeLlm, session_id: &str) {
     fake.wait_for_request(Duration::from_secs(60), |r| {
