@@ -72,6 +72,8 @@ pub struct TaskService {
     config: Arc<Config>,
     pool: ServerPool,
     registry: Arc<Registry>,
+    /// `false` while stored tasks are being loaded at start-up.
+    restored: tokio::sync::watch::Sender<bool>,
 }
 
 impl TaskService {
@@ -97,6 +99,7 @@ impl TaskService {
         Self {
             pool: ServerPool::new(config.clone()),
             registry: Arc::new(registry),
+            restored: tokio::sync::watch::Sender::new(true),
             config,
         }
     }
@@ -107,13 +110,43 @@ impl TaskService {
     /// and finish normally. Unfinished tasks of another gateway that is still running are left to
     /// it.
     ///
-    /// Loading is synchronous (a directory of small files); adopting, which needs the network,
-    /// runs in the background so start-up does not wait for it.
+    /// The store is read on a blocking thread so `initialize` is answered at once (a full store
+    /// takes about 10 ms per 1,000 records); every action that reads tasks waits for it
+    /// ([`Self::restored`]). Adopting, which needs the network, runs after that in the background.
     pub fn restore(self: &Arc<Self>) {
-        let Some(store) = self.registry.store() else {
+        let Some(store) = self.registry.store().cloned() else {
             return;
         };
-        let (records, bad) = store.load_all();
+        self.restored.send_replace(false);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let loaded = tokio::task::spawn_blocking(move || store.load_all()).await;
+            let adopt = match loaded {
+                Ok((records, bad)) => this.take_over(records, bad),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the state directory failed");
+                    Vec::new()
+                }
+            };
+            this.restored.send_replace(true);
+            if !adopt.is_empty() {
+                this.adopt(adopt).await;
+            }
+        });
+    }
+
+    /// Resolves once the stored tasks are loaded (at once when there is nothing to load).
+    async fn restored(&self) {
+        let mut rx = self.restored.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// Registers loaded records; returns the ids to adopt on the attached server.
+    fn take_over(
+        &self,
+        records: Vec<store::StoredTask>,
+        bad: Vec<(std::path::PathBuf, String)>,
+    ) -> Vec<String> {
         for (path, why) in bad {
             tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
         }
@@ -158,10 +191,7 @@ impl TaskService {
                 "restored tasks from the state directory"
             );
         }
-        if !adopt.is_empty() {
-            let this = self.clone();
-            tokio::spawn(async move { this.adopt(adopt).await });
-        }
+        adopt
     }
 
     /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
@@ -399,6 +429,7 @@ impl TaskService {
 
     /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it.
     pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
         let server = self.server(&req.server_id)?;
         self.ensure_capacity()?;
         let directory = match req.directory {
@@ -456,6 +487,7 @@ impl TaskService {
     /// sent to a busy session is queued and batched into the running LLM call, which would blur
     /// which result belongs to which prompt.
     pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
         let entry = self.entry(&req.task_id)?;
         if !entry.status.is_terminal() || entry.aborting {
             return Err(TaskError::Conflict(format!(
@@ -516,6 +548,7 @@ impl TaskService {
 
     /// Aborts the turn (and rejects a permission it waits on); idempotent on finished tasks.
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
         let entry = self.entry(task_id)?;
         if entry.status.is_terminal() {
             return self.snapshot(task_id, false);
@@ -595,6 +628,7 @@ impl TaskService {
         task_id: &str,
         reply: PermissionReply,
     ) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
         let entry = self.entry(task_id)?;
         let ask = match (&entry.permission, entry.status) {
             (Some(ask), TaskStatus::WaitingPermission) => ask.clone(),
@@ -622,7 +656,12 @@ impl TaskService {
         self.snapshot(task_id, false)
     }
 
-    pub fn status(&self, task_id: &str, include_progress: bool) -> Result<TaskSnapshot, TaskError> {
+    pub async fn status(
+        &self,
+        task_id: &str,
+        include_progress: bool,
+    ) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
         self.snapshot(task_id, include_progress)
     }
 
@@ -637,6 +676,7 @@ impl TaskService {
     /// The full result of the current turn; `offset` is in characters. For an unfinished task it
     /// reports what is known so far, with the same status `get_task_status` gives.
     pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
+        self.restored().await;
         let entry = self.entry(task_id)?;
         let server = self
             .pool
@@ -712,6 +752,7 @@ impl TaskService {
         timeout: Duration,
         include_progress: bool,
     ) -> Result<WaitOutcome, TaskError> {
+        self.restored().await;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut changes = self.registry.subscribe();
         loop {

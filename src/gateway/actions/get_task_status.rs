@@ -43,5 +43,5 @@ impl ActionSpec for GetTaskStatus {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
     let task_id = checks::required_name("task_id", args.task_id)?;
-    Ok(ctx.tasks.status(&task_id, args.include_progress)?)
+    Ok(ctx.tasks.status(&task_id, args.include_progress).await?)
 }
