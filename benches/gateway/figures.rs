@@ -229,7 +229,7 @@ pub fn cold_start_stored(
         None => figure.baseline("exec → exit of `true` (stdout EOF)", ts),
     };
     out.figures.push(figure.note(format!(
-        "informational: the task store is read before `initialize` is answered; `true` took {:.2} ms",
+        "informational: the task store is read in the background after start-up; `true` took {:.2} ms",
         ts.p50
     )));
 }
