@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::client::{gateway_bin, Client, Spawn};
+use crate::gateway_bin;
 use crate::support::isolation::OpenCodeEnv;
+use crate::support::mcp::{Launch as Spawn, McpClient as Client};
 use crate::support::opencode_server::OpenCodeServer;
 use crate::BoxError;
 
@@ -26,7 +27,8 @@ pub fn launch(
     server: &OpenCodeServer,
     state_dir: &Path,
 ) -> Spawn {
-    Spawn::new(gateway_bin(), env.work_dir(), &env.home_dir())
+    Spawn::new(env.work_dir(), &env.home_dir())
+        .bin(gateway_bin())
         .envs(env.vars(fake_url))
         .env("OPENCODE_MCP_OPENCODE__URL", server.url())
         .env("OPENCODE_SERVER_PASSWORD", server.password())
@@ -57,7 +59,7 @@ impl Gw {
 
     /// Attaches a connected client to the configured server.
     pub async fn attach(client: Client) -> Result<Self, BoxError> {
-        let pid = client.pid;
+        let pid = client.pid().ok_or("the gateway has no pid")?;
         let reply = client.call("opencode_start_server", json!({})).await?;
         if reply.is_error {
             return Err(format!(

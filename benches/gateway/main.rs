@@ -15,7 +15,6 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-mod client;
 mod direct;
 mod figures;
 mod gw;
@@ -44,6 +43,14 @@ use support::isolation::OpenCodeEnv;
 use support::opencode_server::OpenCodeServer;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The gateway binary: `$BENCH_GATEWAY_BIN`, else the release build cargo made for this bench.
+pub fn gateway_bin() -> PathBuf {
+    std::env::var_os("BENCH_GATEWAY_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_opencode-mcp")))
+}
 
 /// How much to measure; every field has a `BENCH_*` override.
 #[derive(Debug, Clone, Serialize)]
@@ -190,7 +197,7 @@ fn main() {
 }
 
 fn release_gateway() -> Result<PathBuf, BoxError> {
-    let bin = client::gateway_bin();
+    let bin = gateway_bin();
     if !bin.is_file() {
         return Err(format!("the gateway binary {} is missing", bin.display()).into());
     }

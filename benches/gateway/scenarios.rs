@@ -9,12 +9,12 @@ use futures::future::join_all;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::client::{Client, Spawn};
 use crate::direct::{gateway_title, Direct};
 use crate::gw::{check_completed, Gw};
 use crate::machine::{cpu_seconds, rss_mb};
 use crate::sse::IdleWatch;
 use crate::support::fake_llm::FakeLlm;
+use crate::support::mcp::{Launch as Spawn, McpClient as Client};
 use crate::BoxError;
 
 /// Pause after each measured turn so OpenCode's post-turn work does not spill into the next.
@@ -355,7 +355,7 @@ pub async fn footprint(
 ) -> Result<Footprint, BoxError> {
     let mut f = Footprint::default();
     let client = Gw::connect(launch).await?;
-    let pid = client.pid;
+    let pid = client.pid().ok_or("the gateway has no pid")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     f.rss_initialized = rss_samples(pid).await?;
     let gateway = Gw::attach(client).await?;

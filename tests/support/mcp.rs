@@ -42,6 +42,7 @@ pub fn gateway_bin() -> PathBuf {
 /// How to start the gateway.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    bin: PathBuf,
     cwd: PathBuf,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
@@ -60,6 +61,7 @@ impl Launch {
             home.join(".config").into_os_string(),
         ));
         Self {
+            bin: gateway_bin(),
             cwd: cwd.into(),
             args: Vec::new(),
             env,
@@ -67,6 +69,12 @@ impl Launch {
     }
 
     /// Adds a command-line argument.
+    /// Runs another gateway binary (the benchmark measures the release build, or any build).
+    pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.bin = bin.into();
+        self
+    }
+
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
         self.args.push(arg.into());
         self
@@ -91,7 +99,7 @@ impl Launch {
 
     /// The command, with stdio left for the caller to configure.
     pub fn command(&self) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(gateway_bin());
+        let mut cmd = tokio::process::Command::new(&self.bin);
         cmd.args(&self.args)
             .current_dir(&self.cwd)
             .env_clear()
