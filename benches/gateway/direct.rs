@@ -94,17 +94,5 @@ impl Direct {
     }
 }
 
-/// The title the gateway gives a session (`[opencode-mcp] <first line, 60 chars>`), so both
-/// paths send OpenCode the same request bodies.
-pub fn gateway_title(prompt: &str) -> String {
-    let line = prompt
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("task");
-    let mut title: String = line.chars().take(60).collect();
-    if line.chars().count() > 60 {
-        title.push('…');
-    }
-    format!("[opencode-mcp] {title}")
-}
+/// The title the gateway gives a session, so both paths send OpenCode the same request bodies.
+pub use opencode_mcp::tasks::default_title as gateway_title;

@@ -554,55 +554,17 @@ impl TaskService {
             return self.snapshot(task_id, false);
         }
         let server = self.server(&entry.server_id)?;
-        self.abort_turn(&server, &entry, TaskStatus::Cancelled, None)
-            .await?;
+        abort_turn(
+            &self.registry,
+            &server,
+            task_id,
+            entry.turn,
+            TaskStatus::Cancelled,
+            None,
+            IfAbortFails::KeepRunning,
+        )
+        .await?;
         self.snapshot(task_id, false)
-    }
-
-    /// Aborts the session's turn and finishes the task with `status`. On failure the task is left
-    /// as it was and the error returned: a 404 is never reported as a cancellation.
-    async fn abort_turn(
-        &self,
-        server: &Server,
-        entry: &TaskEntry,
-        status: TaskStatus,
-        error: Option<ErrorInfo>,
-    ) -> Result<(), TaskError> {
-        let turn = entry.turn;
-        let claimed = self.registry.update(&entry.id, |e| {
-            if e.turn != turn || e.status.is_terminal() || e.aborting {
-                false
-            } else {
-                e.aborting = true;
-                true
-            }
-        });
-        if claimed != Some(true) {
-            return Ok(());
-        }
-        if let Some(ask) = &entry.permission {
-            if let Err(e) = server
-                .api
-                .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
-                .await
-            {
-                tracing::warn!(task_id = %entry.id, error = %e, "rejecting the pending permission failed");
-            }
-        }
-        match server.api.abort(&entry.directory, &entry.session_id).await {
-            Ok(_) => {
-                self.registry.update(&entry.id, |e| {
-                    if e.turn == turn {
-                        e.finish(status, error);
-                    }
-                });
-                Ok(())
-            }
-            Err(e) => {
-                self.registry.update(&entry.id, |e| e.aborting = false);
-                Err(e.into())
-            }
-        }
     }
 
     /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
@@ -612,11 +574,29 @@ impl TaskService {
         let server = server.clone();
         let task_id = task_id.to_string();
         let stop = server.stop.clone();
-        let svc = DeadlineAbort { registry };
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(after) => svc.fire(&server, &task_id, turn, limit).await,
+                _ = tokio::time::sleep(after) => {
+                    let error = ErrorInfo {
+                        name: "TaskTimeout".into(),
+                        message: format!(
+                            "the task ran longer than timeouts.task ({}) and was aborted",
+                            humantime::format_duration(limit)
+                        ),
+                    };
+                    // Infallible with FinishAnyway.
+                    let _ = abort_turn(
+                        &registry,
+                        &server,
+                        &task_id,
+                        turn,
+                        TaskStatus::TimedOut,
+                        Some(error),
+                        IfAbortFails::FinishAnyway,
+                    )
+                    .await;
+                }
             }
         });
     }
@@ -791,46 +771,65 @@ impl TaskService {
     }
 }
 
-/// The deadline's abort, separated so the spawned timer holds only what it needs.
-struct DeadlineAbort {
-    registry: Arc<Registry>,
+/// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IfAbortFails {
+    /// `cancel_task`: leave the task as it was and return the error (a 404 is never reported as
+    /// a cancellation).
+    KeepRunning,
+    /// The deadline: the turn is over for us whatever OpenCode says; log and finish it.
+    FinishAnyway,
 }
 
-impl DeadlineAbort {
-    async fn fire(&self, server: &Server, task_id: &str, turn: u32, limit: Duration) {
-        let claimed = self.registry.update(task_id, |e| {
-            if e.turn != turn || e.status.is_terminal() || e.aborting {
-                None
-            } else {
-                e.aborting = true;
-                Some(e.clone())
-            }
-        });
-        let Some(Some(entry)) = claimed else {
-            return;
-        };
-        if let Some(ask) = &entry.permission {
-            let _ = server
-                .api
-                .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
-                .await;
+/// Aborts turn `turn` of a task: claims it (so events cannot decide its status meanwhile, and a
+/// second abort is a no-op), rejects a permission it waits on (OpenCode's abort leaves the ask
+/// listed), aborts the session, and finishes the task with `status`. Shared by `cancel_task` and
+/// the task deadline.
+async fn abort_turn(
+    registry: &Registry,
+    server: &Server,
+    task_id: &str,
+    turn: u32,
+    status: TaskStatus,
+    error: Option<ErrorInfo>,
+    if_fails: IfAbortFails,
+) -> Result<(), OpencodeError> {
+    let claimed = registry.update(task_id, |e| {
+        if e.turn != turn || e.status.is_terminal() || e.aborting {
+            None
+        } else {
+            e.aborting = true;
+            Some(e.clone())
         }
-        let error = ErrorInfo {
-            name: "TaskTimeout".into(),
-            message: format!(
-                "the task ran longer than timeouts.task ({}) and was aborted",
-                humantime::format_duration(limit)
-            ),
-        };
-        let aborted = server.api.abort(&entry.directory, &entry.session_id).await;
-        if let Err(e) = &aborted {
-            tracing::warn!(task_id, error = %e, "aborting a timed-out task failed; reporting it timed out anyway");
+    });
+    let Some(Some(entry)) = claimed else {
+        return Ok(());
+    };
+    if let Some(ask) = &entry.permission {
+        if let Err(e) = server
+            .api
+            .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
+            .await
+        {
+            tracing::warn!(task_id, error = %e, "rejecting the pending permission failed");
         }
-        self.registry.update(task_id, |e| {
-            if e.turn == turn {
-                e.finish(TaskStatus::TimedOut, Some(error));
+    }
+    match server.api.abort(&entry.directory, &entry.session_id).await {
+        Err(e) if if_fails == IfAbortFails::KeepRunning => {
+            registry.update(task_id, |e| e.aborting = false);
+            Err(e)
+        }
+        outcome => {
+            if let Err(e) = outcome {
+                tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway");
             }
-        });
+            registry.update(task_id, |e| {
+                if e.turn == turn {
+                    e.finish(status, error);
+                }
+            });
+            Ok(())
+        }
     }
 }
 
@@ -871,7 +870,7 @@ fn list_some(items: &[String]) -> String {
 }
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
-fn default_title(prompt: &str) -> String {
+pub fn default_title(prompt: &str) -> String {
     let line = prompt
         .lines()
         .map(str::trim)
