@@ -50,9 +50,25 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// `millis * 0x1000 + counter` + 14 base62 characters), so that our user messages sort among
 /// OpenCode's by creation time, as its own ids do.
 pub fn message_id() -> String {
+    message_id_after(None)
+}
+
+/// A message id that sorts above `floor` (the newest id seen in the session) even when this
+/// machine's clock runs behind the server's: OpenCode orders a session's messages by id, and a
+/// prompt whose id sorts below the last reply is never answered.
+pub fn message_id_after(floor: Option<&str>) -> String {
     let millis = (now_nanos() / 1_000_000) as u64;
     let counter = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
-    let value = (millis.wrapping_mul(0x1000).wrapping_add(counter)) & 0xffff_ffff_ffff;
+    let mut value = (millis.wrapping_mul(0x1000).wrapping_add(counter)) & 0xffff_ffff_ffff;
+    let floor_value = floor
+        .and_then(|f| f.strip_prefix("msg_"))
+        .and_then(|f| f.get(..12))
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    if let Some(floor_value) = floor_value {
+        if value <= floor_value {
+            value = (floor_value + 1) & 0xffff_ffff_ffff;
+        }
+    }
     format!("msg_{value:012x}{}", random_base62(14))
 }
 
@@ -74,5 +90,16 @@ mod tests {
         let b = message_id();
         assert!(a.starts_with("msg_") && a.len() == 4 + 12 + 14);
         assert!(a[..16] < b[..16], "{a} then {b}");
+    }
+
+    #[test]
+    fn message_ids_sort_above_a_server_running_ahead() {
+        // An id minted an hour ahead of this clock.
+        let ahead_ms = (now_nanos() / 1_000_000) as u64 + 3_600_000;
+        let floor = format!("msg_{:012x}zzzzzzzzzzzzzz", ahead_ms * 0x1000);
+        let id = message_id_after(Some(&floor));
+        assert!(id > floor, "{id} must sort above {floor}");
+        let plain = message_id_after(Some("msg_000000000001AAAAAAAAAAAAAA"));
+        assert!(plain > "msg_000000000001AAAAAAAAAAAAAA".to_string());
     }
 }

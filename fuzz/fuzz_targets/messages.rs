@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use opencode_mcp::opencode::{session_activity_from_json, turn_from_messages_json};
+use opencode_mcp::opencode::session_activity_from_json;
+use opencode_mcp::tasks::turn::from_messages_json as turn_from_messages_json;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

@@ -150,10 +150,11 @@ pub struct Limits {
     /// Most characters of result text returned by one `get_task_result` call; pass `offset` to page.
     #[schemars(range(min = 1))]
     pub result_page_chars: u32,
-    /// Most tasks tracked at once (finished ones are evicted after `finished_task_ttl`).
+    /// Most unfinished tasks at once (pending, running or waiting for a permission). Finished
+    /// tasks do not count: they stay answerable from the state directory for `finished_task_ttl`.
     #[schemars(range(min = 1))]
     pub max_tasks: u32,
-    /// How long a finished task stays answerable.
+    /// How long a finished task stays answerable (its record is then deleted).
     pub finished_task_ttl: HumanDuration,
     /// Characters of streamed text shown as the tail in progress reports.
     #[schemars(range(min = 1))]

@@ -8,10 +8,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::client::{types, Client};
 use super::error::OpencodeError;
+use super::messages;
+use super::types::{
+    session_activity_from_json, split_model, AgentInfo, FileChange, MessageView, ModelCatalog,
+    PermissionAsk, PermissionReply, SessionActivity,
+};
+
+/// Messages read per request when reading a turn: most turns fit in one page.
+const MESSAGE_PAGE: u32 = 50;
+/// Pages read at most for one turn (a turn of thousands of steps is read up to this bound, the
+/// newest part first).
+const MAX_MESSAGE_PAGES: usize = 40;
 
 /// Basic-auth user name OpenCode expects.
 pub const AUTH_USER: &str = "opencode";
@@ -26,156 +35,6 @@ pub struct Api {
     stream_http: reqwest::Client,
     base_url: String,
 }
-
-/// An agent as the host needs to see it.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct AgentInfo {
-    pub name: String,
-    /// `primary`, `subagent` or `all`.
-    pub mode: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// The agent's own model (`provider/model`), when it pins one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-}
-
-/// The models a server offers, as exact `provider/model` ids, and its defaults per provider.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ModelCatalog {
-    pub models: Vec<String>,
-    /// provider id -> default model id.
-    pub defaults: BTreeMap<String, String>,
-}
-
-impl ModelCatalog {
-    pub fn contains(&self, model: &str) -> bool {
-        self.models.iter().any(|m| m == model)
-    }
-}
-
-/// What `GET /session/status` says about one session. Idle sessions are absent from that list.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SessionActivity {
-    Busy,
-    Retry {
-        attempt: u64,
-        message: String,
-        /// Epoch milliseconds of the next attempt.
-        next: u64,
-    },
-    Idle,
-}
-
-/// Token counts of a turn (summed over its assistant messages).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct Tokens {
-    pub input: u64,
-    pub output: u64,
-    pub reasoning: u64,
-    pub cache_read: u64,
-    pub cache_write: u64,
-}
-
-/// An error OpenCode recorded on an assistant message or a session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct ErrorInfo {
-    /// OpenCode's error name, e.g. `APIError`, `ProviderAuthError`, `MessageAbortedError`.
-    pub name: String,
-    pub message: String,
-}
-
-/// One tool call of a turn.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct ToolCall {
-    pub tool: String,
-    /// `pending`, `running`, `completed` or `error`.
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub title: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// The state of one turn (our user message and the assistant messages answering it), read from
-/// `GET /session/{id}/message`. This is the authority on completion (design notes §5).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TurnState {
-    /// Our user message is in the session.
-    pub user_message_seen: bool,
-    /// Assistant messages whose `parentID` is our user message.
-    pub assistant_messages: usize,
-    /// The latest of them has `time.completed` with a terminal finish, or an error.
-    pub finished: bool,
-    /// The latest of them has `time.completed` (whatever its finish). Completed with
-    /// `tool-calls` while the session is idle means the agent loop stopped after a tool call
-    /// without a final answer (a rejected permission does this).
-    pub latest_completed: bool,
-    pub finish: Option<String>,
-    pub error: Option<ErrorInfo>,
-    /// Text of the latest assistant message (what the model said last).
-    pub text: String,
-    pub model: Option<String>,
-    pub agent: Option<String>,
-    pub tokens: Tokens,
-    pub cost: f64,
-    pub tools: Vec<ToolCall>,
-    /// Completed steps (assistant messages with `time.completed`).
-    pub steps: u32,
-    /// Epoch ms the latest assistant message completed.
-    pub completed_at: Option<u64>,
-    /// `text` was cut at the gateway's `limits.max_result_chars`.
-    #[serde(default)]
-    pub text_capped: bool,
-}
-
-impl TurnState {
-    /// Keeps at most `max` characters of the text (memory and state files stay bounded).
-    pub fn cap_text(mut self, max: usize) -> Self {
-        if let Some((cut, _)) = self.text.char_indices().nth(max) {
-            self.text.truncate(cut);
-            self.text_capped = true;
-        }
-        self
-    }
-}
-
-/// A pending permission ask.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct PermissionAsk {
-    pub id: String,
-    pub session_id: String,
-    /// What is asked for, e.g. `bash`, `edit`, `external_directory`.
-    pub permission: String,
-    /// The patterns it covers, e.g. the command line.
-    pub patterns: Vec<String>,
-    /// Tool-specific details (e.g. the command), as OpenCode sends them.
-    pub metadata: serde_json::Value,
-}
-
-/// One file a session changed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct FileChange {
-    pub file: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-    pub additions: u64,
-    pub deletions: u64,
-}
-
-/// How to answer a permission ask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PermissionReply {
-    Once,
-    Always,
-    Reject,
-}
-
-/// A finish reason that ends a turn. `tool-calls` (and an absent finish) mean another step follows.
-pub fn is_terminal_finish(finish: &str) -> bool {
-    !matches!(finish, "tool-calls" | "unknown" | "")
-}
-
 impl Api {
     /// A client for `base_url` (e.g. `http://127.0.0.1:4096`), authenticating with `password`
     /// when given. `request_timeout` bounds every call: the generated client's own default
@@ -305,6 +164,24 @@ impl Api {
         Ok(r.into_inner().id)
     }
 
+    /// `GET /session/{id}`: the session's parent, for a child session (a subagent's) whose
+    /// creation the event stream did not show. `Ok(None)` for a top-level session.
+    pub async fn session_parent(
+        &self,
+        directory: &str,
+        session_id: &str,
+    ) -> Result<Option<String>, OpencodeError> {
+        let r = self
+            .client
+            .session_get()
+            .session_id(session_id)
+            .directory(directory)
+            .send()
+            .await
+            .map_err(|e| OpencodeError::from_client("GET /session/{id}", e))?;
+        Ok(r.into_inner().parent_id)
+    }
+
     /// `POST /session/{id}/prompt_async` with our own message id, so the turn can be told apart
     /// from every other (design notes §5). OpenCode answers 204 at once; failures of the turn
     /// itself arrive later as events.
@@ -398,23 +275,62 @@ impl Api {
         })
     }
 
-    /// Reads the session's messages and derives the state of the turn opened by
-    /// `user_message_id`.
-    pub async fn turn_state(
+    /// The messages of the turn opened by `user_message_id`, oldest first, starting with ours
+    /// (or, if the session does not hold it, the whole session read within the page bound, so the
+    /// caller can tell that it is missing).
+    ///
+    /// Sessions grow with every `continue_task`, so this pages backwards from the newest message
+    /// and stops at our own message instead of downloading the whole history on every
+    /// completion check. OpenCode 1.18.33 pages like this: `limit=N` answers the newest N
+    /// messages (oldest first), with an `X-Next-Cursor` header naming the oldest of them; passing
+    /// that cursor as `before` answers the N before it. (`before` is that opaque cursor, not a
+    /// message id: a message id is answered with 400.)
+    pub async fn turn_messages(
         &self,
         directory: &str,
         session_id: &str,
         user_message_id: &str,
-    ) -> Result<TurnState, OpencodeError> {
-        let r = self
-            .client
-            .session_messages()
-            .session_id(session_id)
-            .directory(directory)
-            .send()
-            .await
-            .map_err(|e| OpencodeError::from_client("GET /session/{id}/message", e))?;
-        Ok(derive_turn(&r.into_inner(), user_message_id))
+    ) -> Result<Vec<MessageView>, OpencodeError> {
+        let mut collected: Vec<MessageView> = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_MESSAGE_PAGES {
+            let mut req = self
+                .client
+                .session_messages()
+                .session_id(session_id)
+                .directory(directory)
+                .limit(i64::from(MESSAGE_PAGE));
+            if let Some(c) = &cursor {
+                req = req.before(c.clone());
+            }
+            let response = req
+                .send()
+                .await
+                .map_err(|e| OpencodeError::from_client("GET /session/{id}/message", e))?;
+            let next = response
+                .headers()
+                .get("x-next-cursor")
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(String::from);
+            let mut page: Vec<MessageView> =
+                response.into_inner().iter().map(messages::view).collect();
+            page.sort_by(|a, b| a.id.cmp(&b.id));
+            // Keep only what is older than what we already have (a server that ignored the
+            // cursor would answer the same page again).
+            if let Some(oldest) = collected.first() {
+                page.retain(|m| m.id < oldest.id);
+            }
+            let found = page.iter().any(|m| m.id == user_message_id);
+            let progressed = !page.is_empty();
+            page.append(&mut collected);
+            collected = page;
+            match next {
+                Some(c) if !found && progressed => cursor = Some(c),
+                _ => break,
+            }
+        }
+        Ok(collected)
     }
 
     /// `GET /session/{id}/diff`: files the session changed (optionally since one message).
@@ -497,14 +413,6 @@ impl Api {
         Ok(r.into_inner())
     }
 }
-
-/// `provider/model` -> (`provider`, `model`). The model part may itself contain slashes
-/// (`openrouter/anthropic/claude`), the provider may not.
-pub fn split_model(model: &str) -> Option<(&str, &str)> {
-    let (p, m) = model.split_once('/')?;
-    (!p.is_empty() && !m.is_empty()).then_some((p, m))
-}
-
 fn basic_auth_header(user: &str, password: &str) -> String {
     format!(
         "Basic {}",
@@ -534,154 +442,6 @@ fn base64_encode(input: &[u8]) -> String {
     out
 }
 
-/// Decodes a `GET /session/status` answer (`{sessionID: {type, ...}}`). Lenient: fields it does
-/// not use are ignored, and a status type it does not know counts as busy (the endpoint lists only
-/// sessions that are not idle, so whatever it is, the session is doing something).
-pub fn session_activity_from_json(
-    value: &serde_json::Value,
-) -> Result<BTreeMap<String, SessionActivity>, String> {
-    let map = value
-        .as_object()
-        .ok_or_else(|| format!("expected an object of sessions, got {value}"))?;
-    Ok(map
-        .iter()
-        .map(|(id, status)| {
-            let activity = match status.get("type").and_then(|t| t.as_str()) {
-                Some("idle") => SessionActivity::Idle,
-                Some("retry") => SessionActivity::Retry {
-                    attempt: status.get("attempt").and_then(|a| a.as_u64()).unwrap_or(0),
-                    message: status
-                        .get("message")
-                        .and_then(|m| m.as_str())
-                        .unwrap_or_default()
-                        .to_string(),
-                    next: status.get("next").and_then(|n| n.as_u64()).unwrap_or(0),
-                },
-                _ => SessionActivity::Busy,
-            };
-            (id.clone(), activity)
-        })
-        .collect())
-}
-
-/// The turn state (`derive_turn`) from the JSON text of a `GET /session/{id}/message` answer,
-/// decoded with the generated types exactly as [`Api::turn_state`] decodes it. For tests and
-/// fuzzing: no generated type crosses this boundary.
-pub fn turn_from_messages_json(json: &str, user_message_id: &str) -> Result<TurnState, String> {
-    let messages: Vec<types::SessionMessagesResponseItem> =
-        serde_json::from_str(json).map_err(|e| e.to_string())?;
-    Ok(derive_turn(&messages, user_message_id))
-}
-
-/// Derives a turn's state from the session's messages (pure, so it is unit-tested on recorded
-/// responses).
-pub(crate) fn derive_turn(
-    messages: &[types::SessionMessagesResponseItem],
-    user_message_id: &str,
-) -> TurnState {
-    let mut state = TurnState::default();
-    let mut latest: Option<(&types::AssistantMessage, &[types::Part])> = None;
-    for item in messages {
-        match &item.info {
-            types::Message::UserMessage(u) if u.id == user_message_id => {
-                state.user_message_seen = true;
-            }
-            types::Message::AssistantMessage(a) if a.parent_id == user_message_id => {
-                state.assistant_messages += 1;
-                state.cost += a.cost;
-                let t = &a.tokens;
-                state.tokens.input += t.input.max(0.0) as u64;
-                state.tokens.output += t.output.max(0.0) as u64;
-                state.tokens.reasoning += t.reasoning.max(0.0) as u64;
-                state.tokens.cache_read += t.cache.read.max(0.0) as u64;
-                state.tokens.cache_write += t.cache.write.max(0.0) as u64;
-                if a.time.completed.is_some() {
-                    state.steps += 1;
-                }
-                for part in &item.parts {
-                    if let types::Part::ToolPart(tp) = part {
-                        state.tools.push(tool_call(tp));
-                    }
-                }
-                // Messages come in creation order; ids are ascending too. Keep the newest.
-                let newer = latest.is_none_or(|(prev, _)| a.id >= prev.id);
-                if newer {
-                    latest = Some((a, &item.parts));
-                }
-            }
-            _ => {}
-        }
-    }
-    if let Some((a, parts)) = latest {
-        state.model = Some(format!("{}/{}", a.provider_id, a.model_id));
-        state.agent = Some(a.agent.clone());
-        state.finish = a.finish.clone();
-        state.error = a.error.as_ref().map(error_info);
-        state.completed_at = a.time.completed;
-        state.text = parts
-            .iter()
-            .filter_map(|p| match p {
-                types::Part::TextPart(t)
-                    if t.synthetic != Some(true) && t.ignored != Some(true) =>
-                {
-                    Some(t.text.as_str())
-                }
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        let terminal = a.finish.as_deref().is_some_and(is_terminal_finish);
-        state.latest_completed = a.time.completed.is_some();
-        state.finished = state.error.is_some() || (a.time.completed.is_some() && terminal);
-    }
-    state
-}
-
-fn tool_call(tp: &types::ToolPart) -> ToolCall {
-    let (status, title, error) = match &tp.state {
-        types::ToolState::ToolStatePending(_) => ("pending", None, None),
-        types::ToolState::ToolStateRunning(r) => ("running", r.title.clone(), None),
-        types::ToolState::ToolStateCompleted(c) => ("completed", Some(c.title.clone()), None),
-        types::ToolState::ToolStateError(e) => ("error", None, Some(e.error.clone())),
-        types::ToolState::Object(o) => (
-            o.get("status")
-                .and_then(|s| s.as_str())
-                .unwrap_or("unknown"),
-            None,
-            None,
-        ),
-    };
-    ToolCall {
-        tool: tp.tool.clone(),
-        status: status.to_string(),
-        title,
-        error,
-    }
-}
-
-/// OpenCode's message errors all look like `{name, data: {message, ...}}`; read them as JSON so
-/// that a variant we do not know still yields its name and message.
-fn error_info(e: &types::AssistantMessageError) -> ErrorInfo {
-    let value = serde_json::to_value(e).unwrap_or(serde_json::Value::Null);
-    error_info_from_json(&value)
-}
-
-/// `{name, data: {message}}` (or `{name, message}`) -> [`ErrorInfo`].
-pub fn error_info_from_json(value: &serde_json::Value) -> ErrorInfo {
-    let name = value
-        .get("name")
-        .and_then(|n| n.as_str())
-        .unwrap_or("UnknownError")
-        .to_string();
-    let message = value
-        .pointer("/data/message")
-        .or_else(|| value.get("message"))
-        .and_then(|m| m.as_str())
-        .map(String::from)
-        .unwrap_or_else(|| value.to_string());
-    ErrorInfo { name, message }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,166 +459,5 @@ mod tests {
         ] {
             assert_eq!(base64_encode(input.as_bytes()), expected);
         }
-    }
-
-    #[test]
-    fn model_ids_split_at_the_first_slash() {
-        assert_eq!(split_model("fake/fake-model"), Some(("fake", "fake-model")));
-        assert_eq!(
-            split_model("openrouter/anthropic/claude"),
-            Some(("openrouter", "anthropic/claude"))
-        );
-        assert_eq!(split_model("nomodel"), None);
-        assert_eq!(split_model("/x"), None);
-    }
-
-    #[test]
-    fn only_tool_calls_continue_a_turn() {
-        assert!(is_terminal_finish("stop"));
-        assert!(is_terminal_finish("length"));
-        assert!(!is_terminal_finish("tool-calls"));
-    }
-
-    /// Decodes a recorded response of the real OpenCode 1.18.33 with the generated types, naming
-    /// the JSON path on failure.
-    fn fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
-        let path = format!(
-            "{}/tests/fixtures/opencode/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let text = std::fs::read_to_string(&path).expect("fixture exists");
-        let de = &mut serde_json::Deserializer::from_str(&text);
-        serde_path_to_error::deserialize(de)
-            .unwrap_or_else(|e| panic!("{name} does not decode at {}: {e}", e.path()))
-    }
-
-    fn user_message_id(messages: &[types::SessionMessagesResponseItem]) -> String {
-        messages
-            .iter()
-            .find_map(|m| match &m.info {
-                types::Message::UserMessage(u) => Some(u.id.clone()),
-                _ => None,
-            })
-            .expect("a user message")
-    }
-
-    #[test]
-    fn recorded_agents_and_providers_decode() {
-        let agents: Vec<types::Agent> = fixture("agents.json");
-        assert!(agents.iter().any(|a| a.name == "build"));
-        let providers: types::ConfigProvidersResponse = fixture("config_providers.json");
-        let fake = providers
-            .providers
-            .iter()
-            .find(|p| p.id == "fake")
-            .expect("fake provider");
-        assert!(fake.models.contains_key("fake-model"));
-    }
-
-    #[test]
-    fn enum_values_from_a_newer_opencode_still_decode() {
-        let mut agents: serde_json::Value = fixture("agents.json");
-        if let Some(list) = agents.as_array_mut() {
-            for a in list {
-                a["mode"] = serde_json::json!("a-mode-from-the-future");
-            }
-        }
-        let decoded: Vec<types::Agent> =
-            serde_json::from_value(agents).expect("unknown enum values decode");
-        assert!(decoded.iter().all(|a| a.mode == "a-mode-from-the-future"));
-    }
-
-    #[test]
-    fn recorded_sessions_statuses_and_permissions_decode() {
-        let s: types::Session = fixture("session.json");
-        assert!(s.id.starts_with("ses"));
-        let _: types::Session = fixture("session_after_turn.json");
-        let busy: std::collections::HashMap<String, types::SessionStatus> =
-            fixture("session_status_busy.json");
-        assert!(busy
-            .values()
-            .any(|v| matches!(v, types::SessionStatus::Busy)));
-        let retry: std::collections::HashMap<String, types::SessionStatus> =
-            fixture("session_status_retry.json");
-        assert!(retry
-            .values()
-            .any(|v| matches!(v, types::SessionStatus::Retry { .. })));
-        let asks: Vec<types::PermissionRequest> = fixture("permission_list.json");
-        assert!(asks.iter().all(|a| a.id.starts_with("per")));
-    }
-
-    #[test]
-    fn a_text_turn_is_finished_with_its_text_and_tokens() {
-        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_text.json");
-        let turn = derive_turn(&messages, &user_message_id(&messages));
-        assert!(turn.user_message_seen && turn.finished && turn.latest_completed);
-        assert_eq!(turn.finish.as_deref(), Some("stop"));
-        assert!(turn.text.starts_with("ECHO: "), "{}", turn.text);
-        assert!(turn.tokens.input > 0 && turn.tokens.output > 0);
-        assert_eq!(turn.model.as_deref(), Some("fake/fake-model"));
-        assert!(turn.error.is_none());
-    }
-
-    #[test]
-    fn a_tool_turn_lists_its_tools_and_ends_on_the_final_step() {
-        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_tool.json");
-        let turn = derive_turn(&messages, &user_message_id(&messages));
-        assert!(turn.finished);
-        assert!(turn.assistant_messages >= 2, "a tool step, then the answer");
-        assert!(turn
-            .tools
-            .iter()
-            .any(|t| t.tool == "bash" && t.status == "completed"));
-        assert!(turn.steps >= 2);
-    }
-
-    #[test]
-    fn error_and_abort_turns_carry_the_error() {
-        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_error.json");
-        let turn = derive_turn(&messages, &user_message_id(&messages));
-        let error = turn.error.expect("error");
-        assert_eq!(error.name, "APIError");
-        assert!(
-            error.message.contains("scripted bad request"),
-            "{}",
-            error.message
-        );
-        assert!(turn.finished);
-        let aborted: Vec<types::SessionMessagesResponseItem> = fixture("messages_abort.json");
-        let turn = derive_turn(&aborted, &user_message_id(&aborted));
-        assert_eq!(
-            turn.error.map(|e| e.name).as_deref(),
-            Some("MessageAbortedError")
-        );
-    }
-
-    #[test]
-    fn a_turn_belongs_to_its_own_user_message_only() {
-        let messages: Vec<types::SessionMessagesResponseItem> = fixture("messages_text.json");
-        let other = derive_turn(&messages, "msg_someone_else");
-        assert!(!other.user_message_seen && !other.finished && other.text.is_empty());
-    }
-
-    #[test]
-    fn capping_keeps_whole_characters_and_says_so() {
-        let turn = TurnState {
-            text: "héllo".into(),
-            ..TurnState::default()
-        };
-        let capped = turn.clone().cap_text(2);
-        assert_eq!(capped.text, "hé");
-        assert!(capped.text_capped);
-        let whole = turn.cap_text(5);
-        assert_eq!(whole.text, "héllo");
-        assert!(!whole.text_capped);
-    }
-
-    #[test]
-    fn error_json_yields_name_and_message() {
-        let e = error_info_from_json(
-            &serde_json::json!({"name": "APIError", "data": {"message": "bad key", "statusCode": 400}}),
-        );
-        assert_eq!(e.name, "APIError");
-        assert_eq!(e.message, "bad key");
     }
 }

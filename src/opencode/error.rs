@@ -85,7 +85,7 @@ impl OpencodeError {
             E2::ErrorResponse(rv) => {
                 let status = rv.status().as_u16();
                 let body = serde_json::to_value(rv.into_inner()).unwrap_or_default();
-                let info = super::api::error_info_from_json(&body);
+                let info = super::types::error_info_from_json(&body);
                 if status == 401 {
                     OpencodeError::Unauthorized { operation }
                 } else {
@@ -126,6 +126,14 @@ impl OpencodeError {
 }
 
 impl OpencodeError {
+    /// The HTTP status OpenCode answered with, for errors that carry one.
+    pub fn http_status(&self) -> Option<u16> {
+        match self {
+            OpencodeError::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
     /// A request of ours that got no answer.
     pub(crate) fn from_reqwest(operation: &str, e: &reqwest::Error) -> Self {
         OpencodeError::Unreachable {
@@ -158,8 +166,8 @@ impl OpencodeError {
         if !status.is_success() {
             let info = parsed
                 .as_ref()
-                .map(super::api::error_info_from_json)
-                .unwrap_or_else(|_| super::api::ErrorInfo {
+                .map(super::types::error_info_from_json)
+                .unwrap_or_else(|_| super::types::ErrorInfo {
                     name: "UnexpectedResponse".into(),
                     message: format!("unexpected HTTP {}", status.as_u16()),
                 });

@@ -14,7 +14,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{error_info_from_json, Api, ErrorInfo, PermissionAsk, SessionActivity};
+use super::api::Api;
+use super::types::{error_info_from_json, ErrorInfo, PermissionAsk, SessionActivity};
 
 /// What the pump reports to the tracker.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +51,22 @@ pub enum Event {
         completed: bool,
         finish: Option<String>,
         error: Option<ErrorInfo>,
+        /// A compaction summary (`summary: true`): never the end of a turn.
+        summary: bool,
+        agent: Option<String>,
+        /// `provider/model` of an assistant message.
+        model: Option<String>,
+    },
+    /// `session.created` / `session.updated`: how a subagent's child session (one with a
+    /// `parentID`) is tied to the task of its parent.
+    SessionInfo {
+        session_id: String,
+        parent_id: Option<String>,
+    },
+    /// `session.deleted`: OpenCode keeps streaming a deleted session's turn, so only this event
+    /// tells the gateway the task is gone.
+    SessionDeleted {
+        session_id: String,
     },
     PartUpdated {
         session_id: String,
@@ -82,7 +99,9 @@ impl Event {
             | Event::MessageUpdated { session_id, .. }
             | Event::PartUpdated { session_id, .. }
             | Event::PartDelta { session_id, .. }
-            | Event::PermissionReplied { session_id, .. } => Some(session_id),
+            | Event::PermissionReplied { session_id, .. }
+            | Event::SessionInfo { session_id, .. }
+            | Event::SessionDeleted { session_id } => Some(session_id),
             Event::SessionError { session_id, .. } => session_id.as_deref(),
             Event::PermissionAsked(ask) => Some(&ask.session_id),
             Event::Other => None,
@@ -107,6 +126,12 @@ pub enum PartEvent {
     Other,
 }
 
+/// The longest line (and event) the parser keeps. OpenCode's frames carry whole message parts
+/// (a tool's output, a file's text), so the cap is generous; it exists so that a server that
+/// never sends a newline cannot grow the gateway's memory without bound. An oversized event is
+/// dropped whole (the reconcile reads the state it described over HTTP).
+pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 /// Incremental parser of a `text/event-stream` body: feed it bytes, get the `data` payloads of
 /// complete events. Only `data:` lines matter here (OpenCode sends no `event:` or `id:`).
 #[derive(Debug, Default)]
@@ -114,6 +139,8 @@ pub struct SseParser {
     line: Vec<u8>,
     data: String,
     has_data: bool,
+    /// The current line or event passed [`MAX_EVENT_BYTES`]: skip to the end of the event.
+    oversized: bool,
 }
 
 impl SseParser {
@@ -127,8 +154,11 @@ impl SseParser {
                     line.pop();
                 }
                 self.on_line(&line, &mut out);
-            } else {
+            } else if self.line.len() + self.data.len() < MAX_EVENT_BYTES {
                 self.line.push(b);
+            } else {
+                self.oversized = true;
+                self.line.clear();
             }
         }
         out
@@ -136,10 +166,15 @@ impl SseParser {
 
     fn on_line(&mut self, line: &[u8], out: &mut Vec<String>) {
         if line.is_empty() {
-            if self.has_data {
+            if self.has_data && !self.oversized {
                 out.push(std::mem::take(&mut self.data));
-                self.has_data = false;
             }
+            self.data.clear();
+            self.has_data = false;
+            self.oversized = false;
+            return;
+        }
+        if self.oversized {
             return;
         }
         let text = String::from_utf8_lossy(line);
@@ -214,8 +249,26 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                     .is_some_and(|c| !c.is_null()),
                 finish: s(info, "finish"),
                 error: info.get("error").map(error_info_from_json),
+                summary: info.get("summary").and_then(Value::as_bool) == Some(true),
+                agent: s(info, "agent"),
+                model: s(info, "providerID")
+                    .zip(s(info, "modelID"))
+                    .map(|(p, m)| format!("{p}/{m}")),
             }
         }
+        "session.created" | "session.updated" => {
+            let info = p.get("info")?;
+            Event::SessionInfo {
+                session_id: s(info, "id").or_else(|| s(p, "sessionID"))?,
+                parent_id: s(info, "parentID"),
+            }
+        }
+        "session.deleted" => Event::SessionDeleted {
+            session_id: p
+                .get("info")
+                .and_then(|i| s(i, "id"))
+                .or_else(|| s(p, "sessionID"))?,
+        },
         "message.part.updated" => {
             let part = p.get("part")?;
             let decoded = match part.get("type").and_then(Value::as_str).unwrap_or("") {
@@ -462,6 +515,42 @@ mod tests {
     }
 
     #[test]
+    fn session_lifecycle_events_name_parent_and_deletion() {
+        let e = decode_event(
+            r#"{"type":"session.created","properties":{"info":{"id":"ses_child","parentID":"ses_parent","title":"x"}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::SessionInfo {
+                session_id: "ses_child".into(),
+                parent_id: Some("ses_parent".into())
+            }
+        );
+        let e = decode_event(r#"{"type":"session.deleted","properties":{"info":{"id":"ses_1"}}}"#);
+        assert_eq!(
+            e,
+            Event::SessionDeleted {
+                session_id: "ses_1".into()
+            }
+        );
+        let e = decode_event(
+            r#"{"type":"message.updated","properties":{"info":{"id":"msg_2","sessionID":"ses_1","role":"assistant","parentID":"msg_1","summary":true,"finish":"stop","time":{"created":1,"completed":2}}}}"#,
+        );
+        assert!(matches!(e, Event::MessageUpdated { summary: true, .. }));
+    }
+
+    #[test]
+    fn an_endless_line_is_dropped_not_kept() {
+        let mut p = SseParser::default();
+        let chunk = vec![b'x'; 1024 * 1024];
+        for _ in 0..(MAX_EVENT_BYTES / chunk.len() + 2) {
+            assert!(p.feed(&chunk).is_empty());
+        }
+        assert!(p.line.len() < MAX_EVENT_BYTES);
+        assert!(p.feed(b"\n\ndata: {}\n\n") == vec!["{}".to_string()]);
+    }
+
+    #[test]
     fn message_and_part_events() {
         let e = decode_event(
             r#"{"type":"message.updated","properties":{"sessionID":"ses_1","info":{"id":"msg_2","sessionID":"ses_1","role":"assistant","parentID":"msg_1","finish":"stop","time":{"created":1,"completed":2}}}}"#,
@@ -475,7 +564,10 @@ mod tests {
                 parent_id: Some("msg_1".into()),
                 completed: true,
                 finish: Some("stop".into()),
-                error: None
+                error: None,
+                summary: false,
+                agent: None,
+                model: None,
             }
         );
         let e = decode_event(

@@ -1,19 +1,27 @@
 //! Everything that speaks to OpenCode: the generated client (behind [`Api`]), supervision of
 //! managed `opencode serve` processes, the server pool, and the SSE event pump.
+//!
+//! - `api`: the typed facade over the generated client (one method per call we make).
+//! - `types`: the value types the facade returns; `messages`: session messages normalised into
+//!   [`MessageView`], the one view the turn logic judges.
 
 mod api;
 pub mod client;
 mod error;
 pub mod events;
+mod messages;
 mod pool;
 mod process;
 pub mod supervisor;
+mod types;
 
-pub use api::{
-    error_info_from_json, is_terminal_finish, session_activity_from_json, split_model,
-    turn_from_messages_json, AgentInfo, Api, ErrorInfo, FileChange, ModelCatalog, PermissionAsk,
-    PermissionReply, SessionActivity, Tokens, ToolCall, TurnState,
-};
+pub use api::Api;
 pub use error::OpencodeError;
+pub use messages::messages_from_json;
 pub use pool::{resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo};
 pub use process::kill_group;
+pub use types::{
+    error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,
+    ErrorInfo, FileChange, MessageView, ModelCatalog, PermissionAsk, PermissionReply, Role,
+    SessionActivity, Tokens, ToolCall,
+};

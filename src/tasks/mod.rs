@@ -1,14 +1,29 @@
-//! Tasks: the model and its one status vocabulary, the registry every tool reads, the tracker
-//! that turns OpenCode events into task state, and the actions (start, continue, cancel, status,
-//! result, wait) the gateway calls.
+//! Tasks: what a delegated task is and how its state is decided, kept, read and waited on.
+//!
+//! - `turn`: pure: a task's turn (everything after our own user message) and the one rule for
+//!   "it is over, and this is its answer".
+//! - `record` (the durable record), `registry` (live tasks: record + progress under one lock),
+//!   `store` (the records on disk).
+//! - `tracker`: feeds OpenCode's events and HTTP reads into `turn` and the registry.
+//! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
+//!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`.
+//! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
+mod abort;
 mod error;
 mod model;
+mod record;
 mod registry;
+mod resolve;
+mod restore;
+mod result;
 mod service;
 mod store;
 mod tracker;
+pub mod turn;
+mod wait;
 
 pub use error::TaskError;
 pub use model::*;
+pub use resolve::{resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;

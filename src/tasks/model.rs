@@ -137,20 +137,31 @@ pub struct TaskResult {
     pub model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    /// Summed over the turn's model calls, compaction summaries included.
     pub tokens: Tokens,
-    /// Cost in USD as OpenCode computed it (0 for models without pricing).
+    /// Cost in USD as OpenCode computed it (0 for models without pricing), summed like `tokens`.
     pub cost: f64,
+    /// How often OpenCode compacted the context during the turn (summarised the history to fit
+    /// the model's context window, then went on).
+    pub compactions: u32,
+    /// The part of `tokens` spent writing those summaries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction_tokens: Option<Tokens>,
     /// The model's finish reason (`stop`, `length`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish: Option<String>,
     /// Milliseconds from sending the turn to its end (or until now while running).
     pub duration_ms: u64,
-    /// Files the session changed.
+    /// Files this turn changed.
     pub files_changed: Vec<FileChange>,
     /// Tool calls of the turn.
     pub tools: Vec<ToolCall>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// Why `text` is empty or incomplete although the turn is over: its messages could not be
+    /// read from OpenCode. Never present when `text` is the whole answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_error: Option<String>,
 }
 
 /// `all`: wait until every task is finished; `any`: until one is.

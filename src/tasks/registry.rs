@@ -1,8 +1,16 @@
-//! The task registry: every task the gateway tracks, the one place status, wait and result read
+//! The task registry: the tasks the gateway tracks, the one place status, wait and result read
 //! from, and the change signal waiters sleep on.
 //!
-//! All mutation goes through [`Registry::update`], which bumps a `watch` counter, so a waiter
-//! wakes on the event that finished its task rather than on a timer.
+//! Every change of a task goes through [`Registry::update`]: one closure under one lock, so a
+//! decision ("the turn is over", "this continue opens turn 3", "this abort claims the turn") and
+//! its effect are one atomic step. A change to the durable record is handed to the store while
+//! the lock is still held, so the order on disk is the order of the changes. Waiters are woken
+//! only when something they can observe changes (status, turn, permission), not on every
+//! streamed token.
+//!
+//! Finished tasks leave memory after `limits.finished_in_memory` (their records stay on disk
+//! until `limits.finished_task_ttl`) and are read back by id when asked for, so the number of
+//! tasks in memory is bounded by live work, not by a day's history.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,99 +19,39 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
-use super::store::{Store, StoredTask};
-use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
+use super::record::TaskRecord;
+use super::store::Store;
+use super::turn::ReplySeen;
+use crate::opencode::ErrorInfo;
 
-/// An assistant message of the current turn, from `message.updated` events.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplySeen {
-    pub message_id: String,
-    pub completed: bool,
-    pub finish: Option<String>,
-    pub error: Option<ErrorInfo>,
-}
-
-impl ReplySeen {
-    /// Completed with a final finish (not `tool-calls`), or failed.
-    pub fn ends_turn(&self) -> bool {
-        self.error.is_some()
-            || (self.completed
-                && self
-                    .finish
-                    .as_deref()
-                    .is_some_and(crate::opencode::is_terminal_finish))
-    }
-}
-
-/// One tracked task (one OpenCode session) and the state of its current turn.
+/// What the gateway knows about a task's current turn that is not worth saving: progress fed by
+/// events, and the monotonic clocks durations are measured with.
 #[derive(Debug, Clone)]
-pub struct TaskEntry {
-    pub id: String,
-    pub server_id: String,
-    /// The server's base URL and whether the gateway manages it: after a restart this is how a
-    /// stored task finds its server again (or learns it is gone).
-    pub server_url: String,
-    pub managed: bool,
-    pub session_id: String,
-    pub directory: String,
-    pub title: String,
-    /// Agent and model asked for by the current turn (None = the server's default).
-    pub agent: Option<String>,
-    pub model: Option<String>,
-    pub turn: u32,
-    /// Our user message of the current turn: completion is tied to it (design notes §5).
-    pub user_message_id: String,
+pub struct Live {
     pub turn_started: Instant,
-    pub status: TaskStatus,
-    pub error: Option<ErrorInfo>,
-    pub permission: Option<PermissionAsk>,
+    pub finished_at: Option<Instant>,
     /// A cancel or deadline abort is in flight: events must not decide the status meanwhile.
     pub aborting: bool,
     /// A `session.error` seen during this turn (async failures arrive only this way).
     pub session_error: Option<ErrorInfo>,
-    /// The newest assistant message answering our user message, as the event stream reported
-    /// it. When the session goes idle with this completed and final, the turn is over without a
-    /// round trip (the HTTP read of the outcome then happens off the waiters' path).
+    /// The newest assistant message of the turn, as the event stream reported it.
     pub latest_reply: Option<ReplySeen>,
-    // Progress, fed by events.
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
     pub steps: u32,
     pub tools_run: u32,
     pub retry: Option<RetryInfo>,
     pub last_event: Instant,
-    /// The turn as read over HTTP when it finished.
-    pub outcome: Option<TurnState>,
-    pub files_changed: Option<Vec<FileChange>>,
-    pub finished_at: Option<Instant>,
+    /// When the pending permission was recorded: a permission list read before that cannot
+    /// clear it.
+    pub permission_since: Option<Instant>,
 }
 
-impl TaskEntry {
-    /// A task whose first turn was just sent.
-    pub fn new(
-        id: String,
-        server_id: String,
-        session_id: String,
-        directory: String,
-        title: String,
-    ) -> Self {
-        let now = Instant::now();
+impl Live {
+    fn new(turn_started: Instant) -> Self {
         Self {
-            id,
-            server_id,
-            server_url: String::new(),
-            managed: false,
-            session_id,
-            directory,
-            title,
-            agent: None,
-            model: None,
-            turn: 0,
-            user_message_id: String::new(),
-            turn_started: now,
-            status: TaskStatus::Pending,
-            error: None,
-            permission: None,
+            turn_started,
+            finished_at: None,
             aborting: false,
             session_error: None,
             latest_reply: None,
@@ -112,123 +60,186 @@ impl TaskEntry {
             steps: 0,
             tools_run: 0,
             retry: None,
-            last_event: now,
-            outcome: None,
-            files_changed: None,
-            finished_at: None,
+            last_event: Instant::now(),
+            permission_since: None,
+        }
+    }
+}
+
+/// One tracked task: its durable record and its live progress.
+#[derive(Debug, Clone)]
+pub struct TaskEntry {
+    pub rec: TaskRecord,
+    pub live: Live,
+}
+
+impl TaskEntry {
+    /// A task made by this gateway, before its first turn is opened.
+    pub fn new(rec: TaskRecord) -> Self {
+        Self {
+            rec,
+            live: Live::new(Instant::now()),
         }
     }
 
-    /// Opens a new turn: everything about the previous one is cleared.
+    /// A task read back from the store.
+    pub fn from_record(rec: TaskRecord) -> Self {
+        let mut live = Live::new(TaskRecord::instant_at(rec.turn_started_ms));
+        live.finished_at = rec.finished_ms.map(TaskRecord::instant_at);
+        Self { rec, live }
+    }
+
+    /// Opens a new turn: the record's and the progress of the previous one are cleared.
     pub fn begin_turn(
         &mut self,
         user_message_id: String,
         agent: Option<String>,
         model: Option<String>,
     ) {
-        let now = Instant::now();
-        self.turn += 1;
-        self.user_message_id = user_message_id;
-        self.agent = agent;
-        self.model = model;
-        self.turn_started = now;
-        self.status = TaskStatus::Pending;
-        self.error = None;
-        self.permission = None;
-        self.aborting = false;
-        self.session_error = None;
-        self.latest_reply = None;
-        self.current_tool = None;
-        self.text_tail.clear();
-        self.steps = 0;
-        self.tools_run = 0;
-        self.retry = None;
-        self.last_event = now;
-        self.outcome = None;
-        self.files_changed = None;
-        self.finished_at = None;
+        self.rec.begin_turn(user_message_id, agent, model);
+        self.live = Live::new(Instant::now());
     }
 
     /// Ends the turn with a terminal status.
     pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
-        self.status = status;
-        self.error = error;
-        self.permission = None;
-        self.current_tool = None;
-        self.retry = None;
-        self.aborting = false;
-        self.finished_at = Some(Instant::now());
+        self.rec.finish(status, error);
+        self.live.current_tool = None;
+        self.live.retry = None;
+        self.live.aborting = false;
+        self.live.finished_at = Some(Instant::now());
     }
 
-    /// Milliseconds from sending the turn to its end (or to now).
+    /// From sending the turn to its end (or to now).
     pub fn duration(&self) -> Duration {
-        self.finished_at
+        self.live
+            .finished_at
             .unwrap_or_else(Instant::now)
-            .saturating_duration_since(self.turn_started)
+            .saturating_duration_since(self.live.turn_started)
+    }
+
+    /// The agent that answered (from the outcome, else the events), else the one asked for.
+    pub fn agent(&self) -> Option<String> {
+        let r = &self.rec;
+        r.outcome
+            .as_ref()
+            .and_then(|o| o.agent.clone())
+            .or_else(|| {
+                self.live
+                    .latest_reply
+                    .as_ref()
+                    .and_then(|s| s.agent.clone())
+            })
+            .or_else(|| r.agent.clone())
+    }
+
+    /// The model that answered, else the one asked for.
+    pub fn model(&self) -> Option<String> {
+        let r = &self.rec;
+        r.outcome
+            .as_ref()
+            .and_then(|o| o.model.clone())
+            .or_else(|| {
+                self.live
+                    .latest_reply
+                    .as_ref()
+                    .and_then(|s| s.model.clone())
+            })
+            .or_else(|| r.model.clone())
     }
 
     /// The snapshot status and wait report.
     pub fn snapshot(&self, include_progress: bool, stall: Duration) -> TaskSnapshot {
+        let r = &self.rec;
         let progress = include_progress.then(|| {
-            let since_event = self.last_event.elapsed();
-            let tokens = self.outcome.as_ref().map(|o| o.tokens).unwrap_or_default();
+            let since_event = self.live.last_event.elapsed();
+            let tokens = r.outcome.as_ref().map(|o| o.tokens).unwrap_or_default();
             Progress {
-                current_tool: self.current_tool.as_ref().map(|(t, _)| t.clone()),
-                current_tool_title: self.current_tool.as_ref().and_then(|(_, t)| t.clone()),
-                text_tail: self.text_tail.clone(),
-                steps: self.steps,
-                tools_run: self.tools_run,
+                current_tool: self.live.current_tool.as_ref().map(|(t, _)| t.clone()),
+                current_tool_title: self.live.current_tool.as_ref().and_then(|(_, t)| t.clone()),
+                text_tail: self.live.text_tail.clone(),
+                steps: self.live.steps,
+                tools_run: self.live.tools_run,
                 tokens,
                 last_event_ms_ago: since_event.as_millis() as u64,
-                stalled: !self.status.is_terminal() && since_event > stall,
-                retry: self.retry.clone(),
+                // A task waiting for a person's answer is quiet by design, not stalled.
+                stalled: !r.status.is_terminal()
+                    && r.status != TaskStatus::WaitingPermission
+                    && since_event > stall,
+                retry: self.live.retry.clone(),
             }
         });
         TaskSnapshot {
-            task_id: self.id.clone(),
-            status: self.status,
-            server_id: self.server_id.clone(),
-            session_id: self.session_id.clone(),
-            title: self.title.clone(),
-            directory: self.directory.clone(),
-            agent: self
-                .outcome
-                .as_ref()
-                .and_then(|o| o.agent.clone())
-                .or_else(|| self.agent.clone()),
-            model: self
-                .outcome
-                .as_ref()
-                .and_then(|o| o.model.clone())
-                .or_else(|| self.model.clone()),
-            turn: self.turn,
+            task_id: r.id.clone(),
+            status: r.status,
+            server_id: r.server_id.clone(),
+            session_id: r.session_id.clone(),
+            title: r.title.clone(),
+            directory: r.directory.clone(),
+            agent: self.agent(),
+            model: self.model(),
+            turn: r.turn,
             elapsed_ms: self.duration().as_millis() as u64,
-            error: self.error.clone(),
-            permission: self.permission.clone(),
+            error: r.error.clone(),
+            permission: r.permission.clone(),
             progress,
         }
     }
 
     /// Appends streamed text to the progress tail, keeping the last `max` characters.
     pub fn push_text(&mut self, text: &str, max: usize) {
-        self.text_tail.push_str(text);
-        let count = self.text_tail.chars().count();
+        let tail = &mut self.live.text_tail;
+        tail.push_str(text);
+        let count = tail.chars().count();
         if count > max {
-            let cut = self
-                .text_tail
+            let cut = tail
                 .char_indices()
                 .nth(count - max)
                 .map(|(i, _)| i)
                 .unwrap_or(0);
-            self.text_tail.drain(..cut);
+            tail.drain(..cut);
         }
     }
+}
+
+/// A session the registry knows: the task's own, or a subagent's child session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOwner {
+    pub task_id: String,
+    pub child: bool,
 }
 
 #[derive(Default)]
 struct Tables {
     tasks: HashMap<String, TaskEntry>,
-    by_session: HashMap<String, String>,
+    by_session: HashMap<String, SessionOwner>,
+}
+
+impl Tables {
+    fn index(&mut self, e: &TaskEntry) {
+        self.by_session.insert(
+            e.rec.session_id.clone(),
+            SessionOwner {
+                task_id: e.rec.id.clone(),
+                child: false,
+            },
+        );
+        for child in &e.rec.child_sessions {
+            self.by_session.insert(
+                child.clone(),
+                SessionOwner {
+                    task_id: e.rec.id.clone(),
+                    child: true,
+                },
+            );
+        }
+    }
+
+    fn unindex(&mut self, e: &TaskEntry) {
+        self.by_session.remove(&e.rec.session_id);
+        for child in &e.rec.child_sessions {
+            self.by_session.remove(child);
+        }
+    }
 }
 
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
@@ -240,39 +251,42 @@ pub struct Registry {
 }
 
 /// What makes a change worth writing to disk (progress is not).
-type Durable = (TaskStatus, u32, bool, bool, bool, String);
-
-fn durable(e: &TaskEntry) -> Durable {
+fn durable(r: &TaskRecord) -> impl PartialEq {
     (
-        e.status,
-        e.turn,
-        e.outcome.is_some(),
-        e.files_changed.is_some(),
-        e.permission.is_some(),
-        e.server_id.clone(),
+        r.status,
+        r.turn,
+        r.outcome.is_some(),
+        r.outcome_error.is_some(),
+        r.files_changed.is_some(),
+        r.permission.as_ref().map(|p| p.id.clone()),
+        r.server_id.clone(),
+        r.child_sessions.len(),
+    )
+}
+
+/// What a waiter can observe (a change wakes them).
+fn observable(e: &TaskEntry) -> impl PartialEq {
+    (
+        e.rec.status,
+        e.rec.turn,
+        e.rec.permission.as_ref().map(|p| p.id.clone()),
+        e.live.aborting,
     )
 }
 
 impl Default for Registry {
     fn default() -> Self {
-        Self::new()
+        Self::new(None)
     }
 }
 
 impl Registry {
-    pub fn new() -> Self {
+    /// A registry, writing every durable change to `store` when given.
+    pub fn new(store: Option<Store>) -> Self {
         Self {
             tables: Mutex::new(Tables::default()),
             changed: watch::channel(0).0,
-            store: None,
-        }
-    }
-
-    /// A registry that writes every durable change to `store`.
-    pub fn with_store(store: Store) -> Self {
-        Self {
-            store: Some(store),
-            ..Self::new()
+            store,
         }
     }
 
@@ -281,32 +295,20 @@ impl Registry {
         self.store.as_ref()
     }
 
-    /// Writes one task to the store (outside the registry lock).
-    fn persist(&self, record: Option<StoredTask>) {
-        if let (Some(store), Some(record)) = (&self.store, record) {
-            if let Err(e) = store.save(&record) {
-                tracing::warn!(task_id = %record.id, error = %e, "cannot save the task to the state directory");
-            }
-        }
-    }
-
-    /// Adds a task loaded from the store, without writing it back.
-    pub fn restore(&self, entry: TaskEntry) {
-        {
-            let mut t = self.lock();
-            t.by_session
-                .insert(entry.session_id.clone(), entry.id.clone());
-            t.tasks.insert(entry.id.clone(), entry);
-        }
-        self.bump();
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A receiver that sees every later change. Subscribe *before* reading state, so a change in
-    /// between is not missed.
+    /// Hands a record to the store. Called with the registry lock held: the store's writer
+    /// applies records in the order they are handed over, so disk follows memory.
+    fn persist(&self, rec: &TaskRecord) {
+        if let Some(store) = &self.store {
+            store.submit(rec.clone());
+        }
+    }
+
+    /// A receiver that sees every later observable change. Subscribe *before* reading state, so
+    /// a change in between is not missed.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
@@ -315,105 +317,193 @@ impl Registry {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    pub fn insert(&self, entry: TaskEntry) {
-        let record = self.store.as_ref().map(|_| StoredTask::from_entry(&entry));
-        self.restore(entry);
-        self.persist(record);
+    /// Adds a task read from the store, without writing it back.
+    pub fn restore(&self, entry: TaskEntry) {
+        {
+            let mut t = self.lock();
+            t.index(&entry);
+            t.tasks.insert(entry.rec.id.clone(), entry);
+        }
+        self.bump();
     }
 
+    /// Adds a task and writes it.
+    pub fn insert(&self, entry: TaskEntry) {
+        {
+            let mut t = self.lock();
+            self.persist(&entry.rec);
+            t.index(&entry);
+            t.tasks.insert(entry.rec.id.clone(), entry);
+        }
+        self.bump();
+    }
+
+    /// Forgets a task, in memory and on disk.
     pub fn remove(&self, task_id: &str) {
         {
             let mut t = self.lock();
             if let Some(e) = t.tasks.remove(task_id) {
-                t.by_session.remove(&e.session_id);
+                t.unindex(&e);
             }
-        }
-        if let Some(store) = &self.store {
-            store.remove(task_id);
+            if let Some(store) = &self.store {
+                store.submit_remove(task_id);
+            }
         }
         self.bump();
     }
 
+    /// The task, from memory or, for a finished task that left memory, from the store.
     pub fn get(&self, task_id: &str) -> Option<TaskEntry> {
-        self.lock().tasks.get(task_id).cloned()
+        if let Some(e) = self.lock().tasks.get(task_id) {
+            return Some(e.clone());
+        }
+        self.load(task_id)
     }
 
-    /// How many tasks are tracked.
-    pub fn count(&self) -> usize {
-        self.lock().tasks.len()
+    /// Brings a finished task back from disk into memory (it leaves again with the next
+    /// eviction). Unfinished tasks on disk are another gateway's and are not taken.
+    fn load(&self, task_id: &str) -> Option<TaskEntry> {
+        let rec = self.store.as_ref()?.load(task_id)?;
+        if !rec.status.is_terminal() {
+            return None;
+        }
+        let entry = TaskEntry::from_record(rec);
+        let mut t = self.lock();
+        // Another call may have loaded (and changed) it meanwhile: memory wins.
+        if let Some(e) = t.tasks.get(task_id) {
+            return Some(e.clone());
+        }
+        t.index(&entry);
+        t.tasks.insert(task_id.to_string(), entry.clone());
+        Some(entry)
     }
 
-    pub fn task_for_session(&self, session_id: &str) -> Option<String> {
+    /// Tasks in memory that are not finished.
+    pub fn live_count(&self) -> usize {
+        self.lock()
+            .tasks
+            .values()
+            .filter(|e| !e.rec.status.is_terminal())
+            .count()
+    }
+
+    /// The task a session belongs to, and whether it is a subagent's child session.
+    pub fn owner_of(&self, session_id: &str) -> Option<SessionOwner> {
         self.lock().by_session.get(session_id).cloned()
     }
 
-    /// Applies `f` to the task and signals waiters if `f` says it changed something.
+    /// Ties a subagent's child session to the task of its parent session; returns the task.
+    pub fn adopt_child(&self, parent_session: &str, child_session: &str) -> Option<String> {
+        let task_id = self.owner_of(parent_session)?.task_id;
+        {
+            let mut t = self.lock();
+            let entry = t.tasks.get_mut(&task_id)?;
+            if entry.rec.child_sessions.iter().any(|c| c == child_session) {
+                return Some(task_id);
+            }
+            entry.rec.child_sessions.push(child_session.to_string());
+            self.persist(&entry.rec);
+            t.by_session.insert(
+                child_session.to_string(),
+                SessionOwner {
+                    task_id: task_id.clone(),
+                    child: true,
+                },
+            );
+        }
+        Some(task_id)
+    }
+
+    /// Applies `f` to the task in memory; writes the record if its durable part changed and
+    /// wakes waiters if something they observe changed.
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
-        let (r, record) = {
+        let (r, wake) = {
             let mut t = self.lock();
             let entry = t.tasks.get_mut(task_id)?;
-            let before = self.store.as_ref().map(|_| durable(entry));
+            let (before, seen) = (durable(&entry.rec), observable(entry));
             let r = f(entry);
-            let record = before
-                .filter(|b| *b != durable(entry))
-                .map(|_| StoredTask::from_entry(entry));
-            (r, record)
+            if before != durable(&entry.rec) {
+                self.persist(&entry.rec);
+            }
+            (r, seen != observable(entry))
         };
-        self.persist(record);
-        self.bump();
+        if wake {
+            self.bump();
+        }
         Some(r)
     }
 
-    /// Ids of tasks matching `pred`.
+    /// Ids of tasks in memory matching `pred`.
     pub fn ids_where(&self, pred: impl Fn(&TaskEntry) -> bool) -> Vec<String> {
         self.lock()
             .tasks
             .values()
             .filter(|e| pred(e))
-            .map(|e| e.id.clone())
+            .map(|e| e.rec.id.clone())
             .collect()
     }
 
-    /// Snapshots of `ids` in order; `Err` lists the unknown ones.
+    /// Snapshots of `ids` in order, all taken under one lock; `Err` lists the unknown ones.
     pub fn snapshots(
         &self,
         ids: &[String],
         include_progress: bool,
         stall: Duration,
     ) -> Result<Vec<TaskSnapshot>, Vec<String>> {
-        let t = self.lock();
-        let unknown: Vec<String> = ids
-            .iter()
-            .filter(|id| !t.tasks.contains_key(*id))
-            .cloned()
+        // Finished tasks that left memory come back first.
+        let missing: Vec<String> = {
+            let t = self.lock();
+            ids.iter()
+                .filter(|id| !t.tasks.contains_key(*id))
+                .cloned()
+                .collect()
+        };
+        let unknown: Vec<String> = missing
+            .into_iter()
+            .filter(|id| self.load(id).is_none())
             .collect();
         if !unknown.is_empty() {
             return Err(unknown);
         }
-        Ok(ids
-            .iter()
-            .filter_map(|id| t.tasks.get(id))
-            .map(|e| e.snapshot(include_progress, stall))
-            .collect())
+        let t = self.lock();
+        let mut out = Vec::with_capacity(ids.len());
+        let mut gone = Vec::new();
+        for id in ids {
+            match t.tasks.get(id) {
+                Some(e) => out.push(e.snapshot(include_progress, stall)),
+                None => gone.push(id.clone()),
+            }
+        }
+        if gone.is_empty() {
+            Ok(out)
+        } else {
+            Err(gone)
+        }
     }
 
-    /// Forgets finished tasks older than `ttl`; returns how many went.
-    pub fn evict_finished(&self, ttl: Duration) -> usize {
+    /// Lets finished tasks go: from memory once finished for `memory_ttl` (their records stay
+    /// on disk and are read back by id), from disk too once finished for `disk_ttl` (or at
+    /// once from memory when there is no store). Returns how many left memory.
+    pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> usize {
         let mut t = self.lock();
-        let old: Vec<(String, String)> = t
+        let has_store = self.store.is_some();
+        let old: Vec<(String, bool)> = t
             .tasks
             .values()
-            .filter(|e| e.finished_at.is_some_and(|f| f.elapsed() >= ttl))
-            .map(|e| (e.id.clone(), e.session_id.clone()))
+            .filter_map(|e| {
+                let age = e.live.finished_at?.elapsed();
+                let expired = age >= disk_ttl;
+                (expired || (has_store && age >= memory_ttl)).then(|| (e.rec.id.clone(), expired))
+            })
             .collect();
-        for (id, session) in &old {
-            t.tasks.remove(id);
-            t.by_session.remove(session);
-        }
-        drop(t);
-        if let Some(store) = &self.store {
-            for (id, _) in &old {
-                store.remove(id);
+        for (id, expired) in &old {
+            if let Some(e) = t.tasks.remove(id) {
+                t.unindex(&e);
+            }
+            if *expired {
+                if let Some(store) = &self.store {
+                    store.submit_remove(id);
+                }
             }
         }
         old.len()
@@ -425,45 +515,29 @@ mod tests {
     use super::*;
 
     fn entry(id: &str) -> TaskEntry {
-        let mut e = TaskEntry::new(
+        let mut e = TaskEntry::new(TaskRecord::new(
             id.into(),
             "srv".into(),
             format!("ses_{id}"),
             "/w".into(),
             "t".into(),
-        );
+        ));
         e.begin_turn("msg_1".into(), None, None);
         e
-    }
-
-    #[test]
-    fn a_new_turn_clears_the_previous_outcome() {
-        let mut e = entry("a");
-        e.finish(
-            TaskStatus::Failed,
-            Some(ErrorInfo {
-                name: "X".into(),
-                message: "y".into(),
-            }),
-        );
-        e.begin_turn("msg_2".into(), None, None);
-        assert_eq!(e.turn, 2);
-        assert_eq!(e.status, TaskStatus::Pending);
-        assert!(e.error.is_none() && e.finished_at.is_none() && e.outcome.is_none());
     }
 
     #[test]
     fn text_tail_keeps_the_last_characters_on_char_boundaries() {
         let mut e = entry("a");
         e.push_text("héllo wörld", 5);
-        assert_eq!(e.text_tail, "wörld");
+        assert_eq!(e.live.text_tail, "wörld");
         e.push_text("!", 5);
-        assert_eq!(e.text_tail, "örld!");
+        assert_eq!(e.live.text_tail, "örld!");
     }
 
     #[test]
     fn unknown_ids_are_listed() {
-        let r = Registry::new();
+        let r = Registry::default();
         r.insert(entry("a"));
         let err = r
             .snapshots(
@@ -473,28 +547,63 @@ mod tests {
             )
             .expect_err("unknown");
         assert_eq!(err, vec!["b".to_string(), "c".to_string()]);
-        assert_eq!(r.task_for_session("ses_a").as_deref(), Some("a"));
+        assert_eq!(
+            r.owner_of("ses_a"),
+            Some(SessionOwner {
+                task_id: "a".into(),
+                child: false
+            })
+        );
     }
 
     #[test]
-    fn updates_wake_subscribers() {
-        let r = Registry::new();
+    fn only_observable_changes_wake_subscribers() {
+        let r = Registry::default();
         r.insert(entry("a"));
         let rx = r.subscribe();
-        assert!(!rx.has_changed().unwrap_or(true));
-        r.update("a", |e| e.status = TaskStatus::Running);
+        r.update("a", |e| e.push_text("token", 100));
+        assert!(
+            !rx.has_changed().unwrap_or(true),
+            "a streamed token wakes no one"
+        );
+        r.update("a", |e| e.rec.status = TaskStatus::Running);
         assert!(rx.has_changed().unwrap_or(false));
     }
 
     #[test]
+    fn child_sessions_belong_to_the_parent_task() {
+        let r = Registry::default();
+        r.insert(entry("a"));
+        assert_eq!(r.adopt_child("ses_a", "ses_child").as_deref(), Some("a"));
+        assert_eq!(r.adopt_child("ses_unknown", "ses_other"), None);
+        let owner = r.owner_of("ses_child").expect("mapped");
+        assert!(owner.child && owner.task_id == "a");
+        r.remove("a");
+        assert!(r.owner_of("ses_child").is_none());
+    }
+
+    #[test]
+    fn stalled_is_not_said_of_a_task_waiting_for_a_person() {
+        let mut e = entry("a");
+        e.live.last_event = Instant::now() - Duration::from_secs(10);
+        e.rec.status = TaskStatus::Running;
+        let stall = Duration::from_secs(1);
+        assert!(e.snapshot(true, stall).progress.expect("progress").stalled);
+        e.rec.status = TaskStatus::WaitingPermission;
+        assert!(!e.snapshot(true, stall).progress.expect("progress").stalled);
+    }
+
+    #[test]
     fn eviction_only_takes_old_finished_tasks() {
-        let r = Registry::new();
+        let r = Registry::default();
         r.insert(entry("running"));
         let mut done = entry("done");
         done.finish(TaskStatus::Completed, None);
         r.insert(done);
-        assert_eq!(r.evict_finished(Duration::from_secs(3600)), 0);
-        assert_eq!(r.evict_finished(Duration::ZERO), 1);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(r.evict_finished(hour, hour), 0);
+        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 1);
         assert!(r.get("running").is_some() && r.get("done").is_none());
+        assert_eq!(r.live_count(), 1);
     }
 }

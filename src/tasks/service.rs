@@ -1,23 +1,30 @@
-//! The task actions: start, continue, cancel, status, result, wait, and the server actions that
-//! touch tasks (start, stop, list agents). Tool handlers in `gateway` call exactly one of these.
+//! The task service: the one object the gateway's tool handlers call. This file holds the
+//! service itself and the actions that open turns (start, continue) or touch servers; the other
+//! jobs live one a file beside it: `restore.rs` (tasks a previous gateway left),
+//! `resolve.rs` (agents, models and tiers against the live server), `abort.rs` (cancel and the
+//! task deadline), `result.rs` (the result of a turn), `wait.rs` (all/any waits).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use schemars::JsonSchema;
-use serde::Serialize;
-
 use super::error::TaskError;
-use super::model::{TaskResult, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
+use super::model::{TaskSnapshot, TaskStatus};
+use super::record::TaskRecord;
 use super::registry::{Registry, TaskEntry};
 use super::store::{self, Store};
 use super::tracker::{self, TrackerContext};
-use crate::config::{Config, Tier};
+use crate::config::Config;
 use crate::ids;
 use crate::opencode::{
-    resolve_directory, AgentInfo, ErrorInfo, ModelCatalog, OpencodeError, PermissionReply, Server,
-    ServerInfo, ServerPool, StopInfo,
+    resolve_directory, OpencodeError, PermissionReply, Server, ServerInfo, ServerPool, StopInfo,
 };
+
+/// Finished tasks stay in memory this long after they finish (a host usually reads the result
+/// within seconds); then only their record on disk answers for them.
+const FINISHED_IN_MEMORY: Duration = Duration::from_secs(600);
+
+/// How long stopping a server or the gateway waits for outstanding outcome reads.
+const FLUSH_BOUND: Duration = Duration::from_secs(5);
 
 /// A validated `start_task` request.
 #[derive(Debug, Clone, Default)]
@@ -43,37 +50,14 @@ pub struct ContinueTask {
     pub model: Option<String>,
 }
 
-/// A tier and what it resolves to on one server.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-pub struct TierResolution {
-    pub name: String,
-    pub handles: String,
-    /// The model the tier resolves to now (`provider/model`); absent = the server's default.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// `false` when the tier lists models and the server offers none of them.
-    pub available: bool,
-}
-
-/// What `list_agents` reports.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-pub struct AgentCatalog {
-    pub server_id: String,
-    pub agents: Vec<AgentInfo>,
-    /// Every model the server offers, as exact `provider/model` ids.
-    pub models: Vec<String>,
-    /// The server's default model per provider (`provider/model`).
-    pub default_models: Vec<String>,
-    pub tiers: Vec<TierResolution>,
-}
-
 /// The tasks and the servers they run on.
 pub struct TaskService {
-    config: Arc<Config>,
-    pool: ServerPool,
-    registry: Arc<Registry>,
+    pub(super) config: Arc<Config>,
+    pub(super) pool: ServerPool,
+    pub(super) registry: Arc<Registry>,
+    pub(super) tracker: TrackerContext,
     /// `false` while stored tasks are being loaded at start-up.
-    restored: tokio::sync::watch::Sender<bool>,
+    pub(super) restored: tokio::sync::watch::Sender<bool>,
 }
 
 impl TaskService {
@@ -85,169 +69,40 @@ impl TaskService {
             .as_ref()
             .map(std::path::PathBuf::from)
             .or_else(store::default_state_dir);
-        let registry = match dir.as_deref().map(Store::open) {
-            Some(Ok(s)) => Registry::with_store(s),
+        let store = match dir.as_deref().map(Store::open) {
+            Some(Ok(s)) => Some(s),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, dir = ?dir, "the state directory is not usable; tasks will not survive a restart");
-                Registry::new()
+                None
             }
             None => {
                 tracing::warn!("no state directory (set state_dir, XDG_STATE_HOME or HOME); tasks will not survive a restart");
-                Registry::new()
+                None
             }
+        };
+        let registry = Arc::new(Registry::new(store));
+        let tracker = TrackerContext {
+            registry: registry.clone(),
+            tail_chars: config.limits.progress_tail_chars as usize,
+            max_result_chars: config.limits.max_result_chars as usize,
+            memory_ttl: FINISHED_IN_MEMORY,
+            finished_ttl: config.limits.finished_task_ttl.get(),
+            checks: Default::default(),
         };
         Self {
             pool: ServerPool::new(config.clone()),
-            registry: Arc::new(registry),
+            registry,
+            tracker,
             restored: tokio::sync::watch::Sender::new(true),
             config,
         }
     }
 
-    /// Loads the tasks a previous gateway left in the state directory. Finished tasks become
-    /// answerable again; unfinished ones on a managed server died with that gateway's server and
-    /// are reported `failed` (`Interrupted`); unfinished ones on the attached server are adopted
-    /// and finish normally. Unfinished tasks of another gateway that is still running are left to
-    /// it.
-    ///
-    /// The store is read on a blocking thread so `initialize` is answered at once (a full store
-    /// takes about 10 ms per 1,000 records); every action that reads tasks waits for it
-    /// ([`Self::restored`]). Adopting, which needs the network, runs after that in the background.
-    pub fn restore(self: &Arc<Self>) {
-        let Some(store) = self.registry.store().cloned() else {
-            return;
-        };
-        self.restored.send_replace(false);
-        let this = self.clone();
-        tokio::spawn(async move {
-            let loaded = tokio::task::spawn_blocking(move || store.load_all()).await;
-            let adopt = match loaded {
-                Ok((records, bad)) => this.take_over(records, bad),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the state directory failed");
-                    Vec::new()
-                }
-            };
-            this.restored.send_replace(true);
-            if !adopt.is_empty() {
-                this.adopt(adopt).await;
-            }
-        });
-    }
-
-    /// Resolves once the stored tasks are loaded (at once when there is nothing to load).
-    async fn restored(&self) {
-        let mut rx = self.restored.subscribe();
-        let _ = rx.wait_for(|done| *done).await;
-    }
-
-    /// Registers loaded records; returns the ids to adopt on the attached server.
-    fn take_over(
-        &self,
-        records: Vec<store::StoredTask>,
-        bad: Vec<(std::path::PathBuf, String)>,
-    ) -> Vec<String> {
-        for (path, why) in bad {
-            tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
-        }
-        let attach_url = self
-            .config
-            .opencode
-            .url
-            .as_deref()
-            .map(|u| u.trim_end_matches('/').to_string());
-        let mut adopt = Vec::new();
-        let mut loaded = 0usize;
-        for record in records {
-            if record.status.is_terminal() {
-                self.registry.restore(record.into_entry());
-                loaded += 1;
-                continue;
-            }
-            if record.owner_pid != std::process::id() && store::gateway_alive(record.owner_pid) {
-                continue;
-            }
-            let attached_here =
-                !record.managed && attach_url.as_deref() == Some(record.server_url.as_str());
-            let mut entry = record.into_entry();
-            if attached_here {
-                adopt.push(entry.id.clone());
-                self.registry.insert(entry);
-            } else {
-                let reason = if entry.managed {
-                    "the gateway running this task exited, and its managed OpenCode server with it; start the task again"
-                } else {
-                    "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
-                };
-                entry.finish(TaskStatus::Failed, Some(store::interrupted(reason)));
-                self.registry.insert(entry);
-            }
-            loaded += 1;
-        }
-        if loaded > 0 {
-            tracing::info!(
-                tasks = loaded,
-                adopting = adopt.len(),
-                "restored tasks from the state directory"
-            );
-        }
-        adopt
-    }
-
-    /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
-    /// left there.
-    async fn adopt(&self, adopt: Vec<String>) {
-        let server = match self.start_server(None, None).await {
-            Ok(info) => self.pool.get(&info.server_id),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot reach the attached OpenCode to adopt unfinished tasks");
-                None
-            }
-        };
-        let Some(server) = server else {
-            for id in &adopt {
-                self.registry.update(id, |e| {
-                    e.finish(
-                        TaskStatus::Failed,
-                        Some(store::interrupted(
-                            "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",
-                        )),
-                    )
-                });
-            }
-            return;
-        };
-        let limit = self.config.timeouts.task.get();
-        for id in adopt {
-            let Some((turn, elapsed)) = self.registry.update(&id, |e| {
-                e.server_id = server.id.clone();
-                (e.turn, e.turn_started.elapsed())
-            }) else {
-                continue;
-            };
-            self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
-            let ctx = self.tracker_context();
-            let server = server.clone();
-            tokio::spawn(async move {
-                tracker::check_completion(&ctx, &server, &id, tracker::Activity::Unknown).await
-            });
-        }
-    }
-
-    fn tracker_context(&self) -> TrackerContext {
-        TrackerContext {
-            registry: self.registry.clone(),
-            tail_chars: self.config.limits.progress_tail_chars as usize,
-            max_result_chars: self.config.limits.max_result_chars as usize,
-            finished_ttl: self.config.limits.finished_task_ttl.get(),
-        }
-    }
-
-    fn stall(&self) -> Duration {
+    pub(super) fn stall(&self) -> Duration {
         self.config.timeouts.stall.get()
     }
 
-    fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
+    pub(super) fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
         let server = self
             .pool
             .get(server_id)
@@ -262,7 +117,7 @@ impl TaskService {
         Ok(server)
     }
 
-    fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
+    pub(super) fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
         self.registry
             .get(task_id)
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
@@ -276,7 +131,7 @@ impl TaskService {
         let (info, started) = self.pool.start(port, directory).await?;
         if let Some(started) = started {
             tokio::spawn(tracker::run(
-                self.tracker_context(),
+                self.tracker.clone(),
                 started.server,
                 started.events,
             ));
@@ -284,144 +139,97 @@ impl TaskService {
         Ok(info)
     }
 
+    /// Stops a server. Its unfinished tasks are aborted first (an attached server keeps
+    /// running, so without the abort its agents would go on editing and spending), then
+    /// reported `failed` (`ServerStopped`); outcomes still being read are read before the
+    /// server goes.
     pub async fn stop_server(&self, server_id: &str) -> Result<StopInfo, TaskError> {
+        let server = self
+            .pool
+            .get(server_id)
+            .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
+        let live = self
+            .registry
+            .ids_where(|e| e.rec.server_id == server.id && !e.rec.status.is_terminal());
+        let message = if server.process.is_some() {
+            format!(
+                "the OpenCode server {} was stopped by opencode_stop_server",
+                server.id
+            )
+        } else {
+            format!(
+                "aborted: opencode_stop_server detached the gateway from the OpenCode server {} ({}), which keeps running",
+                server.id,
+                server.api.base_url()
+            )
+        };
+        if server.exited().is_none() {
+            let aborts = live.iter().map(|id| {
+                super::abort::abort_turn(
+                    &self.registry,
+                    &server,
+                    id,
+                    None,
+                    TaskStatus::Failed,
+                    Some(crate::opencode::ErrorInfo {
+                        name: "ServerStopped".into(),
+                        message: message.clone(),
+                    }),
+                    super::abort::IfAbortFails::FinishAnyway,
+                )
+            });
+            futures::future::join_all(aborts).await;
+            self.flush_outcomes(&server).await;
+        }
         let (server, exit) = self
             .pool
             .stop(server_id)
             .await
             .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
-        let failed_tasks = tracker::fail_server_tasks(
-            &self.registry,
-            &server.id,
-            &format!(
-                "the OpenCode server {} was stopped by opencode_stop_server",
-                server.id
-            ),
-        );
+        // Anything that started meanwhile, or could not be aborted, ends here.
+        tracker::fail_server_tasks(&self.registry, &server.id, "ServerStopped", &message);
         Ok(StopInfo {
             server_id: server.id.clone(),
             terminated: server.process.is_some(),
             exit,
-            failed_tasks,
+            failed_tasks: live,
         })
     }
 
-    pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
-        let server = self.server(server_id)?;
-        let (agents, catalog) = tokio::join!(
-            server.api.agents(&server.directory),
-            server.api.models(&server.directory)
-        );
-        let (agents, catalog) = (agents?, catalog?);
-        let tiers = self
-            .config
-            .tiers
-            .iter()
-            .map(|t| resolve_tier(t, &catalog))
-            .collect();
-        Ok(AgentCatalog {
-            server_id: server.id.clone(),
-            agents,
-            default_models: catalog
-                .defaults
-                .iter()
-                .map(|(p, m)| format!("{p}/{m}"))
-                .collect(),
-            models: catalog.models,
-            tiers,
-        })
+    /// Reads the outcomes of a server's finished turns that are not read yet (bounded).
+    async fn flush_outcomes(&self, server: &Arc<Server>) {
+        let pending = self.registry.ids_where(|e| {
+            e.rec.server_id == server.id
+                && e.rec.status.is_terminal()
+                && e.rec.outcome.is_none()
+                && e.rec.outcome_error.is_none()
+        });
+        if pending.is_empty() {
+            return;
+        }
+        let reads = pending.iter().map(|id| {
+            let turn = self.registry.get(id).map(|e| e.rec.turn).unwrap_or(0);
+            tracker::read_outcome(&self.tracker, server, id, turn, tracker::Attempts::Once)
+        });
+        if tokio::time::timeout(FLUSH_BOUND, futures::future::join_all(reads))
+            .await
+            .is_err()
+        {
+            tracing::warn!(server_id = %server.id, "some finished turns' outcomes could not be read before the server stopped");
+        }
     }
 
-    /// Checks agent, model and tier against the live server; returns the model to use.
-    async fn choose(
-        &self,
-        server: &Server,
-        directory: &str,
-        agent: Option<&str>,
-        model: Option<&str>,
-        tier: Option<&str>,
-    ) -> Result<Option<String>, TaskError> {
-        let tier = match tier {
-            Some(name) => Some(
-                self.config
-                    .tiers
-                    .iter()
-                    .find(|t| t.name == name)
-                    .ok_or_else(|| {
-                        TaskError::InvalidArgument(format!(
-                            "unknown tier `{name}`; configured tiers: {}",
-                            self.config
-                                .tiers
-                                .iter()
-                                .map(|t| t.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ))
-                    })?,
-            ),
-            None => None,
-        };
-        let need_models = model.is_some() || tier.is_some_and(|t| !t.models.is_empty());
-        let (agents, catalog) = tokio::join!(
-            async {
-                match agent {
-                    Some(_) => server.api.agents(directory).await.map(Some),
-                    None => Ok(None),
-                }
-            },
-            async {
-                if need_models {
-                    server.api.models(directory).await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            }
-        );
-        if let (Some(name), Some(agents)) = (agent, agents?) {
-            if !agents.iter().any(|a| a.name == name) {
-                return Err(TaskError::InvalidArgument(format!(
-                    "unknown agent `{name}`; this server offers: {}",
-                    agents
-                        .iter()
-                        .map(|a| a.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-        }
-        let catalog = catalog?.unwrap_or_default();
-        if let Some(m) = model {
-            if !catalog.contains(m) {
-                return Err(TaskError::InvalidArgument(format!(
-                    "unknown model `{m}`; this server offers: {}",
-                    list_some(&catalog.models)
-                )));
-            }
-            return Ok(Some(m.to_string()));
-        }
-        if let Some(t) = tier {
-            let r = resolve_tier(t, &catalog);
-            if !r.available {
-                return Err(TaskError::InvalidArgument(format!(
-                    "tier `{}` lists {} but this server offers none of them; it offers: {}",
-                    t.name,
-                    t.models.join(", "),
-                    list_some(&catalog.models)
-                )));
-            }
-            return Ok(r.model);
-        }
-        Ok(None)
-    }
-
-    /// Makes room for one more task: evicts expired finished tasks, then refuses at the cap.
+    /// Refuses a new task when `limits.max_tasks` tasks are unfinished. Finished tasks never
+    /// count: they leave memory and stay readable from disk.
     fn ensure_capacity(&self) -> Result<(), TaskError> {
-        self.registry
-            .evict_finished(self.config.limits.finished_task_ttl.get());
         let max = self.config.limits.max_tasks as usize;
-        if self.registry.count() >= max {
+        if self.registry.live_count() >= max {
+            self.registry.evict_finished(
+                FINISHED_IN_MEMORY,
+                self.config.limits.finished_task_ttl.get(),
+            );
             return Err(TaskError::LimitExceeded(format!(
-                "{max} tasks are tracked (limits.max_tasks); wait for some to finish, or raise the limit"
+                "{max} tasks are unfinished (limits.max_tasks); wait for some to finish, or raise the limit"
             )));
         }
         Ok(())
@@ -452,15 +260,16 @@ impl TaskService {
         let session_id = server.api.create_session(&directory, &title).await?;
         let task_id = ids::task_id();
         let message_id = ids::message_id();
-        let mut entry = TaskEntry::new(
+        let mut rec = TaskRecord::new(
             task_id.clone(),
             server.id.clone(),
             session_id.clone(),
             directory.clone(),
             title,
         );
-        entry.server_url = server.api.base_url().to_string();
-        entry.managed = server.process.is_some();
+        rec.server_url = server.api.base_url().to_string();
+        rec.managed = server.process.is_some();
+        let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
         self.registry.insert(entry);
@@ -485,24 +294,29 @@ impl TaskService {
 
     /// Sends a follow-up in the same session. Refused while the task is still working: a prompt
     /// sent to a busy session is queued and batched into the running LLM call, which would blur
-    /// which result belongs to which prompt.
+    /// which result belongs to which prompt. Of two concurrent continues exactly one opens the
+    /// turn (a compare-and-set on the turn number under the registry lock); the other gets
+    /// `conflict`.
     pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.entry(&req.task_id)?;
-        if !entry.status.is_terminal() || entry.aborting {
-            return Err(TaskError::Conflict(format!(
+        let still_running = |e: &TaskEntry| {
+            TaskError::Conflict(format!(
                 "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
-                entry.id,
-                entry.status.as_str()
-            )));
+                e.rec.id,
+                e.rec.status.as_str()
+            ))
+        };
+        if !entry.rec.status.is_terminal() || entry.live.aborting {
+            return Err(still_running(&entry));
         }
-        let server = self.server(&entry.server_id)?;
-        let agent = req.agent.clone().or(entry.agent.clone());
+        let server = self.server(&entry.rec.server_id)?;
+        let agent = req.agent.clone().or(entry.rec.agent.clone());
         let model = match req.model.as_deref() {
             Some(_) => {
                 self.choose(
                     &server,
-                    &entry.directory,
+                    &entry.rec.directory,
                     agent.as_deref(),
                     req.model.as_deref(),
                     None,
@@ -511,26 +325,33 @@ impl TaskService {
             }
             None => {
                 if req.agent.is_some() {
-                    self.choose(&server, &entry.directory, agent.as_deref(), None, None)
+                    self.choose(&server, &entry.rec.directory, agent.as_deref(), None, None)
                         .await?;
                 }
-                entry.model.clone()
+                entry.rec.model.clone()
             }
         };
-        let message_id = ids::message_id();
-        let previous = entry.clone();
-        let turn = self
+        // Claim the next turn atomically: only a task still at the turn we looked at, finished
+        // and not being aborted, moves on; the previous state is kept for a rollback.
+        let expected_turn = entry.rec.turn;
+        let claimed = self
             .registry
-            .update(&entry.id, |e| {
+            .update(&entry.rec.id, |e| {
+                if e.rec.turn != expected_turn || !e.rec.status.is_terminal() || e.live.aborting {
+                    return Err(still_running(e));
+                }
+                let previous = e.clone();
+                let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
                 e.begin_turn(message_id.clone(), agent.clone(), model.clone());
-                e.turn
+                Ok((previous, message_id, e.rec.turn))
             })
-            .ok_or_else(|| TaskError::UnknownTasks(vec![entry.id.clone()]))?;
+            .ok_or_else(|| TaskError::UnknownTasks(vec![entry.rec.id.clone()]))?;
+        let (previous, message_id, turn) = claimed?;
         if let Err(e) = server
             .api
             .prompt_async(
-                &entry.directory,
-                &entry.session_id,
+                &entry.rec.directory,
+                &entry.rec.session_id,
                 &message_id,
                 &req.prompt,
                 agent.as_deref(),
@@ -538,71 +359,26 @@ impl TaskService {
             )
             .await
         {
-            // The follow-up never started: the previous turn's result stays readable.
-            self.registry.update(&entry.id, |e| *e = previous);
+            // The follow-up never started: the previous turn's result stays readable. Only our
+            // own turn is undone.
+            self.registry.update(&entry.rec.id, |e| {
+                if e.rec.turn == turn && e.rec.user_message_id == message_id {
+                    *e = previous;
+                }
+            });
             return Err(e.into());
         }
-        self.arm_deadline(&server, &entry.id, turn, self.config.timeouts.task.get());
-        self.snapshot(&entry.id, false)
-    }
-
-    /// Aborts the turn (and rejects a permission it waits on); idempotent on finished tasks.
-    pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        let entry = self.entry(task_id)?;
-        if entry.status.is_terminal() {
-            return self.snapshot(task_id, false);
-        }
-        let server = self.server(&entry.server_id)?;
-        abort_turn(
-            &self.registry,
+        self.arm_deadline(
             &server,
-            task_id,
-            entry.turn,
-            TaskStatus::Cancelled,
-            None,
-            IfAbortFails::KeepRunning,
-        )
-        .await?;
-        self.snapshot(task_id, false)
+            &entry.rec.id,
+            turn,
+            self.config.timeouts.task.get(),
+        );
+        self.snapshot(&entry.rec.id, false)
     }
 
-    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
-    fn arm_deadline(&self, server: &Arc<Server>, task_id: &str, turn: u32, after: Duration) {
-        let limit = self.config.timeouts.task.get();
-        let registry = self.registry.clone();
-        let server = server.clone();
-        let task_id = task_id.to_string();
-        let stop = server.stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(after) => {
-                    let error = ErrorInfo {
-                        name: "TaskTimeout".into(),
-                        message: format!(
-                            "the task ran longer than timeouts.task ({}) and was aborted",
-                            humantime::format_duration(limit)
-                        ),
-                    };
-                    // Infallible with FinishAnyway.
-                    let _ = abort_turn(
-                        &registry,
-                        &server,
-                        &task_id,
-                        turn,
-                        TaskStatus::TimedOut,
-                        Some(error),
-                        IfAbortFails::FinishAnyway,
-                    )
-                    .await;
-                }
-            }
-        });
-    }
-
-    /// Answers the permission the task is waiting on. Refused when it waits on none, so an
-    /// answer can never land on a later, different ask.
+    /// Answers the permission the task is waiting on (its own, or one of its subagents').
+    /// Refused when it waits on none, so an answer can never land on a later, different ask.
     pub async fn reply_permission(
         &self,
         task_id: &str,
@@ -610,26 +386,27 @@ impl TaskService {
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.entry(task_id)?;
-        let ask = match (&entry.permission, entry.status) {
+        let ask = match (&entry.rec.permission, entry.rec.status) {
             (Some(ask), TaskStatus::WaitingPermission) => ask.clone(),
             _ => {
                 return Err(TaskError::Conflict(format!(
                     "task {} is not waiting for a permission (status {})",
-                    entry.id,
-                    entry.status.as_str()
+                    entry.rec.id,
+                    entry.rec.status.as_str()
                 )))
             }
         };
-        let server = self.server(&entry.server_id)?;
+        let server = self.server(&entry.rec.server_id)?;
         server
             .api
-            .reply_permission(&entry.directory, &ask.id, reply)
+            .reply_permission(&entry.rec.directory, &ask.id, reply)
             .await?;
         self.registry.update(task_id, |e| {
-            if e.permission.as_ref().is_some_and(|p| p.id == ask.id) {
-                e.permission = None;
-                if e.status == TaskStatus::WaitingPermission {
-                    e.status = TaskStatus::Running;
+            if e.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
+                e.rec.permission = None;
+                e.live.permission_since = None;
+                if e.rec.status == TaskStatus::WaitingPermission {
+                    e.rec.status = TaskStatus::Running;
                 }
             }
         });
@@ -645,7 +422,11 @@ impl TaskService {
         self.snapshot(task_id, include_progress)
     }
 
-    fn snapshot(&self, task_id: &str, include_progress: bool) -> Result<TaskSnapshot, TaskError> {
+    pub(super) fn snapshot(
+        &self,
+        task_id: &str,
+        include_progress: bool,
+    ) -> Result<TaskSnapshot, TaskError> {
         self.registry
             .snapshots(&[task_id.to_string()], include_progress, self.stall())
             .map_err(TaskError::UnknownTasks)?
@@ -653,220 +434,18 @@ impl TaskService {
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
     }
 
-    /// The full result of the current turn; `offset` is in characters. For an unfinished task it
-    /// reports what is known so far, with the same status `get_task_status` gives.
-    pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
-        self.restored().await;
-        let entry = self.entry(task_id)?;
-        let server = self
-            .pool
-            .get(&entry.server_id)
-            .filter(|s| s.exited().is_none());
-        let outcome = match (&entry.outcome, &server) {
-            (Some(o), _) => Some(o.clone()),
-            (None, Some(s)) => s
-                .api
-                .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id)
-                .await
-                .ok()
-                .map(|t| t.cap_text(self.config.limits.max_result_chars as usize)),
-            (None, None) => None,
-        };
-        let files = match (&entry.files_changed, &server) {
-            (Some(f), _) => f.clone(),
-            (None, Some(s)) => {
-                let files = s
-                    .api
-                    .changed_files(&entry.directory, &entry.session_id, None)
-                    .await
-                    .unwrap_or_default();
-                if entry.status.is_terminal() {
-                    let f = files.clone();
-                    let turn = entry.turn;
-                    self.registry.update(task_id, |e| {
-                        if e.turn == turn {
-                            e.files_changed = Some(f);
-                        }
-                    });
-                }
-                files
-            }
-            (None, None) => Vec::new(),
-        };
-        // Status is re-read so result never disagrees with status (the original's bug 3).
-        let current = self.entry(task_id)?;
-        let outcome = outcome.unwrap_or_default();
-        let page = self.config.limits.result_page_chars as usize;
-        let total = outcome.text.chars().count();
-        let start = (offset as usize).min(total);
-        let text: String = outcome.text.chars().skip(start).take(page).collect();
-        let end = start + text.chars().count();
-        Ok(TaskResult {
-            task_id: current.id.clone(),
-            status: current.status,
-            turn: current.turn,
-            truncated: end < total,
-            next_offset: (end < total).then_some(end as u64),
-            offset: start as u64,
-            total_chars: total as u64,
-            text,
-            text_capped: outcome.text_capped,
-            model: outcome.model.clone().or(current.model.clone()),
-            agent: outcome.agent.clone().or(current.agent.clone()),
-            tokens: outcome.tokens,
-            cost: outcome.cost,
-            finish: outcome.finish.clone(),
-            duration_ms: current.duration().as_millis() as u64,
-            files_changed: files,
-            tools: outcome.tools.clone(),
-            error: current.error.clone(),
-        })
-    }
-
-    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`. Never
-    /// cancels a task; dropping the future ends only the wait.
-    pub async fn wait(
-        &self,
-        task_ids: &[String],
-        mode: WaitMode,
-        timeout: Duration,
-        include_progress: bool,
-    ) -> Result<WaitOutcome, TaskError> {
-        self.restored().await;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut changes = self.registry.subscribe();
-        loop {
-            changes.borrow_and_update();
-            let tasks = self
-                .registry
-                .snapshots(task_ids, include_progress, self.stall())
-                .map_err(TaskError::UnknownTasks)?;
-            let (finished, unfinished): (Vec<_>, Vec<_>) =
-                tasks.iter().partition(|t| t.status.is_terminal());
-            let done = match mode {
-                WaitMode::All => unfinished.is_empty(),
-                WaitMode::Any => !finished.is_empty(),
-            };
-            let expired = tokio::time::Instant::now() >= deadline;
-            if done || expired {
-                return Ok(WaitOutcome {
-                    done,
-                    timed_out: !done,
-                    mode,
-                    finished: finished.iter().map(|t| t.task_id.clone()).collect(),
-                    unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),
-                    tasks,
-                });
-            }
-            tokio::select! {
-                r = changes.changed() => if r.is_err() { tokio::time::sleep_until(deadline).await },
-                _ = tokio::time::sleep_until(deadline) => {}
-            }
-        }
-    }
-
-    /// Stops every managed server (used on shutdown).
+    /// Reads what is still unread of finished turns, then stops every managed server (used on
+    /// shutdown).
     pub async fn shutdown(&self) {
+        let flushes = self
+            .pool
+            .all()
+            .into_iter()
+            .filter(|s| s.exited().is_none())
+            .map(|s| async move { self.flush_outcomes(&s).await });
+        futures::future::join_all(flushes).await;
         self.pool.stop_all().await;
     }
-}
-
-/// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum IfAbortFails {
-    /// `cancel_task`: leave the task as it was and return the error (a 404 is never reported as
-    /// a cancellation).
-    KeepRunning,
-    /// The deadline: the turn is over for us whatever OpenCode says; log and finish it.
-    FinishAnyway,
-}
-
-/// Aborts turn `turn` of a task: claims it (so events cannot decide its status meanwhile, and a
-/// second abort is a no-op), rejects a permission it waits on (OpenCode's abort leaves the ask
-/// listed), aborts the session, and finishes the task with `status`. Shared by `cancel_task` and
-/// the task deadline.
-async fn abort_turn(
-    registry: &Registry,
-    server: &Server,
-    task_id: &str,
-    turn: u32,
-    status: TaskStatus,
-    error: Option<ErrorInfo>,
-    if_fails: IfAbortFails,
-) -> Result<(), OpencodeError> {
-    let claimed = registry.update(task_id, |e| {
-        if e.turn != turn || e.status.is_terminal() || e.aborting {
-            None
-        } else {
-            e.aborting = true;
-            Some(e.clone())
-        }
-    });
-    let Some(Some(entry)) = claimed else {
-        return Ok(());
-    };
-    if let Some(ask) = &entry.permission {
-        if let Err(e) = server
-            .api
-            .reply_permission(&entry.directory, &ask.id, PermissionReply::Reject)
-            .await
-        {
-            tracing::warn!(task_id, error = %e, "rejecting the pending permission failed");
-        }
-    }
-    match server.api.abort(&entry.directory, &entry.session_id).await {
-        Err(e) if if_fails == IfAbortFails::KeepRunning => {
-            registry.update(task_id, |e| e.aborting = false);
-            Err(e)
-        }
-        outcome => {
-            if let Err(e) = outcome {
-                tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway");
-            }
-            registry.update(task_id, |e| {
-                if e.turn == turn {
-                    e.finish(status, error);
-                }
-            });
-            Ok(())
-        }
-    }
-}
-
-/// A tier's model on a server: the first listed model the server offers; a tier that lists no
-/// models means the server's default.
-pub fn resolve_tier(tier: &Tier, catalog: &ModelCatalog) -> TierResolution {
-    let (model, available) = if tier.models.is_empty() {
-        (None, true)
-    } else {
-        match tier.models.iter().find(|m| catalog.contains(m)) {
-            Some(m) => (Some(m.clone()), true),
-            None => (None, false),
-        }
-    };
-    TierResolution {
-        name: tier.name.clone(),
-        handles: tier.handles.clone(),
-        model,
-        available,
-    }
-}
-
-fn list_some(items: &[String]) -> String {
-    const MAX: usize = 40;
-    if items.is_empty() {
-        return "(none)".into();
-    }
-    let mut s = items
-        .iter()
-        .take(MAX)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > MAX {
-        s.push_str(&format!(", ... ({} more)", items.len() - MAX));
-    }
-    s
 }
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
@@ -886,30 +465,6 @@ pub fn default_title(prompt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tier(models: &[&str]) -> Tier {
-        Tier {
-            name: "fast".into(),
-            handles: "x".into(),
-            models: models.iter().map(|m| m.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn tiers_resolve_to_the_first_offered_model() {
-        let catalog = ModelCatalog {
-            models: vec!["a/one".into(), "b/two".into()],
-            defaults: Default::default(),
-        };
-        assert_eq!(
-            resolve_tier(&tier(&["z/nope", "b/two", "a/one"]), &catalog).model,
-            Some("b/two".into())
-        );
-        let none = resolve_tier(&tier(&["z/nope"]), &catalog);
-        assert!(!none.available && none.model.is_none());
-        let default = resolve_tier(&tier(&[]), &catalog);
-        assert!(default.available && default.model.is_none());
-    }
 
     #[test]
     fn titles_come_from_the_first_non_empty_line() {

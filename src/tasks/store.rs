@@ -15,120 +15,18 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
-use super::model::{RetryInfo, TaskStatus};
-use super::registry::TaskEntry;
-use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, TurnState};
-
-/// Format version of a record.
-const VERSION: u32 = 1;
-
-/// A task as stored on disk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoredTask {
-    pub version: u32,
-    pub id: String,
-    pub owner_pid: u32,
-    pub server_id: String,
-    pub server_url: String,
-    pub managed: bool,
-    pub session_id: String,
-    pub directory: String,
-    pub title: String,
-    pub agent: Option<String>,
-    pub model: Option<String>,
-    pub turn: u32,
-    pub user_message_id: String,
-    /// Epoch milliseconds.
-    pub turn_started_ms: u64,
-    pub finished_ms: Option<u64>,
-    pub status: TaskStatus,
-    pub error: Option<ErrorInfo>,
-    pub permission: Option<PermissionAsk>,
-    pub retry: Option<RetryInfo>,
-    pub outcome: Option<TurnState>,
-    pub files_changed: Option<Vec<FileChange>>,
-}
-
-pub fn epoch_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// The `Instant` that lies `epoch_ms` in the past, as well as this process can express it.
-fn instant_at(ms: u64) -> Instant {
-    let now_ms = epoch_ms(SystemTime::now());
-    let ago = Duration::from_millis(now_ms.saturating_sub(ms));
-    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
-}
-
-impl StoredTask {
-    pub fn from_entry(e: &TaskEntry) -> Self {
-        let now = Instant::now();
-        let wall = SystemTime::now();
-        let at = |i: Instant| {
-            epoch_ms(wall).saturating_sub(now.saturating_duration_since(i).as_millis() as u64)
-        };
-        Self {
-            version: VERSION,
-            id: e.id.clone(),
-            owner_pid: std::process::id(),
-            server_id: e.server_id.clone(),
-            server_url: e.server_url.clone(),
-            managed: e.managed,
-            session_id: e.session_id.clone(),
-            directory: e.directory.clone(),
-            title: e.title.clone(),
-            agent: e.agent.clone(),
-            model: e.model.clone(),
-            turn: e.turn,
-            user_message_id: e.user_message_id.clone(),
-            turn_started_ms: at(e.turn_started),
-            finished_ms: e.finished_at.map(at),
-            status: e.status,
-            error: e.error.clone(),
-            permission: e.permission.clone(),
-            retry: e.retry.clone(),
-            outcome: e.outcome.clone(),
-            files_changed: e.files_changed.clone(),
-        }
-    }
-
-    pub fn into_entry(self) -> TaskEntry {
-        let mut e = TaskEntry::new(
-            self.id,
-            self.server_id,
-            self.session_id,
-            self.directory,
-            self.title,
-        );
-        e.server_url = self.server_url;
-        e.managed = self.managed;
-        e.agent = self.agent;
-        e.model = self.model;
-        e.turn = self.turn;
-        e.user_message_id = self.user_message_id;
-        e.turn_started = instant_at(self.turn_started_ms);
-        e.finished_at = self.finished_ms.map(instant_at);
-        e.status = self.status;
-        e.error = self.error;
-        e.permission = self.permission;
-        e.retry = self.retry;
-        e.outcome = self.outcome;
-        e.files_changed = self.files_changed;
-        e
-    }
-}
+use super::record::{TaskRecord, VERSION};
 
 /// The directory of task files.
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
 }
+
+/// Makes every temporary file name unique within the process.
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl Store {
     /// Opens (creating) `<state_dir>/tasks`.
@@ -149,23 +47,48 @@ impl Store {
     }
 
     /// Writes the task atomically (temporary file, flush, rename).
-    pub fn save(&self, task: &StoredTask) -> std::io::Result<()> {
+    pub fn save(&self, task: &TaskRecord) -> std::io::Result<()> {
         let Some(path) = self.path(&task.id) else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("unsafe task id `{}`", task.id),
             ));
         };
-        let tmp = self
-            .dir
-            .join(format!(".{}.{}.tmp", task.id, std::process::id()));
-        let bytes = serde_json::to_vec(task).map_err(std::io::Error::other)?;
+        let tmp = self.dir.join(format!(
+            ".{}.{}.{}.tmp",
+            task.id,
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
         // No fsync: the rename keeps a crash of this process (or of the host model's session)
         // from ever leaving a torn record, which is the failure this store is for; an fsync per
         // state change would put a disk flush on every start_task (measured: most of the
         // gateway's overhead over raw HTTP) to guard only against the machine losing power.
+        let mut record = task.clone();
+        record.owner_pid = std::process::id();
+        let bytes = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
         std::fs::File::create(&tmp)?.write_all(&bytes)?;
         std::fs::rename(&tmp, &path)
+    }
+
+    /// Writes a record, in the order of calls (the registry calls this under its lock).
+    pub fn submit(&self, task: TaskRecord) {
+        if let Err(e) = self.save(&task) {
+            tracing::warn!(task_id = %task.id, error = %e, "cannot save the task to the state directory");
+        }
+    }
+
+    /// Removes a record, in the order of calls.
+    pub fn submit_remove(&self, task_id: &str) {
+        self.remove(task_id);
+    }
+
+    /// One record by id.
+    pub fn load(&self, task_id: &str) -> Option<TaskRecord> {
+        let bytes = std::fs::read(self.path(task_id)?).ok()?;
+        serde_json::from_slice::<TaskRecord>(&bytes)
+            .ok()
+            .filter(|t| t.version == VERSION)
     }
 
     pub fn remove(&self, task_id: &str) {
@@ -175,7 +98,7 @@ impl Store {
     }
 
     /// Every readable record; unreadable files are reported (path, reason) and left in place.
-    pub fn load_all(&self) -> (Vec<StoredTask>, Vec<(PathBuf, String)>) {
+    pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
         let mut tasks = Vec::new();
         let mut bad = Vec::new();
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
@@ -188,7 +111,7 @@ impl Store {
             }
             match std::fs::read(&path)
                 .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<StoredTask>(&b).map_err(|e| e.to_string()))
+                .and_then(|b| serde_json::from_slice::<TaskRecord>(&b).map_err(|e| e.to_string()))
             {
                 Ok(t) if t.version == VERSION => tasks.push(t),
                 Ok(t) => bad.push((path, format!("unknown record version {}", t.version))),
@@ -226,52 +149,47 @@ pub fn gateway_alive(pid: u32) -> bool {
     running && comm.trim().starts_with("opencode-mcp")
 }
 
-/// The error a task whose turn died with its gateway reports.
-pub fn interrupted(reason: &str) -> ErrorInfo {
-    ErrorInfo {
-        name: "Interrupted".into(),
-        message: reason.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry() -> TaskEntry {
-        let mut e = TaskEntry::new(
+    use crate::tasks::model::TaskStatus;
+    use crate::tasks::turn::TurnState;
+
+    fn record() -> TaskRecord {
+        let mut r = TaskRecord::new(
             "tsk_abc".into(),
             "srv_1".into(),
             "ses_1".into(),
             "/w".into(),
             "title".into(),
         );
-        e.server_url = "http://127.0.0.1:1".into();
-        e.managed = true;
-        e.begin_turn("msg_1".into(), Some("build".into()), None);
-        e.finish(TaskStatus::Completed, None);
-        e.outcome = Some(TurnState {
+        r.server_url = "http://127.0.0.1:1".into();
+        r.managed = true;
+        r.begin_turn("msg_1".into(), Some("build".into()), None);
+        r.finish(TaskStatus::Completed, None);
+        r.outcome = Some(TurnState {
             text: "done".into(),
             finished: true,
             ..TurnState::default()
         });
-        e
+        r
     }
 
     #[test]
     fn records_round_trip_through_disk() {
         let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
         let store = Store::open(&dir).expect("open");
-        let stored = StoredTask::from_entry(&entry());
+        let stored = record();
         store.save(&stored).expect("save");
         store.save(&stored).expect("overwrite");
         let (all, bad) = store.load_all();
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(all, vec![stored.clone()]);
-        let back = all[0].clone().into_entry();
+        let back = store.load("tsk_abc").expect("by id");
         assert_eq!(back.status, TaskStatus::Completed);
         assert_eq!(back.outcome.map(|o| o.text).as_deref(), Some("done"));
-        assert!(back.finished_at.is_some());
+        assert!(back.finished_ms.is_some());
         store.remove("tsk_abc");
         assert!(store.load_all().0.is_empty());
         let _ = std::fs::remove_dir_all(dir);
@@ -282,7 +200,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
         let store = Store::open(&dir).expect("open");
         std::fs::write(store.dir.join("tsk_bad.json"), b"{not json").expect("write");
-        store.save(&StoredTask::from_entry(&entry())).expect("save");
+        store.save(&record()).expect("save");
         let (all, bad) = store.load_all();
         assert_eq!(all.len(), 1);
         assert_eq!(bad.len(), 1);

@@ -1,26 +1,48 @@
-//! The tracker: one per OpenCode server, it turns the server's events into task state.
+//! The tracker: one per OpenCode server, it turns the server's events and HTTP reads into task
+//! state. The verdicts themselves ("the turn is over, and this is its answer") are
+//! [`turn`](super::turn)'s; the tracker feeds it and applies what it says.
 //!
-//! Events drive progress (current tool, streamed text, retries, permission asks) and *trigger*
-//! completion checks; they never decide completion alone. When a session goes idle (or errors, or
-//! the stream reconnects, or the periodic reconcile fires) the tracker reads the session's
-//! messages over HTTP and asks the one question that matters (design notes §5): has the latest
-//! assistant message answering *our* user message completed with a terminal finish or an error,
-//! while the session is idle? A stale `session.idle` from a previous turn therefore cannot complete
-//! a continued task (the original's bug 1).
+//! - **Events** drive progress (current tool, streamed text, retries, permission asks) and can
+//!   end a turn at once: when the session goes idle and the stream already showed the turn's
+//!   final reply. Any other idle, error or reconnect *triggers* an HTTP check.
+//! - **HTTP checks** read the turn (paging back from the newest message to ours) and, unless the
+//!   final reply is already there, a fresh status: an absence (no answer, a stopped loop) is
+//!   never concluded from a remembered idle. At most one check per task runs at a time; a
+//!   trigger during a check makes it run once more.
+//! - **Subagents**: a session created with a `parentID` that belongs to a task becomes that
+//!   task's child session; its permission asks are the task's asks, its tools show in progress.
+//! - **Gaps**: on every (re)connect and every reconcile tick, pending permissions are read
+//!   (`GET /permission`) and sessions that are no longer working are checked, so an ask or an
+//!   idle the stream missed is found within one tick.
+//! - **Deleted sessions** (`session.deleted`, or a 404 on read) fail the task at once.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use super::model::{RetryInfo, TaskStatus};
-use super::registry::{Registry, ReplySeen};
+use super::registry::{Registry, SessionOwner};
+use super::turn::{self, Idle, ReplySeen, TurnState};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
-use crate::opencode::{ErrorInfo, Server, SessionActivity};
+use crate::opencode::{ErrorInfo, PermissionAsk, Server, SessionActivity};
 
 /// How often unfinished tasks are re-checked over HTTP even without events (covers a stream
 /// that silently stopped delivering).
 const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+
+/// Pauses between attempts to read a finished turn's outcome (then it is reported unreadable).
+const OUTCOME_RETRIES: [Duration; 5] = [
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+
+/// Levels of subagents followed up from a session whose parent is unknown.
+const MAX_NESTING: usize = 4;
 
 /// Shared state the tracker needs.
 #[derive(Clone)]
@@ -30,8 +52,12 @@ pub struct TrackerContext {
     pub tail_chars: usize,
     /// Characters of final text kept per task.
     pub max_result_chars: usize,
-    /// Finished tasks older than this are forgotten.
+    /// Finished tasks leave memory after this (they stay readable from disk).
+    pub memory_ttl: Duration,
+    /// Finished tasks are forgotten after this.
     pub finished_ttl: Duration,
+    /// Tasks with a completion check running, and whether another was asked for meanwhile.
+    pub checks: Arc<Mutex<HashMap<String, bool>>>,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -52,22 +78,18 @@ pub async fn run(
     loop {
         tokio::select! {
             how = &mut exited => {
-                fail_server_tasks(&ctx.registry, &server.id, &format!("the OpenCode server {} {how}", server.id));
+                fail_server_tasks(&ctx.registry, &server.id, "ServerExited", &format!("the OpenCode server {} {how}", server.id));
                 server.stop.cancel();
                 return;
             }
             _ = server.stop.cancelled() => return,
             _ = reconcile.tick() => {
-                ctx.registry.evict_finished(ctx.finished_ttl);
-                spawn_reconcile(&ctx, &server);
+                ctx.registry.evict_finished(ctx.memory_ttl, ctx.finished_ttl);
+                spawn_reconcile(&ctx, &server, false);
             }
             msg = events.recv() => match msg {
                 None => return,
-                Some(PumpEvent::Connected) => {
-                    for id in unfinished_on(&ctx.registry, &server.id) {
-                        spawn_check(&ctx, &server, id, Activity::Unknown);
-                    }
-                }
+                Some(PumpEvent::Connected) => spawn_reconcile(&ctx, &server, true),
                 Some(PumpEvent::Disconnected(reason)) => {
                     tracing::debug!(server_id = %server.id, %reason, "event stream disconnected");
                 }
@@ -77,10 +99,11 @@ pub async fn run(
     }
 }
 
-/// The periodic safety net, kept cheap: one `GET /session/status` per directory in use, and a
-/// full completion check only for tasks whose session that says is no longer working (those are
-/// the ones a dropped event could have left behind). A busy session's task is left to its events.
-fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>) {
+/// The safety net, kept cheap: per directory in use, one `GET /session/status` and one
+/// `GET /permission`; a full completion check only for tasks whose session is no longer working
+/// (those are the ones a dropped event could have left behind), or for every unfinished task
+/// after a reconnect (`all`).
+fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>, all: bool) {
     let ids = unfinished_on(&ctx.registry, &server.id);
     if ids.is_empty() {
         return;
@@ -88,17 +111,23 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move {
-        let mut by_dir: std::collections::BTreeMap<String, Vec<(String, String)>> =
-            Default::default();
+        let mut by_dir: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         for id in ids {
             if let Some(e) = ctx.registry.get(&id) {
                 by_dir
-                    .entry(e.directory.clone())
+                    .entry(e.rec.directory.clone())
                     .or_default()
-                    .push((id, e.session_id.clone()));
+                    .push((id, e.rec.session_id.clone()));
             }
         }
         for (dir, tasks) in by_dir {
+            sweep_permissions(&ctx, &server, &dir).await;
+            if all {
+                for (id, _) in tasks {
+                    spawn_check(&ctx, &server, id, Idle::No);
+                }
+                continue;
+            }
             let activity = match server.api.session_activity(&dir).await {
                 Ok(a) => a,
                 Err(e) => {
@@ -112,27 +141,123 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>) {
                     Some(SessionActivity::Busy | SessionActivity::Retry { .. })
                 );
                 if !working {
-                    spawn_check(&ctx, &server, id, Activity::Idle);
+                    spawn_check(&ctx, &server, id, Idle::Confirmed);
                 }
             }
         }
     });
 }
 
-fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
-    registry.ids_where(|e| e.server_id == server_id && !e.status.is_terminal())
+/// Reads the pending permissions of one directory and gives each to its task (a subagent's ask
+/// to the task of its parent session); an ask a task still shows that is no longer pending (it
+/// was answered while the stream was down) is cleared.
+async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &str) {
+    let started = Instant::now();
+    let asks = match server.api.permissions(directory).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(server_id = %server.id, error = %e, "reconcile: permission list failed");
+            return;
+        }
+    };
+    let mut pending: HashSet<String> = HashSet::new();
+    for ask in asks {
+        pending.insert(ask.id.clone());
+        if let Some(owner) = resolve_owner(ctx, server, directory, &ask.session_id).await {
+            ctx.registry
+                .update(&owner.task_id, |e| set_permission(e, ask));
+        }
+    }
+    for id in ctx.registry.ids_where(|e| {
+        e.rec.server_id == server.id
+            && e.rec.directory == directory
+            && e.rec.permission.is_some()
+            && e.live.permission_since.is_some_and(|t| t < started)
+    }) {
+        ctx.registry.update(&id, |e| {
+            let stale = e
+                .rec
+                .permission
+                .as_ref()
+                .is_some_and(|p| !pending.contains(&p.id))
+                && e.live.permission_since.is_some_and(|t| t < started);
+            if stale {
+                e.rec.permission = None;
+                e.live.permission_since = None;
+                if e.rec.status == TaskStatus::WaitingPermission {
+                    e.rec.status = TaskStatus::Running;
+                }
+            }
+        });
+    }
 }
 
-/// Marks every unfinished task of a server as failed with `reason` (server died or stopped).
-pub fn fail_server_tasks(registry: &Registry, server_id: &str, reason: &str) -> Vec<String> {
+/// The task a session belongs to: the registry's answer, or for a session it has not seen, the
+/// task of its parent (a subagent whose `session.created` the stream did not show), followed up
+/// a few levels.
+async fn resolve_owner(
+    ctx: &TrackerContext,
+    server: &Server,
+    directory: &str,
+    session_id: &str,
+) -> Option<SessionOwner> {
+    if let Some(owner) = ctx.registry.owner_of(session_id) {
+        return Some(owner);
+    }
+    let mut chain = vec![session_id.to_string()];
+    for _ in 0..MAX_NESTING {
+        let current = chain.last()?.clone();
+        let parent = server
+            .api
+            .session_parent(directory, &current)
+            .await
+            .ok()
+            .flatten()?;
+        if ctx.registry.owner_of(&parent).is_some() {
+            // Tie the whole chain, from the known parent down.
+            let mut above = parent;
+            for child in chain.iter().rev() {
+                ctx.registry.adopt_child(&above, child)?;
+                above = child.clone();
+            }
+            return ctx.registry.owner_of(session_id);
+        }
+        chain.push(parent);
+    }
+    None
+}
+
+fn set_permission(e: &mut super::registry::TaskEntry, ask: PermissionAsk) {
+    if e.rec.status.is_terminal() || e.live.aborting {
+        return;
+    }
+    if e.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
+        return;
+    }
+    e.rec.status = TaskStatus::WaitingPermission;
+    e.rec.permission = Some(ask);
+    e.live.permission_since = Some(Instant::now());
+}
+
+fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
+    registry.ids_where(|e| e.rec.server_id == server_id && !e.rec.status.is_terminal())
+}
+
+/// Marks every unfinished task of a server as failed (server died or was stopped).
+pub fn fail_server_tasks(
+    registry: &Registry,
+    server_id: &str,
+    name: &str,
+    reason: &str,
+) -> Vec<String> {
     let ids = unfinished_on(registry, server_id);
     for id in &ids {
         registry.update(id, |e| {
-            if !e.status.is_terminal() {
+            if !e.rec.status.is_terminal() {
                 e.finish(
                     TaskStatus::Failed,
                     Some(ErrorInfo {
-                        name: "ServerExited".into(),
+                        name: name.into(),
                         message: reason.to_string(),
                     }),
                 );
@@ -142,254 +267,460 @@ pub fn fail_server_tasks(registry: &Registry, server_id: &str, reason: &str) -> 
     ids
 }
 
+/// What to do after an event was applied.
+enum Then {
+    Nothing,
+    /// Run a completion check, knowing this about the session's activity.
+    Check(Idle),
+    /// The turn ended: read its outcome.
+    ReadOutcome(u32),
+    /// The session is gone: stop what OpenCode still runs of it, and read what there is.
+    Deleted(u32),
+}
+
 /// Applies one event to the task of its session, if it is ours.
 fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
     let Some(session_id) = event.session_id() else {
         return;
     };
-    let Some(task_id) = ctx.registry.task_for_session(session_id) else {
+    if let Event::SessionInfo {
+        parent_id: Some(parent),
+        ..
+    } = &event
+    {
+        ctx.registry.adopt_child(parent, session_id);
+        return;
+    }
+    let Some(owner) = ctx.registry.owner_of(session_id) else {
         return;
     };
-    let mut check = None;
-    let mut finished_turn = None;
-    ctx.registry.update(&task_id, |e| {
-        if e.server_id != server.id {
-            return;
-        }
-        e.last_event = std::time::Instant::now();
-        if e.status.is_terminal() {
-            return;
-        }
-        match &event {
-            Event::SessionStatus { activity, .. } => match activity {
-                SessionActivity::Busy => {
-                    if e.status == TaskStatus::Pending {
-                        e.status = TaskStatus::Running;
-                        // The first `busy` of a turn follows everything the previous turn
-                        // emitted, so an error seen before it was the previous turn's (the
-                        // stream can lag behind the HTTP check that ended that turn).
-                        e.session_error = None;
-                    }
-                    e.retry = None;
-                }
-                SessionActivity::Retry {
-                    attempt, message, ..
-                } => {
-                    if e.status == TaskStatus::Pending {
-                        e.status = TaskStatus::Running;
-                    }
-                    e.retry = Some(RetryInfo {
-                        attempt: *attempt,
-                        message: message.clone(),
-                    });
-                }
-                SessionActivity::Idle => check = Some(Activity::Idle),
-            },
-            Event::SessionIdle { .. } => check = Some(Activity::Idle),
-            Event::SessionError { error, .. } => {
-                e.session_error = Some(error.clone());
-                check = Some(Activity::Unknown);
+    let then = ctx
+        .registry
+        .update(&owner.task_id, |e| {
+            if e.rec.server_id != server.id {
+                return Then::Nothing;
             }
-            Event::MessageUpdated {
-                role,
-                parent_id,
-                message_id,
-                completed,
-                finish,
-                error,
-                ..
-            } => {
-                if role == "assistant" && parent_id.as_deref() == Some(e.user_message_id.as_str()) {
-                    if e.status == TaskStatus::Pending {
-                        e.status = TaskStatus::Running;
-                    }
-                    // Message ids ascend: keep the newest reply.
-                    let newer = e
-                        .latest_reply
-                        .as_ref()
-                        .is_none_or(|r| *message_id >= r.message_id);
-                    if newer {
-                        e.latest_reply = Some(ReplySeen {
-                            message_id: message_id.clone(),
-                            completed: *completed,
-                            finish: finish.clone(),
-                            error: error.clone(),
-                        });
-                    }
-                }
+            e.live.last_event = Instant::now();
+            if e.rec.status.is_terminal() {
+                return Then::Nothing;
             }
-            Event::PartUpdated { part, .. } => match part {
+            if owner.child {
+                apply_child(ctx, e, &event);
+                Then::Nothing
+            } else {
+                apply_own(ctx, e, &event)
+            }
+        })
+        .unwrap_or(Then::Nothing);
+    match then {
+        Then::Nothing => {}
+        Then::Check(idle) => spawn_check(ctx, server, owner.task_id, idle),
+        Then::ReadOutcome(turn) => spawn_outcome(ctx, server, owner.task_id, turn),
+        Then::Deleted(turn) => {
+            let (ctx, server, id) = (ctx.clone(), server.clone(), owner.task_id);
+            tokio::spawn(async move {
+                if let Some(e) = ctx.registry.get(&id) {
+                    let _ = server.api.abort(&e.rec.directory, &e.rec.session_id).await;
+                }
+                read_outcome(&ctx, &server, &id, turn, Attempts::Once).await;
+            });
+        }
+    }
+}
+
+/// A subagent's event: its asks are the task's, its tools show as the task's progress.
+fn apply_child(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &Event) {
+    match event {
+        Event::PermissionAsked(ask) => set_permission(e, ask.clone()),
+        Event::PermissionReplied { request_id, .. } => clear_permission(e, request_id),
+        Event::PartUpdated {
+            part:
                 PartEvent::Tool {
                     tool,
                     status,
                     title,
-                } => match status.as_str() {
-                    "pending" | "running" => e.current_tool = Some((tool.clone(), title.clone())),
-                    _ => {
-                        e.tools_run += 1;
-                        e.current_tool = None;
-                    }
                 },
-                PartEvent::StepFinish => e.steps += 1,
-                PartEvent::Text { .. } | PartEvent::StepStart | PartEvent::Other => {}
-            },
-            Event::PartDelta { field, delta, .. } => {
-                if field == "text" {
-                    e.push_text(delta, ctx.tail_chars);
-                }
-            }
-            Event::PermissionAsked(ask) => {
-                e.status = TaskStatus::WaitingPermission;
-                e.permission = Some(ask.clone());
-            }
-            Event::PermissionReplied { request_id, .. } => {
-                if e.permission.as_ref().is_some_and(|p| &p.id == request_id) {
-                    e.permission = None;
-                    e.status = TaskStatus::Running;
-                }
-            }
-            Event::Other => {}
+            ..
+        } => track_tool(e, tool, status, title),
+        Event::PartDelta { field, delta, .. } if field == "text" => {
+            e.push_text(delta, ctx.tail_chars)
         }
-        // Idle, and the events already showed our final reply: the turn is over (design notes
-        // §5) without a round trip; the outcome is read over HTTP off the waiters' path.
-        if check == Some(Activity::Idle) && !e.aborting {
-            if let Some(reply) = e.latest_reply.clone().filter(ReplySeen::ends_turn) {
-                let status = if reply.error.is_some() {
-                    TaskStatus::Failed
-                } else {
-                    TaskStatus::Completed
-                };
-                e.finish(status, reply.error);
-                finished_turn = Some(e.turn);
-                check = None;
+        _ => {}
+    }
+}
+
+fn clear_permission(e: &mut super::registry::TaskEntry, request_id: &str) {
+    if e.rec
+        .permission
+        .as_ref()
+        .is_some_and(|p| p.id == request_id)
+    {
+        e.rec.permission = None;
+        e.live.permission_since = None;
+        if e.rec.status == TaskStatus::WaitingPermission {
+            e.rec.status = TaskStatus::Running;
+        }
+    }
+}
+
+fn track_tool(
+    e: &mut super::registry::TaskEntry,
+    tool: &str,
+    status: &str,
+    title: &Option<String>,
+) {
+    match status {
+        "pending" | "running" => e.live.current_tool = Some((tool.to_string(), title.clone())),
+        _ => {
+            e.live.tools_run += 1;
+            e.live.current_tool = None;
+        }
+    }
+}
+
+/// An event of the task's own session.
+fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &Event) -> Then {
+    let mut then = Then::Nothing;
+    match event {
+        Event::SessionStatus { activity, .. } => match activity {
+            SessionActivity::Busy => {
+                if e.rec.status == TaskStatus::Pending {
+                    e.rec.status = TaskStatus::Running;
+                    // The first `busy` of a turn follows everything the previous turn emitted,
+                    // so an error seen before it was the previous turn's (the stream can lag
+                    // behind the HTTP check that ended that turn).
+                    e.live.session_error = None;
+                }
+                e.live.retry = None;
+            }
+            SessionActivity::Retry {
+                attempt, message, ..
+            } => {
+                if e.rec.status == TaskStatus::Pending {
+                    e.rec.status = TaskStatus::Running;
+                }
+                e.live.retry = Some(RetryInfo {
+                    attempt: *attempt,
+                    message: message.clone(),
+                });
+            }
+            SessionActivity::Idle => then = Then::Check(Idle::Reported),
+        },
+        Event::SessionIdle { .. } => then = Then::Check(Idle::Reported),
+        Event::SessionError { error, .. } => {
+            e.live.session_error = Some(error.clone());
+            then = Then::Check(Idle::No);
+        }
+        Event::SessionDeleted { session_id } => {
+            if !e.live.aborting {
+                e.finish(
+                    TaskStatus::Failed,
+                    Some(ErrorInfo {
+                        name: "SessionDeleted".into(),
+                        message: format!(
+                            "the task's OpenCode session {session_id} was deleted while the task ran"
+                        ),
+                    }),
+                );
+                return Then::Deleted(e.rec.turn);
+            }
+        }
+        Event::MessageUpdated {
+            role,
+            message_id,
+            completed,
+            finish,
+            error,
+            summary,
+            agent,
+            model,
+            ..
+        } => {
+            e.rec.note_message_id(message_id);
+            if role == "assistant" && ReplySeen::in_turn(message_id, &e.rec.user_message_id) {
+                if e.rec.status == TaskStatus::Pending {
+                    e.rec.status = TaskStatus::Running;
+                }
+                // Message ids ascend: keep the newest reply.
+                let newer = e
+                    .live
+                    .latest_reply
+                    .as_ref()
+                    .is_none_or(|r| *message_id >= r.message_id);
+                if newer {
+                    e.live.latest_reply = Some(ReplySeen {
+                        message_id: message_id.clone(),
+                        completed: *completed,
+                        finish: finish.clone(),
+                        error: error.clone(),
+                        summary: *summary,
+                        agent: agent.clone(),
+                        model: model.clone(),
+                    });
+                }
+            }
+        }
+        Event::PartUpdated { part, .. } => match part {
+            PartEvent::Tool {
+                tool,
+                status,
+                title,
+            } => track_tool(e, tool, status, title),
+            PartEvent::StepFinish => e.live.steps += 1,
+            PartEvent::Text { .. } | PartEvent::StepStart | PartEvent::Other => {}
+        },
+        Event::PartDelta { field, delta, .. } => {
+            if field == "text" {
+                e.push_text(delta, ctx.tail_chars);
+            }
+        }
+        Event::PermissionAsked(ask) => set_permission(e, ask.clone()),
+        Event::PermissionReplied { request_id, .. } => clear_permission(e, request_id),
+        Event::SessionInfo { .. } | Event::Other => {}
+    }
+    // Idle, and the events already showed the turn's final reply: the turn is over without a
+    // round trip; its outcome is read over HTTP off the waiters' path.
+    if matches!(then, Then::Check(Idle::Reported)) && !e.live.aborting {
+        if let Some(v) = turn::conclude_from_events(e.live.latest_reply.as_ref()) {
+            e.finish(v.status, v.error);
+            return Then::ReadOutcome(e.rec.turn);
+        }
+    }
+    then
+}
+
+/// Runs a completion check unless one is running for the task; then that one runs again.
+pub fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, idle: Idle) {
+    {
+        let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(again) = checks.get_mut(&task_id) {
+            *again = true;
+            return;
+        }
+        checks.insert(task_id.clone(), false);
+    }
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(async move {
+        let mut idle = idle;
+        loop {
+            check_completion(&ctx, &server, &task_id, idle).await;
+            let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
+            match checks.get_mut(&task_id) {
+                Some(again) if *again => {
+                    *again = false;
+                    // What the later trigger knew is not kept: ask OpenCode.
+                    idle = Idle::No;
+                }
+                _ => {
+                    checks.remove(&task_id);
+                    return;
+                }
             }
         }
     });
-    if let Some(known) = check {
-        spawn_check(ctx, server, task_id.clone(), known);
-    }
-    if let Some(turn) = finished_turn {
-        let ctx = ctx.clone();
-        let server = server.clone();
-        tokio::spawn(async move { fill_outcome(&ctx, &server, &task_id, turn).await });
-    }
 }
 
-/// Reads a finished turn's outcome (text, tokens, tools) and keeps it. If this fails the result
-/// is read live when asked for.
-async fn fill_outcome(ctx: &TrackerContext, server: &Server, task_id: &str, turn: u32) {
-    let Some(entry) = ctx.registry.get(task_id) else {
-        return;
-    };
-    match server
-        .api
-        .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id)
-        .await
-    {
-        Ok(state) => {
-            let state = state.cap_text(ctx.max_result_chars);
-            ctx.registry.update(task_id, |e| {
-                if e.turn == turn && e.outcome.is_none() {
-                    e.outcome = Some(state);
-                }
-            });
-        }
-        Err(e) => {
-            tracing::debug!(task_id, error = %e, "reading a finished turn failed; the result will be read live")
-        }
-    }
-}
-
-/// What the trigger of a completion check already says about the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activity {
-    /// An idle event or a status read just now: no need to ask again (it saves a request on
-    /// every completion, which matters when fifty tasks finish at once).
-    Idle,
-    /// Ask OpenCode (`GET /session/status`).
-    Unknown,
-}
-
-fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, known: Activity) {
-    let ctx = ctx.clone();
-    let server = server.clone();
-    tokio::spawn(async move { check_completion(&ctx, &server, &task_id, known).await });
-}
-
-/// Reads the turn over HTTP and finishes the task if the turn is over. Safe to call any time and
-/// any number of times: it only ever finishes the turn it read, and never a task that has moved
-/// on (a newer turn) or is being aborted.
-pub async fn check_completion(
-    ctx: &TrackerContext,
-    server: &Server,
-    task_id: &str,
-    known: Activity,
-) {
+/// Reads the turn over HTTP and finishes the task if [`turn::conclude`] says the turn is over.
+/// Safe to call any time and any number of times: it only ever finishes the turn it read, and
+/// never a task that has moved on (a newer turn) or is being aborted. `known` is what the
+/// trigger said about the session: `Confirmed` (a status read just now) or `Reported` (an idle
+/// event) spare a status read when the turn's final reply is already there; otherwise the status
+/// is read fresh.
+pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &str, known: Idle) {
     let registry = &ctx.registry;
     let Some(entry) = registry.get(task_id) else {
         return;
     };
-    if entry.status.is_terminal() || entry.aborting {
+    if entry.rec.status.is_terminal() || entry.live.aborting {
         return;
     }
-    let turn = server
+    let rec = &entry.rec;
+    let messages = match server
         .api
-        .turn_state(&entry.directory, &entry.session_id, &entry.user_message_id);
-    let activity = async {
-        match known {
-            Activity::Idle => Ok(None),
-            Activity::Unknown => server
-                .api
-                .session_activity(&entry.directory)
-                .await
-                .map(Some),
+        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+        .await
+    {
+        Ok(m) => m,
+        Err(e) if e.http_status() == Some(404) => {
+            registry.update(task_id, |e| {
+                if e.rec.turn == entry.rec.turn && !e.rec.status.is_terminal() {
+                    e.finish(
+                        TaskStatus::Failed,
+                        Some(ErrorInfo {
+                            name: "SessionDeleted".into(),
+                            message: format!(
+                                "the task's OpenCode session {} no longer exists",
+                                e.rec.session_id
+                            ),
+                        }),
+                    );
+                }
+            });
+            return;
         }
-    };
-    let (turn, activity) = match tokio::join!(turn, activity) {
-        (Ok(t), Ok(a)) => (t.cap_text(ctx.max_result_chars), a),
-        (Err(e), _) | (_, Err(e)) => {
+        Err(e) => {
             tracing::debug!(task_id, error = %e, "completion check failed; will retry");
             return;
         }
     };
-    let idle = match &activity {
-        None => true,
-        Some(a) => matches!(a.get(&entry.session_id), None | Some(SessionActivity::Idle)),
+    let turn = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
+    let idle = if turn.finished && known != Idle::No {
+        known
+    } else {
+        match server.api.session_activity(&rec.directory).await {
+            Ok(a) => match a.get(&rec.session_id) {
+                None | Some(SessionActivity::Idle) => Idle::Confirmed,
+                Some(_) => Idle::No,
+            },
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "completion check: status read failed; will retry");
+                return;
+            }
+        }
     };
+    let mut finished = None;
     registry.update(task_id, |e| {
-        if e.turn != entry.turn || e.status.is_terminal() || e.aborting {
+        if e.rec.turn != entry.rec.turn || e.rec.status.is_terminal() || e.live.aborting {
             return;
         }
-        if !turn.user_message_seen && !idle {
-            return;
+        if let Some(newest) = &turn.newest_message_id {
+            e.rec.note_message_id(newest);
         }
-        if idle && turn.finished {
-            let status = if turn.error.is_some() {
-                TaskStatus::Failed
-            } else {
-                TaskStatus::Completed
-            };
-            let error = turn.error.clone();
-            e.outcome = Some(turn);
-            e.finish(status, error);
-        } else if idle && e.session_error.is_some() {
-            // Failures of an async prompt can leave no assistant message at all (e.g. an unknown
-            // model): the session error is the whole story.
-            let error = e.session_error.clone();
-            e.outcome = Some(turn);
-            e.finish(TaskStatus::Failed, error);
-        } else if idle && turn.latest_completed {
-            // The loop ended after a tool step with no final answer (e.g. a rejected permission).
-            e.outcome = Some(turn);
-            e.finish(
-                TaskStatus::Failed,
-                Some(ErrorInfo {
-                    name: "TurnStopped".into(),
-                    message: "the agent stopped after a tool call without a final answer (was a permission rejected?)".into(),
-                }),
-            );
-        } else if !idle && e.status == TaskStatus::Pending && turn.user_message_seen {
-            e.status = TaskStatus::Running;
+        let age = e.live.turn_started.elapsed().as_millis() as u64;
+        match turn::conclude(&turn, idle, e.live.session_error.as_ref(), age) {
+            Some(v) => {
+                e.rec.outcome = Some(turn.clone());
+                e.finish(v.status, v.error);
+                finished = Some(e.rec.turn);
+            }
+            None => {
+                if idle == Idle::No && e.rec.status == TaskStatus::Pending && turn.user_message_seen
+                {
+                    e.rec.status = TaskStatus::Running;
+                }
+            }
         }
     });
+    if let Some(turn) = finished {
+        read_files(ctx, server, task_id, turn).await;
+    }
+}
+
+fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(
+        async move { read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await },
+    );
+}
+
+/// How hard [`read_outcome`] tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempts {
+    /// In the background: retry with backoff ([`OUTCOME_RETRIES`]).
+    Patient,
+    /// On a caller's path (a result call, a flush at stop): one read.
+    Once,
+}
+
+/// Reads a finished turn's outcome (text, tokens, tools) and the files it changed; if it cannot
+/// be read, the record says why, so the result never presents an empty text as the answer.
+pub async fn read_outcome(
+    ctx: &TrackerContext,
+    server: &Server,
+    task_id: &str,
+    turn_no: u32,
+    attempts: Attempts,
+) {
+    let mut last_error = String::new();
+    let pauses: &[Duration] = match attempts {
+        Attempts::Patient => &OUTCOME_RETRIES,
+        Attempts::Once => &[],
+    };
+    for pause in std::iter::once(Duration::ZERO).chain(pauses.iter().copied()) {
+        tokio::time::sleep(pause).await;
+        let Some(entry) = ctx.registry.get(task_id) else {
+            return;
+        };
+        if entry.rec.turn != turn_no || entry.rec.outcome.is_some() {
+            break;
+        }
+        match read_turn_once(ctx, server, &entry.rec).await {
+            Ok(state) => {
+                ctx.registry.update(task_id, |e| {
+                    if e.rec.turn == turn_no && e.rec.outcome.is_none() {
+                        e.rec.outcome = Some(state);
+                        e.rec.outcome_error = None;
+                    }
+                });
+                break;
+            }
+            Err((e, gone)) => {
+                last_error = e;
+                if gone {
+                    break;
+                }
+            }
+        }
+        if server.exited().is_some() || server.stop.is_cancelled() {
+            break;
+        }
+    }
+    ctx.registry.update(task_id, |e| {
+        if e.rec.turn == turn_no && e.rec.outcome.is_none() && !last_error.is_empty() {
+            e.rec.outcome_error = Some(format!(
+                "the turn's final text could not be read from OpenCode: {last_error}"
+            ));
+        }
+    });
+    read_files(ctx, server, task_id, turn_no).await;
+}
+
+/// One read of a finished turn; a read that does not yet show the final reply is an error (the
+/// caller retries), and so is a session that is gone (`true`: retrying is pointless).
+async fn read_turn_once(
+    ctx: &TrackerContext,
+    server: &Server,
+    rec: &super::record::TaskRecord,
+) -> Result<TurnState, (String, bool)> {
+    let messages = server
+        .api
+        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+        .await
+        .map_err(|e| (e.to_string(), e.http_status() == Some(404)))?;
+    let state = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
+    if state.user_message_seen && (state.finished || rec.status != TaskStatus::Completed) {
+        Ok(state)
+    } else {
+        Err((
+            "the session does not show the turn's final reply yet".into(),
+            false,
+        ))
+    }
+}
+
+/// The files the turn changed (OpenCode's diff since our user message), once.
+async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
+    let Some(entry) = ctx.registry.get(task_id) else {
+        return;
+    };
+    let rec = &entry.rec;
+    if rec.turn != turn_no || rec.files_changed.is_some() {
+        return;
+    }
+    match server
+        .api
+        .changed_files(&rec.directory, &rec.session_id, Some(&rec.user_message_id))
+        .await
+    {
+        Ok(files) => {
+            ctx.registry.update(task_id, |e| {
+                if e.rec.turn == turn_no {
+                    e.rec.files_changed = Some(files);
+                }
+            });
+        }
+        Err(e) => tracing::debug!(task_id, error = %e, "reading the turn's changed files failed"),
+    }
 }

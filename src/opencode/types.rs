@@ -1,0 +1,246 @@
+//! The hand-written value types the OpenCode facade returns: what the rest of the gateway knows
+//! of OpenCode. No generated type appears here or leaves `opencode/`; these are built from the
+//! generated ones (in `api.rs` and `messages.rs`) or decoded leniently from JSON, so a newer
+//! OpenCode that adds a field or a variant cannot break them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// An agent as the host needs to see it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct AgentInfo {
+    pub name: String,
+    /// `primary`, `subagent` or `all`.
+    pub mode: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The agent's own model (`provider/model`), when it pins one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// The models a server offers, as exact `provider/model` ids, and its defaults per provider.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelCatalog {
+    pub models: Vec<String>,
+    /// provider id -> default model id.
+    pub defaults: BTreeMap<String, String>,
+}
+
+impl ModelCatalog {
+    pub fn contains(&self, model: &str) -> bool {
+        self.models.iter().any(|m| m == model)
+    }
+}
+
+/// What `GET /session/status` says about one session. Idle sessions are absent from that list.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionActivity {
+    Busy,
+    Retry {
+        attempt: u64,
+        message: String,
+        /// Epoch milliseconds of the next attempt.
+        next: u64,
+    },
+    Idle,
+}
+
+/// Token counts of a turn (summed over its assistant messages).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+impl Tokens {
+    pub fn add(&mut self, other: &Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.reasoning += other.reasoning;
+        self.cache_read += other.cache_read;
+        self.cache_write += other.cache_write;
+    }
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    /// A message kind this gateway does not know (a newer OpenCode).
+    #[default]
+    Other,
+}
+
+/// One message of a session, normalised: the view the turn logic judges, whether the message
+/// was read over HTTP or assembled from events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessageView {
+    pub id: String,
+    pub role: Role,
+    pub parent_id: Option<String>,
+    /// `time.completed` is set (assistant messages).
+    pub completed: bool,
+    /// Epoch ms of `time.completed`.
+    pub completed_at: Option<u64>,
+    pub finish: Option<String>,
+    pub error: Option<ErrorInfo>,
+    /// An assistant message holding a compaction summary (`summary: true`).
+    pub summary: bool,
+    /// A user message OpenCode wrote to request a compaction (it holds a `compaction` part).
+    pub compaction: bool,
+    pub agent: Option<String>,
+    /// `provider/model`.
+    pub model: Option<String>,
+    pub tokens: Tokens,
+    pub cost: f64,
+    /// Its text parts that are neither synthetic nor ignored, joined by newlines.
+    pub text: String,
+    pub tools: Vec<ToolCall>,
+}
+
+/// An error OpenCode recorded on an assistant message or a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ErrorInfo {
+    /// OpenCode's error name, e.g. `APIError`, `ProviderAuthError`, `MessageAbortedError`.
+    pub name: String,
+    pub message: String,
+}
+
+/// One tool call of a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ToolCall {
+    pub tool: String,
+    /// `pending`, `running`, `completed` or `error`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A pending permission ask.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct PermissionAsk {
+    pub id: String,
+    pub session_id: String,
+    /// What is asked for, e.g. `bash`, `edit`, `external_directory`.
+    pub permission: String,
+    /// The patterns it covers, e.g. the command line.
+    pub patterns: Vec<String>,
+    /// Tool-specific details (e.g. the command), as OpenCode sends them.
+    pub metadata: serde_json::Value,
+}
+
+/// One file a session changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct FileChange {
+    pub file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    pub additions: u64,
+    pub deletions: u64,
+}
+
+/// How to answer a permission ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionReply {
+    Once,
+    Always,
+    Reject,
+}
+
+/// A finish reason that ends a turn. `tool-calls` (and an absent finish) mean another step follows.
+pub fn is_terminal_finish(finish: &str) -> bool {
+    !matches!(finish, "tool-calls" | "unknown" | "")
+}
+
+/// `provider/model` -> (`provider`, `model`). The model part may itself contain slashes
+/// (`openrouter/anthropic/claude`), the provider may not.
+pub fn split_model(model: &str) -> Option<(&str, &str)> {
+    let (p, m) = model.split_once('/')?;
+    (!p.is_empty() && !m.is_empty()).then_some((p, m))
+}
+
+/// Decodes a `GET /session/status` answer (`{sessionID: {type, ...}}`). Lenient: fields it does
+/// not use are ignored, and a status type it does not know counts as busy (the endpoint lists only
+/// sessions that are not idle, so whatever it is, the session is doing something).
+pub fn session_activity_from_json(
+    value: &serde_json::Value,
+) -> Result<BTreeMap<String, SessionActivity>, String> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| format!("expected an object of sessions, got {value}"))?;
+    Ok(map
+        .iter()
+        .map(|(id, status)| {
+            let activity = match status.get("type").and_then(|t| t.as_str()) {
+                Some("idle") => SessionActivity::Idle,
+                Some("retry") => SessionActivity::Retry {
+                    attempt: status.get("attempt").and_then(|a| a.as_u64()).unwrap_or(0),
+                    message: status
+                        .get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or_default()
+                        .to_string(),
+                    next: status.get("next").and_then(|n| n.as_u64()).unwrap_or(0),
+                },
+                _ => SessionActivity::Busy,
+            };
+            (id.clone(), activity)
+        })
+        .collect())
+}
+
+/// `{name, data: {message}}` (or `{name, message}`) -> [`ErrorInfo`].
+pub fn error_info_from_json(value: &serde_json::Value) -> ErrorInfo {
+    let name = value
+        .get("name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("UnknownError")
+        .to_string();
+    let message = value
+        .pointer("/data/message")
+        .or_else(|| value.get("message"))
+        .and_then(|m| m.as_str())
+        .map(String::from)
+        .unwrap_or_else(|| value.to_string());
+    ErrorInfo { name, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_split_at_the_first_slash() {
+        assert_eq!(split_model("fake/fake-model"), Some(("fake", "fake-model")));
+        assert_eq!(
+            split_model("openrouter/anthropic/claude"),
+            Some(("openrouter", "anthropic/claude"))
+        );
+        assert_eq!(split_model("nomodel"), None);
+        assert_eq!(split_model("/x"), None);
+    }
+
+    #[test]
+    fn only_tool_calls_continue_a_turn() {
+        assert!(is_terminal_finish("stop"));
+        assert!(is_terminal_finish("length"));
+        assert!(!is_terminal_finish("tool-calls"));
+    }
+
+    #[test]
+    fn error_json_yields_name_and_message() {
+        let e = error_info_from_json(
+            &serde_json::json!({"name": "APIError", "data": {"message": "bad key", "statusCode": 400}}),
+        );
+        assert_eq!(e.name, "APIError");
+        assert_eq!(e.message, "bad key");
+    }
+}

@@ -1,0 +1,155 @@
+//! Aborting a turn: `cancel_task`, the `timeouts.task` deadline and `stop_server` share one
+//! sequence, [`abort_turn`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::TaskError;
+use super::model::{TaskSnapshot, TaskStatus};
+use super::registry::Registry;
+use super::service::TaskService;
+use super::tracker::{self, Attempts, TrackerContext};
+use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
+
+/// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IfAbortFails {
+    /// `cancel_task`: leave the task as it was and return the error (a 404 is never reported as
+    /// a cancellation).
+    KeepRunning,
+    /// The deadline and `stop_server`: the turn is over for us whatever OpenCode says; log and
+    /// finish it.
+    FinishAnyway,
+}
+
+impl TaskService {
+    /// Aborts the turn (and rejects a permission it, or one of its subagents, waits on);
+    /// idempotent on finished tasks.
+    pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
+        let entry = self.entry(task_id)?;
+        if entry.rec.status.is_terminal() {
+            return self.snapshot(task_id, false);
+        }
+        let server = self.server(&entry.rec.server_id)?;
+        let finished = abort_turn(
+            &self.registry,
+            &server,
+            task_id,
+            Some(entry.rec.turn),
+            TaskStatus::Cancelled,
+            None,
+            IfAbortFails::KeepRunning,
+        )
+        .await?;
+        if let Some(turn) = finished {
+            spawn_outcome(&self.tracker, &server, task_id, turn);
+        }
+        self.snapshot(task_id, false)
+    }
+
+    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
+    pub(super) fn arm_deadline(
+        &self,
+        server: &Arc<Server>,
+        task_id: &str,
+        turn: u32,
+        after: Duration,
+    ) {
+        let limit = self.config.timeouts.task.get();
+        let ctx = self.tracker.clone();
+        let server = server.clone();
+        let task_id = task_id.to_string();
+        let stop = server.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(after) => {
+                    let error = ErrorInfo {
+                        name: "TaskTimeout".into(),
+                        message: format!(
+                            "the task ran longer than timeouts.task ({}) and was aborted",
+                            humantime::format_duration(limit)
+                        ),
+                    };
+                    if let Ok(Some(turn)) = abort_turn(
+                        &ctx.registry,
+                        &server,
+                        &task_id,
+                        Some(turn),
+                        TaskStatus::TimedOut,
+                        Some(error),
+                        IfAbortFails::FinishAnyway,
+                    )
+                    .await
+                    {
+                        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    let (ctx, server, task_id) = (ctx.clone(), server.clone(), task_id.to_string());
+    tokio::spawn(async move {
+        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await
+    });
+}
+
+/// Aborts a task's turn (`turn`, or whatever turn is current when `None`): claims it (so events
+/// cannot decide its status meanwhile, and a second abort is a no-op), rejects a permission it
+/// waits on (OpenCode's abort leaves the ask listed), aborts the session (OpenCode passes the
+/// abort on to subagents' child sessions), and finishes the task with `status`. Returns the turn
+/// it finished, if it did.
+pub(super) async fn abort_turn(
+    registry: &Registry,
+    server: &Server,
+    task_id: &str,
+    turn: Option<u32>,
+    status: TaskStatus,
+    error: Option<ErrorInfo>,
+    if_fails: IfAbortFails,
+) -> Result<Option<u32>, OpencodeError> {
+    let claimed = registry.update(task_id, |e| {
+        let other_turn = turn.is_some_and(|t| t != e.rec.turn);
+        if other_turn || e.rec.status.is_terminal() || e.live.aborting {
+            None
+        } else {
+            e.live.aborting = true;
+            Some(e.clone())
+        }
+    });
+    let Some(Some(entry)) = claimed else {
+        return Ok(None);
+    };
+    let rec = &entry.rec;
+    if let Some(ask) = &rec.permission {
+        if let Err(e) = server
+            .api
+            .reply_permission(&rec.directory, &ask.id, PermissionReply::Reject)
+            .await
+        {
+            tracing::warn!(task_id, error = %e, "rejecting the pending permission failed");
+        }
+    }
+    match server.api.abort(&rec.directory, &rec.session_id).await {
+        Err(e) if if_fails == IfAbortFails::KeepRunning => {
+            registry.update(task_id, |e| e.live.aborting = false);
+            Err(e)
+        }
+        outcome => {
+            if let Err(e) = outcome {
+                tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway");
+            }
+            let finished = registry.update(task_id, |e| {
+                (e.rec.turn == rec.turn && !e.rec.status.is_terminal()).then(|| {
+                    e.finish(status, error);
+                    e.rec.turn
+                })
+            });
+            Ok(finished.flatten())
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The durable task record: what is saved to the state directory and restored from it, and
+//! nothing else. Live progress (the current tool, streamed text, monotonic clocks) lives beside
+//! it in the registry and is never written.
+//!
+//! Records are JSON; fields added after the first release carry `#[serde(default)]` so that a
+//! newer gateway reads an older gateway's records, and unknown fields are ignored so that an
+//! older gateway can still read a newer one's.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::model::TaskStatus;
+use super::turn::TurnState;
+use crate::opencode::{ErrorInfo, FileChange, PermissionAsk};
+
+/// Format version of a record.
+pub const VERSION: u32 = 1;
+
+/// One task: its session, its current turn and, once the turn is over, its outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub version: u32,
+    pub id: String,
+    /// The gateway process that owns the task's live turn (set when the record is written).
+    pub owner_pid: u32,
+    pub server_id: String,
+    /// The server's base URL and whether the gateway manages it: after a restart this is how a
+    /// stored task finds its server again (or learns it is gone).
+    pub server_url: String,
+    pub managed: bool,
+    pub session_id: String,
+    pub directory: String,
+    pub title: String,
+    /// Agent and model the current turn asked for (None = the server's default).
+    pub agent: Option<String>,
+    pub model: Option<String>,
+    /// 1 for the first prompt, +1 for each `continue_task`.
+    pub turn: u32,
+    /// Our user message of the current turn: the turn is everything after it.
+    pub user_message_id: String,
+    /// Epoch milliseconds.
+    pub turn_started_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub status: TaskStatus,
+    pub error: Option<ErrorInfo>,
+    pub permission: Option<PermissionAsk>,
+    /// The finished turn as read over HTTP (text, tokens, tools).
+    pub outcome: Option<TurnState>,
+    /// Why the finished turn's outcome could not be read (after retries): reported with the
+    /// result so that an empty text is never presented as the answer.
+    #[serde(default)]
+    pub outcome_error: Option<String>,
+    /// Files the current turn changed.
+    pub files_changed: Option<Vec<FileChange>>,
+    /// Sessions of subagents the task started (their asks and activity are the task's).
+    #[serde(default)]
+    pub child_sessions: Vec<String>,
+    /// The newest message id seen in the session: the next one we mint sorts above it.
+    #[serde(default)]
+    pub newest_message_id: Option<String>,
+}
+
+impl TaskRecord {
+    /// A task whose first turn has not been opened yet.
+    pub fn new(
+        id: String,
+        server_id: String,
+        session_id: String,
+        directory: String,
+        title: String,
+    ) -> Self {
+        Self {
+            version: VERSION,
+            id,
+            owner_pid: std::process::id(),
+            server_id,
+            server_url: String::new(),
+            managed: false,
+            session_id,
+            directory,
+            title,
+            agent: None,
+            model: None,
+            turn: 0,
+            user_message_id: String::new(),
+            turn_started_ms: epoch_ms(SystemTime::now()),
+            finished_ms: None,
+            status: TaskStatus::Pending,
+            error: None,
+            permission: None,
+            outcome: None,
+            outcome_error: None,
+            files_changed: None,
+            child_sessions: Vec::new(),
+            newest_message_id: None,
+        }
+    }
+
+    /// Opens a new turn: everything about the previous one is cleared.
+    pub fn begin_turn(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
+        self.turn += 1;
+        self.note_message_id(&user_message_id);
+        self.user_message_id = user_message_id;
+        self.agent = agent;
+        self.model = model;
+        self.turn_started_ms = epoch_ms(SystemTime::now());
+        self.finished_ms = None;
+        self.status = TaskStatus::Pending;
+        self.error = None;
+        self.permission = None;
+        self.outcome = None;
+        self.outcome_error = None;
+        self.files_changed = None;
+    }
+
+    /// Ends the turn with a terminal status.
+    pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
+        self.status = status;
+        self.error = error;
+        self.permission = None;
+        self.finished_ms = Some(epoch_ms(SystemTime::now()));
+    }
+
+    /// Remembers a message id of the session if it is the newest seen.
+    pub fn note_message_id(&mut self, id: &str) {
+        if self.newest_message_id.as_deref().is_none_or(|n| id > n) {
+            self.newest_message_id = Some(id.to_string());
+        }
+    }
+
+    /// The `Instant` `epoch_ms` lies at, as well as this process can express it.
+    pub fn instant_at(ms: u64) -> Instant {
+        let ago = Duration::from_millis(epoch_ms(SystemTime::now()).saturating_sub(ms));
+        Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+    }
+}
+
+pub fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The error a task whose turn died with its gateway reports.
+pub fn interrupted(reason: &str) -> ErrorInfo {
+    ErrorInfo {
+        name: "Interrupted".into(),
+        message: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_turn_clears_the_previous_outcome() {
+        let mut r = TaskRecord::new(
+            "t".into(),
+            "s".into(),
+            "ses".into(),
+            "/w".into(),
+            "x".into(),
+        );
+        r.begin_turn("msg_1".into(), None, None);
+        r.outcome_error = Some("x".into());
+        r.finish(
+            TaskStatus::Failed,
+            Some(ErrorInfo {
+                name: "X".into(),
+                message: "y".into(),
+            }),
+        );
+        r.begin_turn("msg_2".into(), None, None);
+        assert_eq!(r.turn, 2);
+        assert_eq!(r.status, TaskStatus::Pending);
+        assert!(r.error.is_none() && r.finished_ms.is_none() && r.outcome_error.is_none());
+        assert_eq!(r.newest_message_id.as_deref(), Some("msg_2"));
+    }
+
+    #[test]
+    fn records_of_the_first_release_still_load() {
+        let old = serde_json::json!({
+            "version": 1, "id": "tsk_a", "owner_pid": 1, "server_id": "srv", "server_url": "u",
+            "managed": true, "session_id": "ses", "directory": "/w", "title": "t",
+            "agent": null, "model": null, "turn": 1, "user_message_id": "msg_1",
+            "turn_started_ms": 5, "finished_ms": 6, "status": "completed", "error": null,
+            "permission": null, "retry": null, "outcome": null, "files_changed": null
+        });
+        let r: TaskRecord = serde_json::from_value(old).expect("an old record loads");
+        assert!(r.child_sessions.is_empty() && r.outcome_error.is_none());
+    }
+}

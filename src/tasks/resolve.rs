@@ -1,0 +1,212 @@
+//! Agents, models and tiers, checked against the live server: what `list_agents` reports and
+//! how `start_task` and `continue_task` turn an agent, a model or a tier into what the prompt
+//! asks for.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::error::TaskError;
+use super::service::TaskService;
+use crate::config::Tier;
+use crate::opencode::{AgentInfo, ModelCatalog, Server};
+
+/// A tier and what it resolves to on one server.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct TierResolution {
+    pub name: String,
+    pub handles: String,
+    /// The model the tier resolves to now (`provider/model`); absent = the server's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `false` when the tier lists models and the server offers none of them.
+    pub available: bool,
+}
+
+/// What `list_agents` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct AgentCatalog {
+    pub server_id: String,
+    pub agents: Vec<AgentInfo>,
+    /// Every model the server offers, as exact `provider/model` ids.
+    pub models: Vec<String>,
+    /// The server's default model per provider (`provider/model`).
+    pub default_models: Vec<String>,
+    pub tiers: Vec<TierResolution>,
+}
+
+/// The tasks and the servers they run on.
+
+impl TaskService {
+    pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
+        let server = self.server(server_id)?;
+        let (agents, catalog) = tokio::join!(
+            server.api.agents(&server.directory),
+            server.api.models(&server.directory)
+        );
+        let (agents, catalog) = (agents?, catalog?);
+        let tiers = self
+            .config
+            .tiers
+            .iter()
+            .map(|t| resolve_tier(t, &catalog))
+            .collect();
+        Ok(AgentCatalog {
+            server_id: server.id.clone(),
+            agents,
+            default_models: catalog
+                .defaults
+                .iter()
+                .map(|(p, m)| format!("{p}/{m}"))
+                .collect(),
+            models: catalog.models,
+            tiers,
+        })
+    }
+
+    /// Checks agent, model and tier against the live server; returns the model to use.
+    pub(super) async fn choose(
+        &self,
+        server: &Server,
+        directory: &str,
+        agent: Option<&str>,
+        model: Option<&str>,
+        tier: Option<&str>,
+    ) -> Result<Option<String>, TaskError> {
+        let tier = match tier {
+            Some(name) => Some(
+                self.config
+                    .tiers
+                    .iter()
+                    .find(|t| t.name == name)
+                    .ok_or_else(|| {
+                        TaskError::InvalidArgument(format!(
+                            "unknown tier `{name}`; configured tiers: {}",
+                            self.config
+                                .tiers
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let need_models = model.is_some() || tier.is_some_and(|t| !t.models.is_empty());
+        let (agents, catalog) = tokio::join!(
+            async {
+                match agent {
+                    Some(_) => server.api.agents(directory).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            async {
+                if need_models {
+                    server.api.models(directory).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            }
+        );
+        if let (Some(name), Some(agents)) = (agent, agents?) {
+            if !agents.iter().any(|a| a.name == name) {
+                return Err(TaskError::InvalidArgument(format!(
+                    "unknown agent `{name}`; this server offers: {}",
+                    agents
+                        .iter()
+                        .map(|a| a.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let catalog = catalog?.unwrap_or_default();
+        if let Some(m) = model {
+            if !catalog.contains(m) {
+                return Err(TaskError::InvalidArgument(format!(
+                    "unknown model `{m}`; this server offers: {}",
+                    list_some(&catalog.models)
+                )));
+            }
+            return Ok(Some(m.to_string()));
+        }
+        if let Some(t) = tier {
+            let r = resolve_tier(t, &catalog);
+            if !r.available {
+                return Err(TaskError::InvalidArgument(format!(
+                    "tier `{}` lists {} but this server offers none of them; it offers: {}",
+                    t.name,
+                    t.models.join(", "),
+                    list_some(&catalog.models)
+                )));
+            }
+            return Ok(r.model);
+        }
+        Ok(None)
+    }
+}
+
+/// A tier's model on a server: the first listed model the server offers; a tier that lists no
+/// models means the server's default.
+pub fn resolve_tier(tier: &Tier, catalog: &ModelCatalog) -> TierResolution {
+    let (model, available) = if tier.models.is_empty() {
+        (None, true)
+    } else {
+        match tier.models.iter().find(|m| catalog.contains(m)) {
+            Some(m) => (Some(m.clone()), true),
+            None => (None, false),
+        }
+    };
+    TierResolution {
+        name: tier.name.clone(),
+        handles: tier.handles.clone(),
+        model,
+        available,
+    }
+}
+
+fn list_some(items: &[String]) -> String {
+    const MAX: usize = 40;
+    if items.is_empty() {
+        return "(none)".into();
+    }
+    let mut s = items
+        .iter()
+        .take(MAX)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > MAX {
+        s.push_str(&format!(", ... ({} more)", items.len() - MAX));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tier(models: &[&str]) -> Tier {
+        Tier {
+            name: "fast".into(),
+            handles: "x".into(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn tiers_resolve_to_the_first_offered_model() {
+        let catalog = ModelCatalog {
+            models: vec!["a/one".into(), "b/two".into()],
+            defaults: Default::default(),
+        };
+        assert_eq!(
+            resolve_tier(&tier(&["z/nope", "b/two", "a/one"]), &catalog).model,
+            Some("b/two".into())
+        );
+        let none = resolve_tier(&tier(&["z/nope"]), &catalog);
+        assert!(!none.available && none.model.is_none());
+        let default = resolve_tier(&tier(&[]), &catalog);
+        assert!(default.available && default.model.is_none());
+    }
+}

@@ -1,0 +1,143 @@
+//! Restore: the tasks a previous gateway left in the state directory. Finished tasks become
+//! answerable again; unfinished ones on a managed server died with that gateway's server and
+//! are reported `failed` (`Interrupted`); unfinished ones on the configured attached server are
+//! adopted and finish normally; unfinished tasks of another gateway that is still running are
+//! left to it.
+
+use std::sync::Arc;
+
+use super::model::TaskStatus;
+use super::record::{interrupted, TaskRecord};
+use super::registry::TaskEntry;
+use super::service::TaskService;
+use super::store;
+use super::tracker;
+use super::turn::Idle;
+
+impl TaskService {
+    /// Loads the tasks a previous gateway left in the state directory. Finished tasks become
+    /// answerable again; unfinished ones on a managed server died with that gateway's server and
+    /// are reported `failed` (`Interrupted`); unfinished ones on the attached server are adopted
+    /// and finish normally. Unfinished tasks of another gateway that is still running are left to
+    /// it.
+    ///
+    /// The store is read on a blocking thread so `initialize` is answered at once (a full store
+    /// takes about 10 ms per 1,000 records); every action that reads tasks waits for it
+    /// ([`Self::restored`]). Adopting, which needs the network, runs after that in the background.
+    pub fn restore(self: &Arc<Self>) {
+        let Some(store) = self.registry.store().cloned() else {
+            return;
+        };
+        self.restored.send_replace(false);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let loaded = tokio::task::spawn_blocking(move || store.load_all()).await;
+            let adopt = match loaded {
+                Ok((records, bad)) => this.take_over(records, bad),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the state directory failed");
+                    Vec::new()
+                }
+            };
+            this.restored.send_replace(true);
+            if !adopt.is_empty() {
+                this.adopt(adopt).await;
+            }
+        });
+    }
+
+    /// Resolves once the stored tasks are loaded (at once when there is nothing to load).
+    pub(super) async fn restored(&self) {
+        let mut rx = self.restored.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// Registers loaded records; returns the ids to adopt on the attached server.
+    fn take_over(
+        &self,
+        records: Vec<TaskRecord>,
+        bad: Vec<(std::path::PathBuf, String)>,
+    ) -> Vec<String> {
+        for (path, why) in bad {
+            tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
+        }
+        let attach_url = self
+            .config
+            .opencode
+            .url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_string());
+        let mut adopt = Vec::new();
+        let mut loaded = 0usize;
+        for record in records {
+            if record.status.is_terminal() {
+                self.registry.restore(TaskEntry::from_record(record));
+                loaded += 1;
+                continue;
+            }
+            if record.owner_pid != std::process::id() && store::gateway_alive(record.owner_pid) {
+                continue;
+            }
+            let attached_here =
+                !record.managed && attach_url.as_deref() == Some(record.server_url.as_str());
+            let mut entry = TaskEntry::from_record(record);
+            if attached_here {
+                adopt.push(entry.rec.id.clone());
+                self.registry.insert(entry);
+            } else {
+                let reason = if entry.rec.managed {
+                    "the gateway running this task exited, and its managed OpenCode server with it; start the task again"
+                } else {
+                    "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
+                };
+                entry.finish(TaskStatus::Failed, Some(interrupted(reason)));
+                self.registry.insert(entry);
+            }
+            loaded += 1;
+        }
+        if loaded > 0 {
+            tracing::info!(
+                tasks = loaded,
+                adopting = adopt.len(),
+                "restored tasks from the state directory"
+            );
+        }
+        adopt
+    }
+
+    /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
+    /// left there.
+    async fn adopt(&self, adopt: Vec<String>) {
+        let server = match self.start_server(None, None).await {
+            Ok(info) => self.pool.get(&info.server_id),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach the attached OpenCode to adopt unfinished tasks");
+                None
+            }
+        };
+        let Some(server) = server else {
+            for id in &adopt {
+                self.registry.update(id, |e| {
+                    e.finish(
+                        TaskStatus::Failed,
+                        Some(interrupted(
+                            "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",
+                        )),
+                    )
+                });
+            }
+            return;
+        };
+        let limit = self.config.timeouts.task.get();
+        for id in adopt {
+            let Some((turn, elapsed)) = self.registry.update(&id, |e| {
+                e.rec.server_id = server.id.clone();
+                (e.rec.turn, e.live.turn_started.elapsed())
+            }) else {
+                continue;
+            };
+            self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
+            tracker::spawn_check(&self.tracker, &server, id, Idle::No);
+        }
+    }
+}

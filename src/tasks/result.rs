@@ -1,0 +1,99 @@
+//! The result of a task's current turn, paged.
+//!
+//! Everything a result reports (status, turn, text, tokens) comes from one snapshot of the task,
+//! so a result that overlaps a `continue_task` can never label one turn's text with another
+//! turn's number, and it always agrees with what `get_task_status` said at that moment.
+
+use super::error::TaskError;
+use super::model::TaskResult;
+use super::service::TaskService;
+use super::tracker::{self, Attempts};
+use super::turn::{self, TurnState};
+
+impl TaskService {
+    /// The full result of the current turn; `offset` is in characters. For an unfinished task it
+    /// reports what is known so far, with the same status `get_task_status` gives. A finished
+    /// turn whose messages cannot be read says so in `text_error`; an empty text is never
+    /// presented as the answer.
+    pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
+        self.restored().await;
+        let mut entry = self.entry(task_id)?;
+        let server = self
+            .pool
+            .get(&entry.rec.server_id)
+            .filter(|s| s.exited().is_none());
+        let finished = entry.rec.status.is_terminal();
+        let mut text_error = entry.rec.outcome_error.clone();
+        if entry.rec.outcome.is_none() {
+            if let Some(s) = &server {
+                if finished {
+                    // The background read has not landed yet: read it now, and keep it.
+                    tracker::read_outcome(
+                        &self.tracker,
+                        s,
+                        task_id,
+                        entry.rec.turn,
+                        Attempts::Once,
+                    )
+                    .await;
+                    match self.registry.get(task_id) {
+                        Some(now) if now.rec.turn == entry.rec.turn => {
+                            text_error = now.rec.outcome_error.clone();
+                            entry = now;
+                        }
+                        _ => {}
+                    }
+                } else {
+                    // A running turn: what it has said so far.
+                    let rec = &entry.rec;
+                    if let Ok(m) = s
+                        .api
+                        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+                        .await
+                    {
+                        let partial = turn::derive(&m, &rec.user_message_id)
+                            .cap_text(self.config.limits.max_result_chars as usize);
+                        entry.rec.outcome = Some(partial);
+                    }
+                }
+            } else if finished && text_error.is_none() {
+                text_error = Some(format!(
+                    "the turn's final text was never read, and its OpenCode server {} is gone",
+                    entry.rec.server_id
+                ));
+            }
+        }
+        let outcome: TurnState = entry.rec.outcome.clone().unwrap_or_default();
+        if finished && entry.rec.outcome.is_none() && text_error.is_none() {
+            text_error = Some("the turn's final text could not be read from OpenCode".into());
+        }
+        let page = self.config.limits.result_page_chars as usize;
+        let total = outcome.text.chars().count();
+        let start = (offset as usize).min(total);
+        let text: String = outcome.text.chars().skip(start).take(page).collect();
+        let end = start + text.chars().count();
+        Ok(TaskResult {
+            task_id: entry.rec.id.clone(),
+            status: entry.rec.status,
+            turn: entry.rec.turn,
+            truncated: end < total,
+            next_offset: (end < total).then_some(end as u64),
+            offset: start as u64,
+            total_chars: total as u64,
+            text,
+            text_capped: outcome.text_capped,
+            model: entry.model(),
+            agent: entry.agent(),
+            tokens: outcome.tokens,
+            cost: outcome.cost,
+            compactions: outcome.compactions,
+            compaction_tokens: (outcome.compactions > 0).then_some(outcome.compaction_tokens),
+            finish: outcome.finish.clone(),
+            duration_ms: entry.duration().as_millis() as u64,
+            files_changed: entry.rec.files_changed.clone().unwrap_or_default(),
+            tools: outcome.tools.clone(),
+            error: entry.rec.error.clone(),
+            text_error,
+        })
+    }
+}

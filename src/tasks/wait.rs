@@ -1,0 +1,53 @@
+//! Waiting on tasks: all or any of them, until a deadline. The registry wakes waiters only on
+//! changes they can observe (a status, a turn, a permission), so a wait on fifty streaming tasks
+//! sleeps until one of them really moves.
+
+use std::time::Duration;
+
+use super::error::TaskError;
+use super::model::{WaitMode, WaitOutcome};
+use super::service::TaskService;
+
+impl TaskService {
+    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`. Never
+    /// cancels a task; dropping the future ends only the wait.
+    pub async fn wait(
+        &self,
+        task_ids: &[String],
+        mode: WaitMode,
+        timeout: Duration,
+        include_progress: bool,
+    ) -> Result<WaitOutcome, TaskError> {
+        self.restored().await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = self.registry.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let tasks = self
+                .registry
+                .snapshots(task_ids, include_progress, self.stall())
+                .map_err(TaskError::UnknownTasks)?;
+            let (finished, unfinished): (Vec<_>, Vec<_>) =
+                tasks.iter().partition(|t| t.status.is_terminal());
+            let done = match mode {
+                WaitMode::All => unfinished.is_empty(),
+                WaitMode::Any => !finished.is_empty(),
+            };
+            let expired = tokio::time::Instant::now() >= deadline;
+            if done || expired {
+                return Ok(WaitOutcome {
+                    done,
+                    timed_out: !done,
+                    mode,
+                    finished: finished.iter().map(|t| t.task_id.clone()).collect(),
+                    unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),
+                    tasks,
+                });
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { tokio::time::sleep_until(deadline).await },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
