@@ -9,9 +9,10 @@
 //!
 //! - `POST /v1/chat/completions`: scripted (below). With `"stream": true` (what OpenCode sends) the
 //!   answer is `text/event-stream`: a role chunk, content or `tool_calls` chunks, a chunk with
-//!   `finish_reason` (`stop` or `tool_calls`), a usage chunk (always 100 prompt + 10 completion
-//!   tokens), then `data: [DONE]`. Without it, one `chat.completion` JSON object.
-//! - `GET /v1/models`: lists `fake-model` and `fake-strong`.
+//!   `finish_reason` (`stop` or `tool_calls`), a usage chunk (100 prompt tokens unless
+//!   `[[usage:<n>]]` says otherwise, + 10 completion tokens), then `data: [DONE]`. Without it, one
+//!   `chat.completion` JSON object.
+//! - `GET /v1/models`: lists `fake-model`, `fake-strong` and `fake-small`.
 //! - anything else: 404 with an OpenAI-style error body.
 //!
 //! Every request is recorded ([`FakeLlm::requests`]), and so is the end of every streamed answer,
@@ -34,13 +35,15 @@
 //! | `[[error500:<retry-after-ms>]]` | HTTP 500 with header `retry-after-ms: <retry-after-ms>` and message [`ERROR_500_MESSAGE`], on every attempt |
 //! | `[[error500:<retry-after-ms>:<n>]]` | the same for the first `<n>` attempts of this turn, then the normal answer |
 //! | `[[error500]]` | HTTP 500 without a retry header, on every attempt |
+//! | `[[usage:<n>]]` | the usage chunk of every answer to this request reports `<n>` prompt tokens (instead of 100): with a small-context model (`fake-small`, see [`OpenCodeEnv::with_small_model`](super::isolation::OpenCodeEnv::with_small_model)) this makes OpenCode auto-compact after the step |
+//! | `[[task:<subagent_type>:<prompt>]]` | answer with a `task` tool call `{"description": "<first words of prompt>", "prompt": "<prompt>", "subagent_type": "<subagent_type>"}` (a subagent in a child session); `<prompt>` cannot hold `]]`, so write `{{`/`}}` for `[[`/`]]`: `[[task:general:{{bash:touch x}}]]` makes the child run `[[bash:touch x]]` |
 //!
 //! OpenCode 1.18.33 retries a 500 five times (six requests in all), waiting `retry-after-ms` when
 //! given, else 2 s, 4 s, 8 s, 16 s, 32 s (plus up to 25 % jitter), then reports a `session.error`
 //! (`APIError`, `isRetryable: true`). So `[[error500:<ms>]]` gives up after about `5 × <ms>`, and
 //! `[[error500]]` after more than a minute.
 //!
-//! Tool markers run one per step, in the order written: a request whose messages after the last
+//! Tool markers (`bash`, `write`, `task`) run one per step, in the order written: a request whose messages after the last
 //! user message already hold `k` assistant tool-call messages gets the `k+1`-th tool call, and once
 //! all have been issued the final text answer (`ECHO: <first line>`). So `[[bash:ls]]` makes two
 //! LLM calls: the tool call, then (carrying the tool result) the text. A tool marker for a tool that
@@ -90,6 +93,16 @@ pub enum Marker {
     Error500 {
         retry_after_ms: Option<u64>,
         times: Option<u64>,
+    },
+    /// `[[usage:<n>]]`: report `n` prompt tokens in the usage chunk.
+    Usage {
+        prompt_tokens: u64,
+    },
+    /// `[[task:<subagent_type>:<prompt>]]`: a `task` tool call (`{{`/`}}` in the prompt already
+    /// turned into `[[`/`]]`).
+    Task {
+        subagent_type: String,
+        prompt: String,
     },
 }
 
@@ -436,6 +449,19 @@ fn parse_marker(inner: &str) -> Option<Marker> {
             retry_after_ms: None,
             times: None,
         }),
+        ("usage", Some(arg)) => Some(Marker::Usage {
+            prompt_tokens: ms(arg)?,
+        }),
+        ("task", Some(arg)) => {
+            let (subagent_type, prompt) = arg.split_once(':')?;
+            if subagent_type.is_empty() {
+                return None;
+            }
+            Some(Marker::Task {
+                subagent_type: subagent_type.to_owned(),
+                prompt: prompt.replace("{{", "[[").replace("}}", "]]"),
+            })
+        }
         ("error500", Some(arg)) => {
             let (retry, times) = match arg.split_once(':') {
                 Some((retry, times)) => (Some(ms(retry)?), Some(ms(times)?)),
@@ -715,6 +741,17 @@ fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
             Marker::Write { path, content } => {
                 Some(("write", json!({ "filePath": path, "content": content })))
             }
+            Marker::Task {
+                subagent_type,
+                prompt,
+            } => Some((
+                "task",
+                json!({
+                    "description": task_description(prompt),
+                    "prompt": prompt,
+                    "subagent_type": subagent_type
+                }),
+            )),
             _ => None,
         })
         .filter(|(name, _)| this.tools.iter().any(|t| t == name))
@@ -837,7 +874,8 @@ async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
             "object": "list",
             "data": [
                 {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"},
-                {"id": "fake-strong", "object": "model", "created": 0, "owned_by": "fake"}
+                {"id": "fake-strong", "object": "model", "created": 0, "owned_by": "fake"},
+                {"id": "fake-small", "object": "model", "created": 0, "owned_by": "fake"}
             ]
         });
         let _ = write_json(&mut stream, 200, &[], &models).await;
@@ -904,12 +942,21 @@ async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
                 &mut writer,
                 200,
                 &[],
-                &completion_json(index, &model, &plan),
+                &completion_json(index, &model, &plan, usage_prompt_tokens(&markers)),
             )
             .await;
         }
         _ => {
-            let end = stream_answer(&mut reader, &mut writer, index, &model, &plan).await;
+            let prompt_tokens = usage_prompt_tokens(&markers);
+            let end = stream_answer(
+                &mut reader,
+                &mut writer,
+                index,
+                &model,
+                &plan,
+                prompt_tokens,
+            )
+            .await;
             shared.update(|s| s.stream_ends.push(end));
         }
     }
@@ -974,15 +1021,38 @@ async fn write_json<W: tokio::io::AsyncWrite + Unpin>(
     writer.shutdown().await
 }
 
-fn usage_json() -> Value {
+fn usage_json(prompt_tokens: u64) -> Value {
     json!({
-        "prompt_tokens": USAGE_PROMPT_TOKENS,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": USAGE_COMPLETION_TOKENS,
-        "total_tokens": USAGE_PROMPT_TOKENS + USAGE_COMPLETION_TOKENS
+        "total_tokens": prompt_tokens + USAGE_COMPLETION_TOKENS
     })
 }
 
-fn completion_json(index: usize, model: &str, plan: &Plan) -> Value {
+/// The prompt tokens to report for a request with these markers: the first `[[usage:<n>]]`, else
+/// [`USAGE_PROMPT_TOKENS`].
+pub fn usage_prompt_tokens(markers: &[Marker]) -> u64 {
+    markers
+        .iter()
+        .find_map(|m| match m {
+            Marker::Usage { prompt_tokens } => Some(*prompt_tokens),
+            _ => None,
+        })
+        .unwrap_or(USAGE_PROMPT_TOKENS)
+}
+
+/// The `description` of a scripted `task` call: the first words of the child prompt, as a model
+/// would write one (OpenCode shows it as the child session's title).
+pub fn task_description(prompt: &str) -> String {
+    let words: Vec<&str> = prompt.split_whitespace().take(5).collect();
+    if words.is_empty() {
+        "subtask".to_owned()
+    } else {
+        words.join(" ")
+    }
+}
+
+fn completion_json(index: usize, model: &str, plan: &Plan, prompt_tokens: u64) -> Value {
     let (message, finish) = match plan {
         Plan::ToolCall {
             id,
@@ -1009,7 +1079,7 @@ fn completion_json(index: usize, model: &str, plan: &Plan) -> Value {
         "created": 1_700_000_000u64,
         "model": model,
         "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
-        "usage": usage_json()
+        "usage": usage_json(prompt_tokens)
     })
 }
 
@@ -1020,6 +1090,7 @@ async fn stream_answer<R, W>(
     index: usize,
     model: &str,
     plan: &Plan,
+    prompt_tokens: u64,
 ) -> StreamEnd
 where
     R: AsyncRead + Unpin,
@@ -1082,7 +1153,7 @@ where
     };
     push(Duration::ZERO, delta(json!({}), Some(finish)));
     let mut usage = chunk(json!([]));
-    usage["usage"] = usage_json();
+    usage["usage"] = usage_json(prompt_tokens);
     push(Duration::ZERO, usage);
     frames.push((Duration::ZERO, "data: [DONE]\n\n".to_owned()));
 

@@ -7,7 +7,8 @@
 //! [`OpenCodeEnv::apply`], which clears the inherited environment first (keeping only `PATH`), so
 //! that no real config, credential or proxy setting leaks in. The only provider OpenCode knows is
 //! `fake`, pointed at the [`FakeLlm`](super::fake_llm::FakeLlm) on 127.0.0.1, with two models:
-//! `fake/fake-model` (the default) and `fake/fake-strong`.
+//! `fake/fake-model` (the default) and `fake/fake-strong`; [`OpenCodeEnv::with_small_model`] adds
+//! `fake/fake-small`, whose context is tiny so that OpenCode auto-compacts.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,14 @@ pub const FAKE_PROVIDER: &str = "fake";
 pub const FAKE_MODEL: &str = "fake-model";
 /// A second model, for tier tests (`fake/fake-strong`).
 pub const FAKE_STRONG_MODEL: &str = "fake-strong";
+/// An opt-in third model with a tiny context window (`fake/fake-small`, see
+/// [`OpenCodeEnv::with_small_model`]).
+pub const FAKE_SMALL_MODEL: &str = "fake-small";
+/// `limit.context` of [`FAKE_SMALL_MODEL`].
+pub const SMALL_CONTEXT: u64 = 2000;
+/// `limit.output` of [`FAKE_SMALL_MODEL`]. OpenCode 1.18.33 compacts once a step's tokens reach
+/// `context - min(output, 32000)`, here 1500: a step answered with `[[usage:5000]]` does it.
+pub const SMALL_OUTPUT: u64 = 500;
 
 /// A temp directory tree that isolates one OpenCode process. Removed on drop.
 pub struct OpenCodeEnv {
@@ -65,6 +74,23 @@ impl OpenCodeEnv {
     pub fn with_config(mut self, extra: Value) -> Self {
         merge(&mut self.extra_config, extra);
         self
+    }
+
+    /// Adds the model `fake/fake-small` ([`FAKE_SMALL_MODEL`]) with
+    /// `limit: {context: 2000, output: 500}`. Not the default model: pass it as a task's `model`.
+    /// Other tests are unaffected because it is opt-in.
+    pub fn with_small_model(self) -> Self {
+        self.with_config(json!({
+            "provider": { FAKE_PROVIDER: { "models": { FAKE_SMALL_MODEL: {
+                "name": "Fake Small",
+                "tool_call": true,
+                "attachment": false,
+                "reasoning": false,
+                "temperature": true,
+                "cost": { "input": 1, "output": 2 },
+                "limit": { "context": SMALL_CONTEXT, "output": SMALL_OUTPUT }
+            } } } }
+        }))
     }
 
     /// The root of the tree.
