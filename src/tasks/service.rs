@@ -158,7 +158,7 @@ impl TaskService {
             )
         } else {
             format!(
-                "aborted: opencode_stop_server detached the gateway from the OpenCode server {} ({}), which keeps running",
+                "aborted: opencode_stop_server stopped the gateway's use of the attached OpenCode server {} ({}), which itself keeps running",
                 server.id,
                 server.api.base_url()
             )

@@ -640,4 +640,29 @@ mod tests {
         let other = derive(&messages, "msg_someone_else");
         assert!(!other.user_message_seen && !other.finished && other.text.is_empty());
     }
+
+    #[test]
+    fn a_recorded_compaction_turn_completes_with_the_answer_after_the_summary() {
+        let messages = recorded("messages_compaction.json");
+        let turn = derive(&messages, &first_user(&messages));
+        assert_eq!(turn.compactions, 1);
+        assert!(turn.finished, "{turn:?}");
+        assert_eq!(
+            conclude(&turn, Idle::Reported, None, 0).map(|v| v.status),
+            Some(TaskStatus::Completed)
+        );
+        assert!(turn.text.starts_with("ECHO: Continue"), "{}", turn.text);
+        assert_eq!(turn.agent.as_deref(), Some("build"));
+        assert_eq!(turn.assistant_messages, 3);
+        assert!(turn.compaction_tokens.input > 0 && turn.tokens.input > turn.compaction_tokens.input);
+        assert!(turn.tools.iter().any(|t| t.tool == "bash"));
+    }
+
+    #[test]
+    fn a_recorded_subagent_turn_ends_on_the_parents_final_step() {
+        let messages = recorded("messages_subagent_parent.json");
+        let turn = derive(&messages, &first_user(&messages));
+        assert!(turn.finished && turn.error.is_none(), "{turn:?}");
+        assert!(turn.tools.iter().any(|t| t.tool == "task"));
+    }
 }
