@@ -95,7 +95,7 @@ impl Api {
         Ok(r.into_inner().version)
     }
 
-    /// `GET /agent`.
+    /// `GET /agent`: the agents a task may be given (hidden ones left out).
     pub async fn agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
         let r = self
             .client
@@ -106,6 +106,9 @@ impl Api {
             .map_err(|e| OpencodeError::from_client("GET /agent", e))?;
         Ok(r.into_inner()
             .into_iter()
+            // Hidden agents (`compaction`, `summary`, `title`) are OpenCode's own machinery:
+            // a task cannot be given to them, so they are not offered.
+            .filter(|a| a.hidden != Some(true))
             .map(|a| AgentInfo {
                 name: a.name,
                 mode: a.mode.to_string(),
