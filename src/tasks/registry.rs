@@ -281,12 +281,11 @@ impl Registry {
         self.store.as_ref()
     }
 
-    /// Writes one task to the store (outside the registry lock).
+    /// Hands one task's record to the store's writer. Called with the registry lock held, so
+    /// records reach the writer in the order the states happened (the writer keeps that order).
     fn persist(&self, record: Option<StoredTask>) {
         if let (Some(store), Some(record)) = (&self.store, record) {
-            if let Err(e) = store.save(&record) {
-                tracing::warn!(task_id = %record.id, error = %e, "cannot save the task to the state directory");
-            }
+            store.submit(record);
         }
     }
 
@@ -316,9 +315,14 @@ impl Registry {
     }
 
     pub fn insert(&self, entry: TaskEntry) {
-        let record = self.store.as_ref().map(|_| StoredTask::from_entry(&entry));
-        self.restore(entry);
-        self.persist(record);
+        {
+            let mut t = self.lock();
+            self.persist(self.store.as_ref().map(|_| StoredTask::from_entry(&entry)));
+            t.by_session
+                .insert(entry.session_id.clone(), entry.id.clone());
+            t.tasks.insert(entry.id.clone(), entry);
+        }
+        self.bump();
     }
 
     pub fn remove(&self, task_id: &str) {
@@ -327,9 +331,9 @@ impl Registry {
             if let Some(e) = t.tasks.remove(task_id) {
                 t.by_session.remove(&e.session_id);
             }
-        }
-        if let Some(store) = &self.store {
-            store.remove(task_id);
+            if let Some(store) = &self.store {
+                store.submit_remove(task_id);
+            }
         }
         self.bump();
     }
@@ -349,7 +353,7 @@ impl Registry {
 
     /// Applies `f` to the task and signals waiters if `f` says it changed something.
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
-        let (r, record) = {
+        let r = {
             let mut t = self.lock();
             let entry = t.tasks.get_mut(task_id)?;
             let before = self.store.as_ref().map(|_| durable(entry));
@@ -357,9 +361,9 @@ impl Registry {
             let record = before
                 .filter(|b| *b != durable(entry))
                 .map(|_| StoredTask::from_entry(entry));
-            (r, record)
+            self.persist(record);
+            r
         };
-        self.persist(record);
         self.bump();
         Some(r)
     }
@@ -409,11 +413,8 @@ impl Registry {
         for (id, session) in &old {
             t.tasks.remove(id);
             t.by_session.remove(session);
-        }
-        drop(t);
-        if let Some(store) = &self.store {
-            for (id, _) in &old {
-                store.remove(id);
+            if let Some(store) = &self.store {
+                store.submit_remove(id);
             }
         }
         old.len()

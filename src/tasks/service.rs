@@ -765,9 +765,16 @@ impl TaskService {
         }
     }
 
-    /// Stops every managed server (used on shutdown).
+    /// Stops every managed server (used on shutdown), then waits for the task store's writer:
+    /// stopping fails the tasks still running, and those records, like any still queued, must be
+    /// on disk before the process exits.
     pub async fn shutdown(&self) {
         self.pool.stop_all().await;
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(store::SHUTDOWN_FLUSH).await {
+                tracing::warn!(error = %e, "task records may be missing from the state directory");
+            }
+        }
     }
 }
 
