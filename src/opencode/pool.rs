@@ -327,18 +327,22 @@ pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeEr
     Ok(canonical.to_string_lossy().into_owned())
 }
 
+/// Whether `url` names this machine: an IP loopback address (`127.0.0.0/8`, `::1`) or
+/// `localhost`. Parsed as a URL, so a host that merely starts like one
+/// (`127.0.0.1.evil.example`) is a domain name, not a loopback address.
 fn is_loopback_url(url: &str) -> bool {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .unwrap_or(url);
-    let host = rest.split(['/', ':']).next().unwrap_or("");
-    host == "localhost"
-        || host == "[::1]"
-        || host
-            .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|ip| ip.is_loopback())
-        || rest.starts_with("[::1]")
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    // An IPv6 host comes bracketed (`[::1]`); the parser has already normalised IPv4 forms.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
 }
 
 #[cfg(test)]
@@ -350,8 +354,19 @@ mod tests {
         assert!(is_loopback_url("http://127.0.0.1:4096"));
         assert!(is_loopback_url("http://localhost:4096/"));
         assert!(is_loopback_url("http://[::1]:4096"));
+        assert!(is_loopback_url("http://127.9.8.7"));
+        assert!(is_loopback_url("http://[::1]:1"));
+        assert!(is_loopback_url("https://LOCALHOST"));
         assert!(!is_loopback_url("http://10.0.0.2:4096"));
         assert!(!is_loopback_url("https://example.invalid"));
+        // Hosts that only start like a loopback address are somewhere else.
+        assert!(!is_loopback_url("http://127.0.0.1.evil.example"));
+        assert!(!is_loopback_url("http://localhost.evil.example:4096"));
+        assert!(!is_loopback_url("http://[::1].evil.example"));
+        assert!(!is_loopback_url("http://evil.example/127.0.0.1"));
+        assert!(!is_loopback_url("http://127.0.0.1@evil.example"));
+        assert!(!is_loopback_url("http://[::2]:4096"));
+        assert!(!is_loopback_url("not a url"));
     }
 
     #[test]
