@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use opencode_mcp::opencode::supervisor::{GRACE, PID_LINE_PREFIX, STOP_BOUND, SUBCOMMAND};
 
