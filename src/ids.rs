@@ -100,6 +100,6 @@ mod tests {
         let id = message_id_after(Some(&floor));
         assert!(id > floor, "{id} must sort above {floor}");
         let plain = message_id_after(Some("msg_000000000001AAAAAAAAAAAAAA"));
-        assert!(plain > "msg_000000000001AAAAAAAAAAAAAA".to_string());
+        assert!(plain.as_str() > "msg_000000000001AAAAAAAAAAAAAA");
     }
 }

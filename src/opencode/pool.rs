@@ -2,7 +2,10 @@
 //! to, keyed by a `server_id` the host passes back.
 //!
 //! One server per directory: a second `start_server` for the same directory returns the running
-//! one (the original spawned a second process on the same fixed port). Each server gets its event
+//! one (the original spawned a second process on the same fixed port). That holds in attach mode
+//! too: each directory gets its own attached `Server` on the configured URL, because a server's
+//! `directory` is where tasks that name none run, and handing directory A's server to a caller
+//! that asked for B would run B's later tasks in A's repository. Each server gets its event
 //! pump the moment it is known, before any task can be started on it, because OpenCode's stream
 //! has no replay.
 
@@ -125,7 +128,7 @@ impl ServerPool {
 
     /// Starts a managed server for `directory` (default: the gateway's working directory), or
     /// attaches to `opencode.url` when configured. Returns `Ok((info, None))` when a running
-    /// server for that directory (or URL) already exists.
+    /// server for that directory (attached to that URL, in attach mode) already exists.
     pub async fn start(
         &self,
         port: Option<u16>,
@@ -133,17 +136,19 @@ impl ServerPool {
     ) -> Result<(ServerInfo, Option<Started>), OpencodeError> {
         let directory = resolve_directory(directory)?;
         let _guard = self.starting.lock().await;
+        let attach_url = self.config.opencode.url.as_deref();
         let existing = self
             .lock()
             .values()
             .find(|s| {
                 s.exited().is_none()
-                    && match &self.config.opencode.url {
-                        Some(url) => {
-                            s.process.is_none() && s.api.base_url() == url.trim_end_matches('/')
-                        }
-                        None => s.process.is_some() && s.directory == directory,
-                    }
+                    && answers_start(
+                        s.api.base_url(),
+                        s.process.is_some(),
+                        &s.directory,
+                        attach_url,
+                        &directory,
+                    )
             })
             .cloned();
         if let Some(server) = existing {
@@ -279,6 +284,23 @@ impl ServerPool {
     }
 }
 
+/// Whether a known server answers a `start_server` for `directory`: it runs in that directory,
+/// and it is of the kind the config asks for (attached to `attach_url` when one is configured,
+/// managed otherwise). `directory` is already resolved (canonical), as every server's is.
+fn answers_start(
+    server_url: &str,
+    managed: bool,
+    server_directory: &str,
+    attach_url: Option<&str>,
+    directory: &str,
+) -> bool {
+    server_directory == directory
+        && match attach_url {
+            Some(url) => !managed && server_url == url.trim_end_matches('/'),
+            None => managed,
+        }
+}
+
 /// The directory a server or task runs in: absolute, existing, canonical.
 pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeError> {
     let path = match directory {
@@ -305,18 +327,22 @@ pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeEr
     Ok(canonical.to_string_lossy().into_owned())
 }
 
+/// Whether `url` names this machine: an IP loopback address (`127.0.0.0/8`, `::1`) or
+/// `localhost`. Parsed as a URL, so a host that merely starts like one
+/// (`127.0.0.1.evil.example`) is a domain name, not a loopback address.
 fn is_loopback_url(url: &str) -> bool {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .unwrap_or(url);
-    let host = rest.split(['/', ':']).next().unwrap_or("");
-    host == "localhost"
-        || host == "[::1]"
-        || host
-            .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|ip| ip.is_loopback())
-        || rest.starts_with("[::1]")
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    // An IPv6 host comes bracketed (`[::1]`); the parser has already normalised IPv4 forms.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
 }
 
 #[cfg(test)]
@@ -328,8 +354,41 @@ mod tests {
         assert!(is_loopback_url("http://127.0.0.1:4096"));
         assert!(is_loopback_url("http://localhost:4096/"));
         assert!(is_loopback_url("http://[::1]:4096"));
+        assert!(is_loopback_url("http://127.9.8.7"));
+        assert!(is_loopback_url("http://[::1]:1"));
+        assert!(is_loopback_url("https://LOCALHOST"));
         assert!(!is_loopback_url("http://10.0.0.2:4096"));
         assert!(!is_loopback_url("https://example.invalid"));
+        // Hosts that only start like a loopback address are somewhere else.
+        assert!(!is_loopback_url("http://127.0.0.1.evil.example"));
+        assert!(!is_loopback_url("http://localhost.evil.example:4096"));
+        assert!(!is_loopback_url("http://[::1].evil.example"));
+        assert!(!is_loopback_url("http://evil.example/127.0.0.1"));
+        assert!(!is_loopback_url("http://127.0.0.1@evil.example"));
+        assert!(!is_loopback_url("http://[::2]:4096"));
+        assert!(!is_loopback_url("not a url"));
+    }
+
+    #[test]
+    fn a_server_is_reused_only_for_its_own_directory_and_kind() {
+        let url = "http://127.0.0.1:4096";
+        let attach = Some("http://127.0.0.1:4096/");
+        // Attach mode: the same URL and directory is reused; another directory is not.
+        assert!(answers_start(url, false, "/repo/a", attach, "/repo/a"));
+        assert!(!answers_start(url, false, "/repo/a", attach, "/repo/b"));
+        // Not another URL, and not a managed server, even in the same directory.
+        assert!(!answers_start(
+            "http://127.0.0.1:5000",
+            false,
+            "/repo/a",
+            attach,
+            "/repo/a"
+        ));
+        assert!(!answers_start(url, true, "/repo/a", attach, "/repo/a"));
+        // Managed mode: one per directory, and an attached leftover does not count.
+        assert!(answers_start(url, true, "/repo/a", None, "/repo/a"));
+        assert!(!answers_start(url, true, "/repo/a", None, "/repo/b"));
+        assert!(!answers_start(url, false, "/repo/a", None, "/repo/a"));
     }
 
     #[test]

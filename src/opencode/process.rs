@@ -25,9 +25,29 @@ use tokio::sync::{oneshot, watch};
 use super::error::OpencodeError;
 use crate::config::{OpenCodeConfig, PermissionPolicy};
 
-/// How long a stopped server gets between SIGTERM and SIGKILL: longer than the supervisor's own
-/// grace, so that it can still clean up what OpenCode started.
-const STOP_GRACE: Duration = Duration::from_secs(4);
+// Stopping a managed server, in order (all bounded):
+//
+// 1. SIGTERM to the group; the supervisor passes it on to OpenCode, SIGKILLs it after its own
+//    grace, and cleans up what OpenCode left: at most `supervisor::STOP_BOUND` (5 s).
+// 2. `STOP_GRACE` after the SIGTERM, SIGKILL to the group. It is the supervisor's bound plus a
+//    margin, so a supervisor that is doing its job is never killed mid-cleanup (which would
+//    leave OpenCode's detached shells reparented to init).
+// 3. `KILL_WAIT` for the exit to be seen; then `stop` returns whatever happened.
+//
+// So `stop` takes at most `STOP_GRACE + KILL_WAIT` (7 s); the gateway's shutdown bound
+// (`gateway::SHUTDOWN_GRACE`, 10 s) covers that and the task store's flush (2 s).
+
+/// Time the supervisor may use beyond its own bound before the gateway SIGKILLs it: scheduling
+/// on a loaded machine, and one round of its cleanup loop past the deadline.
+const STOP_MARGIN: Duration = Duration::from_secs(1);
+/// How long a stopped server gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = super::supervisor::STOP_BOUND.saturating_add(STOP_MARGIN);
+/// How long the exit of a SIGKILLed group may take to be seen before `stop` stops waiting.
+const KILL_WAIT: Duration = Duration::from_secs(1);
+const _: () = assert!(
+    STOP_GRACE.as_nanos() > super::supervisor::STOP_BOUND.as_nanos(),
+    "the gateway must outwait the supervisor's own stop"
+);
 /// Lines of the child's output kept for error messages.
 const OUTPUT_TAIL: usize = 20;
 /// How long a server that exited early gets for its last output to be read.
@@ -306,22 +326,31 @@ impl ManagedProcess {
         how
     }
 
-    /// SIGTERM to the process group, then SIGKILL after a grace period; waits for the exit.
+    /// SIGTERM to the process group, then SIGKILL after [`STOP_GRACE`]; waits for the exit, at
+    /// most [`STOP_GRACE`] + [`KILL_WAIT`] in all (see the comment on the constants for the
+    /// order).
     pub async fn stop(&self) -> String {
         if let Some(done) = self.exit_status() {
             return done;
         }
         kill_group(self.group, libc::SIGTERM);
-        match tokio::time::timeout(STOP_GRACE, self.wait_exit()).await {
-            Ok(how) => {
-                // Children of the server that ignored SIGTERM go too.
-                kill_group(self.group, libc::SIGKILL);
-                how
-            }
-            Err(_) => {
-                kill_group(self.group, libc::SIGKILL);
-                self.wait_exit().await
-            }
+        if let Ok(how) = tokio::time::timeout(STOP_GRACE, self.wait_exit()).await {
+            // Children of the server that ignored SIGTERM go too.
+            kill_group(self.group, libc::SIGKILL);
+            return how;
+        }
+        tracing::warn!(
+            pid = self.pid,
+            "the OpenCode server did not stop within {}s of SIGTERM; sending SIGKILL",
+            STOP_GRACE.as_secs()
+        );
+        kill_group(self.group, libc::SIGKILL);
+        match tokio::time::timeout(KILL_WAIT, self.wait_exit()).await {
+            Ok(how) => how,
+            Err(_) => format!(
+                "did not exit within {}s of SIGKILL (still running, or stuck in the kernel)",
+                KILL_WAIT.as_secs()
+            ),
         }
     }
 }

@@ -17,7 +17,11 @@
 //!   is SIGKILLed and reaped, and the supervisor exits the way OpenCode did (same code, or the
 //!   same signal), so the gateway reports "exited with signal 9" for a killed server.
 //! - SIGTERM, SIGINT or SIGHUP (the gateway stops the server, or the gateway died): OpenCode gets
-//!   SIGTERM and [`GRACE`] to exit, then SIGKILL; then the same cleanup.
+//!   SIGTERM and [`GRACE`] to exit, then SIGKILL and [`KILL_WAIT`] to be reaped; then the same
+//!   cleanup, itself bounded by [`CLEANUP_BOUND`]. Every wait is bounded, so the supervisor is
+//!   gone within [`STOP_BOUND`] of the signal even if OpenCode cannot be reaped (a process stuck
+//!   in the kernel ignores even SIGKILL); the gateway's own stop waits longer than that (see
+//!   `process::STOP_GRACE`), so it never cuts the cleanup short.
 
 #[cfg(target_os = "linux")]
 use std::ffi::OsString;
@@ -31,12 +35,17 @@ use std::time::Instant;
 pub const SUBCOMMAND: &str = "__supervise-opencode";
 /// The line the supervisor prints (on stderr) once OpenCode runs: this prefix, then the pid.
 pub const PID_LINE_PREFIX: &str = "opencode-mcp supervisor: opencode pid ";
-/// How long OpenCode gets between SIGTERM and SIGKILL. The gateway waits longer than this before
-/// it kills the supervisor's group itself, so the cleanup always runs.
+/// How long OpenCode gets between SIGTERM and SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(2);
+/// How long a SIGKILLed OpenCode gets to be reaped before the supervisor stops waiting for it.
+pub const KILL_WAIT: Duration = Duration::from_secs(1);
 /// Upper bound on killing and reaping what OpenCode left behind.
-#[cfg(target_os = "linux")]
-const CLEANUP_BOUND: Duration = Duration::from_secs(3);
+pub const CLEANUP_BOUND: Duration = Duration::from_secs(2);
+/// The longest the supervisor runs after it is told to stop: the phases above, one after the
+/// other. The gateway waits longer than this before it kills the supervisor's group itself.
+pub const STOP_BOUND: Duration = GRACE
+    .saturating_add(KILL_WAIT)
+    .saturating_add(CLEANUP_BOUND);
 
 static PROGRAM: OnceLock<std::path::PathBuf> = OnceLock::new();
 
@@ -126,29 +135,45 @@ fn run(command: &[OsString]) -> ExitCode {
     };
     eprintln!("{PID_LINE_PREFIX}{opencode}");
 
-    let mut status: Option<libc::c_int> = None;
-    let mut term_deadline: Option<Instant> = None;
-    while status.is_none() {
-        let timeout = term_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    // Until told to stop, wait for OpenCode without a bound; once told, SIGTERM, SIGKILL at
+    // `kill_at`, and stop waiting at `give_up_at`.
+    let mut kill_at: Option<Instant> = None;
+    let mut give_up_at: Option<Instant> = None;
+    let status = loop {
+        if let Some(status) = reap(opencode) {
+            break Some(status);
+        }
+        let now = Instant::now();
+        if give_up_at.is_some_and(|d| now >= d) {
+            eprintln!(
+                "opencode-mcp supervisor: opencode (pid {opencode}) was not reaped within {}s of                  SIGKILL; leaving it",
+                KILL_WAIT.as_secs_f32()
+            );
+            break None;
+        }
+        if give_up_at.is_none() && kill_at.is_some_and(|d| now >= d) {
+            // SAFETY: signals our own child.
+            unsafe { libc::kill(opencode, libc::SIGKILL) };
+            give_up_at = Some(now + KILL_WAIT);
+        }
+        let timeout = give_up_at
+            .or(kill_at)
+            .map(|d| d.saturating_duration_since(now));
         match wait_signal(&waited, timeout) {
             Some(libc::SIGCHLD) | None => {}
             Some(_) => {
-                if term_deadline.is_none() {
+                if kill_at.is_none() {
                     // SAFETY: signals our own child.
                     unsafe { libc::kill(opencode, libc::SIGTERM) };
-                    term_deadline = Some(Instant::now() + GRACE);
+                    kill_at = Some(Instant::now() + GRACE);
                 }
             }
         }
-        status = reap(opencode);
-        if status.is_none() && term_deadline.is_some_and(|d| Instant::now() >= d) {
-            // SAFETY: signals our own child.
-            unsafe { libc::kill(opencode, libc::SIGKILL) };
-            term_deadline = Some(Instant::now() + CLEANUP_BOUND);
-        }
-    }
+    };
     kill_everything_left(&waited);
-    mirror(status.unwrap_or(0))
+    // An OpenCode that could not be reaped was SIGKILLed: report it as killed by SIGKILL (a raw
+    // wait status holding just a signal number means "terminated by that signal").
+    mirror(status.unwrap_or(libc::SIGKILL))
 }
 
 /// Waits for one of the blocked signals (or the timeout); `None` on timeout.

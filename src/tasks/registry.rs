@@ -303,7 +303,10 @@ impl Registry {
     /// applies records in the order they are handed over, so disk follows memory.
     fn persist(&self, rec: &TaskRecord) {
         if let Some(store) = &self.store {
-            store.submit(rec.clone());
+            let mut rec = rec.clone();
+            // Whoever writes a record owns the task's live turn from then on.
+            rec.owner_pid = std::process::id();
+            store.submit(rec);
         }
     }
 

@@ -34,8 +34,6 @@ pub struct AgentCatalog {
     pub tiers: Vec<TierResolution>,
 }
 
-/// The tasks and the servers they run on.
-
 impl TaskService {
     pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
         let server = self.server(server_id)?;

@@ -434,8 +434,8 @@ impl TaskService {
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
     }
 
-    /// Reads what is still unread of finished turns, then stops every managed server (used on
-    /// shutdown).
+    /// Reads what is still unread of finished turns, stops every managed server, and waits for
+    /// the task store's writer (used on shutdown).
     pub async fn shutdown(&self) {
         let flushes = self
             .pool
@@ -445,6 +445,13 @@ impl TaskService {
             .map(|s| async move { self.flush_outcomes(&s).await });
         futures::future::join_all(flushes).await;
         self.pool.stop_all().await;
+        // Stopping failed the tasks still running; those records, like any still queued, must
+        // be on disk before the process exits.
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(store::SHUTDOWN_FLUSH).await {
+                tracing::warn!(error = %e, "task records may be missing from the state directory");
+            }
+        }
     }
 }
 

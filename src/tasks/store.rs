@@ -2,106 +2,239 @@
 //!
 //! **Format: one small JSON file per task** in `<state_dir>/tasks/<task_id>.json`, replaced
 //! atomically (written to a temporary file in the same directory, then renamed over the old
-//! one; not fsynced, see [`Store::save`]). Why not an embedded database: the registry is small (capped by `limits.max_tasks`),
-//! is read whole once at start-up, and each task has exactly one writer: the gateway process that
-//! owns it. With a file per task, two gateway processes sharing the directory never write the same
-//! file, a crash mid-write leaves the previous version intact (rename is atomic), and a corrupt
-//! file costs one task rather than the store. A database would add a dependency, a lock shared by
-//! every process, and its own recovery story, for none of that.
+//! one; not fsynced, see [`write_record`]). Why not an embedded database: the registry is small
+//! (capped by `limits.max_tasks`), is read whole once at start-up, and each task has exactly one
+//! writer: the gateway process that owns it. With a file per task, two gateway processes sharing
+//! the directory never write the same file, a crash mid-write leaves the previous version intact
+//! (rename is atomic), and a corrupt file costs one task rather than the store. A database would
+//! add a dependency, a lock shared by every process, and its own recovery story, for none of that.
+//!
+//! **One ordered writer.** The registry changes a task under its lock and hands the new record to
+//! [`Store::submit`] before letting go of it, so records are submitted in the order the states
+//! happened. Submitting only enqueues: one writer thread owns the directory and applies the queue,
+//! keeping just the newest pending operation per task (a task that changes five times while a
+//! write is in flight is written once more, as its latest state). Because every write of a task
+//! goes through that one thread in submit order, an older state can never land on top of a newer
+//! one, which it could when each caller wrote its own file after releasing the lock. Temporary
+//! files get a name no other write shares (pid and a counter), so two writes never interleave in
+//! one file either. [`Store::flush`] waits for what was submitted before it, for shutdown.
+//!
+//! The records describe what the user's agents did in their repositories: the directory is
+//! created `0700` and each record `0600`, with those modes at creation, so there is no moment in
+//! which another local user could read them.
 //!
 //! Ownership: each record names the pid of the gateway that wrote it. At start-up a gateway skips
 //! unfinished tasks whose owner is still alive (another gateway's live work) and takes over the
 //! rest.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::record::{TaskRecord, VERSION};
 
-/// The directory of task files.
-#[derive(Debug, Clone)]
-pub struct Store {
-    dir: PathBuf,
+/// How long the gateway waits at exit for queued records to reach the disk. Writes take well
+/// under a millisecond each, so this only matters when the disk itself is stuck.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
+/// How long dropping the last handle on a [`Store`] waits for its queue to reach the disk. The
+/// gateway flushes explicitly at shutdown; this only bounds the backstop.
+const DROP_FLUSH: Duration = Duration::from_secs(2);
+/// Attempts at a fresh temporary file name before a write gives up (a name can only be taken by
+/// a leftover of a crashed process that had our pid).
+const TEMP_ATTEMPTS: u32 = 8;
+
+/// Why the store could not confirm that submitted records are on disk.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the task store did not reach the disk within {}s ({pending} operation(s) still queued)", .waited.as_secs_f32())]
+    FlushTimedOut { waited: Duration, pending: usize },
+    #[error(
+        "{failed} task record write(s) failed while flushing (see the warnings logged for each)"
+    )]
+    WritesFailed { failed: u64 },
+    #[error("the task store's writer thread has stopped")]
+    WriterStopped,
 }
 
-/// Makes every temporary file name unique within the process.
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// What the writer does to one task's file.
+#[derive(Debug, Clone)]
+enum Op {
+    Save(Box<TaskRecord>),
+    Remove,
+}
+
+/// The writer's queue, shared with every handle.
+#[derive(Default)]
+struct Queue {
+    /// The newest operation per task not yet taken by the writer.
+    pending: HashMap<String, Op>,
+    /// The batch the writer is applying now, so [`Store::load`] still sees those records while
+    /// they are between the queue and the disk.
+    writing: Arc<HashMap<String, Op>>,
+    /// Operations submitted so far (a sequence number).
+    submitted: u64,
+    /// Every operation up to this sequence number has been applied (or replaced by a later one
+    /// that has).
+    applied: u64,
+    /// Writes that failed, in total.
+    failed: u64,
+    /// The last handle is gone: drain and stop.
+    closing: bool,
+    /// Cleared when the writer thread ends, however it ends.
+    writer_alive: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    queue: Mutex<Queue>,
+    /// Wakes the writer (work, or closing).
+    work: Condvar,
+    /// Wakes flushers (the writer applied a batch, or stopped).
+    progress: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // The queue is plain data, consistent after every statement: a panic elsewhere while
+        // holding the lock leaves nothing half-done.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Closes the queue when the last [`Store`] handle goes, after a bounded flush.
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if let Err(e) = flush_shared(&self.shared, DROP_FLUSH) {
+            tracing::warn!(error = %e, "task records may be missing from the state directory");
+        }
+        self.shared.lock().closing = true;
+        self.shared.work.notify_all();
+    }
+}
+
+/// The directory of task files and its one writer. Cloning is cheap and shares the writer.
+#[derive(Clone)]
+pub struct Store {
+    handle: Arc<Handle>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.handle.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Store {
-    /// Opens (creating) `<state_dir>/tasks`.
+    /// Opens (creating) `<state_dir>/tasks` and starts its writer thread.
+    ///
+    /// Directories created here are `0700`; an existing `tasks` directory that others can read
+    /// is tightened to `0700` (it is ours alone). `state_dir` itself is left as it is when it
+    /// already exists: the user may have pointed it at a directory with other uses.
     pub fn open(state_dir: &Path) -> std::io::Result<Self> {
         let dir = state_dir.join("tasks");
-        std::fs::create_dir_all(&dir)?;
-        Ok(Self { dir })
+        create_private_dir(&dir)?;
+        let shared = Arc::new(Shared {
+            dir,
+            queue: Mutex::new(Queue {
+                writer_alive: true,
+                ..Queue::default()
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+        });
+        let writer = shared.clone();
+        std::thread::Builder::new()
+            .name("opencode-mcp-store".into())
+            .spawn(move || run_writer(&writer))?;
+        Ok(Self {
+            handle: Arc::new(Handle { shared }),
+        })
     }
 
-    fn path(&self, task_id: &str) -> Option<PathBuf> {
-        // Ids are ours (`tsk_` + base62), but a file name is built from them: refuse anything
-        // that could leave the directory.
-        let safe = !task_id.is_empty()
-            && task_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        safe.then(|| self.dir.join(format!("{task_id}.json")))
+    fn shared(&self) -> &Shared {
+        &self.handle.shared
     }
 
-    /// Writes the task atomically (temporary file, flush, rename).
-    pub fn save(&self, task: &TaskRecord) -> std::io::Result<()> {
-        let Some(path) = self.path(&task.id) else {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("unsafe task id `{}`", task.id),
-            ));
-        };
-        let tmp = self.dir.join(format!(
-            ".{}.{}.{}.tmp",
-            task.id,
-            std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        // No fsync: the rename keeps a crash of this process (or of the host model's session)
-        // from ever leaving a torn record, which is the failure this store is for; an fsync per
-        // state change would put a disk flush on every start_task (measured: most of the
-        // gateway's overhead over raw HTTP) to guard only against the machine losing power.
-        let mut record = task.clone();
-        record.owner_pid = std::process::id();
-        let bytes = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
-        std::fs::File::create(&tmp)?.write_all(&bytes)?;
-        std::fs::rename(&tmp, &path)
+    /// Queues `record` to be written; returns at once. Call it while still holding the lock
+    /// under which the record's state was decided, so that submit order is state order.
+    pub fn submit(&self, record: TaskRecord) {
+        let id = record.id.clone();
+        self.enqueue(id, Op::Save(Box::new(record)));
     }
 
-    /// Writes a record, in the order of calls (the registry calls this under its lock).
-    pub fn submit(&self, task: TaskRecord) {
-        if let Err(e) = self.save(&task) {
-            tracing::warn!(task_id = %task.id, error = %e, "cannot save the task to the state directory");
-        }
-    }
-
-    /// Removes a record, in the order of calls.
+    /// Queues the removal of a task's record; returns at once. Ordered with [`Self::submit`]: a
+    /// removal submitted after a save wins, a save submitted after a removal recreates the file.
     pub fn submit_remove(&self, task_id: &str) {
-        self.remove(task_id);
+        self.enqueue(task_id.to_string(), Op::Remove);
     }
 
-    /// One record by id.
+    fn enqueue(&self, id: String, op: Op) {
+        let shared = self.shared();
+        let mut q = shared.lock();
+        if !q.writer_alive {
+            drop(q);
+            tracing::warn!(task_id = %id, "the task store's writer has stopped; this change is not saved");
+            return;
+        }
+        q.submitted += 1;
+        q.pending.insert(id, op);
+        drop(q);
+        shared.work.notify_one();
+    }
+
+    /// Waits until everything submitted before this call is on disk, at most `timeout`. Blocks
+    /// the calling thread; async code uses [`Self::flush`].
+    pub fn flush_blocking(&self, timeout: Duration) -> Result<(), StoreError> {
+        flush_shared(self.shared(), timeout)
+    }
+
+    /// [`Self::flush_blocking`] on a blocking thread.
+    pub async fn flush(&self, timeout: Duration) -> Result<(), StoreError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.flush_blocking(timeout))
+            .await
+            .map_err(|_| StoreError::WriterStopped)?
+    }
+
+    /// The task's newest record: one still queued if there is one (so a task evicted from memory
+    /// right after a change reads back as that change), else the file. `None` when there is no
+    /// such task; an unreadable file is logged and also `None`.
     pub fn load(&self, task_id: &str) -> Option<TaskRecord> {
-        let bytes = std::fs::read(self.path(task_id)?).ok()?;
-        serde_json::from_slice::<TaskRecord>(&bytes)
-            .ok()
-            .filter(|t| t.version == VERSION)
-    }
-
-    pub fn remove(&self, task_id: &str) {
-        if let Some(path) = self.path(task_id) {
-            let _ = std::fs::remove_file(path);
+        let path = record_path(&self.shared().dir, task_id)?;
+        {
+            let q = self.shared().lock();
+            if let Some(op) = q.pending.get(task_id).or_else(|| q.writing.get(task_id)) {
+                return match op {
+                    Op::Save(record) => Some(TaskRecord::clone(record)),
+                    Op::Remove => None,
+                };
+            }
+        }
+        match read_record(&path) {
+            Ok(record) => Some(record),
+            Err(ReadError::Missing) => None,
+            Err(ReadError::Bad(why)) => {
+                tracing::warn!(path = %path.display(), %why, "cannot read a task record");
+                None
+            }
         }
     }
 
-    /// Every readable record; unreadable files are reported (path, reason) and left in place.
+    /// Every readable record on disk; unreadable files are reported (path, reason) and left in
+    /// place. Reads the directory as it is: call it before submitting (at start-up), or flush.
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
         let mut tasks = Vec::new();
         let mut bad = Vec::new();
-        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+        let Ok(dir) = std::fs::read_dir(&self.shared().dir) else {
             return (tasks, bad);
         };
         for entry in dir.flatten() {
@@ -109,17 +242,199 @@ impl Store {
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<TaskRecord>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(t) if t.version == VERSION => tasks.push(t),
-                Ok(t) => bad.push((path, format!("unknown record version {}", t.version))),
-                Err(e) => bad.push((path, e)),
+            match read_record(&path) {
+                Ok(t) => tasks.push(t),
+                // Removed between listing and reading: not a fault.
+                Err(ReadError::Missing) => {}
+                Err(ReadError::Bad(why)) => bad.push((path, why)),
             }
         }
         (tasks, bad)
     }
+}
+
+fn record_path(dir: &Path, task_id: &str) -> Option<PathBuf> {
+    // Ids are ours (`tsk_` + base62), but a file name is built from them: refuse anything that
+    // could leave the directory.
+    let safe = !task_id.is_empty()
+        && task_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    safe.then(|| dir.join(format!("{task_id}.json")))
+}
+
+enum ReadError {
+    Missing,
+    Bad(String),
+}
+
+fn read_record(path: &Path) -> Result<TaskRecord, ReadError> {
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::Missing,
+        _ => ReadError::Bad(e.to_string()),
+    })?;
+    let task: TaskRecord =
+        serde_json::from_slice(&bytes).map_err(|e| ReadError::Bad(e.to_string()))?;
+    if task.version != VERSION {
+        return Err(ReadError::Bad(format!(
+            "unknown record version {}",
+            task.version
+        )));
+    }
+    Ok(task)
+}
+
+/// Waits until `applied` reaches what was submitted when the call began.
+fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
+    let deadline = Instant::now() + timeout;
+    let mut q = shared.lock();
+    let target = q.submitted;
+    let failed_before = q.failed;
+    while q.applied < target {
+        if !q.writer_alive {
+            return Err(StoreError::WriterStopped);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(StoreError::FlushTimedOut {
+                waited: timeout,
+                pending: q.pending.len() + q.writing.len(),
+            });
+        }
+        q = shared
+            .progress
+            .wait_timeout(q, left)
+            .map(|(q, _)| q)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    match q.failed - failed_before {
+        0 => Ok(()),
+        failed => Err(StoreError::WritesFailed { failed }),
+    }
+}
+
+/// Clears `writer_alive` and wakes flushers when the writer thread ends, even by a panic.
+struct WriterAlive<'a>(&'a Shared);
+
+impl Drop for WriterAlive<'_> {
+    fn drop(&mut self) {
+        self.0.lock().writer_alive = false;
+        self.0.progress.notify_all();
+    }
+}
+
+/// The writer thread: takes the whole queue, applies it, records progress, until closed.
+fn run_writer(shared: &Shared) {
+    let _alive = WriterAlive(shared);
+    loop {
+        let (batch, upto) = {
+            let mut q = shared.lock();
+            while q.pending.is_empty() && !q.closing {
+                q = shared.work.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            if q.pending.is_empty() {
+                return;
+            }
+            let batch = Arc::new(std::mem::take(&mut q.pending));
+            q.writing = batch.clone();
+            (batch, q.submitted)
+        };
+        let mut failed = 0;
+        for (id, op) in batch.iter() {
+            if let Err(e) = apply(&shared.dir, id, op) {
+                failed += 1;
+                tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
+            }
+        }
+        let mut q = shared.lock();
+        q.writing = Arc::default();
+        q.applied = upto;
+        q.failed += failed;
+        drop(q);
+        shared.progress.notify_all();
+    }
+}
+
+fn apply(dir: &Path, task_id: &str, op: &Op) -> std::io::Result<()> {
+    let Some(path) = record_path(dir, task_id) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("unsafe task id `{task_id}`"),
+        ));
+    };
+    match op {
+        Op::Save(record) => write_record(dir, &path, record),
+        Op::Remove => match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Names temporary files: unique within the process, and the pid makes it unique across the
+/// processes that share a state directory.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `record` to `path` atomically: a fresh `0600` temporary file, then a rename.
+///
+/// No fsync: the rename keeps a crash of this process (or of the host model's session) from ever
+/// leaving a torn record, which is the failure this store is for; an fsync per state change
+/// would put a disk flush on every start_task (measured: most of the gateway's overhead over raw
+/// HTTP) to guard only against the machine losing power.
+fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    let mut attempt = 0;
+    let (tmp, mut file) = loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{}.{}.{n}.tmp", record.id, std::process::id()));
+        match private_file(&tmp) {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < TEMP_ATTEMPTS => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let written = file.write_all(&bytes).and_then(|()| {
+        drop(file);
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// A new file, readable by its owner only from the moment it exists; fails if the name is taken.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
+/// Creates `dir` (and missing parents) as `0700`, or tightens an existing `dir` others can enter.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        builder.mode(0o700);
+        builder.create(dir)?;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::info!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "restricting the task store to its owner (0700)");
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    builder.create(dir)
 }
 
 /// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp`.
@@ -156,7 +471,7 @@ mod tests {
     use crate::tasks::model::TaskStatus;
     use crate::tasks::turn::TurnState;
 
-    fn record() -> TaskRecord {
+    fn completed() -> TaskRecord {
         let mut r = TaskRecord::new(
             "tsk_abc".into(),
             "srv_1".into(),
@@ -176,45 +491,326 @@ mod tests {
         r
     }
 
-    #[test]
-    fn records_round_trip_through_disk() {
-        let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
-        let store = Store::open(&dir).expect("open");
-        let stored = record();
-        store.save(&stored).expect("save");
-        store.save(&stored).expect("overwrite");
-        let (all, bad) = store.load_all();
-        assert!(bad.is_empty(), "{bad:?}");
-        assert_eq!(all, vec![stored.clone()]);
-        let back = store.load("tsk_abc").expect("by id");
-        assert_eq!(back.status, TaskStatus::Completed);
-        assert_eq!(back.outcome.map(|o| o.text).as_deref(), Some("done"));
-        assert!(back.finished_ms.is_some());
-        store.remove("tsk_abc");
-        assert!(store.load_all().0.is_empty());
-        let _ = std::fs::remove_dir_all(dir);
+    /// A fresh state directory under the system temp dir, removed on drop.
+    struct TempState(PathBuf);
+
+    impl TempState {
+        fn new() -> Self {
+            Self(std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id())))
+        }
+    }
+
+    impl Drop for TempState {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const FLUSH: Duration = Duration::from_secs(10);
+
+    fn files(store: &Store) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&store.shared().dir)
+            .expect("read dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn record(id: &str, turn: u32) -> TaskRecord {
+        let mut r = completed();
+        r.id = id.to_string();
+        r.turn = turn;
+        r
+    }
+
+    /// Reads `path` over and over until `stop`, returning the turns seen in order, or the first
+    /// read that was not a whole record. (Absent only counts before the first record appears.)
+    fn watch_file(
+        path: PathBuf,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<Result<Vec<u32>, String>> {
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match read_record(&path) {
+                    Ok(r) => seen.push(r.turn),
+                    Err(ReadError::Missing) if seen.is_empty() => {}
+                    Err(ReadError::Missing) => return Err("the record vanished".into()),
+                    Err(ReadError::Bad(why)) => return Err(format!("a torn record: {why}")),
+                }
+            }
+            Ok(seen)
+        })
     }
 
     #[test]
-    fn corrupt_files_are_reported_not_fatal() {
-        let dir = std::env::temp_dir().join(format!("ocm-store-{}", crate::ids::task_id()));
-        let store = Store::open(&dir).expect("open");
-        std::fs::write(store.dir.join("tsk_bad.json"), b"{not json").expect("write");
-        store.save(&record()).expect("save");
+    fn records_round_trip_through_disk() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let stored = completed();
+        store.submit(stored.clone());
+        store.submit(stored.clone());
+        store.flush_blocking(FLUSH).expect("flush");
+        let (all, bad) = store.load_all();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(all, vec![stored.clone()]);
+        assert_eq!(store.load("tsk_abc"), Some(stored));
+        let back = all[0].clone();
+        assert_eq!(back.status, TaskStatus::Completed);
+        assert_eq!(back.outcome.map(|o| o.text).as_deref(), Some("done"));
+        assert!(back.finished_ms.is_some());
+        store.submit_remove("tsk_abc");
+        store.flush_blocking(FLUSH).expect("flush");
+        assert!(store.load_all().0.is_empty());
+        assert_eq!(store.load("tsk_abc"), None);
+    }
+
+    /// Writers that each decide a version under one lock (as the registry does) and submit it
+    /// before releasing the lock: the file ends as the last version decided. With a write per
+    /// caller after the lock (and one shared temporary name), an older version could land last,
+    /// or a rename could find its temporary file already taken by another writer.
+    #[test]
+    fn the_last_submitted_version_wins_under_concurrency() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let decided = Arc::new(Mutex::new(0u32));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                let decided = decided.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let mut turn = decided.lock().expect("lock");
+                        *turn += 1;
+                        store.submit(record("tsk_same", *turn));
+                        // Another task in between, so batches mix ids.
+                        store.submit(record(&format!("tsk_other{}", *turn % 3), *turn));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        store.flush_blocking(FLUSH).expect("flush");
+        let last = *decided.lock().expect("lock");
+        assert_eq!(last, 1600);
+        let on_disk = read_record(&state.0.join("tasks/tsk_same.json"))
+            .ok()
+            .expect("record on disk");
+        assert_eq!(on_disk.turn, last);
+        assert_eq!(
+            files(&store),
+            [
+                "tsk_other0.json",
+                "tsk_other1.json",
+                "tsk_other2.json",
+                "tsk_same.json"
+            ],
+            "no temporary files are left behind"
+        );
+    }
+
+    /// Writers with no order between them: every write succeeds and the file is always one
+    /// whole record. With one temporary name per (task, pid), two writers truncated and wrote the
+    /// same file, and the second rename found it gone.
+    #[test]
+    fn concurrent_writers_never_share_a_temporary_file() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = watch_file(state.0.join("tasks/tsk_raced.json"), stop.clone());
+        let threads: Vec<_> = (0..8)
+            .map(|n| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        store.submit(record("tsk_raced", n * 1000 + i));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        store.flush_blocking(FLUSH).expect("every write succeeded");
+        stop.store(true, Ordering::Relaxed);
+        watcher
+            .join()
+            .expect("watcher")
+            .expect("only whole records");
+        let (all, bad) = store.load_all();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(all.len(), 1);
+        assert_eq!(files(&store), ["tsk_raced.json"]);
+    }
+
+    /// The registry end to end: while concurrent updates of one task run, the file only moves
+    /// forward, and it ends in the registry's final state. Saving after the registry lock was
+    /// released let an older state land over a newer one.
+    #[test]
+    fn the_disk_ends_in_the_registrys_final_state() {
+        use super::super::registry::Registry;
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let registry = Arc::new(Registry::new(Some(store.clone())));
+        registry.insert(super::super::registry::TaskEntry::new(completed()));
+        store.flush_blocking(FLUSH).expect("flush");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = watch_file(state.0.join("tasks/tsk_abc.json"), stop.clone());
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let registry = registry.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        registry.update("tsk_abc", |e| e.rec.turn += 1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        store.flush_blocking(FLUSH).expect("flush");
+        stop.store(true, Ordering::Relaxed);
+        let seen = watcher
+            .join()
+            .expect("watcher")
+            .expect("only whole records");
+        assert!(
+            seen.windows(2).all(|w| w[0] <= w[1]),
+            "the record went back to an older state"
+        );
+        let in_memory = registry.get("tsk_abc").map(|e| e.rec.turn);
+        let on_disk = read_record(&state.0.join("tasks/tsk_abc.json"))
+            .ok()
+            .map(|r| r.turn);
+        assert_eq!(in_memory, Some(1601));
+        assert_eq!(on_disk, in_memory);
+        registry.remove("tsk_abc");
+        store.flush_blocking(FLUSH).expect("flush");
+        assert!(files(&store).is_empty());
+    }
+
+    #[test]
+    fn a_remove_after_a_save_wins_and_a_save_after_a_remove_recreates() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        store.submit(record("tsk_gone", 1));
+        store.submit_remove("tsk_gone");
+        store.submit(record("tsk_back", 1));
+        store.flush_blocking(FLUSH).expect("flush");
+        store.submit_remove("tsk_back");
+        store.submit(record("tsk_back", 2));
+        store.flush_blocking(FLUSH).expect("flush");
+        assert_eq!(files(&store), ["tsk_back.json"]);
+        assert_eq!(store.load("tsk_gone"), None);
+        assert_eq!(store.load("tsk_back").map(|r| r.turn), Some(2));
+    }
+
+    /// Flush returns only once every record submitted before it is a complete file, read here
+    /// straight from disk (not through `load`, which also sees the queue).
+    #[test]
+    fn flush_waits_for_everything_submitted_before_it() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        for i in 0..300 {
+            store.submit(record(&format!("tsk_{i}"), i));
+        }
+        store.flush_blocking(FLUSH).expect("flush");
+        for i in 0..300 {
+            let r = read_record(&state.0.join(format!("tasks/tsk_{i}.json")))
+                .ok()
+                .expect("on disk after flush");
+            assert_eq!(r.turn, i);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_async_flush_waits_too() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        store.submit(record("tsk_async", 7));
+        store.flush(FLUSH).await.expect("flush");
+        let r = read_record(&state.0.join("tasks/tsk_async.json")).ok();
+        assert_eq!(r.map(|r| r.turn), Some(7));
+    }
+
+    #[test]
+    fn a_failed_write_is_reported_by_flush() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        store.submit(record("../escape", 1));
+        assert!(matches!(
+            store.flush_blocking(FLUSH),
+            Err(StoreError::WritesFailed { failed: 1 })
+        ));
+        store.submit(record("tsk_fine", 1));
+        store.flush_blocking(FLUSH).expect("a later flush is clean");
+    }
+
+    #[test]
+    fn corrupt_and_torn_files_are_reported_not_fatal() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let dir = state.0.join("tasks");
+        std::fs::write(dir.join("tsk_bad.json"), b"{not json").expect("write");
+        // A record cut off mid-write, as a non-atomic writer could leave it.
+        let whole = serde_json::to_vec(&record("tsk_torn", 1)).expect("json");
+        std::fs::write(dir.join("tsk_torn.json"), &whole[..whole.len() / 2]).expect("write");
+        store.submit(completed());
+        store.flush_blocking(FLUSH).expect("flush");
         let (all, bad) = store.load_all();
         assert_eq!(all.len(), 1);
-        assert_eq!(bad.len(), 1);
-        let _ = std::fs::remove_dir_all(dir);
+        let mut bad: Vec<String> = bad
+            .iter()
+            .filter_map(|(p, _)| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        bad.sort();
+        assert_eq!(bad, ["tsk_bad.json", "tsk_torn.json"]);
+        assert_eq!(store.load("tsk_torn"), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_directory_and_records_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        store.submit(record("tsk_private", 1));
+        store.flush_blocking(FLUSH).expect("flush");
+        let dir = state.0.join("tasks");
+        assert_eq!(mode(&state.0), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("tsk_private.json")), 0o600);
+        drop(store);
+        // An existing directory others can read is tightened.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let _store = Store::open(&state.0).expect("reopen");
+        assert_eq!(mode(&dir), 0o700);
+    }
+
+    #[test]
+    fn dropping_the_last_handle_flushes_its_queue() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let other = store.clone();
+        store.submit(record("tsk_dropped", 3));
+        drop(store);
+        drop(other);
+        let r = read_record(&state.0.join("tasks/tsk_dropped.json")).ok();
+        assert_eq!(r.map(|r| r.turn), Some(3));
     }
 
     #[test]
     fn unsafe_ids_never_become_paths() {
-        let store = Store {
-            dir: PathBuf::from("/nonexistent"),
-        };
-        assert!(store.path("../etc/passwd").is_none());
-        assert!(store.path("").is_none());
-        assert!(store.path("tsk_ok").is_some());
+        let dir = Path::new("/nonexistent");
+        assert!(record_path(dir, "../etc/passwd").is_none());
+        assert!(record_path(dir, "").is_none());
+        assert!(record_path(dir, "tsk_ok").is_some());
     }
 
     #[test]

@@ -654,7 +654,9 @@ mod tests {
         assert!(turn.text.starts_with("ECHO: Continue"), "{}", turn.text);
         assert_eq!(turn.agent.as_deref(), Some("build"));
         assert_eq!(turn.assistant_messages, 3);
-        assert!(turn.compaction_tokens.input > 0 && turn.tokens.input > turn.compaction_tokens.input);
+        assert!(
+            turn.compaction_tokens.input > 0 && turn.tokens.input > turn.compaction_tokens.input
+        );
         assert!(turn.tools.iter().any(|t| t.tool == "bash"));
     }
 
