@@ -24,8 +24,6 @@ pub enum ErrorCode {
     OpencodeUnavailable,
     /// OpenCode answered with an error.
     OpencodeError,
-    /// The tool is declared in the config but its action is not available.
-    NotImplemented,
     /// A bug or an unexpected condition inside the gateway.
     Internal,
 }
@@ -39,7 +37,6 @@ impl ErrorCode {
             ErrorCode::LimitExceeded => "limit_exceeded",
             ErrorCode::OpencodeUnavailable => "opencode_unavailable",
             ErrorCode::OpencodeError => "opencode_error",
-            ErrorCode::NotImplemented => "not_implemented",
             ErrorCode::Internal => "internal",
         }
     }

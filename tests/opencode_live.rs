@@ -1,7 +1,7 @@
 //! Proof of the test harness (`tests/support`) against the real, pinned OpenCode: the fake LLM,
 //! the isolated environment and the server wrapper, driving OpenCode's HTTP API directly with
 //! reqwest. This is not the product's code path; it pins down the OpenCode facts the product
-//! relies on (see DESIGN.md §4) and records the JSON fixtures in `tests/fixtures/opencode/`.
+//! relies on and records the JSON fixtures in `tests/fixtures/opencode/`.
 
 mod support;
 

@@ -139,4 +139,16 @@ async fn a_silent_task_is_reported_stalled_not_killed() {
     assert!(progress["last_event_ms_ago"].as_u64() >= Some(1000));
     let r = rig.finish(&task).await;
     assert_eq!(r["status"], "completed", "stalled is only reported: {r}");
+
+    // The cap bounds live work, not history: with the finished task still answerable, rounds of
+    // new tasks are accepted one after another (the cap once counted finished tasks for a day).
+    for round in 0..3 {
+        let next = id(&rig.start_task(&format!("round {round}")).await);
+        let r = rig.finish(&next).await;
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    let first = rig
+        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert_eq!(first["status"], "completed", "{first}");
 }

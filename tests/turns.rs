@@ -740,6 +740,9 @@ async fn a_turn_that_auto_compacts_completes_with_the_final_answer() {
     let session = session_of(&start);
     let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
     assert_eq!(w["done"], true, "{w}");
+    // The snapshot a wait returns at completion is whole: who answered, with which model.
+    assert_eq!(w["tasks"][0]["agent"], "build", "{w}");
+    assert_eq!(w["tasks"][0]["model"], "fake/fake-small", "{w}");
 
     // Compaction did happen: the tool step, a request from the compaction agent, then the model
     // asked again after the synthetic continue message.
@@ -782,6 +785,14 @@ async fn a_turn_that_auto_compacts_completes_with_the_final_answer() {
     assert_eq!(&r["text"], final_text.as_str(), "{r}");
     assert_ne!(&r["text"], summary_text.as_str(), "{r}");
     assert_ne!(r["text"], echo_reply(prompt), "{r}");
+    // The summary step is counted, and labelled.
+    assert_eq!(r["compactions"], 1, "{r}");
+    let summary_input = r["compaction_tokens"]["input"].as_u64().unwrap_or(0);
+    assert!(summary_input > 0, "{r}");
+    assert!(
+        r["tokens"]["input"].as_u64().unwrap_or(0) > summary_input,
+        "{r}"
+    );
     let st = rig.status(&task).await;
     assert_eq!(st["status"], "completed", "{st}");
 }
@@ -867,8 +878,8 @@ async fn a_subagents_permission_ask_is_shown_on_the_task_and_answered() {
 /// **Cancelling a task cancels its subagent's pending ask.**
 ///
 /// Same set-up as above; the task is cancelled while the child session waits on its bash ask.
-/// OpenCode propagates the parent's abort to the child but leaves the ask listed (DESIGN §4:
-/// "Abort leaves the ask listed"), so the gateway must reject it itself.
+/// OpenCode propagates the parent's abort to the child but leaves the ask listed (measured on
+/// 1.18.33), so the gateway must reject it itself.
 ///
 /// Proves: `opencode_cancel_task` reports `cancelled`, `GET /permission` is empty afterwards,
 /// both sessions go idle, and the fake gets no further LLM request for the child (its bash never

@@ -74,7 +74,7 @@ impl Api {
                 b = b.timeout(t);
             }
             b.build()
-                .map_err(|e| OpencodeError::Config(format!("cannot build an HTTP client: {e}")))
+                .map_err(|e| OpencodeError::Internal(format!("cannot build an HTTP client: {e}")))
         };
         let http = build(Some(request_timeout))?;
         // The event stream is one long response: it gets no overall timeout.
@@ -199,7 +199,7 @@ impl Api {
     }
 
     /// `POST /session/{id}/prompt_async` with our own message id, so the turn can be told apart
-    /// from every other (design notes §5). OpenCode answers 204 at once; failures of the turn
+    /// from every other (see `tasks::turn`). OpenCode answers 204 at once; failures of the turn
     /// itself arrive later as events.
     pub async fn prompt_async(
         &self,

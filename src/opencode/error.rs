@@ -41,9 +41,13 @@ pub enum OpencodeError {
     /// The server process is gone.
     #[error("the OpenCode server {server_id} is not running: {reason}")]
     Gone { server_id: String, reason: String },
-    /// Bad local configuration (password characters, URL, model id).
+    /// Bad local configuration or arguments (password characters, a directory, a model id).
     #[error("{0}")]
     Config(String),
+    /// A fault inside the gateway (an HTTP client that cannot be built, a request the generated
+    /// client refuses to form): never the user's doing.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Coded for OpencodeError {
@@ -59,6 +63,7 @@ impl Coded for OpencodeError {
             OpencodeError::Http { status: 400, .. } => ErrorCode::InvalidArgument,
             OpencodeError::Http { .. } | OpencodeError::Decode { .. } => ErrorCode::OpencodeError,
             OpencodeError::Config(_) => ErrorCode::InvalidArgument,
+            OpencodeError::Internal(_) => ErrorCode::Internal,
         }
     }
 }
@@ -120,7 +125,7 @@ impl OpencodeError {
                     }
                 }
             }
-            E2::InvalidRequest(m) | E2::Custom(m) => OpencodeError::Config(m),
+            E2::InvalidRequest(m) | E2::Custom(m) => OpencodeError::Internal(m),
         }
     }
 }

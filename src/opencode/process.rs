@@ -1,6 +1,6 @@
 //! Supervision of one managed `opencode serve` child process.
 //!
-//! Facts this rests on (design notes §4): the server prints `opencode server listening on
+//! Facts this rests on (measured on OpenCode 1.18.33): the server prints `opencode server listening on
 //! http://127.0.0.1:<port>` when ready, and requests sent before that line can hang forever, so
 //! nothing is sent until it appears; `--port 0` prefers 4096 rather than a random port, so a free
 //! port is picked here (and another one tried if OpenCode could not bind it); OpenCode reports a

@@ -15,8 +15,6 @@ pub enum TaskError {
     Conflict(String),
     #[error("{0}")]
     LimitExceeded(String),
-    #[error("{0}")]
-    NotImplemented(String),
     #[error(transparent)]
     Opencode(#[from] OpencodeError),
 }
@@ -28,7 +26,6 @@ impl Coded for TaskError {
             TaskError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             TaskError::Conflict(_) => ErrorCode::Conflict,
             TaskError::LimitExceeded(_) => ErrorCode::LimitExceeded,
-            TaskError::NotImplemented(_) => ErrorCode::NotImplemented,
             TaskError::Opencode(e) => e.code(),
         }
     }

@@ -609,4 +609,28 @@ mod tests {
         assert!(r.get("running").is_some() && r.get("done").is_none());
         assert_eq!(r.live_count(), 1);
     }
+
+    #[test]
+    fn finished_tasks_leave_memory_and_answer_from_disk() {
+        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let r = Registry::new(Some(store.clone()));
+        let mut done = entry("done");
+        done.finish(TaskStatus::Completed, None);
+        r.insert(done);
+        r.insert(entry("live"));
+        let hour = Duration::from_secs(3600);
+        assert_eq!(r.evict_finished(Duration::ZERO, hour), 1);
+        assert_eq!(r.ids_where(|_| true), vec!["live".to_string()]);
+        let back = r.get("done").expect("read back from disk");
+        assert_eq!(back.rec.status, TaskStatus::Completed);
+        assert!(r.snapshots(&["done".into()], false, hour).is_ok());
+        // Past the TTL it is gone for good.
+        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 1);
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("flushed");
+        assert!(r.get("done").is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

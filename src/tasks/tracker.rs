@@ -724,3 +724,112 @@ async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_n
         Err(e) => tracing::debug!(task_id, error = %e, "reading the turn's changed files failed"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::opencode::Api;
+    use crate::tasks::record::TaskRecord;
+    use crate::tasks::registry::TaskEntry;
+
+    fn context(registry: Arc<Registry>) -> TrackerContext {
+        TrackerContext {
+            registry,
+            tail_chars: 100,
+            max_result_chars: 1000,
+            memory_ttl: Duration::from_secs(600),
+            finished_ttl: Duration::from_secs(3600),
+            checks: Default::default(),
+        }
+    }
+
+    /// A server whose port nobody listens on.
+    fn unreachable_server() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        Server {
+            id: "srv".into(),
+            api: Api::new(
+                &format!("http://127.0.0.1:{port}"),
+                None,
+                Duration::from_secs(2),
+            )
+            .expect("client"),
+            directory: "/w".into(),
+            version: "test".into(),
+            process: None,
+            stop: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
+        let registry = Arc::new(Registry::default());
+        let mut e = TaskEntry::new(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        e.finish(TaskStatus::Completed, None);
+        registry.insert(e);
+        let ctx = context(registry.clone());
+        read_outcome(&ctx, &unreachable_server(), "tsk_a", 1, Attempts::Once).await;
+        let after = registry.get("tsk_a").expect("task");
+        assert!(after.rec.outcome.is_none());
+        let why = after.rec.outcome_error.expect("the failure is recorded");
+        assert!(why.contains("could not be read"), "{why}");
+    }
+
+    #[test]
+    fn a_subagents_ask_is_its_parents_and_only_until_answered() {
+        let registry = Arc::new(Registry::default());
+        let mut e = TaskEntry::new(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        e.rec.status = TaskStatus::Running;
+        registry.insert(e);
+        registry.adopt_child("ses_a", "ses_child");
+        let ctx = context(registry.clone());
+        let ask = PermissionAsk {
+            id: "per_1".into(),
+            session_id: "ses_child".into(),
+            permission: "bash".into(),
+            patterns: vec!["touch x".into()],
+            metadata: serde_json::Value::Null,
+        };
+        let owner = registry.owner_of("ses_child").expect("child");
+        registry.update(&owner.task_id, |e| {
+            apply_child(&ctx, e, &Event::PermissionAsked(ask.clone()))
+        });
+        let asked = registry.get("tsk_a").expect("task");
+        assert_eq!(asked.rec.status, TaskStatus::WaitingPermission);
+        assert_eq!(
+            asked.rec.permission.map(|p| p.session_id).as_deref(),
+            Some("ses_child")
+        );
+        registry.update("tsk_a", |e| {
+            apply_child(
+                &ctx,
+                e,
+                &Event::PermissionReplied {
+                    session_id: "ses_child".into(),
+                    request_id: "per_1".into(),
+                },
+            )
+        });
+        assert_eq!(
+            registry.get("tsk_a").map(|e| e.rec.status),
+            Some(TaskStatus::Running)
+        );
+    }
+}

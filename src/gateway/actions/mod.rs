@@ -94,53 +94,26 @@ fn json<T: Serialize>(result: Result<T, ToolError>) -> Result<Value, ToolError> 
         .map_err(|e| ToolError::internal(format!("cannot serialize the result: {e}")))
 }
 
-/// Deserializes tool arguments, with errors that name the argument.
+/// Deserializes tool arguments, with errors that name the argument (serde's own messages name
+/// it for missing and unknown fields, `serde_path_to_error` names it, down to the list index, for
+/// a wrong type or value).
 ///
 /// An explicit `null` counts as absent: some hosts send `null` for every optional argument they
-/// leave out. serde's own messages name the field for missing and unknown fields but not for a
-/// wrong type (`invalid type: string "x", expected u16`); to name it there too, the arguments are
-/// parsed from their pretty-printed text, where every top-level key starts a line indented by
-/// exactly two spaces, and the error's line number leads back to the key.
+/// leave out.
 pub fn parse_args<T: DeserializeOwned>(mut args: JsonObject) -> Result<T, ToolError> {
     args.retain(|_, value| !value.is_null());
-    let text = serde_json::to_string_pretty(&Value::Object(args))
-        .map_err(|e| ToolError::internal(format!("cannot re-encode the arguments: {e}")))?;
-    serde_json::from_str(&text)
-        .map_err(|e| ToolError::invalid_argument(describe_serde_error(&text, &e)))
-}
-
-fn describe_serde_error(text: &str, e: &serde_json::Error) -> String {
-    let full = e.to_string();
-    let position = format!(" at line {} column {}", e.line(), e.column());
-    let message = full.strip_suffix(&position).unwrap_or(&full);
-    let names_field = ["missing field", "unknown field", "duplicate field"]
-        .iter()
-        .any(|prefix| message.starts_with(prefix));
-    match field_at_line(text, e.line()) {
-        Some(field) if !names_field => format!("`{field}`: {message}"),
-        _ => message.to_string(),
-    }
-}
-
-/// The top-level key whose value spans `line` (1-based) of a pretty-printed JSON object.
-fn field_at_line(text: &str, line: usize) -> Option<String> {
-    text.lines().take(line).filter_map(top_level_key).last()
-}
-
-/// `  "key": ...` -> `key` (deeper lines are indented further and do not match).
-fn top_level_key(line: &str) -> Option<String> {
-    let quoted = line.strip_prefix("  ")?;
-    let rest = quoted.strip_prefix('"')?;
-    let mut escaped = false;
-    for (i, c) in rest.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '"' => return serde_json::from_str(&quoted[..i + 2]).ok(),
-            _ => {}
-        }
-    }
-    None
+    serde_path_to_error::deserialize(Value::Object(args)).map_err(|e| {
+        let message = e.inner().to_string();
+        let path = e.path().to_string();
+        let names_field = ["missing field", "unknown field", "duplicate field"]
+            .iter()
+            .any(|prefix| message.starts_with(prefix));
+        ToolError::invalid_argument(if names_field || path == "." {
+            message
+        } else {
+            format!("`{path}`: {message}")
+        })
+    })
 }
 
 #[cfg(test)]
@@ -177,7 +150,7 @@ mod tests {
         );
         let e = parse(json!({"name": "a", "ids": ["ok", 3]})).unwrap_err();
         assert!(
-            e.message.starts_with("`ids`: invalid type: integer `3`"),
+            e.message.starts_with("`ids[1]`: invalid type: integer `3`"),
             "{}",
             e.message
         );
@@ -205,11 +178,5 @@ mod tests {
     fn null_means_absent() {
         let s = parse(json!({"name": "a", "flag": null, "port": null})).unwrap();
         assert!(!s.flag && s.port.is_none());
-    }
-
-    #[test]
-    fn keys_with_escapes_are_recovered() {
-        assert_eq!(top_level_key("  \"a\\\"b\": 1,").as_deref(), Some("a\"b"));
-        assert_eq!(top_level_key("    \"deep\""), None);
     }
 }
