@@ -69,63 +69,60 @@ impl Coded for OpencodeError {
 }
 
 impl OpencodeError {
-    /// Classifies an error of the generated client.
+    /// Classifies an error of the generated client, by the same rules as [`Self::json_body`]
+    /// classifies the answers decoded by hand.
     pub(crate) fn from_client<E: serde::Serialize + std::fmt::Debug>(
         operation: &str,
         e: progenitor_client::Error<E>,
     ) -> Self {
         use progenitor_client::Error as E2;
-        let operation = operation.to_string();
         match e {
             E2::CommunicationError(e) | E2::ResponseBodyError(e) | E2::InvalidUpgrade(e) => {
-                OpencodeError::Unreachable {
-                    url: e
-                        .url()
-                        .map(|u| format!("{}://{}", u.scheme(), u.authority()))
-                        .unwrap_or_default(),
-                    operation,
-                    reason: describe_reqwest(&e),
-                }
+                Self::from_reqwest(operation, &e)
             }
             E2::ErrorResponse(rv) => {
                 let status = rv.status().as_u16();
-                let body = serde_json::to_value(rv.into_inner()).unwrap_or_default();
-                let info = super::types::error_info_from_json(&body);
-                if status == 401 {
-                    OpencodeError::Unauthorized { operation }
-                } else {
-                    OpencodeError::Http {
-                        operation,
-                        status,
-                        name: info.name,
-                        message: info.message,
-                    }
-                }
+                let body = serde_json::to_value(rv.into_inner()).ok();
+                Self::answered(operation, status, body.as_ref())
             }
             E2::InvalidResponsePayload(bytes, err) => {
-                if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
-                    OpencodeError::NotTheApi { operation }
-                } else {
-                    OpencodeError::Decode {
-                        operation,
-                        detail: err.to_string(),
-                    }
-                }
+                Self::undecodable(operation, &bytes, err.to_string())
             }
-            E2::UnexpectedResponse(r) => {
-                let status = r.status().as_u16();
-                if status == 401 {
-                    OpencodeError::Unauthorized { operation }
-                } else {
-                    OpencodeError::Http {
-                        operation,
-                        status,
-                        name: "UnexpectedResponse".into(),
-                        message: format!("unexpected HTTP {status}"),
-                    }
-                }
-            }
+            E2::UnexpectedResponse(r) => Self::answered(operation, r.status().as_u16(), None),
             E2::InvalidRequest(m) | E2::Custom(m) => OpencodeError::Internal(m),
+        }
+    }
+
+    /// An error status: 401 is a wrong or missing password; any other carries OpenCode's error
+    /// name and message when its body has them.
+    fn answered(operation: &str, status: u16, body: Option<&serde_json::Value>) -> Self {
+        if status == 401 {
+            return OpencodeError::Unauthorized {
+                operation: operation.to_string(),
+            };
+        }
+        let info = body
+            .map(super::types::error_info_from_json)
+            .unwrap_or_else(|| super::types::ErrorInfo {
+                name: "UnexpectedResponse".into(),
+                message: format!("unexpected HTTP {status}"),
+            });
+        OpencodeError::Http {
+            operation: operation.to_string(),
+            status,
+            name: info.name,
+            message: info.message,
+        }
+    }
+
+    /// A success status whose body is not what was expected: a web page means the URL is not
+    /// OpenCode's API (OpenCode answers unknown routes with its web UI).
+    fn undecodable(operation: &str, bytes: &[u8], detail: String) -> Self {
+        let operation = operation.to_string();
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
+            OpencodeError::NotTheApi { operation }
+        } else {
+            OpencodeError::Decode { operation, detail }
         }
     }
 }
@@ -158,41 +155,20 @@ impl OpencodeError {
         operation: &str,
         response: reqwest::Response,
     ) -> Result<serde_json::Value, OpencodeError> {
-        let operation = operation.to_string();
         let status = response.status();
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| OpencodeError::from_reqwest(&operation, &e))?;
-        if status.as_u16() == 401 {
-            return Err(OpencodeError::Unauthorized { operation });
-        }
+            .map_err(|e| OpencodeError::from_reqwest(operation, &e))?;
         let parsed = serde_json::from_slice::<serde_json::Value>(&bytes);
         if !status.is_success() {
-            let info = parsed
-                .as_ref()
-                .map(super::types::error_info_from_json)
-                .unwrap_or_else(|_| super::types::ErrorInfo {
-                    name: "UnexpectedResponse".into(),
-                    message: format!("unexpected HTTP {}", status.as_u16()),
-                });
-            return Err(OpencodeError::Http {
+            return Err(Self::answered(
                 operation,
-                status: status.as_u16(),
-                name: info.name,
-                message: info.message,
-            });
+                status.as_u16(),
+                parsed.as_ref().ok(),
+            ));
         }
-        match parsed {
-            Ok(value) => Ok(value),
-            Err(_) if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') => {
-                Err(OpencodeError::NotTheApi { operation })
-            }
-            Err(e) => Err(OpencodeError::Decode {
-                operation,
-                detail: e.to_string(),
-            }),
-        }
+        parsed.map_err(|e| Self::undecodable(operation, &bytes, e.to_string()))
     }
 }
 
