@@ -12,16 +12,15 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 use support::fake_llm::{
     echo_reply, parse_markers, task_description, usage_prompt_tokens, RecordedRequest, Reply,
 };
 use support::isolation::FAKE_SMALL_MODEL;
 use support::opencode_server::encode;
+use support::opencode_server::EventStream;
 use support::rig::{Rig, TASK_TIMEOUT_MS};
 use support::{FakeLlm, Marker, OpenCodeEnv, OpenCodeServer, FAKE_PROVIDER};
-use tokio::sync::mpsc;
 
 /// Upper bound for one scripted turn driven directly.
 const TURN: Duration = Duration::from_secs(60);
@@ -29,94 +28,51 @@ const TURN: Duration = Duration::from_secs(60);
 // ---------------------------------------------------------------------------------------------
 // Helpers for driving OpenCode directly.
 
-/// `GET /global/event`: every directory's events, each `{directory, payload}`.
+/// `GET /global/event`, read as the payloads of its `{directory, payload}` frames.
 struct GlobalEvents {
-    rx: mpsc::UnboundedReceiver<Value>,
+    stream: EventStream,
     seen: Vec<Value>,
-    task: tokio::task::JoinHandle<()>,
+}
+
+fn payload(event: Value) -> Value {
+    event.get("payload").cloned().unwrap_or(event)
 }
 
 impl GlobalEvents {
     async fn subscribe(server: &OpenCodeServer) -> Self {
-        let response = server
-            .get("/global/event")
-            .send()
-            .await
-            .expect("GET /global/event");
-        assert!(response.status().is_success(), "{}", response.status());
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            let mut body = response.bytes_stream();
-            let mut buf: Vec<u8> = Vec::new();
-            let mut data: Vec<String> = Vec::new();
-            while let Some(Ok(bytes)) = body.next().await {
-                buf.extend_from_slice(&bytes);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    let line = String::from_utf8_lossy(&line);
-                    let line = line.trim_end_matches(['\n', '\r']);
-                    if line.is_empty() {
-                        if !data.is_empty() {
-                            if let Ok(v) = serde_json::from_str::<Value>(&data.join("\n")) {
-                                if tx.send(v).is_err() {
-                                    return;
-                                }
-                            }
-                            data.clear();
-                        }
-                    } else if let Some(rest) = line.strip_prefix("data:") {
-                        data.push(rest.trim_start().to_owned());
-                    }
-                }
-            }
-        });
-        let mut events = GlobalEvents {
-            rx,
+        GlobalEvents {
+            stream: server.global_events().await,
             seen: Vec::new(),
-            task,
-        };
-        events
-            .wait_for(Duration::from_secs(10), |e| e["type"] == "server.connected")
-            .await;
-        events
+        }
     }
 
     /// Consumes events until `pred` holds for one (given its payload); returns that payload.
     async fn wait_for(&mut self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => {
-                    let payload = event.get("payload").cloned().unwrap_or(event);
-                    self.seen.push(payload.clone());
-                    if pred(&payload) {
-                        return payload;
-                    }
-                }
-                Ok(None) => panic!("global event stream ended"),
-                Err(_) => panic!(
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let Some(event) = self.stream.next(left).await else {
+                panic!(
                     "no matching event after {timeout:?}; seen: {:?}",
                     self.seen
                         .iter()
                         .map(|e| e["type"].as_str().unwrap_or("?"))
                         .collect::<Vec<_>>()
-                ),
+                );
+            };
+            let payload = payload(event);
+            self.seen.push(payload.clone());
+            if pred(&payload) {
+                return payload;
             }
         }
     }
 
     /// Drains what has arrived within `quiet` of silence.
     async fn drain(&mut self, quiet: Duration) {
-        while let Ok(Some(event)) = tokio::time::timeout(quiet, self.rx.recv()).await {
-            let payload = event.get("payload").cloned().unwrap_or(event);
-            self.seen.push(payload);
+        while let Some(event) = self.stream.next(quiet).await {
+            self.seen.push(payload(event));
         }
-    }
-}
-
-impl Drop for GlobalEvents {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -829,16 +785,14 @@ fn subagent_env() -> OpenCodeEnv {
 /// the task then completes with the parent's final answer while the file lands on disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subagents_permission_ask_is_shown_on_the_task_and_answered() {
-    let (rig, opencode) = attached_rig(
-        subagent_env(),
-        &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")],
-    )
-    .await;
-    let dir = rig.env.work_dir();
-    let start = rig.start_task(SUBAGENT_PROMPT).await;
-    let task = task_id(&start);
-    let session = session_of(&start);
-    let ask = child_ask(&opencode, &dir).await;
+    let SubagentAsking {
+        rig,
+        opencode,
+        dir,
+        task,
+        session,
+        ask,
+    } = SubagentAsking::start().await;
     assert_ne!(
         ask["sessionID"], session,
         "the ask is on the child session: {ask}"
@@ -875,6 +829,41 @@ async fn a_subagents_permission_ask_is_shown_on_the_task_and_answered() {
     assert!(pending_permissions(&opencode, &dir).await.is_empty());
 }
 
+/// A task whose subagent waits on its bash permission (gateway with `permission: ask`, attached
+/// to an OpenCode the test drives too).
+struct SubagentAsking {
+    rig: Rig,
+    opencode: OpenCodeServer,
+    dir: std::path::PathBuf,
+    task: String,
+    session: String,
+    /// The child's ask as `GET /permission` lists it.
+    ask: Value,
+}
+
+impl SubagentAsking {
+    async fn start() -> Self {
+        let (rig, opencode) = attached_rig(
+            subagent_env(),
+            &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")],
+        )
+        .await;
+        let dir = rig.env.work_dir();
+        let start = rig.start_task(SUBAGENT_PROMPT).await;
+        let task = task_id(&start);
+        let session = session_of(&start);
+        let ask = child_ask(&opencode, &dir).await;
+        Self {
+            rig,
+            opencode,
+            dir,
+            task,
+            session,
+            ask,
+        }
+    }
+}
+
 /// **Cancelling a task cancels its subagent's pending ask.**
 ///
 /// Same set-up as above; the task is cancelled while the child session waits on its bash ask.
@@ -886,16 +875,14 @@ async fn a_subagents_permission_ask_is_shown_on_the_task_and_answered() {
 /// runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_task_rejects_its_subagents_pending_ask() {
-    let (rig, opencode) = attached_rig(
-        subagent_env(),
-        &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")],
-    )
-    .await;
-    let dir = rig.env.work_dir();
-    let start = rig.start_task(SUBAGENT_PROMPT).await;
-    let task = task_id(&start);
-    let session = session_of(&start);
-    let ask = child_ask(&opencode, &dir).await;
+    let SubagentAsking {
+        rig,
+        opencode,
+        dir,
+        task,
+        session,
+        ask,
+    } = SubagentAsking::start().await;
     let child = ask["sessionID"]
         .as_str()
         .expect("child sessionID")

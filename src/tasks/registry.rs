@@ -212,6 +212,9 @@ pub struct SessionOwner {
 struct Tables {
     tasks: HashMap<String, TaskEntry>,
     by_session: HashMap<String, SessionOwner>,
+    /// Finished tasks that left memory, with when they finished: their records are deleted from
+    /// disk when they expire, without reading the state directory again.
+    on_disk: HashMap<String, Instant>,
 }
 
 impl Tables {
@@ -376,6 +379,7 @@ impl Registry {
         if let Some(e) = t.tasks.get(task_id) {
             return Some(e.clone());
         }
+        t.on_disk.remove(task_id);
         t.index(&entry);
         t.tasks.insert(task_id.to_string(), entry.clone());
         Some(entry)
@@ -490,16 +494,18 @@ impl Registry {
     pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> usize {
         let mut t = self.lock();
         let has_store = self.store.is_some();
-        let old: Vec<(String, bool)> = t
+        let old: Vec<(String, Instant, bool)> = t
             .tasks
             .values()
             .filter_map(|e| {
-                let age = e.live.finished_at?.elapsed();
+                let finished = e.live.finished_at?;
+                let age = finished.elapsed();
                 let expired = age >= disk_ttl;
-                (expired || (has_store && age >= memory_ttl)).then(|| (e.rec.id.clone(), expired))
+                (expired || (has_store && age >= memory_ttl))
+                    .then(|| (e.rec.id.clone(), finished, expired))
             })
             .collect();
-        for (id, expired) in &old {
+        for (id, finished, expired) in &old {
             if let Some(e) = t.tasks.remove(id) {
                 t.unindex(&e);
             }
@@ -507,6 +513,20 @@ impl Registry {
                 if let Some(store) = &self.store {
                     store.submit_remove(id);
                 }
+            } else {
+                t.on_disk.insert(id.clone(), *finished);
+            }
+        }
+        let gone: Vec<String> = t
+            .on_disk
+            .iter()
+            .filter(|(_, finished)| finished.elapsed() >= disk_ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            t.on_disk.remove(&id);
+            if let Some(store) = &self.store {
+                store.submit_remove(&id);
             }
         }
         old.len()
@@ -625,8 +645,9 @@ mod tests {
         let back = r.get("done").expect("read back from disk");
         assert_eq!(back.rec.status, TaskStatus::Completed);
         assert!(r.snapshots(&["done".into()], false, hour).is_ok());
-        // Past the TTL it is gone for good.
-        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 1);
+        // Past the TTL it is gone for good, whether in memory or only on disk.
+        assert_eq!(r.evict_finished(Duration::ZERO, hour), 1);
+        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 0);
         store
             .flush_blocking(Duration::from_secs(10))
             .expect("flushed");

@@ -137,7 +137,7 @@ impl TaskService {
                 continue;
             };
             self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
-            tracker::spawn_check(&self.tracker, &server, id, Idle::No);
+            tracker::spawn_check(&self.tracker, &server, id, Idle::No, None);
         }
     }
 }

@@ -88,6 +88,7 @@ impl TaskService {
             memory_ttl: FINISHED_IN_MEMORY,
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
+            foreign: Default::default(),
         };
         Self {
             pool: ServerPool::new(config.clone()),
@@ -224,10 +225,6 @@ impl TaskService {
     fn ensure_capacity(&self) -> Result<(), TaskError> {
         let max = self.config.limits.max_tasks as usize;
         if self.registry.live_count() >= max {
-            self.registry.evict_finished(
-                FINISHED_IN_MEMORY,
-                self.config.limits.finished_task_ttl.get(),
-            );
             return Err(TaskError::LimitExceeded(format!(
                 "{max} tasks are unfinished (limits.max_tasks); wait for some to finish, or raise the limit"
             )));

@@ -58,6 +58,9 @@ pub struct TrackerContext {
     pub finished_ttl: Duration,
     /// Tasks with a completion check running, and whether another was asked for meanwhile.
     pub checks: Arc<Mutex<HashMap<String, bool>>>,
+    /// Sessions with pending asks that belong to no task (someone else's work on the same
+    /// server): not looked up again on every reconcile.
+    pub foreign: Arc<Mutex<HashSet<String>>>,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -111,20 +114,21 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>, all: bool) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move {
-        let mut by_dir: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        let mut by_dir: BTreeMap<String, Vec<(String, String, u32)>> = BTreeMap::new();
         for id in ids {
             if let Some(e) = ctx.registry.get(&id) {
-                by_dir
-                    .entry(e.rec.directory.clone())
-                    .or_default()
-                    .push((id, e.rec.session_id.clone()));
+                by_dir.entry(e.rec.directory.clone()).or_default().push((
+                    id,
+                    e.rec.session_id.clone(),
+                    e.rec.turn,
+                ));
             }
         }
         for (dir, tasks) in by_dir {
             sweep_permissions(&ctx, &server, &dir).await;
             if all {
-                for (id, _) in tasks {
-                    spawn_check(&ctx, &server, id, Idle::No);
+                for (id, _, _) in tasks {
+                    spawn_check(&ctx, &server, id, Idle::No, None);
                 }
                 continue;
             }
@@ -135,13 +139,15 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>, all: bool) {
                     continue;
                 }
             };
-            for (id, session) in tasks {
+            for (id, session, turn) in tasks {
                 let working = matches!(
                     activity.get(&session),
                     Some(SessionActivity::Busy | SessionActivity::Retry { .. })
                 );
                 if !working {
-                    spawn_check(&ctx, &server, id, Idle::Confirmed);
+                    // Idle as of the turn read before the status: a continue since then opens a
+                    // turn this read says nothing about.
+                    spawn_check(&ctx, &server, id, Idle::Confirmed, Some(turn));
                 }
             }
         }
@@ -204,15 +210,25 @@ async fn resolve_owner(
     if let Some(owner) = ctx.registry.owner_of(session_id) {
         return Some(owner);
     }
+    let is_foreign = |s: &str| {
+        ctx.foreign
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(s)
+    };
+    if is_foreign(session_id) {
+        return None;
+    }
     let mut chain = vec![session_id.to_string()];
     for _ in 0..MAX_NESTING {
         let current = chain.last()?.clone();
-        let parent = server
-            .api
-            .session_parent(directory, &current)
-            .await
-            .ok()
-            .flatten()?;
+        let parent = match server.api.session_parent(directory, &current).await {
+            Ok(Some(parent)) if !is_foreign(&parent) => parent,
+            // A top-level session that is not a task's, or one whose family is known not to be.
+            Ok(_) => break,
+            // Not known now; ask again next time.
+            Err(_) => return None,
+        };
         if ctx.registry.owner_of(&parent).is_some() {
             // Tie the whole chain, from the known parent down.
             let mut above = parent;
@@ -224,6 +240,10 @@ async fn resolve_owner(
         }
         chain.push(parent);
     }
+    ctx.foreign
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(chain);
     None
 }
 
@@ -314,7 +334,7 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
         .unwrap_or(Then::Nothing);
     match then {
         Then::Nothing => {}
-        Then::Check(idle) => spawn_check(ctx, server, owner.task_id, idle),
+        Then::Check(idle) => spawn_check(ctx, server, owner.task_id, idle, None),
         Then::ReadOutcome(turn) => spawn_outcome(ctx, server, owner.task_id, turn),
         Then::Deleted(turn) => {
             let (ctx, server, id) = (ctx.clone(), server.clone(), owner.task_id);
@@ -490,7 +510,14 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
 }
 
 /// Runs a completion check unless one is running for the task; then that one runs again.
-pub fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, idle: Idle) {
+/// `for_turn`: the turn `idle` was observed for, when it was read before the check (reconcile).
+pub fn spawn_check(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: String,
+    idle: Idle,
+    for_turn: Option<u32>,
+) {
     {
         let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(again) = checks.get_mut(&task_id) {
@@ -502,15 +529,15 @@ pub fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, 
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move {
-        let mut idle = idle;
+        let (mut idle, mut for_turn) = (idle, for_turn);
         loop {
-            check_completion(&ctx, &server, &task_id, idle).await;
+            check_completion(&ctx, &server, &task_id, idle, for_turn).await;
             let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
             match checks.get_mut(&task_id) {
                 Some(again) if *again => {
                     *again = false;
                     // What the later trigger knew is not kept: ask OpenCode.
-                    idle = Idle::No;
+                    (idle, for_turn) = (Idle::No, None);
                 }
                 _ => {
                     checks.remove(&task_id);
@@ -526,8 +553,14 @@ pub fn spawn_check(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, 
 /// never a task that has moved on (a newer turn) or is being aborted. `known` is what the
 /// trigger said about the session: `Confirmed` (a status read just now) or `Reported` (an idle
 /// event) spare a status read when the turn's final reply is already there; otherwise the status
-/// is read fresh.
-pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &str, known: Idle) {
+/// is read fresh. `for_turn` is the turn `known` was observed for, if it was read earlier.
+pub async fn check_completion(
+    ctx: &TrackerContext,
+    server: &Server,
+    task_id: &str,
+    known: Idle,
+    for_turn: Option<u32>,
+) {
     let registry = &ctx.registry;
     let Some(entry) = registry.get(task_id) else {
         return;
@@ -535,6 +568,10 @@ pub async fn check_completion(ctx: &TrackerContext, server: &Server, task_id: &s
     if entry.rec.status.is_terminal() || entry.live.aborting {
         return;
     }
+    let known = match for_turn {
+        Some(t) if t != entry.rec.turn => Idle::No,
+        _ => known,
+    };
     let rec = &entry.rec;
     let messages = match server
         .api
@@ -740,7 +777,24 @@ mod tests {
             memory_ttl: Duration::from_secs(600),
             finished_ttl: Duration::from_secs(3600),
             checks: Default::default(),
+            foreign: Default::default(),
         }
+    }
+
+    /// A registry holding task `tsk_a` (session `ses_a`) in its first turn, then `f` applied.
+    fn registry_with(f: impl FnOnce(&mut TaskEntry)) -> Arc<Registry> {
+        let registry = Arc::new(Registry::default());
+        let mut e = TaskEntry::new(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        f(&mut e);
+        registry.insert(e);
+        registry
     }
 
     /// A server whose port nobody listens on.
@@ -766,17 +820,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
-        let registry = Arc::new(Registry::default());
-        let mut e = TaskEntry::new(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses_a".into(),
-            "/w".into(),
-            "t".into(),
-        ));
-        e.begin_turn("msg_1".into(), None, None);
-        e.finish(TaskStatus::Completed, None);
-        registry.insert(e);
+        let registry = registry_with(|e| e.finish(TaskStatus::Completed, None));
         let ctx = context(registry.clone());
         read_outcome(&ctx, &unreachable_server(), "tsk_a", 1, Attempts::Once).await;
         let after = registry.get("tsk_a").expect("task");
@@ -787,17 +831,7 @@ mod tests {
 
     #[test]
     fn a_subagents_ask_is_its_parents_and_only_until_answered() {
-        let registry = Arc::new(Registry::default());
-        let mut e = TaskEntry::new(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses_a".into(),
-            "/w".into(),
-            "t".into(),
-        ));
-        e.begin_turn("msg_1".into(), None, None);
-        e.rec.status = TaskStatus::Running;
-        registry.insert(e);
+        let registry = registry_with(|e| e.rec.status = TaskStatus::Running);
         registry.adopt_child("ses_a", "ses_child");
         let ctx = context(registry.clone());
         let ask = PermissionAsk {

@@ -197,8 +197,22 @@ impl OpenCodeServer {
             "/event?directory={}",
             encode(&directory.display().to_string())
         );
+        self.subscribe(&path, |e| e["type"] == "server.connected")
+            .await
+    }
+
+    /// Subscribes to `GET /global/event` (every directory's events, each wrapped as
+    /// `{directory, payload}`) and waits for `server.connected`.
+    pub async fn global_events(&self) -> EventStream {
+        self.subscribe("/global/event", |e| {
+            e["payload"]["type"] == "server.connected" || e["type"] == "server.connected"
+        })
+        .await
+    }
+
+    async fn subscribe(&self, path: &str, connected: impl Fn(&Value) -> bool) -> EventStream {
         let response = self
-            .get(&path)
+            .get(path)
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
@@ -218,9 +232,7 @@ impl OpenCodeServer {
             "GET {path}: content type {content_type}"
         );
         let mut events = EventStream::new(response);
-        events
-            .wait_for(Duration::from_secs(10), |e| e["type"] == "server.connected")
-            .await;
+        events.wait_for(Duration::from_secs(10), connected).await;
         events
     }
 }
