@@ -63,6 +63,18 @@ impl TaskService {
                 ));
             }
         }
+        if finished && entry.rec.files_changed.is_none() {
+            if let Some(s) = &server {
+                tracker::read_files(&self.tracker, s, task_id, entry.rec.turn).await;
+                if let Some(now) = self
+                    .registry
+                    .get(task_id)
+                    .filter(|n| n.rec.turn == entry.rec.turn)
+                {
+                    entry.rec.files_changed = now.rec.files_changed;
+                }
+            }
+        }
         let outcome: TurnState = entry.rec.outcome.clone().unwrap_or_default();
         if finished && entry.rec.outcome.is_none() && text_error.is_none() {
             text_error = Some("the turn's final text could not be read from OpenCode".into());

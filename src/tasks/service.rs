@@ -23,8 +23,11 @@ use crate::opencode::{
 /// within seconds); then only their record on disk answers for them.
 const FINISHED_IN_MEMORY: Duration = Duration::from_secs(600);
 
-/// How long stopping a server or the gateway waits for outstanding outcome reads.
-const FLUSH_BOUND: Duration = Duration::from_secs(5);
+/// How long `stop_server` waits for what is unread of its finished turns.
+const STOP_FLUSH: Duration = Duration::from_secs(5);
+/// How long shutdown waits for outcomes still being read: hosts send SIGINT, SIGTERM and SIGKILL
+/// about half a second apart, and stopping the servers must come first.
+const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
 /// A validated `start_task` request.
 #[derive(Debug, Clone, Default)]
@@ -180,7 +183,7 @@ impl TaskService {
                 )
             });
             futures::future::join_all(aborts).await;
-            self.flush_outcomes(&server).await;
+            self.flush_outcomes(&server, true, STOP_FLUSH).await;
         }
         let (server, exit) = self
             .pool
@@ -197,22 +200,26 @@ impl TaskService {
         })
     }
 
-    /// Reads the outcomes of a server's finished turns that are not read yet (bounded).
-    async fn flush_outcomes(&self, server: &Arc<Server>) {
+    /// Reads what is not read yet of a server's finished turns (their outcomes and, with
+    /// `files`, their changed files) before the server goes, for at most `bound`.
+    async fn flush_outcomes(&self, server: &Arc<Server>, files: bool, bound: Duration) {
         let pending = self.registry.ids_where(|e| {
             e.rec.server_id == server.id
                 && e.rec.status.is_terminal()
-                && e.rec.outcome.is_none()
-                && e.rec.outcome_error.is_none()
+                && ((e.rec.outcome.is_none() && e.rec.outcome_error.is_none())
+                    || (files && e.rec.files_changed.is_none()))
         });
         if pending.is_empty() {
             return;
         }
-        let reads = pending.iter().map(|id| {
+        let reads = pending.iter().map(|id| async move {
             let turn = self.registry.get(id).map(|e| e.rec.turn).unwrap_or(0);
-            tracker::read_outcome(&self.tracker, server, id, turn, tracker::Attempts::Once)
+            tracker::read_outcome(&self.tracker, server, id, turn, tracker::Attempts::Once).await;
+            if files {
+                tracker::read_files(&self.tracker, server, id, turn).await;
+            }
         });
-        if tokio::time::timeout(FLUSH_BOUND, futures::future::join_all(reads))
+        if tokio::time::timeout(bound, futures::future::join_all(reads))
             .await
             .is_err()
         {
@@ -439,7 +446,7 @@ impl TaskService {
             .all()
             .into_iter()
             .filter(|s| s.exited().is_none())
-            .map(|s| async move { self.flush_outcomes(&s).await });
+            .map(|s| async move { self.flush_outcomes(&s, false, SHUTDOWN_FLUSH).await });
         futures::future::join_all(flushes).await;
         self.pool.stop_all().await;
         // Stopping failed the tasks still running; those records, like any still queued, must

@@ -616,7 +616,6 @@ pub async fn check_completion(
             }
         }
     };
-    let mut finished = None;
     registry.update(task_id, |e| {
         if e.rec.turn != entry.rec.turn || e.rec.status.is_terminal() || e.live.aborting {
             return;
@@ -629,7 +628,6 @@ pub async fn check_completion(
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
                 e.finish(v.status, v.error);
-                finished = Some(e.rec.turn);
             }
             None => {
                 if idle == Idle::No && e.rec.status == TaskStatus::Pending && turn.user_message_seen
@@ -639,9 +637,6 @@ pub async fn check_completion(
             }
         }
     });
-    if let Some(turn) = finished {
-        read_files(ctx, server, task_id, turn).await;
-    }
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
@@ -711,7 +706,6 @@ pub async fn read_outcome(
             ));
         }
     });
-    read_files(ctx, server, task_id, turn_no).await;
 }
 
 /// One read of a finished turn; a read that does not yet show the final reply is an error (the
@@ -737,8 +731,10 @@ async fn read_turn_once(
     }
 }
 
-/// The files the turn changed (OpenCode's diff since our user message), once.
-async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
+/// The files the turn changed (OpenCode's diff since our user message), once. Read when a result
+/// is asked for or the server is about to go, not at every completion: the diff is work for
+/// OpenCode that most turns' callers never look at.
+pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
     let Some(entry) = ctx.registry.get(task_id) else {
         return;
     };
