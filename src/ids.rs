@@ -39,9 +39,15 @@ pub fn server_id() -> String {
     format!("srv_{}", random_base62(10))
 }
 
-/// A password for a managed server: 32 base62 characters (about 190 bits).
-pub fn secret() -> String {
-    random_base62(32)
+/// A password for a managed server: 32 base62 characters (about 190 bits). Unlike ids, a
+/// password must be unpredictable, so without the OS's randomness there is none.
+pub fn secret() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes
+        .iter()
+        .map(|b| BASE62[(*b as usize) % 62] as char)
+        .collect())
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -80,7 +86,7 @@ mod tests {
     fn ids_have_their_prefix_and_length() {
         assert!(task_id().starts_with("tsk_") && task_id().len() == 20);
         assert!(server_id().starts_with("srv_") && server_id().len() == 14);
-        assert_eq!(secret().len(), 32);
+        assert_eq!(secret().map(|s| s.len()).ok(), Some(32));
         assert_ne!(task_id(), task_id());
     }
 

@@ -55,6 +55,18 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::CheckConfig => match config::load(&sources) {
+            // Settings the repository's file may not make are not errors to serving (they are
+            // ignored, with a warning), but a check must not call such a file valid.
+            Ok(cfg) if !cfg.withheld.is_empty() => {
+                for w in &cfg.withheld {
+                    eprintln!("{w}");
+                }
+                eprintln!(
+                    "{} setting(s) of the repository's delegation.yaml are not applied",
+                    cfg.withheld.len()
+                );
+                ExitCode::FAILURE
+            }
             Ok(_) => {
                 eprintln!("configuration is valid");
                 ExitCode::SUCCESS
@@ -68,6 +80,15 @@ fn main() -> ExitCode {
             Ok(cfg) => match yaml_serde::to_string(&cfg) {
                 Ok(text) => {
                     print!("{text}");
+                    for w in &cfg.withheld {
+                        println!(
+                            "# not applied from {}: {} = {}; in force: {}",
+                            w.file.display(),
+                            w.key,
+                            w.value,
+                            w.in_force
+                        );
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -93,6 +114,9 @@ fn serve(sources: &Sources) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for w in &cfg.withheld {
+        tracing::warn!("{w}");
+    }
     // Managed servers run under a supervisor that takes down whatever OpenCode started. It is
     // this very binary: /proc/self/exe stays valid even if the file is replaced while we run.
     #[cfg(target_os = "linux")]

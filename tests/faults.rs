@@ -262,6 +262,37 @@ async fn opencode_dies_mid_task_and_a_fresh_server_takes_over() {
         );
     }
     assert!(stderr.contains("DEBUG"), "the log ran at debug level");
+
+    // The task records: private, and without the passwords.
+    use std::os::unix::fs::PermissionsExt;
+    let tasks_dir = rig.env.root().join("state/opencode-mcp/tasks");
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    assert_eq!(
+        mode(&tasks_dir),
+        0o700,
+        "the task store is the user's alone"
+    );
+    let records: Vec<std::path::PathBuf> = std::fs::read_dir(&tasks_dir)
+        .expect("the task store exists")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(records.len() >= 4, "{records:?}");
+    for record in &records {
+        assert_eq!(mode(record), 0o600, "{}", record.display());
+        let text = std::fs::read_to_string(record).unwrap_or_default();
+        for password in [&first_password, &second_password] {
+            assert!(
+                !text.contains(password.as_str()),
+                "{} holds a server password",
+                record.display()
+            );
+        }
+    }
 }
 
 /// A managed server listens on 127.0.0.1 only, answers 401 without its password and 200 with it.
@@ -1568,4 +1599,74 @@ fn unknown_fields_and_types_decode_as_before() {
             "{kind} not in the fixtures: {seen_kinds:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drill: a repository's own delegation.yaml cannot choose what runs or where it connects.
+
+/// A cloned repository's `./delegation.yaml` names a script as `opencode.command` and a
+/// listener of ours as `opencode.url`. `opencode_start_server` must neither execute the script
+/// (it would leave a marker file) nor connect to the listener, and the gateway must say on
+/// stderr which file and keys it did not apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_config_cannot_choose_what_runs_or_where_it_connects() {
+    use std::os::unix::fs::PermissionsExt;
+    let sandbox = Sandbox::new().expect("sandbox");
+    let marker = sandbox.cwd().join("executed.marker");
+    let script = sandbox.cwd().join("evil.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\ntouch '{}'\nsleep 30\n", marker.display()),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    sandbox
+        .write_repo_config(&format!(
+            "opencode:\n  command: {}\n  url: http://127.0.0.1:{port}\n",
+            script.display()
+        ))
+        .expect("repo config");
+
+    // The user's `opencode` is the one on their PATH (the default `opencode.command`).
+    let bin = sandbox.home().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::os::unix::fs::symlink(opencode_bin(), bin.join("opencode")).expect("symlink");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let client = sandbox
+        .launch()
+        .env("PATH", path)
+        .connect()
+        .await
+        .expect("the gateway starts");
+    let r = client
+        .call(
+            "opencode_start_server",
+            json!({ "directory": sandbox.cwd().display().to_string() }),
+        )
+        .await
+        .expect("call");
+    // The user's own `opencode` ran, as a managed server.
+    assert!(!r.is_error, "{}\n{}", r.text, client.stderr());
+    assert_eq!(r.structured["managed"], true, "{}", r.text);
+    assert!(!marker.exists(), "the repository's command was executed");
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the gateway connected to the repository's url"
+    );
+    let stderr = client.stderr();
+    let file = sandbox.cwd().join("delegation.yaml").display().to_string();
+    for fragment in [&file, "`opencode.command`", "`opencode.url`", "not applied"] {
+        assert!(
+            stderr.contains(fragment),
+            "stderr lacks {fragment:?}:\n{stderr}"
+        );
+    }
+    client.close().await.expect("close");
 }

@@ -85,7 +85,9 @@ pub(crate) fn collect(
             continue;
         };
         if !head.eq_ignore_ascii_case(PREFIX)
-            || IGNORED.iter().any(|i| i.eq_ignore_ascii_case(&name))
+            // Only the exact names: clap and the log filter read exactly these, so a lowercase
+            // spelling is nobody's and must be reported, not swallowed.
+            || IGNORED.contains(&name.as_str())
         {
             continue;
         }
@@ -181,7 +183,7 @@ mod tests {
             ("OPENCODE_MCP_OPENCODE__PASSWORD_ENV", "123"),
             ("OPENCODE_MCP_TOOLS__OPENCODE_CANCEL_TASK__ENABLED", "false"),
             ("OPENCODE_MCP_CONFIG", "/x.yaml"),
-            ("opencode_mcp_log", "debug"),
+            ("OPENCODE_MCP_LOG", "debug"),
             ("PATH", "/bin"),
             ("OPENCODE_MCP_", "x"),
             ("OPENCODE_MCP_TIMEOUTS____TASK", "1s"),
@@ -201,5 +203,17 @@ mod tests {
         assert!(problems
             .iter()
             .all(|p| p.message.contains("cannot be read as a config key")));
+    }
+
+    #[test]
+    fn only_the_exact_names_of_the_cli_variables_are_skipped() {
+        // clap and the log filter read `OPENCODE_MCP_CONFIG` / `OPENCODE_MCP_LOG` exactly; a
+        // lowercase spelling is read as a config key (and then reported as unknown), not lost.
+        let (vars, _) = vars(&[
+            ("opencode_mcp_config", "/x.yaml"),
+            ("opencode_mcp_log", "debug"),
+        ]);
+        let keys: Vec<&str> = vars.iter().map(|v| v.key.as_str()).collect();
+        assert_eq!(keys, ["config", "log"]);
     }
 }

@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 
 use super::env;
 use super::error::{ConfigError, Origin, Problem};
+use super::trust;
 use super::types::{Config, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts, ToolConfig};
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
@@ -78,6 +79,31 @@ impl Provider for Layer {
     }
 }
 
+/// A layer's data after the repository-controlled keys were taken out (see [`trust`]).
+struct Filtered {
+    metadata: Metadata,
+    data: Map<Profile, Dict>,
+}
+
+impl Provider for Filtered {
+    fn metadata(&self) -> Metadata {
+        self.metadata.clone()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(self.data.clone())
+    }
+}
+
+/// The same file, however it was named.
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// Loads the layered configuration with the given environment instead of the process's (see
 /// [`super::load`], which passes `std::env::vars_os()`). Only `OPENCODE_MCP_*` variables are
 /// looked at.
@@ -88,12 +114,6 @@ pub fn load_with_env(
     let mut layers = vec![Origin::BuiltIn];
     let mut figment = Figment::new().merge(Layer::built_in());
 
-    let mut files: Vec<PathBuf> = Vec::new();
-    if let Some(dir) = &sources.user_dir {
-        files.push(dir.join(FILE_NAME));
-    }
-    files.push(sources.cwd.join(FILE_NAME));
-    let files = files.into_iter().filter(|p| p.is_file());
     let explicit = match &sources.explicit {
         Some(path) => {
             let path = sources.cwd.join(path);
@@ -104,9 +124,40 @@ pub fn load_with_env(
         }
         None => None,
     };
-    for path in files.chain(explicit) {
+    let user_file = sources.user_dir.as_ref().map(|d| d.join(FILE_NAME));
+    // The repository's file, unless the user named it (--config) or it is their own file.
+    let repo_file = Some(sources.cwd.join(FILE_NAME)).filter(|p| {
+        p.is_file()
+            && !explicit.as_deref().is_some_and(|e| same_file(e, p))
+            && !user_file.as_deref().is_some_and(|u| same_file(u, p))
+    });
+    let user_file = user_file.filter(|p| p.is_file());
+    let mut withheld: Vec<(PathBuf, String, String)> = Vec::new();
+    for path in user_file.iter().chain(&repo_file).chain(&explicit) {
         layers.push(Origin::File(path.clone()));
-        figment = figment.merge(Layer::file(&path));
+        let layer = Layer::file(path);
+        if Some(path) != repo_file.as_ref() {
+            figment = figment.merge(layer);
+            continue;
+        }
+        match layer.data() {
+            Ok(mut data) => {
+                let below = figment.extract_inner::<String>(trust::PERMISSION_KEY).ok();
+                for dict in data.values_mut() {
+                    withheld.extend(
+                        trust::filter(dict, below.as_deref())
+                            .into_iter()
+                            .map(|(key, value)| (path.clone(), key, value)),
+                    );
+                }
+                figment = figment.merge(Filtered {
+                    metadata: layer.metadata(),
+                    data,
+                });
+            }
+            // Unreadable: merged as is, so its syntax error is reported like any other.
+            Err(_) => figment = figment.merge(layer),
+        }
     }
 
     let schema = super::json_schema();
@@ -117,7 +168,16 @@ pub fn load_with_env(
     }
 
     match extract(&figment) {
-        Ok(config) => {
+        Ok(mut config) => {
+            config.withheld = withheld
+                .into_iter()
+                .map(|(file, key, value)| trust::Withheld {
+                    in_force: in_force(&figment, &key),
+                    file,
+                    key,
+                    value,
+                })
+                .collect();
             let issues = validate::validate(&config);
             problems.extend(issues.into_iter().map(|i| attribute(&figment, &layers, i)));
             if problems.is_empty() {
@@ -275,6 +335,20 @@ fn plain(expected: &str) -> String {
             Some(name) => format!("a mapping of {name} settings"),
             None => other.to_string(),
         },
+    }
+}
+
+/// The value in force at `key` and the layer it comes from, for messages.
+fn in_force(figment: &Figment, key: &str) -> String {
+    match figment.find_value(key) {
+        Ok(value) if !matches!(value, Value::Empty(..)) => {
+            let shown = match value.as_str() {
+                Some(s) => format!("`{s}`"),
+                None => serde_json::to_string(&value).unwrap_or_else(|_| "(a value)".into()),
+            };
+            format!("{shown} from {}", origin_of_key(figment, key))
+        }
+        _ => "unset".to_string(),
     }
 }
 

@@ -5,7 +5,8 @@
 //!
 //! 1. the built-in default, the repo's own `delegation.yaml` compiled in ([`DEFAULT_YAML`]);
 //! 2. the user's file, `<user_dir>/delegation.yaml` (`$XDG_CONFIG_HOME/opencode-mcp`), if present;
-//! 3. `delegation.yaml` in the directory the host started us in, if present;
+//! 3. `delegation.yaml` in the directory the host started us in, if present: the repository's
+//!    file, which tunes the surface but never the trust boundary (see `trust.rs`);
 //! 4. the file named by `--config` / `OPENCODE_MCP_CONFIG`, which must exist;
 //! 5. `OPENCODE_MCP_*` environment variables, `__` separating nested keys
 //!    (`OPENCODE_MCP_TIMEOUTS__WAIT_DEFAULT=30s`).
@@ -19,6 +20,8 @@
 //! - `yaml.rs`: the figment `Format` for `yaml_serde`;
 //! - `env.rs`: the environment layer (injectable, one provider per variable);
 //! - `load.rs`: layering, extraction, attribution of errors to layers;
+//! - `trust.rs`: what the repository's own file may not set (what runs, where it connects,
+//!   which secret, where data lands) and the permission policy it may only tighten;
 //! - `validate.rs`: rules types cannot express (loopback host, `wait_default <= wait_max`, ...);
 //! - `template.rs`: `{{placeholder}}` parsing and rendering for prompt templates;
 //! - `error.rs`: [`ConfigError`], whose every problem names source, key path and expectation.
@@ -28,6 +31,7 @@ mod env;
 mod error;
 mod load;
 mod template;
+mod trust;
 mod types;
 mod validate;
 mod yaml;
@@ -37,6 +41,7 @@ pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
 pub use error::{ConfigError, Origin, Problem};
 pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
 pub use template::{placeholders, render, TIERS_PLACEHOLDER};
+pub use trust::{Withheld, TRUST_KEYS};
 pub use types::*;
 pub use yaml::Yaml;
 

@@ -62,6 +62,10 @@ pub struct Config {
     pub state_dir: Option<String>,
     /// Prompts offered to the host (`prompts/list`). Merged per prompt like `tools`.
     pub prompts: BTreeMap<String, PromptConfig>,
+    /// Settings of the repository's file that were not applied (not part of the file format).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub withheld: Vec<super::trust::Withheld>,
 }
 
 impl Config {

@@ -112,6 +112,15 @@ fn opencode(config: &Config, issues: &mut Issues) {
             issues.push("opencode.url", why);
         }
     }
+    if oc.permission == super::types::PermissionPolicy::Ask {
+        require_action(
+            config,
+            issues,
+            &[Action::ReplyPermission],
+            "with `opencode.permission: ask` every permission a task asks for would wait, \
+             unanswerable, until the task deadline",
+        );
+    }
     issues.non_empty(
         "opencode.password_env".into(),
         &oc.password_env,
@@ -127,6 +136,10 @@ fn opencode(config: &Config, issues: &mut Issues) {
         );
     }
 }
+
+/// The longest duration any setting may have: beyond it, deadlines computed from the clock could
+/// overflow (`300000000000y` once panicked a wait).
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 fn timeouts(config: &Config, issues: &mut Issues) {
     let t = &config.timeouts;
@@ -146,6 +159,36 @@ fn timeouts(config: &Config, issues: &mut Issues) {
                 "expected a duration greater than zero, found 0s",
             );
         }
+    }
+    for (name, value) in all {
+        if value.get() > MAX_DURATION {
+            issues.push(
+                format!("timeouts.{name}"),
+                format!("expected a duration of at most 30 days, found {value}"),
+            );
+        }
+    }
+    if t.progress_interval >= t.wait_default {
+        issues.push_related(
+            "timeouts.progress_interval",
+            "timeouts.wait_default",
+            format!(
+                "expected `timeouts.progress_interval` ({}) to be shorter than \
+                 `timeouts.wait_default` ({}): a wait would end before its first progress report",
+                t.progress_interval, t.wait_default
+            ),
+        );
+    }
+    if t.stall >= t.task {
+        issues.push_related(
+            "timeouts.stall",
+            "timeouts.task",
+            format!(
+                "expected `timeouts.stall` ({}) to be shorter than `timeouts.task` ({}): a task \
+                 would be aborted before it could be reported stalled",
+                t.stall, t.task
+            ),
+        );
     }
     if t.wait_default > t.wait_max {
         issues.push_related(
@@ -181,6 +224,15 @@ fn limits(config: &Config, issues: &mut Issues) {
         issues.push(
             "limits.finished_task_ttl",
             "expected a duration greater than zero, found 0s",
+        );
+    }
+    if l.finished_task_ttl.get() > MAX_DURATION {
+        issues.push(
+            "limits.finished_task_ttl",
+            format!(
+                "expected a duration of at most 30 days, found {}",
+                l.finished_task_ttl
+            ),
         );
     }
 }
@@ -387,6 +439,17 @@ fn check_url(url: &str) -> Result<(), String> {
     if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
         return Err(format!(
             "expected an http(s) URL such as `http://127.0.0.1:4096`, found `{url}`"
+        ));
+    }
+    let host = parsed
+        .host_str()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    if parsed.scheme() == "http" && !is_loopback(host) {
+        return Err(format!(
+            "expected an https URL for a server on another host, found `{url}`: the gateway \
+             authenticates with a password, and plain http would send it in clear"
         ));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {

@@ -161,7 +161,12 @@ impl ServerPool {
         let (api, process) = match &self.config.opencode.url {
             Some(url) => (self.attach(url, request_timeout)?, None),
             None => {
-                let password = ids::secret();
+                let password = ids::secret().map_err(|e| {
+                    OpencodeError::Start(format!(
+                        "cannot make a password for the server: the system's random number \
+                         generator failed ({e})"
+                    ))
+                })?;
                 let process = ManagedProcess::spawn(SpawnRequest {
                     config: &self.config.opencode,
                     port: port.unwrap_or(self.config.opencode.port),
