@@ -550,7 +550,7 @@ const MALFORMED: &[Case] = &[
         &[
             "{file}",
             "`timeouts`",
-            "expected a mapping of Timeouts settings",
+            "expected a mapping of `timeouts` settings",
         ],
     ),
     (
@@ -1057,6 +1057,44 @@ fn a_repository_file_cannot_choose_what_runs_or_where_it_connects() {
     )
     .expect("loads");
     assert_eq!(trusted.opencode.command, "/opt/opencode");
+}
+
+#[test]
+fn every_broken_key_and_every_rule_is_reported_at_once() {
+    let (_dir, result) = load_trusted(
+        "timeouts:\n  task: soon\n  stall: never\nlimits:\n  max_tasks: 0\n",
+        &[],
+    );
+    let err = result.expect_err("must fail");
+    let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+    assert!(keys.contains(&"timeouts.task"), "{err}");
+    assert!(keys.contains(&"timeouts.stall"), "{err}");
+    assert!(
+        keys.contains(&"limits.max_tasks"),
+        "validation runs although a value did not deserialize: {err}"
+    );
+}
+
+#[test]
+fn a_section_with_every_key_commented_out_changes_nothing() {
+    let (_dir, cfg) = load_repo(
+        "timeouts:\n  # task: 10m\nopencode:\n  # permission: ask\ntools:\n  opencode_stop_server:\n",
+        &[],
+    );
+    let mut cfg = cfg.expect("an all-comments section is empty, not a null that replaces it");
+    cfg.withheld.clear();
+    assert_eq!(cfg, default_config());
+    // A null leaf still means "unset".
+    let (_dir, cfg) = load_trusted("opencode:\n  url: ~\n", &[]);
+    assert_eq!(cfg.expect("loads").opencode.url, None);
+}
+
+#[test]
+fn errors_name_sections_as_the_file_does() {
+    let (_dir, result) = load_trusted("tools:\n  opencode_stop_server: 3\n", &[]);
+    let text = result.expect_err("a number is no tool").to_string();
+    assert!(text.contains("a mapping of tool settings"), "{text}");
+    assert!(!text.contains("ToolConfig"), "{text}");
 }
 
 #[test]

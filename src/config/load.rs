@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use figment::error::Kind;
-use figment::providers::{Data, Format};
+use figment::providers::{Data, Format, Serialized};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::DeserializeOwned;
@@ -95,6 +95,24 @@ impl Provider for Filtered {
     }
 }
 
+/// A section whose keys are all commented out (`timeouts:` followed by comments) reads as null;
+/// merged as is it would replace the built-in section and fail as "found unit". It means "nothing
+/// to change here", so it is dropped, at any depth where the built-in value is a mapping. A null
+/// leaf (`url: ~`) still means "unset".
+fn drop_empty_sections(dict: &mut Dict, defaults: &Dict) {
+    dict.retain(|key, value| {
+        let default = defaults.get(key).and_then(Value::as_dict);
+        match (value, default) {
+            (Value::Empty(..), Some(_)) => false,
+            (Value::Dict(_, inner), Some(defaults)) => {
+                drop_empty_sections(inner, defaults);
+                true
+            }
+            _ => true,
+        }
+    });
+}
+
 /// The same file, however it was named.
 fn same_file(a: &Path, b: &Path) -> bool {
     a == b
@@ -132,32 +150,38 @@ pub fn load_with_env(
             && !user_file.as_deref().is_some_and(|u| same_file(u, p))
     });
     let user_file = user_file.filter(|p| p.is_file());
+    let built_in = Layer::built_in()
+        .data()
+        .ok()
+        .and_then(|mut d| d.remove(&Profile::Default))
+        .unwrap_or_default();
     let mut withheld: Vec<(PathBuf, String, String)> = Vec::new();
     for path in user_file.iter().chain(&repo_file).chain(&explicit) {
         layers.push(Origin::File(path.clone()));
         let layer = Layer::file(path);
-        if Some(path) != repo_file.as_ref() {
-            figment = figment.merge(layer);
-            continue;
-        }
-        match layer.data() {
-            Ok(mut data) => {
-                let below = figment.extract_inner::<String>(trust::PERMISSION_KEY).ok();
-                for dict in data.values_mut() {
-                    withheld.extend(
-                        trust::filter(dict, below.as_deref())
-                            .into_iter()
-                            .map(|(key, value)| (path.clone(), key, value)),
-                    );
-                }
-                figment = figment.merge(Filtered {
-                    metadata: layer.metadata(),
-                    data,
-                });
-            }
+        let mut data = match layer.data() {
+            Ok(data) => data,
             // Unreadable: merged as is, so its syntax error is reported like any other.
-            Err(_) => figment = figment.merge(layer),
+            Err(_) => {
+                figment = figment.merge(layer);
+                continue;
+            }
+        };
+        let below = figment.extract_inner::<String>(trust::PERMISSION_KEY).ok();
+        for dict in data.values_mut() {
+            drop_empty_sections(dict, &built_in);
+            if Some(path) == repo_file.as_ref() {
+                withheld.extend(
+                    trust::filter(dict, below.as_deref())
+                        .into_iter()
+                        .map(|(key, value)| (path.clone(), key, value)),
+                );
+            }
         }
+        figment = figment.merge(Filtered {
+            metadata: layer.metadata(),
+            data,
+        });
     }
 
     let schema = super::json_schema();
@@ -187,7 +211,23 @@ pub fn load_with_env(
             }
         }
         Err(more) => {
+            let failed: Vec<String> = more.iter().map(|p| p.key.clone()).collect();
             problems.extend(more);
+            if let Some(config) = best_effort(&figment, &failed) {
+                let about_failed = |key: &str| {
+                    failed
+                        .iter()
+                        .any(|f| !f.is_empty() && (key == f || key.starts_with(&format!("{f}."))))
+                };
+                problems.extend(
+                    validate::validate(&config)
+                        .into_iter()
+                        .filter(|i| {
+                            !about_failed(&i.key) && !i.related.iter().any(|r| about_failed(r))
+                        })
+                        .map(|i| attribute(&figment, &layers, i)),
+                );
+            }
             Err(ConfigError::Invalid { problems })
         }
     }
@@ -207,9 +247,9 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
             let errors = match key.as_str() {
                 "$schema" | "instructions" => check::<String>(figment, key),
                 "state_dir" => check::<Option<String>>(figment, key),
-                "opencode" => check::<OpenCodeConfig>(figment, key),
-                "timeouts" => check::<Timeouts>(figment, key),
-                "limits" => check::<Limits>(figment, key),
+                "opencode" => check_fields::<OpenCodeConfig>(figment, key, value),
+                "timeouts" => check_fields::<Timeouts>(figment, key, value),
+                "limits" => check_fields::<Limits>(figment, key, value),
                 "tiers" => check::<Vec<Tier>>(figment, key),
                 "tools" => check_entries::<ToolConfig>(figment, key, value),
                 "prompts" => check_entries::<PromptConfig>(figment, key, value),
@@ -240,6 +280,51 @@ fn check<T: DeserializeOwned>(figment: &Figment, path: &str) -> Vec<figment::Err
             vec![e]
         }
     }
+}
+
+/// Checks a settings block whole and, when that fails, each of its keys on its own over the
+/// built-in block, so that every broken key is reported rather than serde's first. Each problem
+/// is blamed on the layer that set that key.
+fn check_fields<T: DeserializeOwned>(
+    figment: &Figment,
+    path: &str,
+    value: &Value,
+) -> Vec<figment::Error> {
+    let whole = check::<T>(figment, path);
+    let Some(fields) = value.as_dict().filter(|_| !whole.is_empty()) else {
+        return whole;
+    };
+    let mut errors = Vec::new();
+    for (field, v) in fields {
+        let key = format!("{path}.{field}");
+        let probe = Figment::new()
+            .merge(Layer::built_in())
+            .merge(Serialized::default(&key, v));
+        for mut e in check::<T>(&probe, path) {
+            e.metadata = figment.find_metadata(&key).cloned();
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        whole
+    } else {
+        errors
+    }
+}
+
+/// The configuration with every key that failed to deserialize put back to its built-in value,
+/// so the validation rules can still look at the rest (`check-config` reports every problem at
+/// once). `None` when even that does not deserialize.
+fn best_effort(figment: &Figment, failed: &[String]) -> Option<Config> {
+    let mut root = figment.find_value("").ok()?.into_dict()?;
+    for key in failed {
+        trust::take(&mut root, key);
+    }
+    Figment::new()
+        .merge(Layer::built_in())
+        .merge(Serialized::defaults(root))
+        .extract()
+        .ok()
 }
 
 /// Checks each entry of a map section on its own, so two broken tools are both reported.
@@ -332,7 +417,7 @@ fn plain(expected: &str) -> String {
         "u64" => format!("an integer from 0 to {}", u64::MAX),
         "a boolean" => "`true` or `false`".to_string(),
         other => match other.strip_prefix("struct ") {
-            Some(name) => format!("a mapping of {name} settings"),
+            Some(name) => format!("a mapping of {} settings", section_name(name)),
             None => other.to_string(),
         },
     }
@@ -349,6 +434,21 @@ fn in_force(figment: &Figment, key: &str) -> String {
             format!("{shown} from {}", origin_of_key(figment, key))
         }
         _ => "unset".to_string(),
+    }
+}
+
+/// What a file calls the section a Rust type stands for.
+fn section_name(rust: &str) -> &str {
+    match rust {
+        "Config" => "delegation.yaml",
+        "OpenCodeConfig" => "`opencode`",
+        "Timeouts" => "`timeouts`",
+        "Limits" => "`limits`",
+        "Tier" => "tier",
+        "ToolConfig" => "tool",
+        "PromptConfig" => "prompt",
+        "PromptArgument" => "prompt argument",
+        other => other,
     }
 }
 

@@ -115,7 +115,8 @@ fn lookup<'a>(dict: &'a Dict, key: &str) -> Option<&'a Value> {
     Some(value)
 }
 
-fn take(dict: &mut Dict, key: &str) -> Option<Value> {
+/// Removes the value at dotted `key`, returning it.
+pub(super) fn take(dict: &mut Dict, key: &str) -> Option<Value> {
     match key.split_once('.') {
         None => dict.remove(key),
         Some((head, rest)) => match dict.get_mut(head)? {
