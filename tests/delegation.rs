@@ -185,7 +185,11 @@ async fn cancel_aborts_a_slow_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_errors_fail_and_the_deadline_times_out() {
-    let rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__TASK", "6s")]).await;
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_TIMEOUTS__TASK", "6s"),
+        ("OPENCODE_MCP_TIMEOUTS__STALL", "5s"),
+    ])
+    .await;
     // OpenCode's first turn loads its plugins, which can take seconds on a loaded machine: run
     // one ordinary task first so the deadline below measures only the provider's behaviour.
     let warm = rig.start_task("warm up").await;

@@ -783,7 +783,7 @@ async fn start_errors_name_the_cause_and_the_fix() {
     let r = start_error(
         sandbox
             .launch()
-            .env("OPENCODE_MCP_OPENCODE__URL", "http://192.0.2.1:4096"),
+            .env("OPENCODE_MCP_OPENCODE__URL", "https://192.0.2.1:4096"),
         json!({}),
     )
     .await;
