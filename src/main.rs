@@ -132,7 +132,13 @@ fn serve(sources: &Sources) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg)) {
+    let served = runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg));
+    // Everything that must happen before exit (servers stopped, records on disk) happened inside
+    // `serve_stdio`. What may remain is a blocking read of stdin: when stdin is a socket (Claude
+    // Code's) rather than a pipe, it is read on a blocking thread that only returns when the host
+    // closes its end, and dropping the runtime would wait for it. Do not wait.
+    runtime.shutdown_background();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("opencode-mcp: {e}");

@@ -1670,3 +1670,108 @@ async fn a_repository_config_cannot_choose_what_runs_or_where_it_connects() {
     }
     client.close().await.expect("close");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Drill: a signal ends the gateway promptly even when stdin is a socket that stays open.
+
+/// Claude Code gives its servers sockets, not pipes, for stdio, and after SIGINT/SIGTERM it waits
+/// about half a second before escalating to SIGKILL. The gateway must exit on the signal alone,
+/// without waiting for stdin to close.
+#[test]
+fn a_signal_ends_the_gateway_even_with_a_socket_for_stdin() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixStream;
+    let sandbox = Sandbox::new().expect("sandbox");
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let stdin = theirs.try_clone().expect("clone");
+    let launch = sandbox
+        .launch()
+        .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin());
+    let mut cmd = std::process::Command::from(launch.command().into_std());
+    let mut child = cmd
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(stdin)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the gateway");
+    // Initialize, so the session is really being served.
+    let mut writer = ours.try_clone().expect("clone");
+    writeln!(
+        writer,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"socket-host","version":"1"}}}}}}"#
+    )
+    .expect("send initialize");
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut line = String::new();
+    BufReader::new(&ours)
+        .read_line(&mut line)
+        .expect("the initialize reply");
+    assert!(line.contains("\"id\":1"), "{line}");
+    writeln!(
+        writer,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .expect("initialized");
+    // A managed OpenCode runs, as it would in a real session.
+    writeln!(
+        writer,
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"opencode_start_server","arguments":{{}}}}}}"#
+    )
+    .expect("start_server");
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut reader = BufReader::new(&ours);
+    let started = loop {
+        let mut reply = String::new();
+        reader.read_line(&mut reply).expect("a reply");
+        if reply.contains("\"id\":2") {
+            break reply;
+        }
+    };
+    assert!(!started.contains("\"isError\":true"), "{started}");
+    let opencode: u32 = serde_json::from_str::<Value>(&started)
+        .ok()
+        .and_then(|v| v["result"]["structuredContent"]["pid"].as_u64())
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or_else(|| panic!("a managed server's pid: {started}"));
+
+    let at = Instant::now();
+    // SAFETY: kill(2) on the gateway this test spawned.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let exited = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if at.elapsed() > Duration::from_secs(3) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = at.elapsed();
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // Our end of the socket is still open: only the signal can have ended it.
+    drop(ours);
+    assert!(
+        exited.is_some(),
+        "the gateway was still running {took:?} after SIGTERM with stdin open"
+    );
+    report(
+        "signal with socket stdin",
+        "SIGTERM -> gateway exited",
+        took,
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let pids = BTreeSet::from([opencode]);
+    if let Err(left) = rt.block_on(procs::wait_all_gone(&pids, Duration::from_secs(10))) {
+        panic!("left behind: {}", procs::describe(&left));
+    }
+}
