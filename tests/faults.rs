@@ -1687,7 +1687,7 @@ fn a_signal_ends_the_gateway_even_with_a_socket_for_stdin() {
     let launch = sandbox
         .launch()
         .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin());
-    let mut cmd = std::process::Command::from(launch.command().into_std());
+    let mut cmd = launch.command().into_std();
     let mut child = cmd
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(stdin)))
         .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
