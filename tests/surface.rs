@@ -300,16 +300,20 @@ async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Re
     assert!(by_id(4)["error"]["message"]
         .as_str()
         .is_some_and(|m| m.contains("no_such_tool")));
+    // An error result is JSON text only: no structuredContent for a client to validate against
+    // the success-shaped outputSchema.
+    let error_body = |id: i64| -> Value {
+        let result = &by_id(id)["result"];
+        assert!(result.get("structuredContent").is_none(), "{result}");
+        result["content"][0]["text"]
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default()
+    };
     assert_eq!(by_id(5)["result"]["isError"], true);
-    assert_eq!(
-        by_id(5)["result"]["structuredContent"]["error"]["code"],
-        "invalid_argument"
-    );
+    assert_eq!(error_body(5)["error"]["code"], "invalid_argument");
     assert_eq!(by_id(6)["result"]["isError"], true);
-    assert_eq!(
-        by_id(6)["result"]["structuredContent"]["error"]["code"],
-        "not_found"
-    );
+    assert_eq!(error_body(6)["error"]["code"], "not_found");
     assert_eq!(
         by_id(7)["error"]["code"],
         -32602,

@@ -4,13 +4,16 @@
 //! "tool failed", and a normal result with `isError: true`, which the host model reads and can act
 //! on. Everything the caller can fix or should know about (a bad argument, an unknown task, OpenCode
 //! being down) is the latter, as a [`ToolError`]: one [`ErrorCode`] from the crate-wide vocabulary
-//! plus a message, sent as `structuredContent` `{"error": {"code", "message"}}` and mirrored as text
-//! for hosts that ignore structured content. JSON-RPC errors are kept for requests that cannot be
-//! routed at all (an unknown or disabled tool name), see `handler.rs`.
+//! plus a message, sent as the text `{"error": {"code", "message"}}` (JSON, so a program can
+//! read it as well as a model). JSON-RPC errors are kept for requests that cannot be routed at all
+//! (an unknown or disabled tool name), see `handler.rs`.
 //!
-//! Output schemas describe only the success shape: MCP exempts `isError` results from them.
+//! Error results carry no `structuredContent`. Output schemas describe only the success shape,
+//! and the TypeScript SDK 1.x client (the Inspector's, and many hosts') validates any
+//! `structuredContent` against the tool's `outputSchema` even when `isError` is true, rejecting
+//! the whole result with -32602; without it, the SDK accepts an error result as it is.
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
 
 use crate::error::{Coded, ErrorCode};
@@ -41,11 +44,12 @@ impl ToolError {
         Self::new(ErrorCode::Internal, message)
     }
 
-    /// The `isError: true` result the host receives.
+    /// The `isError: true` result the host receives: text only (see the module doc).
     pub fn into_result(self) -> CallToolResult {
-        CallToolResult::structured_error(json!({
+        let body = json!({
             "error": { "code": self.code.as_str(), "message": self.message }
-        }))
+        });
+        CallToolResult::error(vec![ContentBlock::text(body.to_string())])
     }
 
     fn from_coded<E: Coded>(e: &E) -> Self {
@@ -78,12 +82,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_as_structured_error_with_text_mirror() {
+    fn renders_as_json_text_without_structured_content() {
         let r = ToolError::new(ErrorCode::NotFound, "unknown task id(s): tsk_x").into_result();
         assert_eq!(r.is_error, Some(true));
         let expected =
             json!({"error": {"code": "not_found", "message": "unknown task id(s): tsk_x"}});
-        assert_eq!(r.structured_content, Some(expected.clone()));
+        assert_eq!(
+            r.structured_content, None,
+            "a client that validates structuredContent against the outputSchema would reject it"
+        );
         let text = r
             .content
             .first()

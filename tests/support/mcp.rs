@@ -207,9 +207,16 @@ impl ToolReply {
             .iter()
             .find_map(|c| c.as_text().map(|t| t.text.clone()))
             .unwrap_or_default();
+        let is_error = raw.is_error == Some(true);
+        // An error result carries its `{"error": …}` as JSON text only.
+        let structured = match &raw.structured_content {
+            Some(v) => v.clone(),
+            None if is_error => serde_json::from_str(&text).unwrap_or(Value::Null),
+            None => Value::Null,
+        };
         Self {
-            is_error: raw.is_error == Some(true),
-            structured: raw.structured_content.clone().unwrap_or(Value::Null),
+            is_error,
+            structured,
             text,
             raw,
         }

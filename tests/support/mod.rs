@@ -11,6 +11,8 @@
 //! - [`opencode_server`]: [`OpenCodeServer`], a real `opencode serve` in such an env, and
 //!   [`EventStream`], its `GET /event` stream, for tests that drive OpenCode directly.
 //! - [`mcp`]: an MCP host (rmcp client) that spawns the gateway binary.
+//! - [`npm`]: pinned npm packages (OpenCode, the MCP TypeScript SDK) installed once under the
+//!   target dir.
 //!
 //! Not every test file uses every item.
 #![allow(dead_code, unused_imports)]
@@ -18,6 +20,7 @@
 pub mod fake_llm;
 pub mod isolation;
 pub mod mcp;
+pub mod npm;
 pub mod opencode_bin;
 pub mod opencode_server;
 

@@ -3,11 +3,10 @@
 //! The suite pins one OpenCode version: the one `openapi/opencode.json` came from, written in
 //! `openapi/OPENCODE_VERSION`. [`opencode_bin`] returns `$OPENCODE_BIN` when set; otherwise it
 //! installs npm `opencode-ai@<version>` once into `<target dir>/opencode-<version>/` and returns
-//! `node_modules/.bin/opencode` from there. Test binaries run as parallel processes, so the install
-//! happens under an exclusive file lock (`<dir>/.install.lock`); the first process installs, the
-//! others wait and then find the binary in place.
+//! `node_modules/.bin/opencode` from there (see [`super::npm`] for how installs are shared between
+//! the test processes).
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -50,68 +49,24 @@ fn locate() -> PathBuf {
     install_pinned(&pinned)
 }
 
-fn target_dir() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
-        // Cargo resolves a relative CARGO_TARGET_DIR against its working directory, which for
-        // `cargo test` in this crate is the manifest directory.
-        Some(dir) => manifest.join(dir),
-        None => manifest.join("target"),
-    }
-}
-
-// `File::lock` is stable since Rust 1.89; the crate's `rust-version` may say less.
 fn install_pinned(version: &str) -> PathBuf {
-    let dir = target_dir().join(format!("opencode-{version}"));
-    let bin = dir.join("node_modules/.bin/opencode");
-    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    let lock_path = dir.join(".install.lock");
-    let lock = File::create(&lock_path)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
-    lock.lock()
-        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
-
-    if version_of(&bin).as_deref() == Ok(version) {
-        return bin;
-    }
-    eprintln!(
-        "installing opencode-ai@{version} into {} (once; set OPENCODE_BIN to skip)",
-        dir.display()
-    );
-    let output = Command::new("npm")
-        .arg("install")
-        .arg("--prefix")
-        .arg(&dir)
-        .args(["--no-audit", "--no-fund"])
-        .arg(format!("opencode-ai@{version}"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run npm to install opencode-ai@{version}: {e}. Install Node.js with npm \
-                 (https://nodejs.org), or set OPENCODE_BIN to an OpenCode {version} binary."
-            )
-        });
-    if !output.status.success() {
-        panic!(
-            "`npm install --prefix {} opencode-ai@{version}` failed ({}):\n{}\n{}\nFix npm's \
-             access to its registry, or set OPENCODE_BIN to an OpenCode {version} binary.",
-            dir.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-        );
-    }
-    match version_of(&bin) {
-        Ok(v) if v == version => bin,
-        Ok(v) => panic!("{} prints version {v}, expected {version}", bin.display()),
-        Err(e) => panic!(
-            "npm installed opencode-ai@{version} but {} does not run: {e}. Set OPENCODE_BIN to \
-             an OpenCode {version} binary.",
-            bin.display()
-        ),
-    }
-    // `lock` is released when it is dropped here.
+    let install = super::npm::Install {
+        package: "opencode-ai",
+        version,
+        dir_name: &format!("opencode-{version}"),
+        skip_hint: "set OPENCODE_BIN to an OpenCode binary of that version",
+    };
+    install.ensure(|dir| {
+        let bin = dir.join("node_modules/.bin/opencode");
+        match version_of(&bin) {
+            Ok(v) if v == version => Ok(bin),
+            Ok(v) => Err(format!(
+                "{} prints version {v}, expected {version}",
+                bin.display()
+            )),
+            Err(e) => Err(e),
+        }
+    })
 }
 
 /// Runs `<bin> --version` in an empty environment (plus PATH and a throwaway HOME) and returns

@@ -29,12 +29,14 @@ impl ActionSpec for CancelTask {
     type Output = TaskSnapshot;
     const TITLE: &'static str = "Cancel a task";
 
-    /// Stops work in progress (destructive: the rest of the turn is lost); cancelling a cancelled
-    /// task changes nothing (idempotent); talks only to the local OpenCode (closed world).
+    /// Stops an agent; it destroys nothing of the user's (MCP's `destructiveHint` means
+    /// destructive updates to the environment, and Codex refuses such tools under its default
+    /// approval policy): what the agent already wrote stays. Cancelling a cancelled task changes
+    /// nothing (idempotent); talks only to the local OpenCode (closed world).
     fn annotations() -> ToolAnnotations {
         ToolAnnotations::new()
             .read_only(false)
-            .destructive(true)
+            .destructive(false)
             .idempotent(true)
             .open_world(false)
     }

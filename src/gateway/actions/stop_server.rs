@@ -28,12 +28,14 @@ impl ActionSpec for StopServer {
     type Output = StopInfo;
     const TITLE: &'static str = "Stop an OpenCode server";
 
-    /// Kills a process and fails the tasks still running on it (destructive); stopping a stopped
-    /// server changes nothing more (idempotent); local only (closed world).
+    /// Stops a server process the gateway started (or detaches from an attached one) and ends
+    /// the tasks still running there; no user data is destroyed, so not destructive (see
+    /// `cancel_task`). Stopping a stopped server changes nothing more (idempotent); local only
+    /// (closed world).
     fn annotations() -> ToolAnnotations {
         ToolAnnotations::new()
             .read_only(false)
-            .destructive(true)
+            .destructive(false)
             .idempotent(true)
             .open_world(false)
     }
