@@ -260,7 +260,7 @@ async fn waiting_any_timeouts_progress_and_host_cancellation() {
         .client
         .start_call(
             "opencode_wait_for_task",
-            json!({ "task_ids": [slow], "timeout_ms": 1200, "include_progress": true }),
+            json!({ "task_ids": [fast, slow], "timeout_ms": 1200, "include_progress": true }),
         )
         .await
         .expect("send wait");
@@ -269,7 +269,7 @@ async fn waiting_any_timeouts_progress_and_host_cancellation() {
         .await
         .expect("wait returns");
     assert_eq!(reply.structured["timed_out"], true);
-    assert!(reply.structured["tasks"][0]["progress"].is_object());
+    assert!(reply.structured["tasks"][1]["progress"].is_object());
     // The client handles each notification in a task of its own: give the last ones a moment
     // to be recorded (bounded) before counting.
     let mut progress = rig.client.progress_for(&token);
@@ -285,6 +285,20 @@ async fn waiting_any_timeouts_progress_and_host_cancellation() {
         "progress every 200 ms over 1.2 s, got {progress:?}"
     );
     assert!(progress.windows(2).all(|p| p[1].progress > p[0].progress));
+    // One of two tasks finished reads as about half, however much of the wait has passed (the
+    // elapsed share of the timeout once pushed it to ~90 %), and the message says how long.
+    let last = progress.last().expect("a notification");
+    assert_eq!(last.total, Some(2.0), "{last:?}");
+    assert!(
+        last.progress >= 1.0 && last.progress / 2.0 < 0.55,
+        "{progress:?}"
+    );
+    assert!(
+        last.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("1/2 finished after")),
+        "{last:?}"
+    );
 
     // The host cancelling a wait ends the wait only.
     let handle = rig

@@ -141,6 +141,12 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
     let started = Instant::now();
     let deadline = started + request.timeout;
     let mut last_progress = 0.0;
+    let mut sent = 0u32;
+    // In `any` mode one finished task ends the wait: that is the whole of the work.
+    let total = match request.mode {
+        WaitMode::All => request.ids.len(),
+        WaitMode::Any => 1,
+    };
     loop {
         let slice_end = deadline.min(Instant::now() + interval);
         let slice = slice_end.saturating_duration_since(Instant::now());
@@ -156,12 +162,17 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
             return Ok(finish(outcome, request.include_progress));
         }
         if let Some(token) = &token {
-            let elapsed = started.elapsed().as_secs_f64() / request.timeout.as_secs_f64();
-            let value = progress_value(outcome.finished.len(), elapsed, last_progress);
+            sent += 1;
+            let finished = outcome.finished.len().min(total);
+            let value = progress_value(finished, sent, last_progress);
             last_progress = value;
             let note = ProgressNotificationParam::new(token.clone(), value)
-                .with_total(request.ids.len() as f64)
-                .with_message(progress_message(&outcome, request.ids.len()));
+                .with_total(total as f64)
+                .with_message(progress_message(
+                    &outcome,
+                    request.ids.len(),
+                    started.elapsed(),
+                ));
             notify(ctx, note).await;
         }
         // A service that returned before the slice ended without meeting the condition must not
@@ -208,23 +219,29 @@ fn finish(mut outcome: WaitOutcome, include_progress: bool) -> WaitOutcome {
     outcome
 }
 
-/// MCP requires progress to increase with every notification. The integer part is the number of
-/// finished tasks; the fraction is the share of this wait's timeout used so far (below 1 until the
-/// deadline, when no notification is sent), so the value grows even while no task finishes. A task
-/// reopened by `continue_task` mid-wait lowers the count; the value then still creeps up.
-fn progress_value(finished: usize, elapsed_fraction: f64, last: f64) -> f64 {
-    let value = finished as f64 + elapsed_fraction.clamp(0.0, 0.999);
+/// MCP requires progress to increase with every notification, and hosts show `progress / total`
+/// as the share of the work done. The integer part is the number of finished tasks; each
+/// notification adds a thousandth (at most 0.9 in all), so the value grows while no task finishes
+/// without suggesting work that is not done. (Adding the share of the wait's timeout used, as
+/// before, made one of two finished tasks read as 95 %.) A task reopened by `continue_task`
+/// mid-wait lowers the count; the value then still creeps up.
+fn progress_value(finished: usize, sent: u32, last: f64) -> f64 {
+    let value = finished as f64 + (f64::from(sent) * 0.001).min(0.9);
     if value > last {
         value
     } else {
-        last + 0.0001
+        last + 0.001
     }
 }
 
-/// `2/5 finished; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c`.
-fn progress_message(outcome: &WaitOutcome, total: usize) -> String {
+/// `2/5 finished after 40 s; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c`.
+fn progress_message(outcome: &WaitOutcome, total: usize, waited: Duration) -> String {
     const SHOWN: usize = 5;
-    let mut message = format!("{}/{total} finished", outcome.finished.len());
+    let mut message = format!(
+        "{}/{total} finished after {} s",
+        outcome.finished.len(),
+        waited.as_secs()
+    );
     for status in [
         TaskStatus::Running,
         TaskStatus::WaitingPermission,
@@ -313,8 +330,8 @@ mod tests {
             ],
         };
         assert_eq!(
-            progress_message(&outcome, 5),
-            "2/5 finished; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c"
+            progress_message(&outcome, 5, Duration::from_secs(40)),
+            "2/5 finished after 40 s; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c"
         );
         let finished = finish(outcome, false);
         assert!(finished.tasks.iter().all(|t| t.progress.is_none()));
@@ -343,12 +360,16 @@ mod tests {
     }
 
     #[test]
-    fn progress_always_increases() {
-        let a = progress_value(1, 0.2, 0.0);
-        let b = progress_value(1, 0.4, a);
-        let c = progress_value(0, 0.6, b);
-        let d = progress_value(1, 1.5, c);
-        assert!(a < b && b < c && c < d && d < 2.0, "{a} {b} {c} {d}");
+    fn progress_always_increases_and_counts_only_finished_work() {
+        let a = progress_value(1, 1, 0.0);
+        let b = progress_value(1, 2, a);
+        let c = progress_value(0, 3, b);
+        let d = progress_value(1, 4, c);
+        assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
+        // One of two tasks finished, however long the wait: about half, never near all.
+        let late = progress_value(1, 60, 0.0);
+        assert!(late / 2.0 < 0.55, "{late}");
+        assert!(progress_value(0, 1000, 0.0) < 1.0);
     }
 
     #[test]
