@@ -1163,3 +1163,46 @@ async fn stopping_an_attached_server_aborts_its_running_sessions() {
         "no LLM request after the stop"
     );
 }
+
+/// **A retried `start_task` with its `idempotency_key` starts one agent.**
+///
+/// Hosts retry tool calls after timeouts and reconnects. Two concurrent calls and a later retry
+/// with the same key and arguments all answer with one task, and OpenCode gets one prompt; the
+/// same key with other arguments is refused with `conflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_start_with_its_key_starts_one_agent() {
+    let rig = Rig::start(&[]).await;
+    let prompt = "only once, however often asked";
+    let args = json!({
+        "server_id": rig.server_id(),
+        "prompt": prompt,
+        "idempotency_key": "retry-7f3a",
+    });
+    let (a, b) = tokio::join!(
+        rig.client.call_ok("opencode_start_task", args.clone()),
+        rig.client.call_ok("opencode_start_task", args.clone())
+    );
+    let (a, b) = (a.expect("first call"), b.expect("concurrent retry"));
+    assert_eq!(a["task_id"], b["task_id"], "{a}\n{b}");
+    let task = task_id(&a);
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    let later = rig.ok("opencode_start_task", args.clone()).await;
+    assert_eq!(
+        later["task_id"], a["task_id"],
+        "a retry after the end: {later}"
+    );
+    let prompts = rig
+        .fake
+        .chat_requests()
+        .iter()
+        .filter(|r| r.last_user_text.contains(prompt))
+        .count();
+    assert_eq!(prompts, 1, "one agent, one prompt");
+
+    let mut other = args.clone();
+    other["prompt"] = json!("a different task");
+    let (code, message) = rig.err("opencode_start_task", other).await;
+    assert_eq!(code, "conflict", "{message}");
+    assert!(message.contains("retry-7f3a"), "{message}");
+}

@@ -59,6 +59,10 @@ pub struct TaskRecord {
     /// The newest message id seen in the session: the next one we mint sorts above it.
     #[serde(default)]
     pub newest_message_id: Option<String>,
+    /// The `idempotency_key` the task was started with, and the fingerprint of the arguments
+    /// that came with it (so a retry after a restart still finds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<(String, u64)>,
 }
 
 impl TaskRecord {
@@ -94,6 +98,7 @@ impl TaskRecord {
             files_changed: None,
             child_sessions: Vec::new(),
             newest_message_id: None,
+            idempotency: None,
         }
     }
 

@@ -70,6 +70,9 @@ impl TaskService {
         let mut adopt = Vec::new();
         let mut loaded = 0usize;
         for record in records {
+            if let Some((key, fingerprint)) = record.idempotency.clone() {
+                self.bind_key(key, fingerprint, record.id.clone());
+            }
             if record.status.is_terminal() {
                 self.registry.restore(TaskEntry::from_record(record));
                 loaded += 1;

@@ -42,7 +42,39 @@ pub struct StartTask {
     /// Absolute directory the session runs in (default: the server's).
     pub directory: Option<String>,
     pub title: Option<String>,
+    /// Same key and arguments: the task the first call started. Same key, other arguments:
+    /// `conflict`.
+    pub idempotency_key: Option<String>,
 }
+
+impl StartTask {
+    /// A stable fingerprint of everything but the key (FNV-1a: the same across processes and
+    /// releases, so a retry after a restart matches).
+    fn fingerprint(&self) -> u64 {
+        let fields = [
+            Some(self.server_id.as_str()),
+            Some(self.prompt.as_str()),
+            self.agent.as_deref(),
+            self.model.as_deref(),
+            self.tier.as_deref(),
+            self.directory.as_deref(),
+            self.title.as_deref(),
+        ];
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for field in fields {
+            // A marker per field keeps `None` apart from `Some("")` and fields apart.
+            let bytes = field.map_or(&[0xff_u8][..], str::as_bytes);
+            for b in bytes.iter().chain(&[0x00]) {
+                hash ^= u64::from(*b);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        hash
+    }
+}
+
+/// What an `idempotency_key` is bound to: the argument fingerprint and the task it started.
+type KeySlot = Arc<tokio::sync::Mutex<Option<(u64, String)>>>;
 
 /// A validated `continue_task` request.
 #[derive(Debug, Clone, Default)]
@@ -61,6 +93,8 @@ pub struct TaskService {
     pub(super) tracker: TrackerContext,
     /// `false` while stored tasks are being loaded at start-up.
     pub(super) restored: tokio::sync::watch::Sender<bool>,
+    /// `idempotency_key` -> its slot; starts with one key run one at a time.
+    pub(super) keys: std::sync::Mutex<std::collections::HashMap<String, KeySlot>>,
 }
 
 impl TaskService {
@@ -98,6 +132,7 @@ impl TaskService {
             registry,
             tracker,
             restored: tokio::sync::watch::Sender::new(true),
+            keys: Default::default(),
             config,
         }
     }
@@ -239,9 +274,57 @@ impl TaskService {
         Ok(())
     }
 
-    /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it.
+    /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it. With an
+    /// `idempotency_key`, a retry returns the task the first call started (concurrent calls with
+    /// one key run one after the other); a first call that failed leaves the key free.
     pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
+        let Some(key) = req.idempotency_key.clone() else {
+            return self.start_new(req, None).await;
+        };
+        let fingerprint = req.fingerprint();
+        let slot = self.key_slot(&key);
+        let mut bound = slot.lock().await;
+        if let Some((fp, task_id)) = bound.as_ref() {
+            if *fp != fingerprint {
+                return Err(TaskError::Conflict(format!(
+                    "idempotency_key `{key}` already started task {task_id} with other arguments; \
+                     use a new key for a new task"
+                )));
+            }
+            if let Ok(snapshot) = self.snapshot(task_id, false) {
+                return Ok(snapshot);
+            }
+            // The task it started has expired: the key starts anew.
+        }
+        let snapshot = self.start_new(req, Some((key, fingerprint))).await?;
+        *bound = Some((fingerprint, snapshot.task_id.clone()));
+        Ok(snapshot)
+    }
+
+    fn key_slot(&self, key: &str) -> KeySlot {
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Binds keys of restored tasks again, so a retry after a restart finds its task.
+    pub(super) fn bind_key(&self, key: String, fingerprint: u64, task_id: String) {
+        let slot = self.key_slot(&key);
+        let bound = slot.try_lock();
+        if let Ok(mut bound) = bound {
+            *bound = Some((fingerprint, task_id));
+        }
+    }
+
+    async fn start_new(
+        &self,
+        req: StartTask,
+        idempotency: Option<(String, u64)>,
+    ) -> Result<TaskSnapshot, TaskError> {
         let server = self.server(&req.server_id)?;
         self.ensure_capacity()?;
         let directory = match req.directory {
@@ -273,6 +356,7 @@ impl TaskService {
         );
         rec.server_url = server.api.base_url().to_string();
         rec.managed = server.process.is_some();
+        rec.idempotency = idempotency;
         let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.

@@ -43,6 +43,11 @@ pub struct Args {
     /// A short title for the task, shown in status reports and in OpenCode.
     #[schemars(length(min = 1))]
     pub title: Option<String>,
+    /// Makes a retried call safe (after a timeout or a reconnect): the same key with the same
+    /// arguments returns the task the first call started instead of starting another agent; the
+    /// same key with other arguments is refused (`conflict`). Use a fresh key per task.
+    #[schemars(length(min = 1, max = 128))]
+    pub idempotency_key: Option<String>,
 }
 
 /// The `start_task` action.
@@ -56,8 +61,8 @@ impl ActionSpec for StartTask {
     /// Destructive: the agent runs with the permissions of the managed server (by default it may
     /// run any shell command and edit or delete any file in the directory), so the call can
     /// overwrite work; a host that gates destructive tools should gate this one. Not idempotent:
-    /// each call starts another session doing the work again. Open world: the agent talks to an
-    /// LLM provider and may use web tools.
+    /// each call starts another session doing the work again, unless it carries an
+    /// `idempotency_key`. Open world: the agent talks to an LLM provider and may use web tools.
     fn annotations() -> ToolAnnotations {
         ToolAnnotations::new()
             .read_only(false)
@@ -110,6 +115,16 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         tier: checks::tier("tier", args.tier, ctx.config)?,
         directory: checks::directory("directory", args.directory)?,
         title: checks::optional_name("title", args.title)?,
+        idempotency_key: checks::optional_name("idempotency_key", args.idempotency_key)?,
     };
+    if request
+        .idempotency_key
+        .as_ref()
+        .is_some_and(|k| k.chars().count() > 128)
+    {
+        return Err(ToolError::invalid_argument(
+            "`idempotency_key` is longer than 128 characters",
+        ));
+    }
     Ok(ctx.tasks.start(request).await?)
 }
