@@ -16,6 +16,10 @@ fn random_base62(n: usize) -> String {
             *b = (seed >> ((i % 8) * 8)) as u8 ^ (i as u8).wrapping_mul(31);
         }
     }
+    base62(&bytes)
+}
+
+fn base62(bytes: &[u8]) -> String {
     bytes
         .iter()
         .map(|b| BASE62[(*b as usize) % 62] as char)
@@ -44,10 +48,7 @@ pub fn server_id() -> String {
 pub fn secret() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
-    Ok(bytes
-        .iter()
-        .map(|b| BASE62[(*b as usize) % 62] as char)
-        .collect())
+    Ok(base62(&bytes))
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -200,6 +200,19 @@ impl Direct {
         assert_eq!(status, 204, "{body}");
     }
 
+    /// One ordinary turn, waited out: OpenCode's first turn loads its plugins, and recordings
+    /// should show only the turn they are about.
+    async fn warm_up(&self, model: &str) {
+        let warm = self.create_session("warm-up").await;
+        let mut events = GlobalEvents::subscribe(&self.server).await;
+        self.prompt(&warm, model, "warm up").await;
+        events
+            .wait_for(TURN, |e| {
+                e["type"] == "session.idle" && e["properties"]["sessionID"] == warm
+            })
+            .await;
+    }
+
     async fn get(&self, path: &str) -> Value {
         let sep = if path.contains('?') { '&' } else { '?' };
         let (status, v) = self
@@ -326,14 +339,7 @@ async fn record_turn_fixtures() {
 
     // Compaction.
     let d = Direct::start(OpenCodeEnv::new().with_small_model()).await;
-    let warm = d.create_session("warm-up").await;
-    let mut events = GlobalEvents::subscribe(&d.server).await;
-    d.prompt(&warm, FAKE_SMALL_MODEL, "warm up").await;
-    events
-        .wait_for(TURN, |e| {
-            e["type"] == "session.idle" && e["properties"]["sessionID"] == warm
-        })
-        .await;
+    d.warm_up(FAKE_SMALL_MODEL).await;
     let mut events = GlobalEvents::subscribe(&d.server).await;
     let s = d.create_session("fixture: compaction").await;
     d.prompt(
@@ -414,14 +420,7 @@ async fn record_turn_fixtures() {
     let d =
         Direct::start(OpenCodeEnv::new().with_config(json!({ "permission": { "bash": "ask" } })))
             .await;
-    let warm = d.create_session("warm-up").await;
-    let mut events = GlobalEvents::subscribe(&d.server).await;
-    d.prompt(&warm, support::FAKE_MODEL, "warm up").await;
-    events
-        .wait_for(TURN, |e| {
-            e["type"] == "session.idle" && e["properties"]["sessionID"] == warm
-        })
-        .await;
+    d.warm_up(support::FAKE_MODEL).await;
     let mut events = GlobalEvents::subscribe(&d.server).await;
     let s = d.create_session("fixture: subagent").await;
     d.prompt(

@@ -167,10 +167,12 @@ pub fn load_with_env(
                 continue;
             }
         };
-        let below = figment.extract_inner::<String>(trust::PERMISSION_KEY).ok();
+        // Only the repository's layer is filtered, against the policy the layers below set.
+        let below = (Some(path) == repo_file.as_ref())
+            .then(|| figment.extract_inner::<String>(trust::PERMISSION_KEY).ok());
         for dict in data.values_mut() {
             drop_empty_sections(dict, &built_in);
-            if Some(path) == repo_file.as_ref() {
+            if let Some(below) = &below {
                 withheld.extend(
                     trust::filter(dict, below.as_deref())
                         .into_iter()
@@ -427,11 +429,11 @@ fn plain(expected: &str) -> String {
 fn in_force(figment: &Figment, key: &str) -> String {
     match figment.find_value(key) {
         Ok(value) if !matches!(value, Value::Empty(..)) => {
-            let shown = match value.as_str() {
-                Some(s) => format!("`{s}`"),
-                None => serde_json::to_string(&value).unwrap_or_else(|_| "(a value)".into()),
-            };
-            format!("{shown} from {}", origin_of_key(figment, key))
+            format!(
+                "{} from {}",
+                trust::show(&value),
+                origin_of_key(figment, key)
+            )
         }
         _ => "unset".to_string(),
     }

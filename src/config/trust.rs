@@ -126,7 +126,8 @@ pub(super) fn take(dict: &mut Dict, key: &str) -> Option<Value> {
     }
 }
 
-fn show(value: &Value) -> String {
+/// A value as messages show it: strings in backticks, numbers as written, `~` for unset.
+pub(super) fn show(value: &Value) -> String {
     match value {
         Value::String(_, s) => format!("`{s}`"),
         Value::Num(_, n) => n

@@ -22,7 +22,7 @@ use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
 use super::record::TaskRecord;
 use super::store::Store;
 use super::turn::ReplySeen;
-use crate::opencode::ErrorInfo;
+use crate::opencode::{ErrorInfo, PermissionAsk};
 
 /// What the gateway knows about a task's current turn that is not worth saving: progress fed by
 /// events, and the monotonic clocks durations are measured with.
@@ -98,6 +98,36 @@ impl TaskEntry {
     ) {
         self.rec.begin_turn(user_message_id, agent, model);
         self.live = Live::new(Instant::now());
+    }
+
+    /// A permission ask of the task (or of one of its subagents) is pending: the task waits for
+    /// it. A finished or aborting task, or the ask it already shows, is left as it is.
+    pub fn ask_permission(&mut self, ask: PermissionAsk) {
+        if self.rec.status.is_terminal() || self.live.aborting {
+            return;
+        }
+        if self.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
+            return;
+        }
+        self.rec.status = TaskStatus::WaitingPermission;
+        self.rec.permission = Some(ask);
+        self.live.permission_since = Some(Instant::now());
+    }
+
+    /// The ask `request_id` was answered: if it is the one the task shows, the task runs again.
+    pub fn permission_answered(&mut self, request_id: &str) {
+        if self
+            .rec
+            .permission
+            .as_ref()
+            .is_some_and(|p| p.id == request_id)
+        {
+            self.rec.permission = None;
+            self.live.permission_since = None;
+            if self.rec.status == TaskStatus::WaitingPermission {
+                self.rec.status = TaskStatus::Running;
+            }
+        }
     }
 
     /// Ends the turn with a terminal status.
@@ -325,19 +355,20 @@ impl Registry {
 
     /// Adds a task read from the store, without writing it back.
     pub fn restore(&self, entry: TaskEntry) {
-        {
-            let mut t = self.lock();
-            t.index(&entry);
-            t.tasks.insert(entry.rec.id.clone(), entry);
-        }
-        self.bump();
+        self.add(entry, false);
     }
 
     /// Adds a task and writes it.
     pub fn insert(&self, entry: TaskEntry) {
+        self.add(entry, true);
+    }
+
+    fn add(&self, entry: TaskEntry, write: bool) {
         {
             let mut t = self.lock();
-            self.persist(&entry.rec);
+            if write {
+                self.persist(&entry.rec);
+            }
             t.index(&entry);
             t.tasks.insert(entry.rec.id.clone(), entry);
         }

@@ -489,15 +489,8 @@ impl TaskService {
             .api
             .reply_permission(&entry.rec.directory, &ask.id, reply)
             .await?;
-        self.registry.update(task_id, |e| {
-            if e.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
-                e.rec.permission = None;
-                e.live.permission_since = None;
-                if e.rec.status == TaskStatus::WaitingPermission {
-                    e.rec.status = TaskStatus::Running;
-                }
-            }
-        });
+        self.registry
+            .update(task_id, |e| e.permission_answered(&ask.id));
         self.snapshot(task_id, false)
     }
 

@@ -26,7 +26,7 @@ use super::model::{RetryInfo, TaskStatus};
 use super::registry::{Registry, SessionOwner};
 use super::turn::{self, Idle, ReplySeen, TurnState};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
-use crate::opencode::{ErrorInfo, PermissionAsk, Server, SessionActivity};
+use crate::opencode::{ErrorInfo, Server, SessionActivity};
 
 /// How often unfinished tasks are re-checked over HTTP even without events (covers a stream
 /// that silently stopped delivering).
@@ -171,7 +171,7 @@ async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &st
         pending.insert(ask.id.clone());
         if let Some(owner) = resolve_owner(ctx, server, directory, &ask.session_id).await {
             ctx.registry
-                .update(&owner.task_id, |e| set_permission(e, ask));
+                .update(&owner.task_id, |e| e.ask_permission(ask));
         }
     }
     for id in ctx.registry.ids_where(|e| {
@@ -185,14 +185,11 @@ async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &st
                 .rec
                 .permission
                 .as_ref()
-                .is_some_and(|p| !pending.contains(&p.id))
-                && e.live.permission_since.is_some_and(|t| t < started);
-            if stale {
-                e.rec.permission = None;
-                e.live.permission_since = None;
-                if e.rec.status == TaskStatus::WaitingPermission {
-                    e.rec.status = TaskStatus::Running;
-                }
+                .filter(|p| !pending.contains(&p.id))
+                .filter(|_| e.live.permission_since.is_some_and(|t| t < started))
+                .map(|p| p.id.clone());
+            if let Some(stale) = stale {
+                e.permission_answered(&stale);
             }
         });
     }
@@ -245,18 +242,6 @@ async fn resolve_owner(
         .unwrap_or_else(|p| p.into_inner())
         .extend(chain);
     None
-}
-
-fn set_permission(e: &mut super::registry::TaskEntry, ask: PermissionAsk) {
-    if e.rec.status.is_terminal() || e.live.aborting {
-        return;
-    }
-    if e.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
-        return;
-    }
-    e.rec.status = TaskStatus::WaitingPermission;
-    e.rec.permission = Some(ask);
-    e.live.permission_since = Some(Instant::now());
 }
 
 fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
@@ -351,8 +336,8 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
 /// A subagent's event: its asks are the task's, its tools show as the task's progress.
 fn apply_child(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &Event) {
     match event {
-        Event::PermissionAsked(ask) => set_permission(e, ask.clone()),
-        Event::PermissionReplied { request_id, .. } => clear_permission(e, request_id),
+        Event::PermissionAsked(ask) => e.ask_permission(ask.clone()),
+        Event::PermissionReplied { request_id, .. } => e.permission_answered(request_id),
         Event::PartUpdated {
             part:
                 PartEvent::Tool {
@@ -366,20 +351,6 @@ fn apply_child(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: 
             e.push_text(delta, ctx.tail_chars)
         }
         _ => {}
-    }
-}
-
-fn clear_permission(e: &mut super::registry::TaskEntry, request_id: &str) {
-    if e.rec
-        .permission
-        .as_ref()
-        .is_some_and(|p| p.id == request_id)
-    {
-        e.rec.permission = None;
-        e.live.permission_since = None;
-        if e.rec.status == TaskStatus::WaitingPermission {
-            e.rec.status = TaskStatus::Running;
-        }
     }
 }
 
@@ -433,15 +404,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
         }
         Event::SessionDeleted { session_id } => {
             if !e.live.aborting {
-                e.finish(
-                    TaskStatus::Failed,
-                    Some(ErrorInfo {
-                        name: "SessionDeleted".into(),
-                        message: format!(
-                            "the task's OpenCode session {session_id} was deleted while the task ran"
-                        ),
-                    }),
-                );
+                e.finish(TaskStatus::Failed, Some(session_deleted(session_id)));
                 return Then::Deleted(e.rec.turn);
             }
         }
@@ -494,8 +457,8 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
                 e.push_text(delta, ctx.tail_chars);
             }
         }
-        Event::PermissionAsked(ask) => set_permission(e, ask.clone()),
-        Event::PermissionReplied { request_id, .. } => clear_permission(e, request_id),
+        Event::PermissionAsked(ask) => e.ask_permission(ask.clone()),
+        Event::PermissionReplied { request_id, .. } => e.permission_answered(request_id),
         Event::SessionInfo { .. } | Event::Other => {}
     }
     // Idle, and the events already showed the turn's final reply: the turn is over without a
@@ -507,6 +470,15 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
         }
     }
     then
+}
+
+/// How a task whose session was deleted behind the gateway's back (`session.deleted`, or a 404
+/// on reading it) ends.
+fn session_deleted(session_id: &str) -> ErrorInfo {
+    ErrorInfo {
+        name: "SessionDeleted".into(),
+        message: format!("the task's OpenCode session {session_id} was deleted while the task ran"),
+    }
 }
 
 /// Runs a completion check unless one is running for the task; then that one runs again.
@@ -582,16 +554,8 @@ pub async fn check_completion(
         Err(e) if e.http_status() == Some(404) => {
             registry.update(task_id, |e| {
                 if e.rec.turn == entry.rec.turn && !e.rec.status.is_terminal() {
-                    e.finish(
-                        TaskStatus::Failed,
-                        Some(ErrorInfo {
-                            name: "SessionDeleted".into(),
-                            message: format!(
-                                "the task's OpenCode session {} no longer exists",
-                                e.rec.session_id
-                            ),
-                        }),
-                    );
+                    let error = session_deleted(&e.rec.session_id);
+                    e.finish(TaskStatus::Failed, Some(error));
                 }
             });
             return;
@@ -761,7 +725,7 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::opencode::Api;
+    use crate::opencode::{Api, PermissionAsk};
     use crate::tasks::record::TaskRecord;
     use crate::tasks::registry::TaskEntry;
 
