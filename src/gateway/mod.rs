@@ -47,6 +47,9 @@ pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
     // Tasks a previous gateway left in the state directory answer again from the first call.
     tasks.restore();
     let stop = CancellationToken::new();
+    // The handlers are installed here, before the first byte is served: installed inside the
+    // spawned task, a SIGTERM right after `initialize` could still meet the default action and
+    // kill the process without stopping its servers.
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
     let served = serve(gateway, stop).await;
     signals.abort();
@@ -93,26 +96,32 @@ async fn serve(gateway: Gateway, stop: CancellationToken) -> Result<(), GatewayE
     }
 }
 
-/// Cancels `stop` on the first SIGTERM or SIGINT.
+/// Installs the SIGTERM and SIGINT handlers now, and returns a future that cancels `stop` on the
+/// first of them.
 #[cfg(unix)]
-async fn cancel_on_signal(stop: CancellationToken) {
+fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut term, mut int) = match (
+    let handlers = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) {
-        (Ok(term), Ok(int)) => (term, int),
+        (Ok(term), Ok(int)) => Some((term, int)),
         (Err(e), _) | (_, Err(e)) => {
             tracing::warn!("cannot listen for SIGTERM/SIGINT: {e}");
-            return;
+            None
         }
     };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!("{name} received, shutting down");
-    stop.cancel();
+    async move {
+        let Some((mut term, mut int)) = handlers else {
+            return;
+        };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!("{name} received, shutting down");
+        stop.cancel();
+    }
 }
 
 /// Cancels `stop` on the first Ctrl-C.
