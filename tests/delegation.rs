@@ -45,7 +45,10 @@ async fn parallel_tasks_each_complete_with_their_own_reply() {
     assert_eq!(w["unfinished"], json!([]));
     for (task_id, prompt) in ids.iter().zip(&prompts) {
         let r = rig
-            .ok("opencode_get_task_result", json!({ "task_id": task_id }))
+            .ok(
+                "opencode_get_task_result",
+                json!({ "task_id": task_id , "detail": "full" }),
+            )
             .await;
         assert_eq!(r["status"], "completed", "{r}");
         assert_eq!(
@@ -109,7 +112,7 @@ async fn continue_reports_the_new_turn_never_the_previous_one() {
     let cont = rig
         .ok(
             "opencode_continue_task",
-            json!({ "task_id": task, "prompt": second_prompt }),
+            json!({ "task_id": task, "prompt": second_prompt, "detail": "full" }),
         )
         .await;
     assert_eq!(cont["turn"], 2);
@@ -118,7 +121,10 @@ async fn continue_reports_the_new_turn_never_the_previous_one() {
     let st = rig.status(&task).await;
     assert!(matches!(status(&st), "pending" | "running"), "{st}");
     let early = rig
-        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task , "detail": "full" }),
+        )
         .await;
     assert_ne!(early["status"], "completed", "{early}");
     assert_ne!(early["text"], first["text"], "{early}");
@@ -127,7 +133,7 @@ async fn continue_reports_the_new_turn_never_the_previous_one() {
     let (code, message) = rig
         .err(
             "opencode_continue_task",
-            json!({ "task_id": task, "prompt": "third" }),
+            json!({ "task_id": task, "prompt": "third", "detail": "full" }),
         )
         .await;
     assert_eq!(code, "conflict", "{message}");
@@ -265,7 +271,9 @@ async fn waiting_any_timeouts_progress_and_host_cancellation() {
         .await
         .expect("send wait");
     let token = handle.progress_token.clone();
-    let reply = support::mcp::McpClient::await_call(handle, Duration::from_secs(30))
+    let reply = rig
+        .client
+        .await_call("opencode_wait_for_task", handle, Duration::from_secs(30))
         .await
         .expect("wait returns");
     assert_eq!(reply.structured["timed_out"], true);
@@ -435,7 +443,10 @@ async fn no_opencode_process_outlives_stop_server_or_the_gateway() {
         .contains("stopped"));
     // Its result stays readable.
     let r = rig
-        .ok("opencode_get_task_result", json!({ "task_id": running }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": running , "detail": "full" }),
+        )
         .await;
     assert_eq!(r["status"], "failed");
 
@@ -452,4 +463,117 @@ async fn no_opencode_process_outlives_stop_server_or_the_gateway() {
         wait_gone(second_pid, Duration::from_secs(10)).await,
         "the managed OpenCode went with the gateway"
     );
+}
+
+/// The common cycle is two calls and lean results: `start_task` with server_id `default` (no
+/// start_server call), then a wait that carries each answer. A long answer is cut to the host's
+/// result budget (the whole result, JSON escapes included) and goes on, page by page, in
+/// `get_task_result`; the pages join to exactly the answer. Ids, tokens and cost come with
+/// detail `full` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_calls_per_task_and_results_that_fit_the_host() {
+    let fake = support::FakeLlm::start();
+    let env = support::OpenCodeEnv::new();
+    let budget = 4_000usize;
+    let client = support::mcp::Launch::new(env.work_dir(), &env.home_dir())
+        .envs(env.vars(&fake.url()))
+        .env("OPENCODE_MCP_OPENCODE__COMMAND", support::opencode_bin())
+        .env(
+            "OPENCODE_MCP_HOSTS__DEFAULT__RESULT_CHARS",
+            budget.to_string(),
+        )
+        .connect()
+        .await
+        .expect("gateway");
+    let start = |prompt: String| {
+        let client = &client;
+        async move {
+            let r = client
+                .call(
+                    "opencode_start_task",
+                    json!({ "server_id": "default", "prompt": prompt }),
+                )
+                .await
+                .expect("call");
+            assert!(!r.is_error, "{}", r.text);
+            r
+        }
+    };
+    let short = start("short task".into()).await;
+    // Quotes double in JSON: the budget must count the escaped text, not the characters.
+    let long_line = format!("long {}", "word \"quoted\" ".repeat(900));
+    let long = start(long_line.clone()).await;
+    for reply in [&short, &long] {
+        let s = &reply.structured;
+        assert!(s["task_id"].is_string() && s["status"].is_string(), "{s}");
+        for full_only in ["session_id", "server_id", "directory", "turn"] {
+            assert!(
+                s.get(full_only).is_none(),
+                "lean start has no {full_only}: {s}"
+            );
+        }
+    }
+    let ids = [id(&short.structured), id(&long.structured)];
+    let wait = client
+        .call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": ids, "timeout_ms": TASK_TIMEOUT_MS }),
+        )
+        .await
+        .expect("wait");
+    assert!(wait.text.len() <= budget, "{} > {budget}", wait.text.len());
+    let w = &wait.structured;
+    assert_eq!(w["done"], true, "{w}");
+    assert_eq!(w["tasks"][0]["text"], "ECHO: short task", "{w}");
+    assert!(w["tasks"][0].get("next_offset").is_none(), "{w}");
+    let expected = echo_reply(&long_line);
+    let first = w["tasks"][1]["text"]
+        .as_str()
+        .expect("the long answer starts");
+    assert!(expected.starts_with(first) && first.len() > 1_000, "{w}");
+    let mut offset = w["tasks"][1]["next_offset"]
+        .as_u64()
+        .expect("cut, with next_offset");
+    assert_eq!(offset as usize, first.chars().count());
+    let mut joined = first.to_string();
+    let mut pages = 0;
+    loop {
+        let page = client
+            .call(
+                "opencode_get_task_result",
+                json!({ "task_id": ids[1], "offset": offset }),
+            )
+            .await
+            .expect("page");
+        assert!(!page.is_error, "{}", page.text);
+        assert!(page.text.len() <= budget, "{} > {budget}", page.text.len());
+        let p = &page.structured;
+        assert!(
+            p.get("tokens").is_none() && p.get("model").is_none(),
+            "lean: {p}"
+        );
+        joined.push_str(p["text"].as_str().expect("text"));
+        pages += 1;
+        match p["next_offset"].as_u64() {
+            Some(next) => offset = next,
+            None => break,
+        }
+    }
+    assert_eq!(joined, expected);
+    assert!(pages >= 2, "{pages}");
+    let full = client
+        .call_ok(
+            "opencode_get_task_result",
+            json!({ "task_id": ids[0], "detail": "full" }),
+        )
+        .await
+        .expect("full result");
+    assert!(full["tokens"]["input"].as_u64() > Some(0), "{full}");
+    assert!(full["model"].is_string() && full["turn"] == 1, "{full}");
+    eprintln!(
+        "two-call cycle: start {} + wait {} characters of results (lean)",
+        short.text.len(),
+        wait.text.len()
+    );
+    client.close().await.expect("close");
 }

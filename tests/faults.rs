@@ -179,12 +179,20 @@ async fn opencode_dies_mid_task_and_a_fresh_server_takes_over() {
 
     // The finished task is still readable, the failed ones too.
     let r = t
-        .ok(&rig, "opencode_get_task_result", json!({"task_id": done}))
+        .ok(
+            &rig,
+            "opencode_get_task_result",
+            json!({"task_id": done, "detail": "full" }),
+        )
         .await;
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply("finished before the crash"));
     let r = t
-        .ok(&rig, "opencode_get_task_result", json!({"task_id": shell}))
+        .ok(
+            &rig,
+            "opencode_get_task_result",
+            json!({"task_id": shell, "detail": "full" }),
+        )
         .await;
     assert_eq!(r["status"], "failed", "{r}");
     assert_eq!(r["error"]["name"], "ServerExited", "{r}");
@@ -238,13 +246,21 @@ async fn opencode_dies_mid_task_and_a_fresh_server_takes_over() {
         task_start.elapsed(),
     );
     let r = t
-        .ok(&rig, "opencode_get_task_result", json!({"task_id": after}))
+        .ok(
+            &rig,
+            "opencode_get_task_result",
+            json!({"task_id": after, "detail": "full" }),
+        )
         .await;
     assert_eq!(r["text"], echo_reply("after the crash"));
     // Status of everything once more, as a host polling would.
     for task in [&done, &streaming, &shell, &after] {
-        t.ok(&rig, "opencode_get_task_status", json!({"task_id": task}))
-            .await;
+        t.ok(
+            &rig,
+            "opencode_get_task_status",
+            json!({"task_id": task, "detail": "full" }),
+        )
+        .await;
     }
 
     // Security: no password in any tool output, nor in the debug log.
@@ -538,7 +554,7 @@ impl AttachedRig<'_> {
             out.push(
                 self.ok(
                     "opencode_start_task",
-                    json!({"server_id": self.server_id, "prompt": p}),
+                    json!({"server_id": self.server_id, "prompt": p, "detail": "full"}),
                 )
                 .await,
             );
@@ -589,13 +605,19 @@ impl AttachedRig<'_> {
         for (task, prompt) in ids.iter().zip(prompts) {
             assert_eq!(finished.get(task), Some(&1), "{task}: {finished:?}");
             let r = self
-                .ok("opencode_get_task_result", json!({"task_id": task}))
+                .ok(
+                    "opencode_get_task_result",
+                    json!({"task_id": task, "detail": "full" }),
+                )
                 .await;
             assert_eq!(r["status"], "completed", "{r}");
             assert_eq!(r["turn"], 1, "{r}");
             assert_eq!(r["text"], echo_reply(prompt), "{r}");
             let session = self
-                .ok("opencode_get_task_status", json!({"task_id": task}))
+                .ok(
+                    "opencode_get_task_status",
+                    json!({"task_id": task, "detail": "full" }),
+                )
                 .await["session_id"]
                 .as_str()
                 .expect("session")

@@ -148,7 +148,10 @@ async fn a_silent_task_is_reported_stalled_not_killed() {
         assert_eq!(r["status"], "completed", "{r}");
     }
     let first = rig
-        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task , "detail": "full" }),
+        )
         .await;
     assert_eq!(first["status"], "completed", "{first}");
 }

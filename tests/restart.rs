@@ -36,7 +36,10 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
     rig.relaunch().await;
 
     let after = rig
-        .ok("opencode_get_task_result", json!({ "task_id": done }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": done , "detail": "full" }),
+        )
         .await;
     assert_eq!(after["status"], "completed");
     assert_eq!(after["text"], before["text"]);
@@ -78,7 +81,10 @@ async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
     let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
     assert_eq!(w["done"], true, "{w}");
     let r = rig
-        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task , "detail": "full" }),
+        )
         .await;
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt));
@@ -101,12 +107,18 @@ async fn two_gateways_share_the_state_directory_without_stepping_on_each_other()
     // A second gateway on the same state directory, while the first one lives.
     let second = rig.launch.connect().await.expect("a second gateway starts");
     let seen = second
-        .call_ok("opencode_get_task_status", json!({ "task_id": done }))
+        .call_ok(
+            "opencode_get_task_status",
+            json!({ "task_id": done , "detail": "full" }),
+        )
         .await
         .expect("the second gateway answers for a finished task");
     assert_eq!(seen["status"], "completed");
     let other = second
-        .call("opencode_get_task_status", json!({ "task_id": running }))
+        .call(
+            "opencode_get_task_status",
+            json!({ "task_id": running , "detail": "full" }),
+        )
         .await
         .expect("call");
     assert_eq!(

@@ -406,8 +406,8 @@ async fn arguments_are_validated_before_anything_runs() -> Result<(), BoxError> 
     assert_invalid(
         &client,
         START_TASK,
-        json!({"prompt": "x"}),
-        &["`server_id`"],
+        json!({"server_id": "srv_x"}),
+        &["`prompt`"],
     )
     .await?;
     // timeout_ms over the maximum, and negative.
@@ -552,5 +552,82 @@ async fn sigterm_ends_the_session_cleanly() -> Result<(), BoxError> {
     let status = tokio::time::timeout(TIMEOUT, child.wait()).await??;
     assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
     drop(stdin);
+    Ok(())
+}
+
+/// The test client fails where a host fails: a line on stdout that is not JSON-RPC (here a shell
+/// prints one before the gateway starts) fails `close`, though rmcp itself would skip it.
+#[tokio::test]
+async fn the_test_client_rejects_a_stray_stdout_line() -> Result<(), BoxError> {
+    let sandbox = Sandbox::new()?;
+    let gateway = support::mcp::gateway_bin();
+    let client = sandbox
+        .launch()
+        .bin("/bin/sh")
+        .arg("-c")
+        .arg(format!("echo 'starting up'; exec '{}'", gateway.display()))
+        .connect()
+        .await?;
+    client.list_tools().await?;
+    assert_eq!(client.stdout_violations().len(), 1);
+    let err = client
+        .close()
+        .await
+        .expect_err("a stray line breaks the protocol");
+    assert!(err.to_string().contains("starting up"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn the_jsonrpc_check_tells_messages_from_other_lines() {
+    use support::mcp::check_jsonrpc;
+    for ok in [
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":"a","error":{"code":-1,"message":"x"}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
+    ] {
+        assert_eq!(check_jsonrpc(ok), Ok(()), "{ok}");
+    }
+    for bad in [
+        "starting up",
+        r#"{"id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{}}"#,
+        r#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
+    ] {
+        assert!(check_jsonrpc(bad).is_err(), "{bad}");
+    }
+}
+
+/// Each host is offered a wait it can sit through: the `timeout_ms` bound in its tool list is
+/// its own `hosts` entry's `wait_max` (a host unknown to the config gets `default`'s), never the
+/// gateway-wide `timeouts.wait_max` that hosts would cut off at about a minute.
+#[tokio::test]
+async fn each_host_sees_the_wait_it_can_sit_through() -> Result<(), BoxError> {
+    let defaults = default_config()?;
+    let sandbox = Sandbox::new()?;
+    sandbox.write_repo_config("hosts:\n  codex-mcp-client:\n    wait_max: 20s\n")?;
+    for (name, expected) in [
+        ("codex-mcp-client", 20_000u64),
+        (
+            "some-other-host",
+            u64::try_from(defaults.host(None).wait_max.as_millis())?,
+        ),
+    ] {
+        let client = sandbox.launch().client_name(name).connect().await?;
+        let tools = client.list_tools().await?;
+        let wait = tools
+            .iter()
+            .find(|t| t.name == WAIT)
+            .ok_or("no wait tool")?;
+        let timeout = &wait.input_schema["properties"]["timeout_ms"];
+        assert_eq!(timeout["maximum"], expected, "{name}: {timeout}");
+        assert!(
+            timeout["default"].as_u64() <= Some(expected),
+            "{name}: {timeout}"
+        );
+        client.close().await?;
+    }
+    assert!(defaults.host(None).wait_max < defaults.timeouts.wait_max.get());
     Ok(())
 }

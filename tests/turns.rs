@@ -731,7 +731,10 @@ async fn a_turn_that_auto_compacts_completes_with_the_final_answer() {
     };
 
     let r = rig
-        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task , "detail": "full" }),
+        )
         .await;
     assert_eq!(
         r["status"], "completed",
@@ -952,11 +955,11 @@ async fn two_concurrent_continues_start_exactly_one_turn() {
         let (ra, rb) = tokio::join!(
             rig.client.call(
                 "opencode_continue_task",
-                json!({ "task_id": task, "prompt": a, "model": model })
+                json!({ "task_id": task, "prompt": a, "model": model, "detail": "full" })
             ),
             rig.client.call(
                 "opencode_continue_task",
-                json!({ "task_id": task, "prompt": b, "model": model })
+                json!({ "task_id": task, "prompt": b, "model": model, "detail": "full" })
             ),
         );
         let (ra, rb) = (ra.expect("call A"), rb.expect("call B"));
@@ -1037,7 +1040,10 @@ async fn a_session_deleted_out_of_band_fails_the_task_naming_the_deletion() {
         "the task must end once its session is deleted: {w}"
     );
     let r = rig
-        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task , "detail": "full" }),
+        )
         .await;
     assert_eq!(r["status"], "failed", "{r}");
     let message = r["error"]["message"].as_str().unwrap_or_default();

@@ -36,6 +36,7 @@ pub fn launch(
         .env("OPENCODE_MCP_LIMITS__MAX_WAIT_IDS", "1000")
         .env("OPENCODE_MCP_STATE_DIR", state_dir)
         .env("OPENCODE_MCP_LOG", "warn")
+        .unchecked()
 }
 
 /// A connected gateway with an attached server.

@@ -14,7 +14,7 @@ use crate::gw::{check_completed, Gw};
 use crate::machine::{cpu_seconds, rss_mb};
 use crate::sse::IdleWatch;
 use crate::support::fake_llm::FakeLlm;
-use crate::support::mcp::{Launch as Spawn, McpClient as Client};
+use crate::support::mcp::Launch as Spawn;
 use crate::BoxError;
 
 /// Pause after each measured turn so OpenCode's post-turn work does not spill into the next.
@@ -210,7 +210,10 @@ async fn gateway_turn(
         )
         .await?;
     let sent = Instant::now();
-    let reply = Client::await_call(handle, Duration::from_secs(30)).await?;
+    let reply = gw
+        .client
+        .await_call("opencode_wait_for_task", handle, Duration::from_secs(30))
+        .await?;
     let returned = Instant::now();
     if reply.is_error || reply.structured["done"] != true {
         return Err(format!("wait_for_task did not finish the task: {}", reply.text).into());

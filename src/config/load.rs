@@ -23,7 +23,9 @@ use serde::de::DeserializeOwned;
 use super::env;
 use super::error::{ConfigError, Origin, Problem};
 use super::trust;
-use super::types::{Config, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts, ToolConfig};
+use super::types::{
+    Config, HostConfig, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts, ToolConfig,
+};
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
 use super::{Sources, DEFAULT_YAML};
@@ -45,6 +47,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "tools",
     "state_dir",
     "prompts",
+    "hosts",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -255,6 +258,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "tiers" => check::<Vec<Tier>>(figment, key),
                 "tools" => check_entries::<ToolConfig>(figment, key, value),
                 "prompts" => check_entries::<PromptConfig>(figment, key, value),
+                "hosts" => check_entries::<HostConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

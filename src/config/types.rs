@@ -62,6 +62,11 @@ pub struct Config {
     pub state_dir: Option<String>,
     /// Prompts offered to the host (`prompts/list`). Merged per prompt like `tools`.
     pub prompts: BTreeMap<String, PromptConfig>,
+    /// What each MCP host can take, by the `clientInfo.name` it sends at `initialize`
+    /// (`claude-code`, `codex-mcp-client`, ...); `default` serves every other host and fills
+    /// the fields an entry leaves out. Merged per host and per field like `tools`.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, HostConfig>,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
@@ -75,6 +80,26 @@ impl Config {
             .iter()
             .filter(|(_, tool)| tool.enabled)
             .map(|(name, tool)| (name.as_str(), tool))
+    }
+
+    /// The limits for the host that called itself `client` at `initialize`: its own entry, with
+    /// what it leaves out taken from `default`.
+    pub fn host(&self, client: Option<&str>) -> HostLimits {
+        let default = self.hosts.get(DEFAULT_HOST);
+        let own = client.and_then(|name| self.hosts.get(name));
+        let pick = |f: fn(&HostConfig) -> Option<u32>| {
+            own.and_then(f)
+                .or_else(|| default.and_then(f))
+                .unwrap_or(FALLBACK_RESULT_CHARS)
+        };
+        let wait = own
+            .and_then(|h| h.wait_max)
+            .or_else(|| default.and_then(|h| h.wait_max))
+            .map_or(self.timeouts.wait_max.get(), |w| w.get());
+        HostLimits {
+            result_chars: pick(|h| h.result_chars),
+            wait_max: wait.min(self.timeouts.wait_max.get()),
+        }
     }
 
     /// The tier called `name`, if configured.
@@ -167,6 +192,40 @@ pub struct Limits {
     /// bounded); a longer answer is cut and the result says so (`text_capped`).
     #[schemars(range(min = 1))]
     pub max_result_chars: u32,
+}
+
+/// The `hosts` entry that serves every host without one of its own.
+pub const DEFAULT_HOST: &str = "default";
+
+/// Used only if `hosts.default` were missing, which validation refuses.
+const FALLBACK_RESULT_CHARS: u32 = 20_000;
+
+/// The fewest characters a host's result budget may be: a result's fields besides the answer
+/// take up to a few thousand.
+pub const MIN_RESULT_CHARS: u32 = 4_000;
+
+/// What one MCP host can take. Hosts differ: Claude Code moves a tool result over 50,000
+/// characters into a file and shows its model a 2 KB preview; Codex keeps about 12,000
+/// characters of each result; most hosts end a tool call that runs past 60 s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Most characters of one tool result as the host shows it to its model (the whole JSON
+    /// text, not just the answer in it). Long answers are paged to fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_RESULT_CHARS))]
+    pub result_chars: Option<u32>,
+    /// The longest `wait_for_task` call the host lets run (its tool-call timeout, less a
+    /// margin); a longer `timeout_ms` is shortened to it. At most `timeouts.wait_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_max: Option<HumanDuration>,
+}
+
+/// The limits in force for one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLimits {
+    pub result_chars: u32,
+    pub wait_max: std::time::Duration,
 }
 
 /// A tier of models and the difficulty of work it should take.

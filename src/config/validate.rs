@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::template::{self, TIERS_PLACEHOLDER};
-use super::types::{Action, Config, MAX_INSTRUCTIONS_CHARS};
+use super::types::{Action, Config, DEFAULT_HOST, MAX_INSTRUCTIONS_CHARS, MIN_RESULT_CHARS};
 
 /// One violated rule. `key` is the setting to blame; `related` are other settings the rule
 /// compares it with. The loader reports whichever of them came from the latest layer, since
@@ -61,7 +61,58 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tools(config, &mut issues);
     prompts(config, &mut issues);
     state_dir(config, &mut issues);
+    hosts(config, &mut issues);
     issues.0
+}
+
+/// Every host needs a result budget with room for an answer and a wait it can sit through:
+/// `hosts.default` must give both, and no entry may go below the floor or past `wait_max`.
+fn hosts(config: &Config, issues: &mut Issues) {
+    match config.hosts.get(DEFAULT_HOST) {
+        None => issues.push(
+            "hosts",
+            format!("expected a `{DEFAULT_HOST}` entry, for hosts without one of their own"),
+        ),
+        Some(d) => {
+            for (field, set) in [
+                ("result_chars", d.result_chars.is_some()),
+                ("wait_max", d.wait_max.is_some()),
+            ] {
+                if !set {
+                    issues.push(
+                        format!("hosts.{DEFAULT_HOST}.{field}"),
+                        "expected a value: the default entry fills what other hosts leave out",
+                    );
+                }
+            }
+        }
+    }
+    for (name, host) in &config.hosts {
+        if let Some(chars) = host.result_chars.filter(|c| *c < MIN_RESULT_CHARS) {
+            issues.push(
+                format!("hosts.{name}.result_chars"),
+                format!(
+                    "expected at least {MIN_RESULT_CHARS} characters (a result's fields besides \
+                     the answer take up to a few thousand), found {chars}"
+                ),
+            );
+        }
+        if let Some(wait) = host.wait_max {
+            let key = format!("hosts.{name}.wait_max");
+            if wait.get() == Duration::ZERO {
+                issues.push(key, "expected a duration greater than zero, found 0s");
+            } else if wait.get() > config.timeouts.wait_max.get() {
+                issues.push_related(
+                    &key,
+                    "timeouts.wait_max",
+                    format!(
+                        "expected at most timeouts.wait_max ({}), found {wait}",
+                        config.timeouts.wait_max
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn state_dir(config: &Config, issues: &mut Issues) {

@@ -9,7 +9,8 @@
 //! error naming the tool; everything else (bad arguments included) is a tool result with
 //! `isError: true` that the host model can read and act on (see `error.rs`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, GetPromptRequestParams,
@@ -23,7 +24,7 @@ use serde_json::json;
 use super::actions::{self, Ctx};
 use super::prompts;
 use super::tools::ToolTable;
-use crate::config::Config;
+use crate::config::{Config, HostLimits};
 use crate::tasks::TaskService;
 
 /// The name the server reports in `initialize`.
@@ -35,6 +36,9 @@ pub struct Gateway {
     config: Arc<Config>,
     tasks: Arc<TaskService>,
     tools: Arc<ToolTable>,
+    /// The tool table as each host sees it (its own wait bound in the schemas), built on its
+    /// first `tools/list`; there are only ever a handful of host names.
+    host_tools: Arc<Mutex<HashMap<String, Arc<ToolTable>>>>,
     prompts: Arc<Vec<Prompt>>,
     info: Arc<ServerConfig>,
 }
@@ -57,9 +61,39 @@ impl Gateway {
             config,
             tasks,
             tools,
+            host_tools: Arc::default(),
             prompts,
             info: Arc::new(info),
         }
+    }
+
+    /// The limits of the host on the other end, by the name it gave at `initialize`.
+    fn host(&self, context: &RequestContext<RoleServer>) -> (Option<String>, HostLimits) {
+        let name = context
+            .peer
+            .peer_info()
+            .map(|info| info.client_info.name.clone());
+        let limits = self.config.host(name.as_deref());
+        (name, limits)
+    }
+
+    /// The tool list for a host: the wait tool's `timeout_ms` bound and default are what that
+    /// host sits through.
+    fn tools_for(&self, name: Option<String>, limits: HostLimits) -> Arc<ToolTable> {
+        if limits.wait_max >= self.config.timeouts.wait_max.get() {
+            return self.tools.clone();
+        }
+        let mut table = self.host_tools.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .entry(name.unwrap_or_default())
+            .or_insert_with(|| {
+                let mut seen = self.config.as_ref().clone();
+                seen.timeouts.wait_max = limits.wait_max.into();
+                seen.timeouts.wait_default =
+                    seen.timeouts.wait_default.get().min(limits.wait_max).into();
+                Arc::new(ToolTable::new(&seen))
+            })
+            .clone()
     }
 
     /// The task service, for shutdown.
@@ -76,9 +110,11 @@ impl ServerHandler for Gateway {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.tools.tools().to_vec()))
+        let (name, limits) = self.host(&context);
+        let tools = self.tools_for(name, limits);
+        Ok(ListToolsResult::with_all_items(tools.tools().to_vec()))
     }
 
     async fn call_tool(
@@ -100,8 +136,10 @@ impl ServerHandler for Gateway {
                 Some(json!({ "tool": name })),
             ));
         };
+        let (_, host) = self.host(&context);
         let ctx = Ctx {
             config: &self.config,
+            host,
             tasks: &self.tasks,
             request: &context,
         };

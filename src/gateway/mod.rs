@@ -12,6 +12,7 @@
 //! no child process outlives us (the original orphaned them).
 
 mod actions;
+mod budget;
 mod error;
 mod handler;
 mod prompts;

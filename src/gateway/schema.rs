@@ -55,6 +55,19 @@ pub fn property<'a>(schema: &'a mut JsonObject, name: &str) -> Option<&'a mut Js
         .and_then(Value::as_object_mut)
 }
 
+/// Lists `name` first among the schema's required properties. For an argument the gateway
+/// tolerates leaving out (it has a serde default) but that hosts' existing prompts always pass,
+/// such as `server_id`, whose required status the tools keep from the original.
+pub fn require_first(schema: &mut JsonObject, name: &str) {
+    let required = schema
+        .entry("required")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(list) = required {
+        list.retain(|v| v != name);
+        list.insert(0, Value::String(name.to_string()));
+    }
+}
+
 fn settings() -> SchemaSettings {
     SchemaSettings::draft2020_12().with(|s| {
         s.meta_schema = None;

@@ -86,22 +86,26 @@ pub struct RetryInfo {
     pub message: String,
 }
 
+/// How much a task tool reports. Every character of a result is read at the orchestrating
+/// model's price, so by default a result says what the orchestrator acts on (status, answer,
+/// error, changed files) and the rest (ids, model, tokens, cost, tool calls) comes on request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Detail {
+    /// Status, title, elapsed time, answer, error, changed files.
+    #[default]
+    Lean,
+    /// Also the OpenCode ids (server, session), directory, agent, model, turn, tokens, cost,
+    /// tool calls and timings.
+    Full,
+}
+
 /// A task as status and wait report it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct TaskSnapshot {
     pub task_id: String,
     pub status: TaskStatus,
-    pub server_id: String,
-    pub session_id: String,
     pub title: String,
-    pub directory: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-    /// The model the turn asked for (`provider/model`), or the one that answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// 1 for the first prompt, +1 for each `continue_task`.
-    pub turn: u32,
     /// Milliseconds since the current turn was sent.
     pub elapsed_ms: u64,
     /// Why the task failed, timed out or was cancelled.
@@ -112,6 +116,48 @@ pub struct TaskSnapshot {
     pub permission: Option<PermissionAsk>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// The answer of a finished turn (wait results), as much as fits in this result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The answer goes on: read the rest with the get-result tool from this `offset`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// Files the finished turn changed (wait results).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files_changed: Option<Vec<FileChange>>,
+    /// (detail `full`) The OpenCode server the task runs on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<String>,
+    /// (detail `full`) The OpenCode session of the task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// (detail `full`) The directory the session works in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directory: Option<String>,
+    /// (detail `full`)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// (detail `full`) The model the turn asked for (`provider/model`), or the one that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+}
+
+impl TaskSnapshot {
+    /// Drops what only detail `full` reports.
+    pub fn with_detail(mut self, detail: Detail) -> Self {
+        if detail == Detail::Lean {
+            self.server_id = None;
+            self.session_id = None;
+            self.directory = None;
+            self.agent = None;
+            self.model = None;
+            self.turn = None;
+        }
+        self
+    }
 }
 
 /// The full result of a task's current turn.
@@ -120,48 +166,86 @@ pub struct TaskResult {
     pub task_id: String,
     /// The same status `get_task_status` reports.
     pub status: TaskStatus,
-    pub turn: u32,
-    /// The final text of the turn, from `offset`, at most `limits.result_page_chars` characters.
+    /// The final text of the turn from `offset`: as much as fits in one result for this host
+    /// (at most `limits.result_page_chars` characters).
     pub text: String,
     /// More text follows: call again with `offset = next_offset`.
     pub truncated: bool,
-    /// Character offset this page starts at.
-    pub offset: u64,
     /// Total characters of the final text.
     pub total_chars: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
+    /// Character offset this page starts at (absent for 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offset: u64,
     /// The answer was longer than `limits.max_result_chars` and was cut there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub text_capped: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-    /// Summed over the turn's model calls, compaction summaries included.
-    pub tokens: Tokens,
-    /// Cost in USD as OpenCode computed it (0 for models without pricing), summed like `tokens`.
-    pub cost: f64,
-    /// How often OpenCode compacted the context during the turn (summarised the history to fit
-    /// the model's context window, then went on).
-    pub compactions: u32,
-    /// The part of `tokens` spent writing those summaries.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub compaction_tokens: Option<Tokens>,
-    /// The model's finish reason (`stop`, `length`, ...).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finish: Option<String>,
-    /// Milliseconds from sending the turn to its end (or until now while running).
-    pub duration_ms: u64,
     /// Files this turn changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_changed: Vec<FileChange>,
-    /// Tool calls of the turn.
-    pub tools: Vec<ToolCall>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
     /// Why `text` is empty or incomplete although the turn is over: its messages could not be
     /// read from OpenCode. Never present when `text` is the whole answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_error: Option<String>,
+    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// (detail `full`)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// (detail `full`)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// (detail `full`) Summed over the turn's model calls, compaction summaries included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Tokens>,
+    /// (detail `full`) Cost in USD as OpenCode computed it (0 for models without pricing),
+    /// summed like `tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// (detail `full`) How often OpenCode compacted the context during the turn (summarised the
+    /// history to fit the model's context window, then went on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compactions: Option<u32>,
+    /// (detail `full`) The part of `tokens` spent writing those summaries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction_tokens: Option<Tokens>,
+    /// (detail `full`) The model's finish reason (`stop`, `length`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
+    /// (detail `full`) Milliseconds from sending the turn to its end (or until now while
+    /// running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// (detail `full`) Tool calls of the turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolCall>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl TaskResult {
+    /// Drops what only detail `full` reports.
+    pub fn with_detail(mut self, detail: Detail) -> Self {
+        if detail == Detail::Lean {
+            self.turn = None;
+            self.model = None;
+            self.agent = None;
+            self.tokens = None;
+            self.cost = None;
+            self.compactions = None;
+            self.compaction_tokens = None;
+            self.finish = None;
+            self.duration_ms = None;
+            self.tools = None;
+        }
+        self
+    }
 }
 
 /// `all`: wait until every task is finished; `any`: until one is.

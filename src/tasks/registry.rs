@@ -201,17 +201,20 @@ impl TaskEntry {
         TaskSnapshot {
             task_id: r.id.clone(),
             status: r.status,
-            server_id: r.server_id.clone(),
-            session_id: r.session_id.clone(),
             title: r.title.clone(),
-            directory: r.directory.clone(),
-            agent: self.agent(),
-            model: self.model(),
-            turn: r.turn,
             elapsed_ms: self.duration().as_millis() as u64,
             error: r.error.clone(),
             permission: r.permission.clone(),
             progress,
+            text: None,
+            next_offset: None,
+            files_changed: None,
+            server_id: Some(r.server_id.clone()),
+            session_id: Some(r.session_id.clone()),
+            directory: Some(r.directory.clone()),
+            agent: self.agent(),
+            model: self.model(),
+            turn: Some(r.turn),
         }
     }
 

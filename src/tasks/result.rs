@@ -11,11 +11,11 @@ use super::tracker::{self, Attempts};
 use super::turn::{self, TurnState};
 
 impl TaskService {
-    /// The full result of the current turn; `offset` is in characters. For an unfinished task it
-    /// reports what is known so far, with the same status `get_task_status` gives. A finished
-    /// turn whose messages cannot be read says so in `text_error`; an empty text is never
-    /// presented as the answer.
-    pub async fn result(&self, task_id: &str, offset: u64) -> Result<TaskResult, TaskError> {
+    /// The full result of the current turn, with the whole text (the caller pages it for its
+    /// host). For an unfinished task it reports what is known so far, with the same status
+    /// `get_task_status` gives. A finished turn whose messages cannot be read says so in
+    /// `text_error`; an empty text is never presented as the answer.
+    pub async fn result(&self, task_id: &str) -> Result<TaskResult, TaskError> {
         self.restored().await;
         let mut entry = self.entry(task_id)?;
         let server = self
@@ -79,33 +79,29 @@ impl TaskService {
         if finished && entry.rec.outcome.is_none() && text_error.is_none() {
             text_error = Some("the turn's final text could not be read from OpenCode".into());
         }
-        let page = self.config.limits.result_page_chars as usize;
-        let total = outcome.text.chars().count();
-        let start = (offset as usize).min(total);
-        let text: String = outcome.text.chars().skip(start).take(page).collect();
-        let end = start + text.chars().count();
+        let total = outcome.text.chars().count() as u64;
         Ok(TaskResult {
             task_id: entry.rec.id.clone(),
             status: entry.rec.status,
-            turn: entry.rec.turn,
-            truncated: end < total,
-            next_offset: (end < total).then_some(end as u64),
-            offset: start as u64,
-            total_chars: total as u64,
-            text,
+            text: outcome.text.clone(),
+            truncated: false,
+            total_chars: total,
+            next_offset: None,
+            offset: 0,
             text_capped: outcome.text_capped,
-            model: entry.model(),
-            agent: entry.agent(),
-            tokens: outcome.tokens,
-            cost: outcome.cost,
-            compactions: outcome.compactions,
-            compaction_tokens: (outcome.compactions > 0).then_some(outcome.compaction_tokens),
-            finish: outcome.finish.clone(),
-            duration_ms: entry.duration().as_millis() as u64,
             files_changed: entry.rec.files_changed.clone().unwrap_or_default(),
-            tools: outcome.tools.clone(),
             error: entry.rec.error.clone(),
             text_error,
+            turn: Some(entry.rec.turn),
+            model: entry.model(),
+            agent: entry.agent(),
+            tokens: Some(outcome.tokens),
+            cost: Some(outcome.cost),
+            compactions: Some(outcome.compactions),
+            compaction_tokens: (outcome.compactions > 0).then_some(outcome.compaction_tokens),
+            finish: outcome.finish.clone(),
+            duration_ms: Some(entry.duration().as_millis() as u64),
+            tools: Some(outcome.tools.clone()),
         })
     }
 }

@@ -11,6 +11,7 @@
 //!   back as a [`ToolReply`] (structured content, `isError`, the error code); progress
 //!   notifications are recorded; the gateway's stderr is kept for failure messages.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,10 +24,9 @@ use rmcp::model::{
     ProgressNotificationParam, ProgressToken, Prompt, ServerPeerInfo, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestHandle, RunningService};
-use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// The error type of these helpers.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -42,6 +42,11 @@ pub fn gateway_bin() -> PathBuf {
 /// How to start the gateway.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    /// The `clientInfo.name` sent at `initialize` (hosts are told apart by it).
+    client_name: String,
+    /// Whether results are checked against their tool's `outputSchema` (see
+    /// [`Launch::unchecked`]).
+    check_results: bool,
     bin: PathBuf,
     cwd: PathBuf,
     args: Vec<OsString>,
@@ -61,6 +66,8 @@ impl Launch {
             home.join(".config").into_os_string(),
         ));
         Self {
+            client_name: "opencode-mcp-tests".into(),
+            check_results: true,
             bin: gateway_bin(),
             cwd: cwd.into(),
             args: Vec::new(),
@@ -97,6 +104,20 @@ impl Launch {
         self
     }
 
+    /// Introduces the client as `name` at `initialize`, as a real host would
+    /// (`claude-code`, `codex-mcp-client`).
+    pub fn client_name(mut self, name: &str) -> Self {
+        self.client_name = name.to_string();
+        self
+    }
+
+    /// Skips the `outputSchema` check of each result: for the benchmark, whose timings must be
+    /// the gateway's, not the check's. Tests keep it.
+    pub fn unchecked(mut self) -> Self {
+        self.check_results = false;
+        self
+    }
+
     /// The command, with stdio left for the caller to configure.
     pub fn command(&self) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.bin);
@@ -109,28 +130,71 @@ impl Launch {
     }
 
     /// Spawns the gateway and completes the MCP handshake.
+    ///
+    /// The gateway's stdout passes through a checker before rmcp reads it: every line must be a
+    /// JSON-RPC 2.0 message. rmcp itself skips lines it cannot parse, and a host would not, so a
+    /// stray line (a log, a debug print) is recorded and fails the test when the client is closed
+    /// or dropped ([`McpClient::stdout_violations`]).
     pub async fn connect(&self) -> Result<McpClient, BoxError> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command())
+        let mut child = self
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
-        let pid = transport.id();
+        let pid = child.id();
+        let (Some(stdin), Some(stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err("the gateway's stdio pipes are missing".into());
+        };
         let stderr_text = Arc::new(Mutex::new(String::new()));
-        if let Some(mut pipe) = stderr {
-            let sink = stderr_text.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf).await {
-                    if n == 0 {
+        let sink = stderr_text.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut s) = sink.lock() {
+                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let (checked, mut forward) = tokio::io::duplex(1 << 20);
+        let found = violations.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        push(&found, format!("unreadable stdout: {e}"));
                         break;
                     }
-                    if let Ok(mut s) = sink.lock() {
-                        s.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    }
+                };
+                if let Err(why) = check_jsonrpc(&line) {
+                    push(&found, format!("{why}: {}", clip(&line)));
+                    continue;
                 }
-            });
-        }
-        let recorder = Recorder::default();
-        let service = match tokio::time::timeout(TIMEOUT, recorder.clone().serve(transport)).await {
+                let sent = async {
+                    forward.write_all(line.as_bytes()).await?;
+                    forward.write_all(b"\n").await
+                };
+                if sent.await.is_err() {
+                    break;
+                }
+            }
+        });
+        let recorder = Recorder {
+            name: self.client_name.clone(),
+            ..Recorder::default()
+        };
+        let service = match tokio::time::timeout(TIMEOUT, recorder.clone().serve((checked, stdin)))
+            .await
+        {
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
                 return Err(format!("MCP handshake failed: {e}\n{}", snapshot(&stderr_text)).into())
@@ -140,11 +204,50 @@ impl Launch {
             }
         };
         Ok(McpClient {
-            service,
+            service: Some(service),
+            child,
             recorder,
             stderr: stderr_text,
             pid,
+            violations,
+            check_results: self.check_results,
+            output_schemas: tokio::sync::OnceCell::new(),
         })
+    }
+}
+
+fn push(list: &Arc<Mutex<Vec<String>>>, item: String) {
+    if let Ok(mut l) = list.lock() {
+        l.push(item);
+    }
+}
+
+fn clip(line: &str) -> String {
+    line.chars().take(300).collect()
+}
+
+/// Why `line` is not one JSON-RPC 2.0 message (a request, a notification or a response), if it
+/// is not.
+pub fn check_jsonrpc(line: &str) -> Result<(), String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
+    let Some(m) = v.as_object() else {
+        return Err("not a JSON-RPC object".into());
+    };
+    if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err("no \"jsonrpc\": \"2.0\"".into());
+    }
+    if let Some(method) = m.get("method") {
+        return match method.is_string() {
+            true => Ok(()),
+            false => Err("`method` is not a string".into()),
+        };
+    }
+    let id_ok = m
+        .get("id")
+        .is_some_and(|id| id.is_string() || id.is_number());
+    match (id_ok, m.contains_key("result"), m.contains_key("error")) {
+        (true, true, false) | (true, false, true) => Ok(()),
+        _ => Err("neither a request nor a response with an id and one of result/error".into()),
     }
 }
 
@@ -240,6 +343,7 @@ impl ToolReply {
 /// The client side: records progress notifications.
 #[derive(Clone, Default)]
 pub struct Recorder {
+    name: String,
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
 }
 
@@ -257,17 +361,35 @@ impl ClientHandler for Recorder {
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
             ClientCapabilities::default(),
-            Implementation::new("opencode-mcp-tests", "0.0.0"),
+            Implementation::new(self.name.clone(), "0.0.0"),
         )
     }
 }
 
 /// A connected gateway.
 pub struct McpClient {
-    service: RunningService<RoleClient, Recorder>,
+    /// `None` once [`McpClient::close`] has taken it.
+    service: Option<RunningService<RoleClient, Recorder>>,
+    child: tokio::process::Child,
     recorder: Recorder,
     stderr: Arc<Mutex<String>>,
     pid: Option<u32>,
+    /// Stdout lines that were not JSON-RPC.
+    violations: Arc<Mutex<Vec<String>>>,
+    check_results: bool,
+    /// Each tool's `outputSchema`, compiled, read once from `tools/list`.
+    output_schemas: tokio::sync::OnceCell<HashMap<String, Arc<jsonschema::Validator>>>,
+}
+
+impl Drop for McpClient {
+    /// A test that never closes its client is still held to the protocol: what a host would
+    /// have rejected fails it here.
+    fn drop(&mut self) {
+        let found = self.stdout_violations();
+        if !found.is_empty() && !std::thread::panicking() {
+            panic!("the gateway broke the MCP protocol:\n{}", found.join("\n"));
+        }
+    }
 }
 
 /// Bounds a request by [`TIMEOUT`]; dropping the request future on timeout makes rmcp send
@@ -283,7 +405,7 @@ async fn bounded<T>(
 impl McpClient {
     /// What the server said at `initialize`.
     pub fn server_info(&self) -> Option<ServerPeerInfo> {
-        self.service.peer_info().map(|i| i.as_ref().clone())
+        self.service().peer_info().map(|i| i.as_ref().clone())
     }
 
     /// The gateway's process id.
@@ -313,12 +435,77 @@ impl McpClient {
             .collect()
     }
 
+    /// What the gateway wrote to stdout that was not JSON-RPC.
+    pub fn stdout_violations(&self) -> Vec<String> {
+        self.violations
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    fn service(&self) -> &RunningService<RoleClient, Recorder> {
+        self.service
+            .as_ref()
+            .expect("the client is open until close() consumes it")
+    }
+
     pub async fn list_tools(&self) -> Result<Vec<Tool>, ServiceError> {
-        bounded(self.service.list_all_tools()).await
+        bounded(self.service().list_all_tools()).await
     }
 
     pub async fn list_prompts(&self) -> Result<Vec<Prompt>, ServiceError> {
-        bounded(self.service.list_all_prompts()).await
+        bounded(self.service().list_all_prompts()).await
+    }
+
+    /// Checks a result as the TypeScript SDK 1.x does before a host sees it: a tool that
+    /// declares an `outputSchema` must return `structuredContent` on success, and any
+    /// `structuredContent` must match the schema (on error results too: that is where the SDK
+    /// rejected ours). Panics with the reasons, as the host's call would fail.
+    async fn check_result(&self, tool: &str, result: &CallToolResult) {
+        if !self.check_results {
+            return;
+        }
+        let schemas = self
+            .output_schemas
+            .get_or_init(|| async {
+                let tools = self
+                    .list_tools()
+                    .await
+                    .expect("tools/list for the output schemas");
+                tools
+                    .into_iter()
+                    .filter_map(|t| {
+                        let schema = Value::Object(t.output_schema.as_deref()?.clone());
+                        let compiled = jsonschema::validator_for(&schema).unwrap_or_else(|e| {
+                            panic!("{}: the outputSchema does not compile: {e}", t.name)
+                        });
+                        Some((t.name.to_string(), Arc::new(compiled)))
+                    })
+                    .collect()
+            })
+            .await;
+        let Some(schema) = schemas.get(tool) else {
+            return;
+        };
+        let problems: Vec<String> = match &result.structured_content {
+            None if result.is_error != Some(true) => {
+                vec!["a successful result without structuredContent".into()]
+            }
+            None => Vec::new(),
+            Some(content) => schema
+                .iter_errors(content)
+                .map(|e| format!("{e} at {}", e.instance_path()))
+                .collect(),
+        };
+        if !problems.is_empty() {
+            let shown = serde_json::to_string(result).unwrap_or_default();
+            panic!(
+                "{tool}: the result does not match the tool's outputSchema (a TypeScript SDK \
+                 host would reject it with -32602): {}\nresult: {}",
+                problems.join("; "),
+                clip(&shown)
+            );
+        }
     }
 
     pub async fn get_prompt(
@@ -330,14 +517,15 @@ impl McpClient {
         if let Value::Object(map) = args {
             params = params.with_arguments(map);
         }
-        bounded(self.service.get_prompt(params)).await
+        bounded(self.service().get_prompt(params)).await
     }
 
     /// Calls a tool. `args` must be a JSON object (anything else sends no arguments). A JSON-RPC
     /// error (unknown tool) is `Err(ServiceError::McpError(..))`; a tool error is an `Ok` reply
     /// with `is_error`.
     pub async fn call(&self, tool: &str, args: Value) -> Result<ToolReply, ServiceError> {
-        let result = bounded(self.service.call_tool(call_params(tool, args))).await?;
+        let result = bounded(self.service().call_tool(call_params(tool, args))).await?;
+        self.check_result(tool, &result).await;
         Ok(ToolReply::from_result(result))
     }
 
@@ -360,32 +548,56 @@ impl McpClient {
     ) -> Result<RequestHandle<RoleClient>, ServiceError> {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(call_params(tool, args)));
         bounded(
-            self.service
+            self.service()
                 .send_request_with_option(request, PeerRequestOptions::no_options()),
         )
         .await
     }
 
-    /// Awaits a call sent with [`McpClient::start_call`], bounded by `timeout`.
+    /// Awaits a call to `tool` sent with [`McpClient::start_call`], bounded by `timeout`.
     pub async fn await_call(
+        &self,
+        tool: &str,
         handle: RequestHandle<RoleClient>,
         timeout: Duration,
     ) -> Result<ToolReply, BoxError> {
         match tokio::time::timeout(timeout, handle.await_response()).await {
-            Ok(Ok(ServerResult::CallToolResult(r))) => Ok(ToolReply::from_result(r)),
+            Ok(Ok(ServerResult::CallToolResult(r))) => {
+                self.check_result(tool, &r).await;
+                Ok(ToolReply::from_result(r))
+            }
             Ok(Ok(other)) => Err(format!("unexpected response: {other:?}").into()),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(format!("tool call still running after {timeout:?}").into()),
         }
     }
 
-    /// Closes stdin (as a host does at exit) and waits, bounded, for the session to end. The
-    /// transport then waits for the process to exit, escalating to SIGTERM and kill.
-    pub async fn close(self) -> Result<(), BoxError> {
-        match tokio::time::timeout(TIMEOUT, self.service.cancel()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => Err("closing the MCP session timed out".into()),
+    /// Closes stdin (as a host does at exit) and waits, bounded, for the session to end and
+    /// the gateway to exit by itself. Fails if it does not, or if it broke the protocol.
+    pub async fn close(mut self) -> Result<(), BoxError> {
+        if let Some(service) = self.service.take() {
+            match tokio::time::timeout(TIMEOUT, service.cancel()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err("closing the MCP session timed out".into()),
+            }
+        }
+        match tokio::time::timeout(TIMEOUT, self.child.wait()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => {
+                return Err(format!(
+                    "the gateway did not exit within {TIMEOUT:?} of its stdin closing\n{}",
+                    self.stderr()
+                )
+                .into())
+            }
+        }
+        let found = std::mem::take(&mut *self.violations.lock().map_err(|e| e.to_string())?);
+        if found.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("the gateway broke the MCP protocol:\n{}", found.join("\n")).into())
         }
     }
 }

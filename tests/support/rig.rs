@@ -136,17 +136,21 @@ impl Rig {
         self.start_task_with(json!({ "prompt": prompt })).await
     }
 
-    /// Starts a task with extra arguments (server_id is filled in).
+    /// Starts a task with extra arguments (server_id is filled in, and detail `full` unless
+    /// `args` says otherwise: the tests read the ids).
     pub async fn start_task_with(&self, mut args: Value) -> Value {
         args["server_id"] = json!(self.server_id());
+        if args.get("detail").is_none() {
+            args["detail"] = json!("full");
+        }
         self.ok("opencode_start_task", args).await
     }
 
-    /// Waits for `ids` in `mode` for at most `timeout_ms`.
+    /// Waits for `ids` in `mode` for at most `timeout_ms`, with detail `full`.
     pub async fn wait(&self, ids: &[&str], mode: &str, timeout_ms: u64) -> Value {
         self.ok(
             "opencode_wait_for_task",
-            json!({ "task_ids": ids, "mode": mode, "timeout_ms": timeout_ms }),
+            json!({ "task_ids": ids, "mode": mode, "timeout_ms": timeout_ms, "detail": "full" }),
         )
         .await
     }
@@ -160,13 +164,20 @@ impl Rig {
             "task {id} did not finish: {w}\n--- gateway stderr ---\n{}",
             self.client.stderr()
         );
-        self.ok("opencode_get_task_result", json!({ "task_id": id }))
-            .await
+        self.ok(
+            "opencode_get_task_result",
+            json!({ "task_id": id, "detail": "full" }),
+        )
+        .await
     }
 
+    /// A task's status with detail `full`.
     pub async fn status(&self, id: &str) -> Value {
-        self.ok("opencode_get_task_status", json!({ "task_id": id }))
-            .await
+        self.ok(
+            "opencode_get_task_status",
+            json!({ "task_id": id, "detail": "full" }),
+        )
+        .await
     }
 
     /// Chat requests the fake received for one OpenCode session.

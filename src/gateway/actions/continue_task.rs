@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::{checks, start_task, ActionSpec, Ctx};
 use crate::config::Config;
 use crate::gateway::error::ToolError;
-use crate::tasks::{self, TaskSnapshot};
+use crate::tasks::{self, Detail, TaskSnapshot};
 
 /// Arguments of `continue_task`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -29,6 +29,10 @@ pub struct Args {
     /// Run this turn with another exact model, `provider/model`. Default: the task's model.
     #[schemars(length(min = 1))]
     pub model: Option<String>,
+    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
+    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    #[serde(default)]
+    pub detail: Detail,
 }
 
 /// The `continue_task` action.
@@ -61,5 +65,9 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         agent: checks::optional_name("agent", args.agent)?,
         model: checks::model("model", args.model)?,
     };
-    Ok(ctx.tasks.continue_task(request).await?)
+    Ok(ctx
+        .tasks
+        .continue_task(request)
+        .await?
+        .with_detail(args.detail))
 }

@@ -9,8 +9,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{checks, ActionSpec, Ctx};
+use crate::gateway::budget;
 use crate::gateway::error::ToolError;
-use crate::tasks::TaskResult;
+use crate::tasks::{Detail, TaskResult};
 
 /// Arguments of `get_task_result`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -23,6 +24,10 @@ pub struct Args {
     /// the previous page.
     #[serde(default)]
     pub offset: u64,
+    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
+    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    #[serde(default)]
+    pub detail: Detail,
 }
 
 /// The `get_task_result` action.
@@ -45,5 +50,11 @@ impl ActionSpec for GetTaskResult {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskResult, ToolError> {
     let task_id = checks::required_name("task_id", args.task_id)?;
-    Ok(ctx.tasks.result(&task_id, args.offset).await?)
+    let result = ctx.tasks.result(&task_id).await?.with_detail(args.detail);
+    Ok(budget::page_result(
+        result,
+        args.offset,
+        ctx.config.limits.result_page_chars as usize,
+        ctx.host.result_chars as usize,
+    ))
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{checks, ActionSpec, Ctx};
 use crate::gateway::error::ToolError;
-use crate::tasks::TaskSnapshot;
+use crate::tasks::{Detail, TaskSnapshot};
 
 /// Arguments of `get_task_status`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -21,6 +21,10 @@ pub struct Args {
     /// Also report what a running task is doing now (current tool, recent text, tokens).
     #[serde(default)]
     pub include_progress: bool,
+    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
+    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    #[serde(default)]
+    pub detail: Detail,
 }
 
 /// The `get_task_status` action.
@@ -43,5 +47,6 @@ impl ActionSpec for GetTaskStatus {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
     let task_id = checks::required_name("task_id", args.task_id)?;
-    Ok(ctx.tasks.status(&task_id, args.include_progress).await?)
+    let snapshot = ctx.tasks.status(&task_id, args.include_progress).await?;
+    Ok(snapshot.with_detail(args.detail))
 }

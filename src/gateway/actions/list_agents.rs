@@ -2,19 +2,23 @@
 //! to on it, so the host can choose `agent`, `model` or `tier` for a task from facts rather than
 //! guesses.
 
-use rmcp::model::ToolAnnotations;
+use rmcp::model::{JsonObject, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{checks, ActionSpec, Ctx};
+use super::{start_task, ActionSpec, Ctx};
+use crate::config::Config;
 use crate::gateway::error::ToolError;
+use crate::gateway::schema::require_first;
 use crate::tasks::AgentCatalog;
 
 /// Arguments of `list_agents`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool.
+    /// The `server_id` returned by the start server tool, or `default` (the gateway's own
+    /// server, started on first use).
+    #[serde(default)]
     #[schemars(length(min = 1))]
     pub server_id: String,
 }
@@ -35,9 +39,13 @@ impl ActionSpec for ListAgents {
             .idempotent(true)
             .open_world(false)
     }
+
+    fn refine_input_schema(_config: &Config, schema: &mut JsonObject) {
+        require_first(schema, "server_id");
+    }
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<AgentCatalog, ToolError> {
-    let server_id = checks::required_name("server_id", args.server_id)?;
+    let server_id = start_task::server_id(args.server_id, ctx).await?;
     Ok(ctx.tasks.list_agents(&server_id).await?)
 }

@@ -46,13 +46,15 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::error::ToolError;
-use crate::config::{Action, Config};
+use crate::config::{Action, Config, HostLimits};
 use crate::tasks::TaskService;
 
 /// What a handler may use: the config, the task service, and the MCP request (for progress
 /// notifications and the host's cancellation).
 pub struct Ctx<'a> {
     pub config: &'a Config,
+    /// What the calling host can take: result size and wait length.
+    pub host: HostLimits,
     pub tasks: &'a TaskService,
     pub request: &'a RequestContext<RoleServer>,
 }

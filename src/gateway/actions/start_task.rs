@@ -13,14 +13,16 @@ use serde_json::Value;
 use super::{checks, ActionSpec, Ctx};
 use crate::config::Config;
 use crate::gateway::error::ToolError;
-use crate::gateway::schema::property;
-use crate::tasks::{self, TaskSnapshot};
+use crate::gateway::schema::{property, require_first};
+use crate::tasks::{self, Detail, TaskSnapshot};
 
 /// Arguments of `start_task`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool.
+    /// The `server_id` returned by the start server tool, or `default`: the server for the
+    /// gateway's own directory, started on first use, so no start server call is needed.
+    #[serde(default)]
     #[schemars(length(min = 1))]
     pub server_id: String,
     /// The task for the agent, self-contained: the goal, the files involved, constraints and
@@ -48,6 +50,10 @@ pub struct Args {
     /// same key with other arguments is refused (`conflict`). Use a fresh key per task.
     #[schemars(length(min = 1, max = 128))]
     pub idempotency_key: Option<String>,
+    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
+    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    #[serde(default)]
+    pub detail: Detail,
 }
 
 /// The `start_task` action.
@@ -72,6 +78,7 @@ impl ActionSpec for StartTask {
     }
 
     fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
+        require_first(schema, "server_id");
         refine_prompt(config, schema);
         refine_tier(config, schema);
     }
@@ -101,24 +108,35 @@ fn refine_tier(config: &Config, schema: &mut JsonObject) {
     }
 }
 
+/// The name that stands for "the gateway's own server" in place of a `server_id`.
+pub const DEFAULT_SERVER: &str = "default";
+
+/// Resolves `default` (and a `server_id` left out, which hosts that skip optional-looking
+/// arguments send) to the server for the gateway's directory, starting it on first use; the
+/// two-call cycle (start, wait) needs no start server call.
+pub(super) async fn server_id(given: String, ctx: &Ctx<'_>) -> Result<String, ToolError> {
+    let given = given.trim();
+    if given.is_empty() || given == DEFAULT_SERVER {
+        return Ok(ctx.tasks.start_server(None, None).await?.server_id);
+    }
+    checks::required_name("server_id", given.to_string())
+}
+
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
     if args.model.is_some() && args.tier.is_some() {
         return Err(ToolError::invalid_argument(
             "`model` and `tier` are mutually exclusive: pass an exact `model` or a `tier`, not both",
         ));
     }
-    let request = tasks::StartTask {
-        server_id: checks::required_name("server_id", args.server_id)?,
-        prompt: checks::prompt("prompt", args.prompt, ctx.config)?,
-        agent: checks::optional_name("agent", args.agent)?,
-        model: checks::model("model", args.model)?,
-        tier: checks::tier("tier", args.tier, ctx.config)?,
-        directory: checks::directory("directory", args.directory)?,
-        title: checks::optional_name("title", args.title)?,
-        idempotency_key: checks::optional_name("idempotency_key", args.idempotency_key)?,
-    };
-    if request
-        .idempotency_key
+    // Everything is checked before a `default` server is started for the call.
+    let prompt = checks::prompt("prompt", args.prompt, ctx.config)?;
+    let agent = checks::optional_name("agent", args.agent)?;
+    let model = checks::model("model", args.model)?;
+    let tier = checks::tier("tier", args.tier, ctx.config)?;
+    let directory = checks::directory("directory", args.directory)?;
+    let title = checks::optional_name("title", args.title)?;
+    let idempotency_key = checks::optional_name("idempotency_key", args.idempotency_key)?;
+    if idempotency_key
         .as_ref()
         .is_some_and(|k| k.chars().count() > 128)
     {
@@ -126,5 +144,15 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
             "`idempotency_key` is longer than 128 characters",
         ));
     }
-    Ok(ctx.tasks.start(request).await?)
+    let request = tasks::StartTask {
+        server_id: server_id(args.server_id, ctx).await?,
+        prompt,
+        agent,
+        model,
+        tier,
+        directory,
+        title,
+        idempotency_key,
+    };
+    Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

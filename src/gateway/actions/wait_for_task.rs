@@ -21,11 +21,12 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::{checks, ActionSpec, Ctx};
-use crate::config::Config;
+use crate::config::{Config, HostLimits};
 use crate::error::ErrorCode;
+use crate::gateway::budget;
 use crate::gateway::error::ToolError;
 use crate::gateway::schema::property;
-use crate::tasks::{TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
+use crate::tasks::{Detail, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
 
 /// Arguments of `wait_for_task`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -43,6 +44,10 @@ pub struct Args {
     /// Also report what the running tasks are doing (current tool, recent text, tokens).
     #[serde(default)]
     pub include_progress: bool,
+    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
+    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    #[serde(default)]
+    pub detail: Detail,
 }
 
 /// The `wait_for_task` action.
@@ -87,7 +92,7 @@ struct Request {
     include_progress: bool,
 }
 
-fn validate(args: Args, config: &Config) -> Result<Request, ToolError> {
+fn validate(args: Args, config: &Config, host: HostLimits) -> Result<Request, ToolError> {
     if args.task_ids.is_empty() {
         return Err(ToolError::invalid_argument(
             "`task_ids` must name at least one task",
@@ -118,16 +123,20 @@ fn validate(args: Args, config: &Config) -> Result<Request, ToolError> {
              wait in shorter calls"
         )));
     }
+    // A wait the host would cut off returns nothing at all; one shortened to what the host sits
+    // through returns a snapshot, and the caller waits again.
+    let timeout = Duration::from_millis(timeout_ms).min(host.wait_max);
     Ok(Request {
         ids,
         mode: args.mode,
-        timeout: Duration::from_millis(timeout_ms),
+        timeout,
         include_progress: args.include_progress,
     })
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
-    let request = validate(args, ctx.config)?;
+    let detail = args.detail;
+    let request = validate(args, ctx.config, ctx.host)?;
     let token = ctx.request.meta.get_progress_token();
     // The shortest slice is bounded so that a tiny configured interval cannot spin.
     let interval = ctx
@@ -159,7 +168,8 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
             outcome = wait => outcome?,
         };
         if outcome.done || slice_end >= deadline {
-            return Ok(finish(outcome, request.include_progress));
+            let outcome = finish(outcome, request.include_progress, detail);
+            return Ok(with_answers(outcome, ctx).await);
         }
         if let Some(token) = &token {
             sent += 1;
@@ -207,15 +217,40 @@ async fn notify(ctx: &Ctx<'_>, note: ProgressNotificationParam) {
     }
 }
 
-/// The result the host sees: `timed_out` is exactly "the condition was not met", and progress is
-/// shown only when asked for (it may have been fetched for the notifications).
-fn finish(mut outcome: WaitOutcome, include_progress: bool) -> WaitOutcome {
+/// The result the host sees: `timed_out` is exactly "the condition was not met", progress is
+/// shown only when asked for (it may have been fetched for the notifications), and the ids and
+/// the rest only with detail `full`.
+fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> WaitOutcome {
     outcome.timed_out = !outcome.done;
-    if !include_progress {
-        for task in &mut outcome.tasks {
-            task.progress = None;
+    outcome.tasks = std::mem::take(&mut outcome.tasks)
+        .into_iter()
+        .map(|mut task| {
+            if !include_progress {
+                task.progress = None;
+            }
+            task.with_detail(detail)
+        })
+        .collect();
+    outcome
+}
+
+/// Adds each finished task's answer and changed files, within the host's result budget: the
+/// common cycle is then start and wait, with no call to read the result unless an answer is
+/// too long for one result (its `next_offset` says where to go on).
+async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
+    let mut answers = Vec::new();
+    for (i, task) in outcome.tasks.iter().enumerate() {
+        if !task.status.is_terminal() {
+            continue;
+        }
+        match ctx.tasks.result(&task.task_id).await {
+            Ok(result) => answers.push((i, result)),
+            // The snapshot still says how the task ended; the get-result tool says why the
+            // answer cannot be read.
+            Err(e) => tracing::debug!(task = %task.task_id, "no answer for the wait: {e}"),
         }
     }
+    budget::fill_answers(&mut outcome, answers, ctx.host.result_chars as usize);
     outcome
 }
 
@@ -295,13 +330,16 @@ mod tests {
         TaskSnapshot {
             task_id: id.into(),
             status,
-            server_id: "srv_1".into(),
-            session_id: "ses_1".into(),
+            server_id: Some("srv_1".into()),
+            session_id: Some("ses_1".into()),
             title: "t".into(),
-            directory: "/tmp".into(),
+            directory: Some("/tmp".into()),
             agent: None,
             model: None,
-            turn: 1,
+            turn: Some(1),
+            text: None,
+            next_offset: None,
+            files_changed: None,
             elapsed_ms: 0,
             error: None,
             permission: None,
@@ -333,7 +371,7 @@ mod tests {
             progress_message(&outcome, 5, Duration::from_secs(40)),
             "2/5 finished after 40 s; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c"
         );
-        let finished = finish(outcome, false);
+        let finished = finish(outcome, false, Detail::Lean);
         assert!(finished.tasks.iter().all(|t| t.progress.is_none()));
         assert!(finished.timed_out);
     }
@@ -346,17 +384,31 @@ mod tests {
             mode: WaitMode::Any,
             timeout_ms,
             include_progress: false,
+            detail: Detail::Lean,
         };
-        let r = validate(args(&["b", " a", "b", "a "], None), &config)
+        let roomy = HostLimits {
+            result_chars: 20_000,
+            wait_max: config.timeouts.wait_max.get(),
+        };
+        let r = validate(args(&["b", " a", "b", "a "], None), &config, roomy)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.ids, vec!["b", "a"]);
         assert_eq!(r.timeout, config.timeouts.wait_default.get());
         let max = checks::millis(config.timeouts.wait_max.get());
-        assert!(validate(args(&["a"], Some(max)), &config).is_ok());
-        let e = validate(args(&["a"], Some(max + 1)), &config).unwrap_err();
+        assert!(validate(args(&["a"], Some(max)), &config, roomy).is_ok());
+        let e = validate(args(&["a"], Some(max + 1)), &config, roomy).unwrap_err();
         assert!(e.message.starts_with("`timeout_ms`"), "{}", e.message);
-        let e = validate(args(&[], None), &config).unwrap_err();
+        let e = validate(args(&[], None), &config, roomy).unwrap_err();
         assert!(e.message.starts_with("`task_ids`"), "{}", e.message);
+        // A host that cuts calls at a minute gets a wait it can sit through, not an error.
+        let brief = HostLimits {
+            wait_max: Duration::from_secs(50),
+            ..roomy
+        };
+        let r = validate(args(&["a"], Some(max)), &config, brief).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.timeout, Duration::from_secs(50));
+        let e = validate(args(&["a"], Some(max + 1)), &config, brief).unwrap_err();
+        assert!(e.message.starts_with("`timeout_ms`"), "{}", e.message);
     }
 
     #[test]

@@ -1,0 +1,242 @@
+//! Results sized to what the host shows its model.
+//!
+//! Hosts do not pass a tool result of any size to their model: Claude Code moves a result over
+//! 50,000 characters into a file and shows a 2 KB preview, Codex keeps about 12,000 characters
+//! (head and tail) and drops the middle. Either way the model silently misses part of the answer.
+//! So the gateway budgets the *whole* result as the host sees it (the JSON text of the result,
+//! fields and escapes included), not just the answer inside it, and pages the answer to fit;
+//! `next_offset` says where the next page starts. The budget per host comes from `hosts` in
+//! `delegation.yaml`.
+//!
+//! Length is counted in UTF-8 bytes: Codex cuts by bytes, and JavaScript hosts count UTF-16
+//! units, which are never more than the bytes. So one count is safe for both.
+
+use serde::Serialize;
+
+use crate::tasks::{TaskResult, WaitOutcome};
+
+/// Characters kept free below the budget, for the host's own wrapping of the result.
+const MARGIN: usize = 200;
+
+/// The length of `value`'s compact JSON text (what the host shows its model), in bytes.
+pub fn shown_len<T: Serialize>(value: &T) -> usize {
+    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
+}
+
+/// What one character adds to a JSON string as serde_json writes it, in bytes.
+fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// The characters of `text` from character `start` that fit in `room` units of JSON string
+/// content, and at most `max_chars` of them.
+fn fitting(text: &str, start: usize, max_chars: usize, room: usize) -> String {
+    let mut used = 0;
+    text.chars()
+        .skip(start)
+        .take(max_chars)
+        .take_while(|c| {
+            used += escaped_len(*c);
+            used <= room
+        })
+        .collect()
+}
+
+/// Cuts `result` (whose `text` is the whole answer) to the page from `offset` that keeps the
+/// serialized result within `budget`, and at most `max_chars` characters of text.
+pub fn page_result(
+    mut result: TaskResult,
+    offset: u64,
+    max_chars: usize,
+    budget: usize,
+) -> TaskResult {
+    let full = std::mem::take(&mut result.text);
+    let total = full.chars().count();
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
+    // The envelope with the longest numbers it can carry, so the page never pushes it over.
+    result.offset = start as u64;
+    result.truncated = true;
+    result.next_offset = Some(total as u64);
+    let room = budget.saturating_sub(shown_len(&result) + MARGIN);
+    let text = fitting(&full, start, max_chars, room);
+    let end = start + text.chars().count();
+    result.text = text;
+    result.truncated = end < total;
+    result.next_offset = result.truncated.then_some(end as u64);
+    result
+}
+
+/// Puts each finished task's answer into its wait snapshot, sharing what the budget leaves
+/// after the snapshots among the answers: short answers take what they need and the rest is
+/// split evenly among the long ones, which are cut and carry `next_offset`.
+///
+/// `answers` pairs an index into `outcome.tasks` with that task's whole result.
+pub fn fill_answers(outcome: &mut WaitOutcome, answers: Vec<(usize, TaskResult)>, budget: usize) {
+    let mut answers = answers;
+    for (i, r) in &answers {
+        if let Some(task) = outcome.tasks.get_mut(*i) {
+            if !r.text.is_empty() {
+                task.text = Some(String::new());
+                task.next_offset = Some(r.total_chars);
+            }
+            task.files_changed = (!r.files_changed.is_empty()).then(|| r.files_changed.clone());
+            if task.error.is_none() {
+                task.error = r.error.clone();
+            }
+        }
+    }
+    // A task that ended without an answer (failed, cancelled) shows its error instead.
+    answers.retain(|(_, r)| !r.text.is_empty());
+    let mut room = budget.saturating_sub(shown_len(outcome) + MARGIN);
+    // Water-filling: serve the shortest answers first, each to at most an even share of what
+    // is left.
+    let mut order: Vec<(usize, usize, String)> = answers
+        .into_iter()
+        .map(|(i, r)| {
+            let need: usize = r.text.chars().map(escaped_len).sum();
+            (i, need, r.text)
+        })
+        .collect();
+    order.sort_by_key(|(_, need, _)| *need);
+    let mut left = order.len();
+    for (i, _, text) in order {
+        let share = room / left.max(1);
+        let page = fitting(&text, 0, usize::MAX, share);
+        let used: usize = page.chars().map(escaped_len).sum();
+        room -= used.min(room);
+        left -= 1;
+        let shown = page.chars().count();
+        let total = text.chars().count();
+        if let Some(task) = outcome.tasks.get_mut(i) {
+            task.next_offset = (shown < total).then_some(shown as u64);
+            task.text = Some(page);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::{TaskSnapshot, TaskStatus, WaitMode};
+
+    fn result(text: &str) -> TaskResult {
+        TaskResult {
+            task_id: "tsk_a".into(),
+            status: TaskStatus::Completed,
+            text: text.into(),
+            truncated: false,
+            total_chars: text.chars().count() as u64,
+            next_offset: None,
+            offset: 0,
+            text_capped: false,
+            files_changed: Vec::new(),
+            error: None,
+            text_error: None,
+            turn: None,
+            model: None,
+            agent: None,
+            tokens: None,
+            cost: None,
+            compactions: None,
+            compaction_tokens: None,
+            finish: None,
+            duration_ms: None,
+            tools: None,
+        }
+    }
+
+    #[test]
+    fn pages_fit_the_budget_whole_and_join_to_the_answer() {
+        // Quotes, newlines and characters outside the BMP take more than one unit each.
+        let answer: String = (0..3000)
+            .map(|i| format!("line {i} \"quoted\" 😀\n"))
+            .collect();
+        let budget = 10_000;
+        let mut offset = 0;
+        let mut joined = String::new();
+        let mut pages = 0;
+        loop {
+            let page = page_result(result(&answer), offset, 50_000, budget);
+            assert!(shown_len(&page) <= budget, "{}", shown_len(&page));
+            assert!(!page.text.is_empty());
+            joined.push_str(&page.text);
+            pages += 1;
+            match page.next_offset {
+                Some(next) => {
+                    assert!(page.truncated);
+                    offset = next;
+                }
+                None => break,
+            }
+        }
+        assert_eq!(joined, answer);
+        assert!(pages > 5, "{pages}");
+    }
+
+    #[test]
+    fn a_page_is_also_bounded_by_max_chars_and_an_offset_past_the_end_is_empty() {
+        let page = page_result(result("abcdef"), 2, 3, 10_000);
+        assert_eq!(page.text, "cde");
+        assert_eq!(page.next_offset, Some(5));
+        let page = page_result(result("abcdef"), 99, 3, 10_000);
+        assert_eq!(page.text, "");
+        assert_eq!(page.next_offset, None);
+        assert_eq!(page.offset, 6);
+    }
+
+    fn snapshot(id: &str) -> TaskSnapshot {
+        TaskSnapshot {
+            task_id: id.into(),
+            status: TaskStatus::Completed,
+            title: format!("task {id}"),
+            elapsed_ms: 1,
+            error: None,
+            permission: None,
+            progress: None,
+            text: None,
+            next_offset: None,
+            files_changed: None,
+            server_id: None,
+            session_id: None,
+            directory: None,
+            agent: None,
+            model: None,
+            turn: None,
+        }
+    }
+
+    #[test]
+    fn answers_share_the_budget_short_ones_whole() {
+        let mut outcome = WaitOutcome {
+            done: true,
+            timed_out: false,
+            mode: WaitMode::All,
+            finished: vec!["a".into(), "b".into(), "c".into()],
+            unfinished: Vec::new(),
+            tasks: vec![snapshot("a"), snapshot("b"), snapshot("c")],
+        };
+        let long = "x".repeat(30_000);
+        let answers = vec![
+            (0, result(&long)),
+            (1, result("short answer")),
+            (2, result(&long)),
+        ];
+        fill_answers(&mut outcome, answers, 12_000);
+        assert!(shown_len(&outcome) <= 12_000, "{}", shown_len(&outcome));
+        let b = &outcome.tasks[1];
+        assert_eq!(b.text.as_deref(), Some("short answer"));
+        assert_eq!(b.next_offset, None);
+        let (a, c) = (&outcome.tasks[0], &outcome.tasks[2]);
+        let a_len = a.text.as_ref().map_or(0, |t| t.len());
+        let c_len = c.text.as_ref().map_or(0, |t| t.len());
+        assert!(
+            a_len > 4_000 && a_len.abs_diff(c_len) <= 1,
+            "{a_len} {c_len}"
+        );
+        assert_eq!(a.next_offset, Some(a_len as u64));
+    }
+}
