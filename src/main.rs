@@ -8,8 +8,17 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use opencode_mcp::config::{self, Sources};
 
+/// `--version`: ours and the OpenCode API the client was generated from, since a gateway only
+/// speaks to the OpenCode releases whose API matches.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (OpenCode API ",
+    env!("OPENCODE_API_VERSION"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "opencode-mcp", version, about)]
+#[command(name = "opencode-mcp", version = VERSION, about)]
 struct Cli {
     /// A delegation.yaml layered above the built-in, user and repo files.
     #[arg(long, global = true, env = "OPENCODE_MCP_CONFIG", value_name = "FILE")]
@@ -36,7 +45,7 @@ fn main() -> ExitCode {
     if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
         return code;
     }
-    init_tracing();
+    opencode_mcp::logging::init();
     let cli = Cli::parse();
     let sources = Sources {
         explicit: cli.config.clone(),
@@ -154,14 +163,4 @@ fn user_config_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("opencode-mcp"))
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("OPENCODE_MCP_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
 }
