@@ -22,6 +22,15 @@ function fail(lines) {
   process.exit(1);
 }
 
+/** Whether Node runs on glibc (its diagnostic report names the glibc version when it does). */
+function glibc() {
+  try {
+    return Boolean(process.report.getReport().header.glibcVersionRuntime);
+  } catch (e) {
+    return true; // Cannot tell: do not send a glibc user down the musl path.
+  }
+}
+
 const platform = `${process.platform}-${process.arch}`;
 const pkg = `${WRAPPER}-${platform}`;
 
@@ -41,6 +50,15 @@ let bin;
 try {
   bin = path.join(path.dirname(require.resolve(`${pkg}/package.json`)), "bin", "opencode-mcp");
 } catch (e) {
+  // The linux packages are glibc builds (`"libc": ["glibc"]`), so npm skips them on musl
+  // systems such as Alpine: say that rather than blame omitted optional dependencies.
+  if (process.platform === "linux" && !glibc()) {
+    fail([
+      `the package ${pkg} is not installed: its binary needs glibc 2.35 or later, and this`,
+      `system's C library is not glibc (musl?). Build the binary from source with Rust:`,
+      `\`cargo install --locked --path .\` in a clone of the opencode-mcp repository.`,
+    ]);
+  }
   fail([
     `the package ${pkg}, which holds the opencode-mcp binary for ${platform}, is not installed.`,
     `npm installs it as an optional dependency of ${WRAPPER}; it is missing when optional`,
