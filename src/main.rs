@@ -1,6 +1,7 @@
-//! The `opencode-mcp` binary: the MCP stdio server, plus config subcommands.
+//! The `opencode-mcp` binary: the MCP stdio server, plus config subcommands and `doctor`.
 //!
-//! stdout belongs to the MCP protocol alone; every log line goes to stderr through `tracing`.
+//! stdout belongs to the MCP protocol alone (`doctor` aside, which is not the server); every log
+//! line goes to stderr through `tracing`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,14 @@ enum Command {
     PrintConfig,
     /// Print the JSON Schema of delegation.yaml.
     ConfigSchema,
+    /// Check what a first run needs (the opencode binary, providers and models, every tier, the
+    /// state directory), say how to fix each problem, and print the host setup lines; exits
+    /// non-zero when a blocker failed.
+    Doctor {
+        /// Print the report as JSON ({checks: [{name, status, detail, fix}], ok, next_steps}).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -111,6 +120,48 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve => serve(&sources),
+        Command::Doctor { json } => doctor(&sources, json),
+    }
+}
+
+/// `doctor`: stdout is not MCP here, so the report goes there; only failures to run go to stderr.
+fn doctor(sources: &Sources, json: bool) -> ExitCode {
+    // The throwaway server runs under the supervisor, as the gateway's do, so that it goes with
+    // this process however it ends.
+    #[cfg(target_os = "linux")]
+    opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .unwrap_or_else(|_| PathBuf::from("opencode-mcp"));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("opencode-mcp doctor: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = runtime.block_on(opencode_mcp::doctor::run(config::load(sources), &exe));
+    // The server is stopped inside `run`; what may remain are cancelled pumps.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("opencode-mcp doctor: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", report.text());
+    }
+    if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
