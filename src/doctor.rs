@@ -604,21 +604,41 @@ fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
-/// The lines that register this binary with Claude Code and Codex (what README's Install says,
-/// with this executable's absolute path).
+/// The lines that register this binary with Claude Code and Codex (what README's Install says),
+/// with this executable's absolute path. Run through `npx`, that path is in npx's cache, which
+/// npx may clear: the lines then say `npx -y opencode-mcp-gateway`, as README does.
 fn next_steps(exe: &Path) -> Vec<String> {
     let path = exe.display().to_string();
-    // A TOML basic string and a JSON string escape the same characters the same way.
-    let toml_path = serde_json::to_string(&path).unwrap_or_else(|_| format!("\"{path}\""));
-    vec![
+    let (command, args): (String, &[&str]) = if path.contains("/_npx/") {
+        ("npx".into(), &["-y", "opencode-mcp-gateway"])
+    } else {
+        (path, &[])
+    };
+    let shell: Vec<String> = std::iter::once(command.as_str())
+        .chain(args.iter().copied())
+        .map(shell_quote)
+        .collect();
+    let mut lines = vec![
         "Claude Code:".into(),
-        format!("  claude mcp add opencode -- {}", shell_quote(&path)),
+        format!("  claude mcp add opencode -- {}", shell.join(" ")),
         "Codex (~/.codex/config.toml):".into(),
         "  [mcp_servers.opencode]".into(),
-        format!("  command = {toml_path}"),
+        format!("  command = {}", toml_string(&command)),
+    ];
+    if !args.is_empty() {
+        let args: Vec<String> = args.iter().map(|a| toml_string(a)).collect();
+        lines.push(format!("  args = [{}]", args.join(", ")));
+    }
+    lines.extend([
         "  tool_timeout_sec = 60".into(),
         "  default_tools_approval_mode = \"approve\"".into(),
-    ]
+    ]);
+    lines
+}
+
+/// `s` as a TOML basic string: a JSON string escapes the same characters the same way.
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
 }
 
 /// `s` as one shell word: as is when it holds only safe characters, else single-quoted.
@@ -644,6 +664,11 @@ mod tests {
         assert_eq!(shell_quote("/my dir/it's"), r"'/my dir/it'\''s'");
         let steps = next_steps(Path::new("/a \"b\"/opencode-mcp"));
         assert!(steps.contains(&r#"  command = "/a \"b\"/opencode-mcp""#.to_string()));
+        let npx = next_steps(Path::new(
+            "/home/u/.npm/_npx/1f2e/node_modules/opencode-mcp-gateway-linux-x64/bin/opencode-mcp",
+        ));
+        assert!(npx.contains(&"  claude mcp add opencode -- npx -y opencode-mcp-gateway".into()));
+        assert!(npx.contains(&r#"  args = ["-y", "opencode-mcp-gateway"]"#.into()));
     }
 
     #[test]
