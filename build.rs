@@ -4,6 +4,10 @@
 //! (keeping only the operations in `openapi/operations.txt`); the result is handed to progenitor
 //! and pretty-printed into `$OUT_DIR/opencode_client.rs`, which `src/opencode/client.rs` includes.
 //! The normalised spec is written next to it for inspection.
+//!
+//! It also exports `openapi/OPENCODE_VERSION` (the `opencode-ai` release the spec came from) as
+//! the compile-time env `OPENCODE_API_VERSION`, so `opencode-mcp --version` names the OpenCode the
+//! client was generated from without a second copy of the number to keep in step.
 
 #[path = "openapi/normalize.rs"]
 #[allow(dead_code)]
@@ -23,10 +27,17 @@ fn run() -> Result<(), String> {
         "openapi/opencode.json",
         "openapi/operations.txt",
         "openapi/normalize.rs",
+        "openapi/OPENCODE_VERSION",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
+
+    let api_version = opencode_version(
+        &std::fs::read_to_string("openapi/OPENCODE_VERSION")
+            .map_err(|e| format!("reading openapi/OPENCODE_VERSION: {e}"))?,
+    )?;
+    println!("cargo:rustc-env=OPENCODE_API_VERSION={api_version}");
 
     let raw = std::fs::read_to_string("openapi/opencode.json")
         .map_err(|e| format!("reading openapi/opencode.json: {e}"))?;
@@ -67,4 +78,31 @@ fn run() -> Result<(), String> {
     std::fs::write(out_dir.join("opencode_client.rs"), code)
         .map_err(|e| format!("writing the generated client: {e}"))?;
     Ok(())
+}
+
+/// The version in `openapi/OPENCODE_VERSION`: one line, `MAJOR.MINOR.PATCH` with an optional
+/// `-pre` tail, as npm publishes `opencode-ai`. Anything else is refused, since it would end up
+/// verbatim in `--version`.
+fn opencode_version(text: &str) -> Result<String, String> {
+    let version = text.trim();
+    let (core, pre) = match version.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (version, None),
+    };
+    let numeric = core.split('.').count() == 3
+        && core
+            .split('.')
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let pre_ok = pre.is_none_or(|p| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    });
+    if numeric && pre_ok {
+        Ok(version.to_owned())
+    } else {
+        Err(format!(
+            "openapi/OPENCODE_VERSION must hold one version like 1.18.33, not {version:?}"
+        ))
+    }
 }

@@ -12,10 +12,19 @@
 //!   waiting (all/any) on it.
 //! - [`gateway`]: the rmcp `ServerHandler`: the tool table built from config, one file per action,
 //!   the `delegate_task` prompt, and the error vocabulary every tool shares.
+//! - [`doctor`]: `opencode-mcp doctor`, the first-run checks (binary, providers, tiers, state
+//!   directory) with a fix for each problem.
+//! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
 
 pub mod config;
+pub mod doctor;
 pub mod error;
 pub mod gateway;
 pub mod ids;
+pub mod logging;
 pub mod opencode;
 pub mod tasks;
+
+/// The `opencode-ai` release the OpenCode client was generated from (`openapi/OPENCODE_VERSION`,
+/// read by `build.rs`).
+pub const OPENCODE_API_VERSION: &str = env!("OPENCODE_API_VERSION");

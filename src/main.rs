@@ -1,6 +1,7 @@
-//! The `opencode-mcp` binary: the MCP stdio server, plus config subcommands.
+//! The `opencode-mcp` binary: the MCP stdio server, plus config subcommands and `doctor`.
 //!
-//! stdout belongs to the MCP protocol alone; every log line goes to stderr through `tracing`.
+//! stdout belongs to the MCP protocol alone (`doctor` aside, which is not the server); every log
+//! line goes to stderr through `tracing`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,8 +9,17 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use opencode_mcp::config::{self, Sources};
 
+/// `--version`: ours and the OpenCode API the client was generated from, since a gateway only
+/// speaks to the OpenCode releases whose API matches.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (OpenCode API ",
+    env!("OPENCODE_API_VERSION"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "opencode-mcp", version, about)]
+#[command(name = "opencode-mcp", version = VERSION, about)]
 struct Cli {
     /// A delegation.yaml layered above the built-in, user and repo files.
     #[arg(long, global = true, env = "OPENCODE_MCP_CONFIG", value_name = "FILE")]
@@ -28,6 +38,14 @@ enum Command {
     PrintConfig,
     /// Print the JSON Schema of delegation.yaml.
     ConfigSchema,
+    /// Check what a first run needs (the opencode binary, providers and models, every tier, the
+    /// state directory), say how to fix each problem, and print the host setup lines; exits
+    /// non-zero when a blocker failed.
+    Doctor {
+        /// Print the report as JSON ({checks: [{name, status, detail, fix}], ok, next_steps}).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -36,7 +54,7 @@ fn main() -> ExitCode {
     if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
         return code;
     }
-    init_tracing();
+    opencode_mcp::logging::init();
     let cli = Cli::parse();
     let sources = Sources {
         explicit: cli.config.clone(),
@@ -102,6 +120,48 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve => serve(&sources),
+        Command::Doctor { json } => doctor(&sources, json),
+    }
+}
+
+/// `doctor`: stdout is not MCP here, so the report goes there; only failures to run go to stderr.
+fn doctor(sources: &Sources, json: bool) -> ExitCode {
+    // The throwaway server runs under the supervisor, as the gateway's do, so that it goes with
+    // this process however it ends.
+    #[cfg(target_os = "linux")]
+    opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .unwrap_or_else(|_| PathBuf::from("opencode-mcp"));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("opencode-mcp doctor: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = runtime.block_on(opencode_mcp::doctor::run(config::load(sources), &exe));
+    // The server is stopped inside `run`; what may remain are cancelled pumps.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("opencode-mcp doctor: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", report.text());
+    }
+    if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -154,14 +214,4 @@ fn user_config_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("opencode-mcp"))
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("OPENCODE_MCP_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
 }

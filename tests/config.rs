@@ -888,6 +888,27 @@ fn run(cwd: &Path, args: &[&str], vars: &[(&str, &str)]) -> (bool, String, Strin
 }
 
 #[test]
+fn version_names_the_opencode_api_it_was_generated_from() {
+    let dir = workdir();
+    let (ok, stdout, stderr) = run(dir.path(), &["--version"], &[]);
+    assert!(ok, "stderr:\n{stderr}");
+    // Read here from the file build.rs reads, not from the crate's constant, so a build that
+    // failed to pick the file up cannot pass.
+    let pinned = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/OPENCODE_VERSION"),
+    )
+    .expect("read openapi/OPENCODE_VERSION");
+    assert_eq!(
+        stdout.trim_end(),
+        format!(
+            "opencode-mcp {} (OpenCode API {})",
+            env!("CARGO_PKG_VERSION"),
+            pinned.trim()
+        )
+    );
+}
+
+#[test]
 fn check_config_accepts_the_default() {
     let dir = workdir();
     let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);

@@ -69,7 +69,9 @@ impl Transcript {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_dies_mid_task_and_a_fresh_server_takes_over() {
-    let rig = Rig::start(&[("OPENCODE_MCP_LOG", "debug")]).await;
+    // Every crate at debug (a bare `debug` would mean this crate only): the password check
+    // below covers the HTTP stack's debug output too.
+    let rig = Rig::start(&[("OPENCODE_MCP_LOG", "debug,opencode_mcp=debug")]).await;
     let t = Transcript::default();
     t.push(rig.server.to_string());
     let first_server = rig.server_id();

@@ -629,5 +629,86 @@ async fn each_host_sees_the_wait_it_can_sit_through() -> Result<(), BoxError> {
         client.close().await?;
     }
     assert!(defaults.host(None).wait_max < defaults.timeouts.wait_max.get());
+
+/// Runs one short session (initialize, tools/list, a tool call that needs no OpenCode), closes
+/// stdin, and returns the gateway's stdout and stderr once it has exited 0.
+async fn short_session(env: &[(&str, &str)]) -> Result<(String, String), BoxError> {
+    let sandbox = Sandbox::new()?;
+    let mut launch = sandbox.launch();
+    for (k, v) in env {
+        launch = launch.env(*k, *v);
+    }
+    let child = launch
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "quiet-test", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": TASK_STATUS, "arguments": {"task_id": "tsk_unknown"}}}),
+    ];
+    let mut child = child;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let mut input = String::new();
+    for r in &requests {
+        input.push_str(&format!("{r}\n"));
+    }
+    tokio::time::timeout(TIMEOUT, async {
+        stdin.write_all(input.as_bytes()).await?;
+        stdin.shutdown().await
+    })
+    .await??;
+    drop(stdin);
+    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output()).await??;
+    let stdout = String::from_utf8(output.stdout)?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert_eq!(output.status.code(), Some(0), "stderr:\n{stderr}");
+    let answered = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m.get("result").is_some())
+        .count();
+    assert_eq!(answered, 3, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    Ok((stdout, stderr))
+}
+
+/// Lines that rmcp logged at INFO (tracing's format: `<time>  INFO <spans>: rmcp::...`).
+fn rmcp_info_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(" INFO ") && l.contains("rmcp::"))
+        .collect()
+}
+
+#[tokio::test]
+async fn default_stderr_is_quiet_and_debug_brings_the_per_message_lines_back(
+) -> Result<(), BoxError> {
+    let (_, quiet) = short_session(&[]).await?;
+    assert!(
+        rmcp_info_lines(&quiet).is_empty(),
+        "rmcp's per-message INFO lines at the default level:\n{quiet}"
+    );
+    // Still our own lines: the default level is quiet, not silent.
+    assert!(quiet.contains("serving MCP on stdio"), "{quiet}");
+
+    // The same session at `debug` shows them, so the check above looks for lines that exist.
+    let (_, loud) = short_session(&[("OPENCODE_MCP_LOG", "debug")]).await?;
+    assert!(
+        !rmcp_info_lines(&loud).is_empty(),
+        "no rmcp INFO line even at debug:\n{loud}"
+    );
+    assert!(loud.contains(" DEBUG "), "{loud}");
+    // `debug` is this crate at debug, not every dependency: no DEBUG line from another crate.
+    let foreign: Vec<&str> = loud
+        .lines()
+        .filter(|l| l.contains(" DEBUG ") && !l.contains("opencode_mcp"))
+        .collect();
+    assert!(foreign.is_empty(), "{foreign:#?}");
     Ok(())
 }

@@ -27,3 +27,4 @@ pub use error::TaskError;
 pub use model::*;
 pub use resolve::{resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
+pub use store::default_state_dir;

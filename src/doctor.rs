@@ -1,0 +1,697 @@
+//! `opencode-mcp doctor`: checks what a first run needs and says how to fix each problem.
+//!
+//! A gateway that cannot start OpenCode, or whose tiers name models no provider offers, only
+//! says so when the host's model first calls a tool, inside a conversation, where the user reads
+//! the error second-hand. The doctor runs the same steps up front, from a terminal: it finds the
+//! `opencode` binary the way the gateway would, starts a throwaway managed server through the
+//! gateway's own [`ServerPool`] (same spawn, supervisor, password and readiness wait), reads the
+//! models it offers, resolves every tier with the resolver `start_task` uses, and checks the
+//! state directory the task store would write to. Each check is one line with a fix; a failed
+//! blocker makes the command exit non-zero, a warning does not.
+//!
+//! The throwaway server is stopped before the report is returned, whatever the checks found,
+//! and every step is bounded: the binary's `--version` and the server's start by
+//! `timeouts.server_start`, each HTTP read by `timeouts.request`, the whole server phase by a
+//! deadline made of those (see [`server_phase_budget`]). Should the process die anyway, the
+//! supervisor (enabled by `main`, as for `serve`) takes the server down with it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError};
+use crate::opencode::{split_model, ModelCatalog, OpencodeError, ServerPool};
+use crate::tasks::resolve_tier;
+use crate::OPENCODE_API_VERSION;
+
+/// Offered models named in a failed tier's line, at most (a catalog can hold hundreds).
+const MODELS_SHOWN: usize = 12;
+/// Time for what is not a request or a start: stopping the server is bounded separately.
+const BUDGET_MARGIN: Duration = Duration::from_secs(5);
+
+/// How one check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Nothing to do.
+    Ok,
+    /// Works, but worth fixing (a different OpenCode version, a state dir others can read).
+    Warn,
+    /// A blocker: the gateway will not work until it is fixed.
+    Fail,
+    /// Not checked, because a check it depends on failed.
+    Skip,
+}
+
+impl Status {
+    /// Plain ASCII, so the report reads the same in any terminal and in a log.
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+    /// What to do about a warning or a failure.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn new(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            status,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn fix(mut self, fix: impl Into<String>) -> Self {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+/// Everything the doctor found, and the host setup lines.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub checks: Vec<Check>,
+    /// `false` when any check failed (warnings do not count).
+    pub ok: bool,
+    /// How to register this binary with Claude Code and Codex.
+    pub next_steps: Vec<String>,
+}
+
+impl Report {
+    fn new(checks: Vec<Check>, exe: &Path) -> Self {
+        let ok = checks.iter().all(|c| c.status != Status::Fail);
+        Self {
+            checks,
+            ok,
+            next_steps: next_steps(exe),
+        }
+    }
+
+    /// The report as the terminal shows it: one line per check (and its fix), then next steps.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            out.push_str(&format!(
+                "{:<4} {}: {}\n",
+                c.status.label(),
+                c.name,
+                c.detail
+            ));
+            if let Some(fix) = &c.fix {
+                out.push_str(&format!("     fix: {fix}\n"));
+            }
+        }
+        let failed = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .count();
+        if failed == 0 {
+            out.push_str("\nno blocker found.\n");
+        } else {
+            out.push_str(&format!(
+                "\n{failed} blocker(s) to fix before the first run.\n"
+            ));
+        }
+        out.push_str("\nnext steps:\n");
+        for line in &self.next_steps {
+            out.push_str(&format!("  {line}\n"));
+        }
+        out
+    }
+}
+
+/// Runs every check. `exe` is this binary's absolute path, for the host setup lines.
+pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
+    let config = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            // Every other check reads the configuration.
+            let check = Check::new("config", Status::Fail, e.to_string()).fix(
+                "correct the file and key named above (`opencode-mcp check-config` checks \
+                 again)",
+            );
+            return Report::new(vec![check], exe);
+        }
+    };
+    let mut checks = vec![config_check(&config)];
+    let config = Arc::new(config);
+    let binary_found = match &config.opencode.url {
+        // Attach mode: the configured server is checked instead; nothing is spawned.
+        Some(_) => true,
+        None => {
+            let check = binary_check(&config).await;
+            let found = check.status != Status::Fail;
+            checks.push(check);
+            found
+        }
+    };
+    if binary_found {
+        checks.extend(server_checks(config.clone()).await);
+    } else {
+        checks.push(Check::new(
+            "providers",
+            Status::Skip,
+            "not checked: no OpenCode to start",
+        ));
+    }
+    checks.push(state_dir_check(&config));
+    Report::new(checks, exe)
+}
+
+/// The configuration loaded; settings of the repository's file that were not applied are a
+/// warning (the gateway serves without them).
+fn config_check(config: &Config) -> Check {
+    if config.withheld.is_empty() {
+        return Check::new(
+            "config",
+            Status::Ok,
+            "delegation.yaml layers load and validate",
+        );
+    }
+    let keys: Vec<&str> = config.withheld.iter().map(|w| w.key.as_str()).collect();
+    Check::new(
+        "config",
+        Status::Warn,
+        format!(
+            "the repository's delegation.yaml sets {} which it may not (not applied)",
+            keys.join(", ")
+        ),
+    )
+    .fix("move those settings to your user file or the environment (`opencode-mcp check-config` explains each)")
+}
+
+/// What to do when the `opencode` binary is missing or unusable.
+fn install_fix() -> String {
+    format!(
+        "npm install -g opencode-ai@{OPENCODE_API_VERSION}, or set opencode.command in \
+         delegation.yaml (or OPENCODE_MCP_OPENCODE__COMMAND) to the path of the `opencode` binary"
+    )
+}
+
+/// The `opencode` binary as configured: found, and its version against the one the client was
+/// generated from (another version is a warning: most of the API is stable across releases).
+async fn binary_check(config: &Config) -> Check {
+    let command = &config.opencode.command;
+    let Some(path) = locate(command) else {
+        let where_ = if command.contains('/') {
+            "no such file".to_string()
+        } else {
+            "not on PATH".to_string()
+        };
+        return Check::new(
+            "opencode",
+            Status::Fail,
+            format!("`{command}` (opencode.command) was not found: {where_}"),
+        )
+        .fix(install_fix());
+    };
+    let shown = path.display();
+    match version_of(&path, config.timeouts.server_start.get()).await {
+        Ok(v) if v == OPENCODE_API_VERSION => Check::new(
+            "opencode",
+            Status::Ok,
+            format!("found {shown}, version {v}"),
+        ),
+        Ok(v) => Check::new(
+            "opencode",
+            Status::Warn,
+            format!(
+                "found {shown}, version {v}; this gateway was built against \
+                 {OPENCODE_API_VERSION}, so some calls may not match"
+            ),
+        )
+        .fix(format!("npm install -g opencode-ai@{OPENCODE_API_VERSION}")),
+        Err(e) => Check::new(
+            "opencode",
+            Status::Fail,
+            format!("found {shown}, but `{shown} --version` {e}"),
+        )
+        .fix(install_fix()),
+    }
+}
+
+/// `command` as the gateway would run it: a path as given, or the first executable file of that
+/// name on `PATH`.
+fn locate(command: &str) -> Option<PathBuf> {
+    if command.contains('/') {
+        let path = PathBuf::from(command);
+        return is_executable(&path).then_some(path);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The version `<bin> --version` prints (its last non-empty line: a first run may print notices
+/// before it), within `timeout`; the error completes "`<bin> --version` ...".
+async fn version_of(bin: &Path, timeout: Duration) -> Result<String, String> {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--version")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let output = match tokio::time::timeout(timeout, cmd.output()).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return Err(format!("could not run: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "printed nothing within {} (timeouts.server_start)",
+                humantime::format_duration(timeout)
+            ))
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let version = stdout
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .to_string();
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!(
+            "failed ({}): {}",
+            output.status,
+            stderr.lines().last().unwrap_or("").trim()
+        ));
+    }
+    if version.is_empty() {
+        return Err("printed no version".into());
+    }
+    Ok(version)
+}
+
+/// The deadline of the whole server phase: a start and two reads, each bounded by its own
+/// timeout already; the margin covers the rest. It only matters if one of those bounds fails.
+fn server_phase_budget(config: &Config) -> Duration {
+    config
+        .timeouts
+        .server_start
+        .get()
+        .saturating_add(config.timeouts.request.get().saturating_mul(2))
+        .saturating_add(BUDGET_MARGIN)
+}
+
+/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does, reads its
+/// models and resolves every tier against them; the server is stopped before this returns.
+async fn server_checks(config: Arc<Config>) -> Vec<Check> {
+    let pool = ServerPool::new(config.clone());
+    let budget = server_phase_budget(&config);
+    let outcome = tokio::time::timeout(budget, async {
+        let (info, _events) = pool.start(None, None).await?;
+        let server = pool.get(&info.server_id).ok_or_else(|| {
+            OpencodeError::Internal("the started server is not in the pool".into())
+        })?;
+        let catalog = server.api.models(&server.directory).await;
+        Ok::<_, OpencodeError>((info, catalog))
+    })
+    .await;
+    // Whatever happened, nothing this command started outlives it.
+    pool.stop_all().await;
+
+    let mut checks = Vec::new();
+    let attach = config.opencode.url.as_deref();
+    let (info, catalog) = match outcome {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => {
+            checks.push(start_failure(&config, &e.to_string()));
+            return checks;
+        }
+        Err(_) => {
+            let detail = format!(
+                "no answer within {} (timeouts.server_start plus two timeouts.request)",
+                humantime::format_duration(budget)
+            );
+            checks.push(start_failure(&config, &detail));
+            return checks;
+        }
+    };
+    if let Some(url) = attach {
+        let (status, fix) = if info.version == OPENCODE_API_VERSION {
+            (Status::Ok, None)
+        } else {
+            (
+                Status::Warn,
+                Some(format!(
+                    "run OpenCode {OPENCODE_API_VERSION} there (npm install -g \
+                     opencode-ai@{OPENCODE_API_VERSION}); this gateway was built against it"
+                )),
+            )
+        };
+        checks.push(Check {
+            name: "opencode".into(),
+            status,
+            detail: format!(
+                "attached to {url} (opencode.url): reachable, version {}",
+                info.version
+            ),
+            fix,
+        });
+    }
+    match catalog {
+        Ok(catalog) => {
+            let providers = providers_check(&catalog);
+            let usable = providers.status == Status::Ok;
+            checks.push(providers);
+            if usable {
+                checks.extend(tier_checks(&config, &catalog));
+            }
+        }
+        Err(e) => checks.push(
+            Check::new(
+                "providers",
+                Status::Fail,
+                format!("reading the models failed: {e}"),
+            )
+            .fix(
+                "check OpenCode's provider configuration (`opencode models` lists what it offers)",
+            ),
+        ),
+    }
+    checks
+}
+
+/// A server that could not be started or reached: in attach mode that is the `opencode` check
+/// failing; in managed mode the binary was found, so it is the start that failed.
+fn start_failure(config: &Config, detail: &str) -> Check {
+    match &config.opencode.url {
+        Some(_) => Check::new("opencode", Status::Fail, detail).fix(
+            "start `opencode serve` at opencode.url, or unset opencode.url \
+             (OPENCODE_MCP_OPENCODE__URL) to let the gateway start its own",
+        ),
+        None => Check::new(
+            "providers",
+            Status::Fail,
+            format!("a managed OpenCode server did not start: {detail}"),
+        )
+        .fix(format!(
+            "run `{} serve` in this directory to see OpenCode's own error; raise \
+             timeouts.server_start if this machine is slow",
+            config.opencode.command
+        )),
+    }
+}
+
+/// The providers and models the server offers; none at all is a blocker.
+fn providers_check(catalog: &ModelCatalog) -> Check {
+    if catalog.models.is_empty() {
+        return Check::new("providers", Status::Fail, "OpenCode offers no model").fix(
+            "configure a provider in OpenCode: `opencode auth login`, or a `provider` entry in \
+             opencode.json",
+        );
+    }
+    let mut providers: Vec<&str> = catalog
+        .models
+        .iter()
+        .filter_map(|m| split_model(m).map(|(p, _)| p))
+        .collect();
+    providers.dedup();
+    let defaults: Vec<String> = catalog
+        .defaults
+        .iter()
+        .map(|(p, m)| format!("{p}/{m}"))
+        .collect();
+    Check::new(
+        "providers",
+        Status::Ok,
+        format!(
+            "{} model(s) from {} provider(s): {}; provider defaults: {}",
+            catalog.models.len(),
+            providers.len(),
+            providers.join(", "),
+            if defaults.is_empty() {
+                "none".to_string()
+            } else {
+                defaults.join(", ")
+            }
+        ),
+    )
+}
+
+/// Every configured tier against the offered models, with `start_task`'s own resolver.
+fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
+    config
+        .tiers
+        .iter()
+        .map(|tier| {
+            let name = format!("tier {}", tier.name);
+            let resolved = resolve_tier(tier, catalog);
+            if tier.models.is_empty() {
+                // An empty list means "the server's default model".
+                return if catalog.defaults.is_empty() {
+                    Check::new(name, Status::Fail, "uses the server's default model, and it has none")
+                        .fix("set `model` in opencode.json, or list models for this tier in delegation.yaml")
+                } else {
+                    Check::new(name, Status::Ok, "uses the server's default model")
+                };
+            }
+            match resolved.model {
+                Some(model) if resolved.available => {
+                    Check::new(name, Status::Ok, format!("resolves to {model}"))
+                }
+                _ => Check::new(
+                    name,
+                    Status::Fail,
+                    format!(
+                        "lists {}, and OpenCode offers none of them; it offers: {}",
+                        tier.models.join(", "),
+                        some_of(&catalog.models)
+                    ),
+                )
+                .fix(format!(
+                    "edit tier `{}` in delegation.yaml to list models OpenCode offers (`opencode \
+                     models` lists them), or configure the provider of the ones it lists",
+                    tier.name
+                )),
+            }
+        })
+        .collect()
+}
+
+fn some_of(models: &[String]) -> String {
+    let mut s = models
+        .iter()
+        .take(MODELS_SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if models.len() > MODELS_SHOWN {
+        s.push_str(&format!(", ... ({} more)", models.len() - MODELS_SHOWN));
+    }
+    s
+}
+
+/// The directory the task store writes to (`state_dir`, else the XDG state dir, as
+/// `TaskService::new` picks it): it must exist or be creatable, and be writable; it should be
+/// private, since task records hold prompts and answers. Nothing is created or changed here: a
+/// diagnosis that alters what it diagnoses would hide the next run's problem.
+fn state_dir_check(config: &Config) -> Check {
+    let name = "state dir";
+    let dir = config
+        .state_dir
+        .as_ref()
+        .map(PathBuf::from)
+        .or_else(crate::tasks::default_state_dir);
+    let Some(dir) = dir else {
+        return Check::new(
+            name,
+            Status::Warn,
+            "none: neither state_dir, XDG_STATE_HOME nor HOME is set, so tasks will not survive \
+             a restart of the gateway",
+        )
+        .fix("set state_dir in delegation.yaml (or OPENCODE_MCP_STATE_DIR)");
+    };
+    let shown = dir.display();
+    if !dir.exists() {
+        // The gateway creates it (0700, with missing parents) on its first start; the doctor
+        // changes nothing, so it checks that the nearest existing ancestor lets it.
+        let ancestor = dir.ancestors().skip(1).find(|a| a.exists());
+        return match ancestor {
+            Some(a) if a.is_dir() && writable(a) => Check::new(
+                name,
+                Status::Ok,
+                format!(
+                    "{shown} does not exist yet; the gateway creates it (0700) on its first start \
+                     ({} is writable)",
+                    a.display()
+                ),
+            ),
+            Some(a) => Check::new(
+                name,
+                Status::Fail,
+                format!(
+                    "{shown} does not exist and cannot be created: {} is not a writable directory",
+                    a.display()
+                ),
+            )
+            .fix(format!(
+                "create it yourself (mkdir -p {shown} && chmod 700 {shown}), or set state_dir to a \
+                 directory you own"
+            )),
+            None => Check::new(name, Status::Fail, format!("{shown} cannot be created"))
+                .fix("set state_dir in delegation.yaml (or OPENCODE_MCP_STATE_DIR) to an absolute path you own"),
+        };
+    }
+    if !dir.is_dir() {
+        return Check::new(name, Status::Fail, format!("{shown} is not a directory"))
+            .fix("remove or rename that file, or set state_dir to another directory");
+    }
+    if !writable(&dir) {
+        return Check::new(
+            name,
+            Status::Fail,
+            format!("{shown} is not writable by this user"),
+        )
+        .fix(format!(
+            "make it yours (chown $(id -u) {shown}; chmod 700 {shown}), or set state_dir to a \
+                 directory you own"
+        ));
+    }
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&dir).map(|m| m.permissions().mode() & 0o777)
+    };
+    match mode {
+        Ok(mode) if mode & 0o077 != 0 => Check::new(
+            name,
+            Status::Warn,
+            format!(
+                "{shown} is writable, but other users can reach it (mode {mode:o}), and task \
+                 records hold prompts and answers"
+            ),
+        )
+        .fix(format!("chmod 700 {shown}")),
+        Ok(_) => Check::new(
+            name,
+            Status::Ok,
+            format!("{shown} is writable and private (0700)"),
+        ),
+        Err(e) => Check::new(name, Status::Fail, format!("{shown} cannot be read: {e}")),
+    }
+}
+
+/// Whether this process may create files in `dir` (write and search permission), as the kernel
+/// decides it for this user: mode bits alone miss ownership, ACLs and read-only mounts.
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path we own for the duration of the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// The lines that register this binary with Claude Code and Codex (what README's Install says),
+/// with this executable's absolute path. Run through `npx`, that path is in npx's cache, which
+/// npx may clear: the lines then say `npx -y opencode-mcp-gateway`, as README does.
+fn next_steps(exe: &Path) -> Vec<String> {
+    let path = exe.display().to_string();
+    let (command, args): (String, &[&str]) = if path.contains("/_npx/") {
+        ("npx".into(), &["-y", "opencode-mcp-gateway"])
+    } else {
+        (path, &[])
+    };
+    let shell: Vec<String> = std::iter::once(command.as_str())
+        .chain(args.iter().copied())
+        .map(shell_quote)
+        .collect();
+    let mut lines = vec![
+        "Claude Code:".into(),
+        format!("  claude mcp add opencode -- {}", shell.join(" ")),
+        "Codex (~/.codex/config.toml):".into(),
+        "  [mcp_servers.opencode]".into(),
+        format!("  command = {}", toml_string(&command)),
+    ];
+    if !args.is_empty() {
+        let args: Vec<String> = args.iter().map(|a| toml_string(a)).collect();
+        lines.push(format!("  args = [{}]", args.join(", ")));
+    }
+    lines.extend([
+        "  tool_timeout_sec = 60".into(),
+        "  default_tools_approval_mode = \"approve\"".into(),
+    ]);
+    lines
+}
+
+/// `s` as a TOML basic string: a JSON string escapes the same characters the same way.
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
+}
+
+/// `s` as one shell word: as is when it holds only safe characters, else single-quoted.
+fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+:=@%,".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_quoted_for_the_shell_and_toml() {
+        assert_eq!(
+            shell_quote("/usr/bin/opencode-mcp"),
+            "/usr/bin/opencode-mcp"
+        );
+        assert_eq!(shell_quote("/my dir/it's"), r"'/my dir/it'\''s'");
+        let steps = next_steps(Path::new("/a \"b\"/opencode-mcp"));
+        assert!(steps.contains(&r#"  command = "/a \"b\"/opencode-mcp""#.to_string()));
+        let npx = next_steps(Path::new(
+            "/home/u/.npm/_npx/1f2e/node_modules/opencode-mcp-gateway-linux-x64/bin/opencode-mcp",
+        ));
+        assert!(npx.contains(&"  claude mcp add opencode -- npx -y opencode-mcp-gateway".into()));
+        assert!(npx.contains(&r#"  args = ["-y", "opencode-mcp-gateway"]"#.into()));
+    }
+
+    #[test]
+    fn only_failures_make_the_report_fail() {
+        let exe = Path::new("/x");
+        let warn = Report::new(vec![Check::new("a", Status::Warn, "w")], exe);
+        assert!(warn.ok);
+        let fail = Report::new(
+            vec![
+                Check::new("a", Status::Ok, "fine"),
+                Check::new("b", Status::Fail, "broken").fix("mend it"),
+            ],
+            exe,
+        );
+        assert!(!fail.ok);
+        let text = fail.text();
+        assert!(text.contains("FAIL b: broken\n     fix: mend it"), "{text}");
+        assert!(text.contains("1 blocker(s)"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_command_is_not_located() {
+        assert!(locate("/nonexistent/opencode").is_none());
+        assert!(locate("surely-no-such-binary-on-path-xyz").is_none());
+    }
+}
