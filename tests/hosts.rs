@@ -358,3 +358,99 @@ fn codex_delegates_through_the_gateway() {
         ),
     }
 }
+
+/// `codex exec` cannot ask anyone, so Codex refuses MCP tools it would want approved ("MCP tool
+/// call requires approval, but approval policy is never"): by default those annotated
+/// destructive (start_task, continue_task, reply_permission). `default_tools_approval_mode =
+/// "approve"` on the server, as the README recommends, lets every tool through. Each tool is
+/// called once with arguments naming nothing that exists, so no OpenCode starts; a call that
+/// reached the gateway shows its JSON error.
+#[test]
+fn codex_runs_destructive_tools_only_when_approved() {
+    use support::fake_responses::{FakeResponses, Step};
+
+    const REFUSED: &str = "MCP tool call requires approval, but approval policy is never";
+    let calls = [
+        (
+            "opencode_start_server",
+            json!({"directory": "/nonexistent/codex-host"}),
+        ),
+        ("opencode_stop_server", json!({"server_id": "srv_nope"})),
+        ("opencode_list_agents", json!({"server_id": "srv_nope"})),
+        (
+            "opencode_start_task",
+            json!({"server_id": "srv_nope", "prompt": "x"}),
+        ),
+        (
+            "opencode_continue_task",
+            json!({"task_id": "tsk_nope", "prompt": "x"}),
+        ),
+        ("opencode_cancel_task", json!({"task_id": "tsk_nope"})),
+        ("opencode_get_task_status", json!({"task_id": "tsk_nope"})),
+        ("opencode_get_task_result", json!({"task_id": "tsk_nope"})),
+        ("opencode_wait_for_task", json!({"task_ids": ["tsk_nope"]})),
+        (
+            "opencode_reply_permission",
+            json!({"task_id": "tsk_nope", "reply": "once"}),
+        ),
+    ];
+    codex::codex_bin();
+    let env = OpenCodeEnv::new();
+    // No OpenCode starts here, so its model is never called; any 127.0.0.1 URL will do.
+    let gateway_env = codex::gateway_env(&env, "http://127.0.0.1:9/v1");
+    let refused_under = |approval_mode: Option<&'static str>| -> Vec<String> {
+        let script = vec![
+            Step::Calls(
+                calls
+                    .iter()
+                    .map(|(name, args)| codex::tool(name, args.clone()))
+                    .collect(),
+            ),
+            Step::Text("done".into()),
+        ];
+        let fake = FakeResponses::start(script);
+        let home =
+            codex::CodexHome::new(&fake, &gateway_env, codex::ServerOptions { approval_mode });
+        let run = codex::exec(
+            &home,
+            &env.work_dir(),
+            "Call every tool.",
+            std::time::Duration::from_secs(60),
+        );
+        assert!(run.status.success(), "{}", run.describe());
+        let outputs = fake.tool_outputs();
+        assert_eq!(outputs.len(), calls.len(), "{}", run.describe());
+        let mut refused = Vec::new();
+        for out in &outputs {
+            let text = codex::shown_text(out);
+            if text == REFUSED {
+                refused.push(out.name.clone());
+                continue;
+            }
+            // Not refused: the gateway answered, with its JSON error.
+            let body: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+                panic!(
+                    "{} showed neither JSON nor the refusal ({e}): {text}",
+                    out.name
+                )
+            });
+            assert!(body["error"]["code"].is_string(), "{}: {text}", out.name);
+        }
+        refused.sort();
+        refused
+    };
+    assert_eq!(
+        refused_under(None),
+        [
+            "opencode_continue_task",
+            "opencode_reply_permission",
+            "opencode_start_task"
+        ],
+        "without an approval mode Codex refuses exactly the destructive tools"
+    );
+    assert_eq!(
+        refused_under(Some("approve")),
+        Vec::<String>::new(),
+        "with default_tools_approval_mode = \"approve\" every tool runs"
+    );
+}
