@@ -104,7 +104,11 @@ pub struct CodexHome {
 
 impl CodexHome {
     /// Writes `config.toml`: the fake as the only model provider, nothing networked, and the
-    /// gateway as MCP server `opencode` with `gateway_env` as its environment.
+    /// gateway as MCP server `opencode` with `gateway_env` as its environment (Codex passes an
+    /// MCP server only a few variables of its own, so the env table must hold all of them).
+    /// Plugins and apps are off: at startup Codex 0.171.0 otherwise syncs a curated plugin
+    /// repository from the network (refused here by the dead proxy, but logged as failures).
+    /// Retries are off so that a bad answer of the fake fails the run at once.
     pub fn new(
         fake: &FakeResponses,
         gateway_env: &[(String, String)],
