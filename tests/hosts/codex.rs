@@ -48,6 +48,11 @@ pub fn tool_with(
 /// per-platform optional dependency (`@openai/codex-<platform>`); running it directly keeps
 /// node out of the process tree the test inspects.
 pub fn codex_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(install).clone()
+}
+
+fn install() -> PathBuf {
     let (platform, triple) = platform();
     Install {
         package: "@openai/codex",
