@@ -4,12 +4,19 @@
 //!   hosts): it validates `structuredContent` against the tool's `outputSchema` even on error
 //!   results. The pinned version is installed from npm under the target dir on first use
 //!   (needs Node.js and npm); the client script is `tests/hosts/ts_sdk_client.mjs`.
+//! - OpenAI Codex CLI (`@openai/codex`, pinned, installed from npm under the target dir on first
+//!   use): `codex exec --json` with the gateway as its MCP server and a scripted fake Responses
+//!   API as its model; the test reads what Codex showed its model of each tool result
+//!   (`tests/hosts/codex.rs`, `tests/support/fake_responses.rs`).
 
 mod support;
 
+#[path = "hosts/codex.rs"]
+mod codex;
+
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::npm::Install;
 use support::{opencode_bin, FakeLlm, OpenCodeEnv};
 
@@ -96,4 +103,354 @@ fn the_typescript_sdk_1_accepts_every_result() {
     }
     let errors = calls.iter().filter(|c| c["case"] == "error").count();
     assert_eq!(errors, tools.len(), "every tool's error path was called");
+}
+
+/// Codex drives a whole delegation through the gateway in one `codex exec`: start a server, list
+/// agents, start two tasks at once, wait for both, read the results, hit an unknown task id. The
+/// test checks what Codex showed its model of each result (the `function_call_output` items it
+/// sent back to the fake Responses API), and that when Codex exits no gateway and no OpenCode is
+/// left behind.
+#[test]
+fn codex_delegates_through_the_gateway() {
+    use codex::{shown_json, tool, tool_with};
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use support::fake_responses::{FakeResponses, Step, ToolOutput};
+
+    codex::codex_bin(); // install before the run's clock starts
+    let llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let prompts = ["first task from codex", "second task from codex"];
+    let final_text = "All delegated work is done.";
+
+    // What the model's next call needs from the results it has seen.
+    let server_id = |outputs: &[ToolOutput]| -> Result<Value, String> {
+        let out = outputs
+            .iter()
+            .find(|o| o.name == "opencode_start_server")
+            .ok_or("no start_server output yet")?;
+        shown_json(out)?
+            .get("server_id")
+            .cloned()
+            .ok_or_else(|| format!("no server_id in {}", out.text()))
+    };
+    let task_ids = |outputs: &[ToolOutput]| -> Result<Vec<Value>, String> {
+        outputs
+            .iter()
+            .filter(|o| o.name == "opencode_start_task")
+            .map(|o| {
+                shown_json(o)?
+                    .get("task_id")
+                    .cloned()
+                    .ok_or_else(|| format!("no task_id in {}", o.text()))
+            })
+            .collect()
+    };
+    // The processes of this env while the tasks run: the gateway and its OpenCode.
+    let live_during_run = Arc::new(Mutex::new(BTreeSet::new()));
+    let seen = live_during_run.clone();
+    let data_home = codex::data_home(&env);
+    let start_task = move |prompt: &'static str| {
+        tool_with("opencode_start_task", move |o| {
+            Ok(json!({"server_id": server_id(o)?, "prompt": prompt}))
+        })
+    };
+    let result_of = move |k: usize| {
+        tool_with("opencode_get_task_result", move |o| {
+            Ok(json!({"task_id": task_ids(o)?[k]}))
+        })
+    };
+    let script = vec![
+        Step::Calls(vec![tool("opencode_start_server", json!({}))]),
+        Step::Calls(vec![tool_with("opencode_list_agents", move |o| {
+            Ok(json!({"server_id": server_id(o)?}))
+        })]),
+        Step::Calls(vec![start_task(prompts[0]), start_task(prompts[1])]),
+        Step::Calls(vec![tool_with("opencode_wait_for_task", move |o| {
+            *seen.lock().unwrap() = codex::processes_with_data_home(&data_home);
+            Ok(json!({"task_ids": task_ids(o)?, "mode": "all", "timeout_ms": 60000}))
+        })]),
+        Step::Calls(vec![
+            result_of(0),
+            result_of(1),
+            tool(
+                "opencode_get_task_result",
+                json!({"task_id": "tsk_unknown"}),
+            ),
+        ]),
+        Step::Text(final_text.into()),
+    ];
+    let steps = script.len();
+    let fake = FakeResponses::start(script);
+    let home = codex::CodexHome::new(
+        &fake,
+        &codex::gateway_env(&env, &llm.url()),
+        codex::ServerOptions {
+            approval_mode: Some("approve"),
+        },
+    );
+    let run = codex::exec(
+        &home,
+        &env.work_dir(),
+        "Delegate the work to OpenCode.",
+        Duration::from_secs(120),
+    );
+    let ctx = || {
+        let outputs: Vec<String> = fake
+            .tool_outputs()
+            .iter()
+            .map(|o| format!("{} {} => {}", o.name, o.arguments, o.output))
+            .collect();
+        format!(
+            "{}\n--- tool outputs\n{}",
+            run.describe(),
+            outputs.join("\n")
+        )
+    };
+    assert!(run.status.success(), "{}", ctx());
+    assert!(
+        fake.script_errors().is_empty(),
+        "{:?}\n{}",
+        fake.script_errors(),
+        ctx()
+    );
+    assert_eq!(fake.steps_served(), steps, "{}", ctx());
+
+    // The model was offered the gateway's tools as one namespace.
+    let first = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.is_responses())
+        .expect("a request");
+    let namespace = first
+        .tools()
+        .iter()
+        .find(|t| t["type"] == "namespace" && t["name"] == codex::NAMESPACE)
+        .unwrap_or_else(|| {
+            panic!(
+                "no {} namespace tool in {:?}",
+                codex::NAMESPACE,
+                first.tools()
+            )
+        });
+    assert_eq!(
+        namespace["tools"].as_array().map(Vec::len),
+        Some(10),
+        "{namespace}"
+    );
+
+    // What the model saw, call by call.
+    let outputs = fake.tool_outputs();
+    let names: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "opencode_start_server",
+            "opencode_list_agents",
+            "opencode_start_task",
+            "opencode_start_task",
+            "opencode_wait_for_task",
+            "opencode_get_task_result",
+            "opencode_get_task_result",
+            "opencode_get_task_result",
+        ],
+        "{}",
+        ctx()
+    );
+    assert!(outputs
+        .iter()
+        .all(|o| o.namespace.as_deref() == Some(codex::NAMESPACE)));
+    let shown: Vec<Value> = outputs[..7]
+        .iter()
+        .map(|o| shown_json(o).unwrap_or_else(|e| panic!("{e}\n{}", ctx())))
+        .collect();
+    let server = &shown[0];
+    assert!(
+        server["server_id"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("srv_")),
+        "{server}"
+    );
+    assert_eq!(server["version"], support::pinned_version(), "{server}");
+    let agents: Vec<&str> = shown[1]["agents"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|a| a["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(agents.contains(&"build"), "{}", shown[1]);
+    let ids: Vec<&str> = shown[2..4]
+        .iter()
+        .filter_map(|t| t["task_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "{shown:?}");
+    assert_ne!(ids[0], ids[1]);
+    let wait = &shown[4];
+    assert_eq!(wait["done"], true, "{wait}");
+    assert_eq!(wait["timed_out"], false, "{wait}");
+    assert_eq!(wait["finished"], json!(ids), "{wait}");
+    for (k, result) in shown[5..7].iter().enumerate() {
+        assert_eq!(result["task_id"], ids[k], "{result}");
+        assert_eq!(result["status"], "completed", "{result}");
+        assert_eq!(result["text"], format!("ECHO: {}", prompts[k]), "{result}");
+    }
+    // The unknown id: an error result, shown as the gateway's JSON error text.
+    let error = shown_json(&outputs[7]).unwrap_or_else(|e| panic!("{e}\n{}", ctx()));
+    assert_eq!(error["error"]["code"], "not_found", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tsk_unknown")),
+        "{error}"
+    );
+
+    // Codex's own account: the error call failed, every other call completed, and the turn
+    // ended with the model's final text.
+    let statuses: Vec<(&str, &str)> = run
+        .events
+        .iter()
+        .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "mcp_tool_call")
+        .map(|e| {
+            (
+                e["item"]["tool"].as_str().unwrap_or_default(),
+                e["item"]["status"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(statuses.len(), 8, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| s.1 == "failed").count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        run.events
+            .iter()
+            .any(|e| e["item"]["type"] == "agent_message" && e["item"]["text"] == final_text),
+        "{}",
+        ctx()
+    );
+
+    // While the tasks ran, the gateway and the OpenCode it started were up; after Codex
+    // exited, neither (nor anything else of this env) is left.
+    let during = live_during_run.lock().unwrap().clone();
+    let opencode_pid = server["pid"]
+        .as_u64()
+        .expect("start_server reports the pid") as u32;
+    assert!(
+        during.contains(&opencode_pid),
+        "OpenCode {opencode_pid} not among {during:?}"
+    );
+    assert!(
+        during
+            .iter()
+            .any(|pid| support::procs::stat(*pid).is_some_and(|p| p.comm == "opencode-mcp")),
+        "no gateway among {}",
+        support::procs::describe(&during)
+    );
+    match codex::wait_none_left(&env, Duration::from_secs(15)) {
+        Ok(took) => eprintln!(
+            "codex exec took {:?}; its processes were gone {took:?} after",
+            run.elapsed
+        ),
+        Err(left) => panic!(
+            "left behind after codex exited: {}",
+            support::procs::describe(&left)
+        ),
+    }
+}
+
+/// `codex exec` cannot ask anyone, so Codex refuses MCP tools it would want approved ("MCP tool
+/// call requires approval, but approval policy is never"): by default those annotated
+/// destructive (start_task, continue_task, reply_permission). `default_tools_approval_mode =
+/// "approve"` on the server, as the README recommends, lets every tool through. Each tool is
+/// called once with arguments naming nothing that exists, so no OpenCode starts; a call that
+/// reached the gateway shows its JSON error.
+#[test]
+fn codex_runs_destructive_tools_only_when_approved() {
+    use support::fake_responses::{FakeResponses, Step};
+
+    const REFUSED: &str = "MCP tool call requires approval, but approval policy is never";
+    let calls = [
+        (
+            "opencode_start_server",
+            json!({"directory": "/nonexistent/codex-host"}),
+        ),
+        ("opencode_stop_server", json!({"server_id": "srv_nope"})),
+        ("opencode_list_agents", json!({"server_id": "srv_nope"})),
+        (
+            "opencode_start_task",
+            json!({"server_id": "srv_nope", "prompt": "x"}),
+        ),
+        (
+            "opencode_continue_task",
+            json!({"task_id": "tsk_nope", "prompt": "x"}),
+        ),
+        ("opencode_cancel_task", json!({"task_id": "tsk_nope"})),
+        ("opencode_get_task_status", json!({"task_id": "tsk_nope"})),
+        ("opencode_get_task_result", json!({"task_id": "tsk_nope"})),
+        ("opencode_wait_for_task", json!({"task_ids": ["tsk_nope"]})),
+        (
+            "opencode_reply_permission",
+            json!({"task_id": "tsk_nope", "reply": "once"}),
+        ),
+    ];
+    codex::codex_bin();
+    let env = OpenCodeEnv::new();
+    // No OpenCode starts here, so its model is never called; any 127.0.0.1 URL will do.
+    let gateway_env = codex::gateway_env(&env, "http://127.0.0.1:9/v1");
+    let refused_under = |approval_mode: Option<&'static str>| -> Vec<String> {
+        let script = vec![
+            Step::Calls(
+                calls
+                    .iter()
+                    .map(|(name, args)| codex::tool(name, args.clone()))
+                    .collect(),
+            ),
+            Step::Text("done".into()),
+        ];
+        let fake = FakeResponses::start(script);
+        let home =
+            codex::CodexHome::new(&fake, &gateway_env, codex::ServerOptions { approval_mode });
+        let run = codex::exec(
+            &home,
+            &env.work_dir(),
+            "Call every tool.",
+            std::time::Duration::from_secs(60),
+        );
+        assert!(run.status.success(), "{}", run.describe());
+        let outputs = fake.tool_outputs();
+        assert_eq!(outputs.len(), calls.len(), "{}", run.describe());
+        let mut refused = Vec::new();
+        for out in &outputs {
+            let text = codex::shown_text(out);
+            if text == REFUSED {
+                refused.push(out.name.clone());
+                continue;
+            }
+            // Not refused: the gateway answered, with its JSON error.
+            let body: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+                panic!(
+                    "{} showed neither JSON nor the refusal ({e}): {text}",
+                    out.name
+                )
+            });
+            assert!(body["error"]["code"].is_string(), "{}: {text}", out.name);
+        }
+        refused.sort();
+        refused
+    };
+    assert_eq!(
+        refused_under(None),
+        [
+            "opencode_continue_task",
+            "opencode_reply_permission",
+            "opencode_start_task"
+        ],
+        "without an approval mode Codex refuses exactly the destructive tools"
+    );
+    assert_eq!(
+        refused_under(Some("approve")),
+        Vec::<String>::new(),
+        "with default_tools_approval_mode = \"approve\" every tool runs"
+    );
 }

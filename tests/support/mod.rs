@@ -18,6 +18,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod fake_llm;
+pub mod fake_responses;
 pub mod isolation;
 pub mod mcp;
 pub mod npm;
