@@ -64,12 +64,16 @@ impl Api {
         // reads and the reconcile) and are still reused; the rest close once idle for 30 s. The
         // stream client holds one long response, which these settings do not cut; they only
         // bound its idle leftovers after a reconnect.
+        let local = is_loopback(base_url);
         let build = |total: Option<Duration>| {
             let mut b = reqwest::Client::builder()
                 .default_headers(headers.clone())
                 .connect_timeout(request_timeout)
                 .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT);
+            if local {
+                b = b.no_proxy();
+            }
             if let Some(t) = total {
                 b = b.timeout(t);
             }
@@ -438,9 +442,50 @@ fn basic_auth_header(user: &str, password: &str) -> String {
     format!("Basic {credentials}")
 }
 
+/// Whether `base_url` names this machine (a loopback IP or `localhost`). An OpenCode there is
+/// reached directly, whatever `HTTP_PROXY`/`HTTPS_PROXY` say: a proxy cannot reach the host's
+/// loopback, and `NO_PROXY` does not reliably exempt it (reqwest's matcher applies `NO_PROXY=*`
+/// to host names only, so `http://127.0.0.1:<port>` still went to the proxy and every call failed
+/// with "connection refused" when a host such as Claude Code passed a proxy on). A server
+/// attached by a remote URL still goes through the configured proxy.
+fn is_loopback(base_url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return false;
+    };
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_urls_bypass_the_proxy_and_others_do_not() {
+        for url in [
+            "http://127.0.0.1:4096",
+            "http://127.1.2.3:1/",
+            "http://[::1]:4096",
+            "http://localhost:4096",
+            "http://LOCALHOST",
+        ] {
+            assert!(is_loopback(url), "{url}");
+        }
+        for url in [
+            "http://10.0.0.1:4096",
+            "https://opencode.example",
+            "not a url",
+            "",
+        ] {
+            assert!(!is_loopback(url), "{url}");
+        }
+    }
 
     #[test]
     fn basic_auth_header_is_rfc7617() {
