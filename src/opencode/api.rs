@@ -64,7 +64,12 @@ impl Api {
         // reads and the reconcile) and are still reused; the rest close once idle for 30 s. The
         // stream client holds one long response, which these settings do not cut; they only
         // bound its idle leftovers after a reconnect.
-        let local = is_loopback(base_url);
+        // An OpenCode on this machine is reached directly, whatever HTTP_PROXY/HTTPS_PROXY say:
+        // a proxy cannot reach the host's loopback, and NO_PROXY does not reliably exempt it
+        // (reqwest's matcher applies `NO_PROXY=*` to host names only, so `127.0.0.1` still went
+        // to the proxy and every call failed with "connection refused" under a host that passed
+        // a proxy on, as Claude Code does). A server attached by a remote URL keeps the proxy.
+        let local = super::pool::is_loopback_url(base_url);
         let build = |total: Option<Duration>| {
             let mut b = reqwest::Client::builder()
                 .default_headers(headers.clone())
@@ -442,50 +447,9 @@ fn basic_auth_header(user: &str, password: &str) -> String {
     format!("Basic {credentials}")
 }
 
-/// Whether `base_url` names this machine (a loopback IP or `localhost`). An OpenCode there is
-/// reached directly, whatever `HTTP_PROXY`/`HTTPS_PROXY` say: a proxy cannot reach the host's
-/// loopback, and `NO_PROXY` does not reliably exempt it (reqwest's matcher applies `NO_PROXY=*`
-/// to host names only, so `http://127.0.0.1:<port>` still went to the proxy and every call failed
-/// with "connection refused" when a host such as Claude Code passed a proxy on). A server
-/// attached by a remote URL still goes through the configured proxy.
-fn is_loopback(base_url: &str) -> bool {
-    let Ok(url) = reqwest::Url::parse(base_url) else {
-        return false;
-    };
-    let Some(host) = url.host_str() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback(),
-        Err(_) => host.eq_ignore_ascii_case("localhost"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_urls_bypass_the_proxy_and_others_do_not() {
-        for url in [
-            "http://127.0.0.1:4096",
-            "http://127.1.2.3:1/",
-            "http://[::1]:4096",
-            "http://localhost:4096",
-            "http://LOCALHOST",
-        ] {
-            assert!(is_loopback(url), "{url}");
-        }
-        for url in [
-            "http://10.0.0.1:4096",
-            "https://opencode.example",
-            "not a url",
-            "",
-        ] {
-            assert!(!is_loopback(url), "{url}");
-        }
-    }
 
     #[test]
     fn basic_auth_header_is_rfc7617() {
