@@ -107,20 +107,20 @@ fn the_typescript_sdk_1_accepts_every_result() {
     assert_eq!(errors, tools.len(), "every tool's error path was called");
 }
 
-/// The id field `key` of the first result of `tool` in `results`.
+/// Field `key` of the `nth` result of gateway tool `tool` that the model saw.
 fn id_from(results: &[ToolResult], tool: &str, nth: usize, key: &str) -> Value {
     let found = results
         .iter()
         .filter(|r| r.name == claude_code::tool(tool))
         .nth(nth)
         .unwrap_or_else(|| panic!("no result #{nth} of {tool} yet: {results:#?}"));
-    let body = found.json();
-    let id = body
-        .get(key)
-        .or_else(|| body.pointer(&format!("/structuredContent/{key}")))
-        .cloned()
-        .unwrap_or_else(|| panic!("no {key} in the {tool} result: {}", found.text));
-    id
+    let value = found.json()[key].clone();
+    assert!(
+        value.is_string(),
+        "no {key} in the {tool} result: {}",
+        found.text
+    );
+    value
 }
 
 /// Claude Code, headless, delegates through the gateway: start a server, list agents, start two
@@ -209,6 +209,17 @@ fn claude_code_delegates_through_the_gateway() {
     .map(|n| t(n))
     .collect();
     assert_eq!(names, expected, "{results:#?}");
+    // Claude Code hands its model the structuredContent, serialized, as the whole result (the
+    // text content is dropped when structuredContent is present): so the JSON the gateway puts
+    // there is exactly what a model reads.
+    for r in &results {
+        assert!(
+            r.content.is_string(),
+            "{} reached the model as {}",
+            r.name,
+            r.content
+        );
+    }
     let (ok, failed) = results.split_at(6);
     for r in ok {
         assert!(!r.is_error, "{} failed: {}", r.name, r.text);

@@ -161,6 +161,8 @@ pub struct ClaudeCode {
     cwd: PathBuf,
     /// The gateway's isolated `HOME`, to find its processes by.
     gateway_home: String,
+    /// More environment for `claude` itself (e.g. `MCP_TOOL_TIMEOUT`).
+    pub claude_env: Vec<(String, String)>,
 }
 
 impl ClaudeCode {
@@ -188,22 +190,19 @@ impl ClaudeCode {
             gateway_env,
             cwd: env.work_dir(),
             gateway_home: env.home_dir().display().to_string(),
+            claude_env: Vec::new(),
         }
     }
 
-    /// Runs `claude -p <prompt> --output-format json` against `api` and waits for it to exit
-    /// (at most `within`; then it is killed and the test fails).
+    /// Runs `claude -p <prompt> --output-format json` against `api` with the gateway as its only
+    /// MCP server, and waits for it to exit (at most `within`; then it is killed and the test
+    /// fails).
     pub fn run(&self, api: &FakeAnthropic, prompt: &str, within: Duration) -> Run {
-        let bin = claude_bin();
-        let home = self.home.path();
-        let config_dir = home.join(".claude");
-        std::fs::create_dir_all(&config_dir).expect("create CLAUDE_CONFIG_DIR");
-        let mcp_config = home.join("mcp.json");
-        let gateway_log = home.join("gateway.log");
+        let gateway_log = self.home.path().join("gateway.log");
         // Claude Code keeps only the first burst of a server's stderr in its debug log, so the
-        // gateway's stderr goes to a file: `sh` redirects it and `exec`s the gateway, which
-        // so stays the very process Claude Code started (same pid, same signals).
-        let config = json!({"mcpServers": {SERVER: {
+        // gateway's stderr goes to a file: `sh` redirects it and `exec`s the gateway, which so
+        // stays the very process Claude Code started (same pid, same signals).
+        let server = json!({
             "type": "stdio",
             "command": "/bin/sh",
             "args": [
@@ -213,7 +212,26 @@ impl ClaudeCode {
                 gateway_log,
             ],
             "env": self.gateway_env,
-        }}});
+        });
+        let mut run = self.run_with_server(api, prompt, within, &server);
+        run.gateway_log = std::fs::read_to_string(&gateway_log).unwrap_or_default();
+        run
+    }
+
+    /// [`Self::run`] with another MCP server config (named [`SERVER`]) in place of the gateway.
+    pub fn run_with_server(
+        &self,
+        api: &FakeAnthropic,
+        prompt: &str,
+        within: Duration,
+        server: &Value,
+    ) -> Run {
+        let bin = claude_bin();
+        let home = self.home.path();
+        let config_dir = home.join(".claude");
+        std::fs::create_dir_all(&config_dir).expect("create CLAUDE_CONFIG_DIR");
+        let mcp_config = home.join("mcp.json");
+        let config = json!({"mcpServers": {SERVER: server}});
         std::fs::write(&mcp_config, config.to_string()).expect("write the MCP config");
         let debug_file = home.join("debug.log");
         let mut cmd = Command::new(&bin);
@@ -239,6 +257,7 @@ impl ClaudeCode {
             ("NO_PROXY", "127.0.0.1,localhost".into()),
             ("no_proxy", "127.0.0.1,localhost".into()),
         ]);
+        cmd.envs(self.claude_env.iter().map(|(k, v)| (k, v)));
         cmd.arg("-p")
             .arg(prompt)
             .args(["--output-format", "json"])
@@ -286,7 +305,7 @@ impl ClaudeCode {
             output,
             elapsed: started.elapsed(),
             debug_log: std::fs::read_to_string(&debug_file).unwrap_or_default(),
-            gateway_log: std::fs::read_to_string(&gateway_log).unwrap_or_default(),
+            gateway_log: String::new(),
             seen_pids,
         }
     }

@@ -13,7 +13,7 @@
 //!   `"stream": true` the answer is server-sent events as the real API sends them
 //!   (`message_start`, `content_block_start`/`content_block_delta`/`content_block_stop` per block,
 //!   `message_delta` with `stop_reason` and `usage`, `message_stop`); without it, one message JSON.
-//! - `POST /v1/messages/count_tokens`: `{"input_tokens": 100}`.
+//! - `POST /v1/messages/count_tokens`: `{"input_tokens": <body length / 4>}`.
 //! - `GET /` and `HEAD /` (Claude Code's reachability probe): `200 ok`.
 //! - anything else: 404 with an Anthropic-style error body.
 //!
@@ -512,13 +512,22 @@ async fn handle_request(
         index
     };
     match kind {
-        Kind::Probe => write_response(stream, 200, "text/plain", "ok".into()).await,
+        Kind::Probe => {
+            // A HEAD answer announces no body: bytes after it would corrupt the next response
+            // on this kept-alive connection.
+            let body = if request.method == "HEAD" { "" } else { "ok" };
+            write_response(stream, 200, "text/plain", body.into()).await
+        }
         Kind::CountTokens => {
+            // Claude Code counts large tool results this way before deciding whether to
+            // truncate them (`MAX_MCP_OUTPUT_TOKENS`); a fixed small count would hide that, so
+            // the estimate is the usual four characters per token.
+            let tokens = (body.to_string().len() / 4).max(1);
             write_response(
                 stream,
                 200,
                 "application/json",
-                json!({"input_tokens": 100}).to_string(),
+                json!({"input_tokens": tokens}).to_string(),
             )
             .await
         }
