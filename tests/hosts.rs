@@ -268,7 +268,10 @@ fn claude_code_delegates_through_the_gateway() {
     // notifications (the tasks took 1.5 s, the interval is 200 ms) without complaint.
     let log = &run.gateway_log;
     assert!(
-        log.contains("name: \"claude-code\""),
+        log.contains(&format!(
+            "name: \"claude-code\", title: Some(\"Claude Code\"), version: \"{}\"",
+            claude_code::CLAUDE_CODE
+        )),
         "no initialize from claude-code in the gateway log:\n{log}"
     );
     let progress = log.lines().filter(|l| l.contains("wait progress")).count();
