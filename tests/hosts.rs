@@ -8,15 +8,23 @@
 //!   use): `codex exec --json` with the gateway as its MCP server and a scripted fake Responses
 //!   API as its model; the test reads what Codex showed its model of each tool result
 //!   (`tests/hosts/codex.rs`, `tests/support/fake_responses.rs`).
+//! - Claude Code (`@anthropic-ai/claude-code`, pinned, installed from npm the same way), run
+//!   headless with its model API faked on 127.0.0.1 ([`support::fake_anthropic`]): the test reads
+//!   the `tool_result` blocks it sends back, i.e. exactly what the host showed its model. Helpers
+//!   in `tests/hosts/claude_code.rs`.
 
 mod support;
 
+#[path = "hosts/claude_code.rs"]
+mod claude_code;
 #[path = "hosts/codex.rs"]
 mod codex;
 
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{json, Value};
+use support::fake_anthropic::{FakeAnthropic, Step, ToolResult};
 use support::npm::Install;
 use support::{opencode_bin, FakeLlm, OpenCodeEnv};
 
@@ -453,4 +461,201 @@ fn codex_runs_destructive_tools_only_when_approved() {
         Vec::<String>::new(),
         "with default_tools_approval_mode = \"approve\" every tool runs"
     );
+}
+
+/// Field `key` of the `nth` result of gateway tool `tool` that the model saw.
+fn id_from(results: &[ToolResult], tool: &str, nth: usize, key: &str) -> Value {
+    let found = results
+        .iter()
+        .filter(|r| r.name == claude_code::tool(tool))
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no result #{nth} of {tool} yet: {results:#?}"));
+    let value = found.json()[key].clone();
+    assert!(
+        value.is_string(),
+        "no {key} in the {tool} result: {}",
+        found.text
+    );
+    value
+}
+
+/// Claude Code, headless, delegates through the gateway: start a server, list agents, start two
+/// tasks, wait for both (with progress), read a result, meet an error; and when it exits, the
+/// gateway and its OpenCode are gone. The assertions are on the `tool_result` blocks Claude Code
+/// sent back to its (fake) model: what a real model would have read.
+#[test]
+fn claude_code_delegates_through_the_gateway() {
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let t = claude_code::tool;
+    let script = vec![
+        Step::tool_json(t("opencode_start_server"), json!({})),
+        Step::tool(
+            t("opencode_list_agents"),
+            |r| json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id")}),
+        ),
+        Step::tool(t("opencode_start_task"), |r| {
+            json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
+                   "prompt": "first task from claude code [[delay:1500]]"})
+        }),
+        Step::tool(t("opencode_start_task"), |r| {
+            json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
+                   "prompt": "second task from claude code [[delay:1500]]"})
+        }),
+        Step::tool(t("opencode_wait_for_task"), |r| {
+            json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id"),
+                                id_from(r, "opencode_start_task", 1, "task_id")],
+                   "mode": "all", "timeout_ms": 60000})
+        }),
+        Step::tool(
+            t("opencode_get_task_result"),
+            |r| json!({"task_id": id_from(r, "opencode_start_task", 0, "task_id")}),
+        ),
+        Step::tool_json(
+            t("opencode_get_task_result"),
+            json!({"task_id": "tsk_nope"}),
+        ),
+        Step::text("All delegated work is done."),
+    ];
+    let api = FakeAnthropic::start(&t(""), script);
+    let claude = claude_code::ClaudeCode::new(
+        &env,
+        &fake_llm,
+        &[
+            ("OPENCODE_MCP_TIMEOUTS__PROGRESS_INTERVAL", "200ms"),
+            ("OPENCODE_MCP_LOG", "debug"),
+        ],
+    );
+    let run = claude.run(
+        &api,
+        "Delegate the two tasks to OpenCode.",
+        Duration::from_secs(240),
+    );
+    run.dump_if_asked(&api);
+
+    // Claude Code ran the whole script and ended with the final text.
+    assert!(run.output.status.success(), "{}", run.describe());
+    assert_eq!(
+        api.script_failures(),
+        Vec::<String>::new(),
+        "{}",
+        run.describe()
+    );
+    let summary: Value = serde_json::from_str(run.stdout().trim())
+        .unwrap_or_else(|e| panic!("not Claude Code's JSON result ({e}): {}", run.describe()));
+    assert_eq!(summary["is_error"], false, "{summary}");
+    assert_eq!(
+        summary["result"], "All delegated work is done.",
+        "{summary}"
+    );
+
+    // What the model saw, call by call.
+    let results = api.final_tool_results();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    let expected: Vec<String> = [
+        "opencode_start_server",
+        "opencode_list_agents",
+        "opencode_start_task",
+        "opencode_start_task",
+        "opencode_wait_for_task",
+        "opencode_get_task_result",
+        "opencode_get_task_result",
+    ]
+    .iter()
+    .map(|n| t(n))
+    .collect();
+    assert_eq!(names, expected, "{results:#?}");
+    // Claude Code hands its model the structuredContent, serialized, as the whole result (the
+    // text content is dropped when structuredContent is present): so the JSON the gateway puts
+    // there is exactly what a model reads.
+    for r in &results {
+        assert!(
+            r.content.is_string(),
+            "{} reached the model as {}",
+            r.name,
+            r.content
+        );
+    }
+    let (ok, failed) = results.split_at(6);
+    for r in ok {
+        assert!(!r.is_error, "{} failed: {}", r.name, r.text);
+    }
+    let server = ok[0].json();
+    assert!(server["server_id"].is_string(), "{server}");
+    let opencode_pid = server["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid in {server}")) as u32;
+    let agents = ok[1].json();
+    assert!(
+        agents["agents"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["name"] == "build")),
+        "{agents}"
+    );
+    let (first, second) = (ok[2].json(), ok[3].json());
+    assert_ne!(first["task_id"], second["task_id"]);
+    let waited = ok[4].json();
+    assert_eq!(waited["done"], true, "{waited}");
+    assert_eq!(waited["timed_out"], false, "{waited}");
+    assert_eq!(
+        waited["finished"],
+        json!([first["task_id"], second["task_id"]]),
+        "{waited}"
+    );
+    let result = ok[5].json();
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(
+        result["text"], "ECHO: first task from claude code [[delay:1500]]",
+        "{result}"
+    );
+    // The error reaches the model as the gateway's JSON error text, flagged as an error.
+    let error = &failed[0];
+    assert!(error.is_error, "{error:?}");
+    let body = error.json();
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tsk_nope")),
+        "{body}"
+    );
+
+    // Claude Code identified itself, sent a progress token with the wait, and took the progress
+    // notifications (the tasks took 1.5 s, the interval is 200 ms) without complaint.
+    let log = &run.gateway_log;
+    assert!(
+        log.contains(&format!(
+            "name: \"claude-code\", title: Some(\"Claude Code\"), version: \"{}\"",
+            claude_code::CLAUDE_CODE
+        )),
+        "no initialize from claude-code in the gateway log:\n{log}"
+    );
+    let progress = log.lines().filter(|l| l.contains("wait progress")).count();
+    assert!(progress >= 2, "{progress} progress notifications:\n{log}");
+    assert!(
+        !log.contains("cannot send a progress notification"),
+        "{log}"
+    );
+    let mcp_errors: Vec<&str> = run
+        .debug_log
+        .lines()
+        .filter(|l| l.contains("[ERROR] MCP server"))
+        .collect();
+    assert!(
+        mcp_errors.len() == 1 && mcp_errors[0].contains("tsk_nope"),
+        "Claude Code logged MCP errors other than the scripted one: {mcp_errors:#?}"
+    );
+
+    // A clean exit: the gateway and its OpenCode ran during the session and are gone after it.
+    assert!(
+        run.seen_pids.contains(&opencode_pid),
+        "OpenCode {opencode_pid} was never seen among {:?}",
+        run.seen_pids
+    );
+    if let Err(left) = claude.wait_gateway_gone(Duration::from_secs(10)) {
+        panic!(
+            "left running after claude exited: {}",
+            support::procs::describe(&left)
+        );
+    }
 }

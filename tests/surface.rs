@@ -629,6 +629,8 @@ async fn each_host_sees_the_wait_it_can_sit_through() -> Result<(), BoxError> {
         client.close().await?;
     }
     assert!(defaults.host(None).wait_max < defaults.timeouts.wait_max.get());
+    Ok(())
+}
 
 /// Runs one short session (initialize, tools/list, a tool call that needs no OpenCode), closes
 /// stdin, and returns the gateway's stdout and stderr once it has exited 0.

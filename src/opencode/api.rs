@@ -64,12 +64,21 @@ impl Api {
         // reads and the reconcile) and are still reused; the rest close once idle for 30 s. The
         // stream client holds one long response, which these settings do not cut; they only
         // bound its idle leftovers after a reconnect.
+        // An OpenCode on this machine is reached directly, whatever HTTP_PROXY/HTTPS_PROXY say:
+        // a proxy cannot reach the host's loopback, and NO_PROXY does not reliably exempt it
+        // (reqwest's matcher applies `NO_PROXY=*` to host names only, so `127.0.0.1` still went
+        // to the proxy and every call failed with "connection refused" under a host that passed
+        // a proxy on, as Claude Code does). A server attached by a remote URL keeps the proxy.
+        let local = super::pool::is_loopback_url(base_url);
         let build = |total: Option<Duration>| {
             let mut b = reqwest::Client::builder()
                 .default_headers(headers.clone())
                 .connect_timeout(request_timeout)
                 .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT);
+            if local {
+                b = b.no_proxy();
+            }
             if let Some(t) = total {
                 b = b.timeout(t);
             }

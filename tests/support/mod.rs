@@ -17,6 +17,7 @@
 //! Not every test file uses every item.
 #![allow(dead_code, unused_imports)]
 
+pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod fake_responses;
 pub mod isolation;

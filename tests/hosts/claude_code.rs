@@ -1,0 +1,348 @@
+//! Running the real Claude Code headless against the gateway, with every model API faked on
+//! 127.0.0.1: Claude Code talks to a [`FakeAnthropic`] (scripted tool calls), and the OpenCode
+//! behind the gateway to a [`FakeLlm`].
+//!
+//! Claude Code is the pinned npm `@anthropic-ai/claude-code`, installed under the target dir on
+//! first use. The package ships its native executable in a per-platform optional dependency
+//! (`@anthropic-ai/claude-code-<os>-<arch>[-musl]`, file `claude`); that is what runs, so that the
+//! postinstall step (which only copies it over `bin/claude.exe`) does not matter.
+//!
+//! Isolation: Claude Code gets an empty environment plus a temp `HOME`/`CLAUDE_CONFIG_DIR`, the
+//! fake's URL and a dummy key, its non-essential traffic, telemetry, error reporting and
+//! auto-updater switched off, and a proxy on a closed 127.0.0.1 port for anything that would
+//! still try to leave the machine. The gateway it starts gets the [`OpenCodeEnv`] isolation.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::support::fake_anthropic::FakeAnthropic;
+use crate::support::npm::Install;
+use crate::support::{opencode_bin, procs, FakeLlm, OpenCodeEnv};
+
+/// The Claude Code release the suite is pinned to.
+pub const CLAUDE_CODE: &str = "2.1.197";
+
+/// The MCP server name in the generated `--mcp-config`: Claude Code names the tools
+/// `mcp__opencode__<tool>`.
+pub const SERVER: &str = "opencode";
+
+/// Tool `name` of the gateway as Claude Code's model sees it.
+pub fn tool(name: &str) -> String {
+    format!("mcp__{SERVER}__{name}")
+}
+
+/// The pinned Claude Code executable, installed on first use.
+pub fn claude_bin() -> PathBuf {
+    Install {
+        package: "@anthropic-ai/claude-code",
+        version: CLAUDE_CODE,
+        dir_name: &format!("claude-code-{CLAUDE_CODE}"),
+        skip_hint: &format!(
+            "install it there yourself: npm install --prefix <target dir>/claude-code-{CLAUDE_CODE} \
+             @anthropic-ai/claude-code@{CLAUDE_CODE} (the per-platform optional dependency must \
+             not be omitted)"
+        ),
+    }
+    .ensure(|dir| {
+        let bin = native_binary(dir)?;
+        let output = Command::new(&bin)
+            .arg("--version")
+            .env_clear()
+            .env("HOME", dir)
+            .env("DISABLE_AUTOUPDATER", "1")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        let printed = String::from_utf8_lossy(&output.stdout);
+        if printed.trim_start().starts_with(CLAUDE_CODE) {
+            Ok(bin)
+        } else {
+            Err(format!("{} --version printed {printed:?}", bin.display()))
+        }
+    })
+}
+
+/// `node_modules/@anthropic-ai/claude-code-<platform>/claude` for this machine.
+fn native_binary(dir: &Path) -> Result<PathBuf, String> {
+    let os = match std::env::consts::OS {
+        "macos" => "darwin",
+        other => other,
+    };
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "x64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let scope = dir.join("node_modules/@anthropic-ai");
+    let base = format!("claude-code-{os}-{arch}");
+    for name in [base.clone(), format!("{base}-musl")] {
+        let bin = scope.join(&name).join("claude");
+        if bin.is_file() {
+            return Ok(bin);
+        }
+    }
+    Err(format!(
+        "no {}/{base}[-musl]/claude: npm did not install the platform package",
+        scope.display()
+    ))
+}
+
+/// What one headless run left behind.
+pub struct Run {
+    pub output: Output,
+    pub elapsed: Duration,
+    /// Claude Code's `--debug-file` (MCP traffic and errors, the gateway's stderr).
+    pub debug_log: String,
+    /// The gateway's stderr (its log; `OPENCODE_MCP_LOG` sets the level).
+    pub gateway_log: String,
+    /// Every live process seen during the run whose `HOME` was the gateway's isolated home (the
+    /// gateway and the OpenCode it started).
+    pub seen_pids: BTreeSet<u32>,
+}
+
+impl Run {
+    /// With `CLAUDE_CODE_DUMP_DIR` set, writes Claude Code's debug log, the gateway's log, stdout
+    /// and every request the fake API received there (for studying the traffic; the temp homes
+    /// are gone after the test).
+    pub fn dump_if_asked(&self, api: &FakeAnthropic) {
+        let Some(dir) = std::env::var_os("CLAUDE_CODE_DUMP_DIR") else {
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        let requests: Vec<Value> = api
+            .requests()
+            .iter()
+            .map(|r| json!({"summary": r.summary(), "headers": r.headers, "body": r.body}))
+            .collect();
+        let files = [
+            ("claude-debug.log", self.debug_log.clone()),
+            ("gateway.log", self.gateway_log.clone()),
+            ("stdout.txt", self.stdout()),
+            (
+                "requests.json",
+                serde_json::to_string_pretty(&requests).unwrap_or_default(),
+            ),
+        ];
+        std::fs::create_dir_all(&dir).expect("create CLAUDE_CODE_DUMP_DIR");
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).expect("write to CLAUDE_CODE_DUMP_DIR");
+        }
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    /// stdout, stderr and the tail of the debug log, for failure messages.
+    pub fn describe(&self) -> String {
+        let tail = tail(&self.debug_log, 6000);
+        format!(
+            "status {} after {:?}\nstdout:\n{}\nstderr:\n{}\ndebug log (tail):\n{tail}",
+            self.output.status,
+            self.elapsed,
+            self.stdout(),
+            String::from_utf8_lossy(&self.output.stderr)
+        )
+    }
+}
+
+/// One isolated Claude Code with the gateway as its only MCP server.
+pub struct ClaudeCode {
+    /// Claude Code's own temp home (config, sessions, debug log, MCP config).
+    home: tempfile::TempDir,
+    /// The gateway's environment: the OpenCode isolation plus the OpenCode binary and `extra`.
+    gateway_env: Map<String, Value>,
+    /// The directory `claude` (and so the gateway) runs in.
+    cwd: PathBuf,
+    /// The gateway's isolated `HOME`, to find its processes by.
+    gateway_home: String,
+    /// More environment for `claude` itself (e.g. `MCP_TOOL_TIMEOUT`).
+    pub claude_env: Vec<(String, String)>,
+}
+
+impl ClaudeCode {
+    /// Prepares a home for Claude Code and the gateway's environment (extra `OPENCODE_MCP_*`
+    /// settings in `extra`). Both run in `env`'s work dir.
+    pub fn new(env: &OpenCodeEnv, fake_llm: &FakeLlm, extra: &[(&str, &str)]) -> Self {
+        let home = tempfile::Builder::new()
+            .prefix("claude-home-")
+            .tempdir()
+            .expect("create a temp home for Claude Code");
+        let mut gateway_env: Map<String, Value> = env
+            .vars(&fake_llm.url())
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        gateway_env.insert(
+            "OPENCODE_MCP_OPENCODE__COMMAND".into(),
+            Value::String(opencode_bin().display().to_string()),
+        );
+        for (k, v) in extra {
+            gateway_env.insert((*k).into(), Value::String((*v).into()));
+        }
+        ClaudeCode {
+            home,
+            gateway_env,
+            cwd: env.work_dir(),
+            gateway_home: env.home_dir().display().to_string(),
+            claude_env: Vec::new(),
+        }
+    }
+
+    /// Runs `claude -p <prompt> --output-format json` against `api` with the gateway as its only
+    /// MCP server, and waits for it to exit (at most `within`; then it is killed and the test
+    /// fails).
+    pub fn run(&self, api: &FakeAnthropic, prompt: &str, within: Duration) -> Run {
+        let gateway_log = self.home.path().join("gateway.log");
+        // Claude Code keeps only the first burst of a server's stderr in its debug log, so the
+        // gateway's stderr goes to a file: `sh` redirects it and `exec`s the gateway, which so
+        // stays the very process Claude Code started (same pid, same signals).
+        let server = json!({
+            "type": "stdio",
+            "command": "/bin/sh",
+            "args": [
+                "-c",
+                "exec \"$0\" 2>>\"$1\"",
+                env!("CARGO_BIN_EXE_opencode-mcp"),
+                gateway_log,
+            ],
+            "env": self.gateway_env,
+        });
+        let mut run = self.run_with_server(api, prompt, within, &server);
+        run.gateway_log = std::fs::read_to_string(&gateway_log).unwrap_or_default();
+        run
+    }
+
+    /// [`Self::run`] with another MCP server config (named [`SERVER`]) in place of the gateway.
+    pub fn run_with_server(
+        &self,
+        api: &FakeAnthropic,
+        prompt: &str,
+        within: Duration,
+        server: &Value,
+    ) -> Run {
+        let bin = claude_bin();
+        let home = self.home.path();
+        let config_dir = home.join(".claude");
+        std::fs::create_dir_all(&config_dir).expect("create CLAUDE_CONFIG_DIR");
+        let mcp_config = home.join("mcp.json");
+        let config = json!({"mcpServers": {SERVER: server}});
+        std::fs::write(&mcp_config, config.to_string()).expect("write the MCP config");
+        let debug_file = home.join("debug.log");
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.envs([
+            ("HOME", home.display().to_string()),
+            ("CLAUDE_CONFIG_DIR", config_dir.display().to_string()),
+            ("TMPDIR", home.display().to_string()),
+            ("ANTHROPIC_BASE_URL", api.url()),
+            ("ANTHROPIC_API_KEY", "test".into()),
+            ("DISABLE_TELEMETRY", "1".into()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+            ("DISABLE_AUTOUPDATER", "1".into()),
+            ("DISABLE_ERROR_REPORTING", "1".into()),
+            // Anything that still tries to leave the machine meets a closed port.
+            ("HTTPS_PROXY", "http://127.0.0.1:9".into()),
+            ("HTTP_PROXY", "http://127.0.0.1:9".into()),
+            ("https_proxy", "http://127.0.0.1:9".into()),
+            ("http_proxy", "http://127.0.0.1:9".into()),
+            ("NO_PROXY", "127.0.0.1,localhost".into()),
+            ("no_proxy", "127.0.0.1,localhost".into()),
+        ]);
+        cmd.envs(self.claude_env.iter().map(|(k, v)| (k, v)));
+        cmd.arg("-p")
+            .arg(prompt)
+            .args(["--output-format", "json"])
+            .arg("--mcp-config")
+            .arg(&mcp_config)
+            .arg("--strict-mcp-config")
+            .args(["--allowedTools", &format!("mcp__{SERVER}")])
+            .arg("--debug-file")
+            .arg(&debug_file)
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+        let pid = child.id();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(child.wait_with_output());
+        });
+        // While it runs, note the gateway's processes (found by their isolated HOME), so that the
+        // test can check they are gone afterwards and that there were some.
+        let mut seen_pids = BTreeSet::new();
+        let output = loop {
+            seen_pids.extend(self.gateway_processes());
+            match done_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(result) => break result.expect("wait for claude"),
+                Err(mpsc::RecvTimeoutError::Timeout) if started.elapsed() < within => {}
+                Err(_) => {
+                    let _ = Command::new("kill")
+                        .arg("-KILL")
+                        .arg(pid.to_string())
+                        .status();
+                    let log = std::fs::read_to_string(&debug_file).unwrap_or_default();
+                    panic!(
+                        "claude did not exit within {within:?}; debug log tail:\n{}",
+                        tail(&log, 8000)
+                    );
+                }
+            }
+        };
+        Run {
+            output,
+            elapsed: started.elapsed(),
+            debug_log: std::fs::read_to_string(&debug_file).unwrap_or_default(),
+            gateway_log: String::new(),
+            seen_pids,
+        }
+    }
+
+    /// Live processes whose `HOME` is the gateway's isolated home.
+    pub fn gateway_processes(&self) -> BTreeSet<u32> {
+        procs::all()
+            .into_iter()
+            .filter(|p| p.is_live())
+            .filter(|p| {
+                procs::env_var(p.pid, "HOME").as_deref() == Some(self.gateway_home.as_str())
+            })
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Polls (bounded) until none of the gateway's processes is alive; returns the survivors.
+    pub fn wait_gateway_gone(&self, within: Duration) -> Result<Duration, BTreeSet<u32>> {
+        let start = Instant::now();
+        loop {
+            let live = self.gateway_processes();
+            if live.is_empty() {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > within {
+                return Err(live);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The last `n` bytes of `s` (at a char boundary).
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}

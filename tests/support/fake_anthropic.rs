@@ -1,0 +1,805 @@
+//! A scripted Anthropic Messages API on 127.0.0.1, for driving a real Claude Code headless.
+//!
+//! [`FakeAnthropic::start`] binds `127.0.0.1:0` and serves on its own thread (its own tokio
+//! runtime), so it works from sync and async tests alike and stops when dropped. Claude Code
+//! reaches it through `ANTHROPIC_BASE_URL=`[`FakeAnthropic::url`].
+//!
+//! # Routes
+//!
+//! - `POST /v1/messages` (Claude Code adds `?beta=true`): the **main conversation** is the request
+//!   whose `tools` include a name starting with the configured prefix (e.g. `mcp__opencode__`);
+//!   it is answered from the [`Step`] script. Every other messages request (titles, quota probes,
+//!   small-model side calls) is a **side request** and gets the plain text [`SIDE_REPLY`]. With
+//!   `"stream": true` the answer is server-sent events as the real API sends them
+//!   (`message_start`, `content_block_start`/`content_block_delta`/`content_block_stop` per block,
+//!   `message_delta` with `stop_reason` and `usage`, `message_stop`); without it, one message JSON.
+//! - `POST /v1/messages/count_tokens`: `{"input_tokens": <body length / 4>}`.
+//! - `GET /` and `HEAD /` (Claude Code's reachability probe): `200 ok`.
+//! - anything else: 404 with an Anthropic-style error body.
+//!
+//! # Script
+//!
+//! The main conversation's k-th answer is step k, where k is the number of assistant messages
+//! holding a `tool_use` block already in the request (so a retried request gets the same answer,
+//! and the conversation's history, not the fake's memory, says where the script is). A
+//! [`Step::tool`] answers with one `tool_use` block (id `toolu_fake_<k>`), whose input is computed
+//! from the `tool_result` blocks the host sent back so far — which is how a later step uses an id
+//! from an earlier result, and how a test sees exactly what the host showed its model. A
+//! [`Step::text`] answers with a final text (`stop_reason: end_turn`). Past the end of the script the
+//! answer is the text [`SCRIPT_EXHAUSTED`].
+//!
+//! Every request is recorded ([`FakeAnthropic::requests`]).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The text answer to every side request.
+pub const SIDE_REPLY: &str = "Fake title";
+/// The text answer of the main conversation once the script has run out.
+pub const SCRIPT_EXHAUSTED: &str = "fake-anthropic: script exhausted";
+
+/// Computes a tool call's input from the tool results the host sent back so far.
+type InputFn = dyn Fn(&[ToolResult]) -> Value + Send + Sync;
+
+/// One answer of the main conversation.
+#[derive(Clone)]
+pub enum Step {
+    /// Call tool `name`; the input is computed when the step is answered.
+    Tool { name: String, input: Arc<InputFn> },
+    /// End the turn with this text.
+    Text(String),
+}
+
+impl Step {
+    /// A tool call whose input depends on earlier results (e.g. an id they returned).
+    pub fn tool(
+        name: impl Into<String>,
+        input: impl Fn(&[ToolResult]) -> Value + Send + Sync + 'static,
+    ) -> Self {
+        Step::Tool {
+            name: name.into(),
+            input: Arc::new(input),
+        }
+    }
+
+    /// A tool call with a fixed input.
+    pub fn tool_json(name: impl Into<String>, input: Value) -> Self {
+        Self::tool(name, move |_| input.clone())
+    }
+
+    /// The final text answer.
+    pub fn text(text: impl Into<String>) -> Self {
+        Step::Text(text.into())
+    }
+}
+
+/// A `tool_result` block the host sent, joined with the `tool_use` it answers.
+#[derive(Clone, Debug)]
+pub struct ToolResult {
+    pub tool_use_id: String,
+    /// Name of the tool called (from the matching `tool_use` block; empty if none matched).
+    pub name: String,
+    /// The input the tool was called with.
+    pub input: Value,
+    /// The block's `content` as sent (a string or an array of content blocks).
+    pub content: Value,
+    /// The text of `content` (text blocks joined by newlines).
+    pub text: String,
+    pub is_error: bool,
+}
+
+impl ToolResult {
+    /// `text` parsed as JSON (the gateway's results and errors are JSON text).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| {
+            panic!(
+                "the {} result the model saw is not JSON ({e}): {}",
+                self.name, self.text
+            )
+        })
+    }
+}
+
+/// How a request was classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A messages request carrying the scripted tools.
+    Main,
+    /// Any other messages request.
+    Side,
+    CountTokens,
+    Probe,
+    NotFound,
+}
+
+/// One HTTP request the fake received.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    pub index: usize,
+    pub at: Instant,
+    pub method: String,
+    /// The request target, e.g. `/v1/messages?beta=true`.
+    pub path: String,
+    /// Header names in lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body (`Null` when there is none, a string when it is not JSON).
+    pub body: Value,
+    pub kind: Kind,
+    /// For a main request: the step answered (index into the script).
+    pub step: Option<usize>,
+}
+
+impl RecordedRequest {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn messages(&self) -> &[Value] {
+        self.body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// Names of the tools offered.
+    pub fn tool_names(&self) -> Vec<String> {
+        tool_names(&self.body)
+    }
+
+    /// Every `tool_result` block in the request, in order, with its `tool_use`.
+    pub fn tool_results(&self) -> Vec<ToolResult> {
+        tool_results(self.messages())
+    }
+
+    /// A one-line description, for failure messages.
+    pub fn summary(&self) -> String {
+        format!(
+            "#{} {:?} {} {} step={:?} messages={} tools={}",
+            self.index,
+            self.kind,
+            self.method,
+            self.path,
+            self.step,
+            self.messages().len(),
+            self.tool_names().len()
+        )
+    }
+}
+
+struct State {
+    requests: Vec<RecordedRequest>,
+    /// Script steps that could not be answered, with why.
+    failures: Vec<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    script: Vec<Step>,
+    main_tool_prefix: String,
+}
+
+/// The fake Anthropic API server. Stops (and drops open connections) when dropped.
+pub struct FakeAnthropic {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeAnthropic {
+    /// Binds 127.0.0.1:0 and serves `script` to the conversation whose tools start with
+    /// `main_tool_prefix`.
+    pub fn start(main_tool_prefix: &str, script: Vec<Step>) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("fake Anthropic: bind");
+        listener
+            .set_nonblocking(true)
+            .expect("fake Anthropic: set_nonblocking");
+        let addr = listener.local_addr().expect("fake Anthropic: local_addr");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                requests: Vec::new(),
+                failures: Vec::new(),
+            }),
+            script,
+            main_tool_prefix: main_tool_prefix.to_owned(),
+        });
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("fake-anthropic".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("fake Anthropic: runtime");
+                runtime.block_on(async move {
+                    let listener =
+                        TcpListener::from_std(listener).expect("fake Anthropic: tokio listener");
+                    tokio::select! {
+                        _ = accept_loop(listener, serve_shared) => {}
+                        _ = shutdown_rx => {}
+                    }
+                });
+            })
+            .expect("fake Anthropic: spawn thread");
+        FakeAnthropic {
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        }
+    }
+
+    /// The value for `ANTHROPIC_BASE_URL`: `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared
+            .state
+            .lock()
+            .expect("fake Anthropic state lock")
+            .requests
+            .clone()
+    }
+
+    /// Script steps that could not be answered (their input function panicked), with why.
+    pub fn script_failures(&self) -> Vec<String> {
+        self.shared
+            .state
+            .lock()
+            .expect("fake Anthropic state lock")
+            .failures
+            .clone()
+    }
+
+    /// The main conversation's requests so far.
+    pub fn main_requests(&self) -> Vec<RecordedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.kind == Kind::Main)
+            .collect()
+    }
+
+    /// The tool results of the longest main request: everything the host showed its model.
+    pub fn final_tool_results(&self) -> Vec<ToolResult> {
+        self.main_requests()
+            .iter()
+            .max_by_key(|r| r.messages().len())
+            .map(RecordedRequest::tool_results)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for FakeAnthropic {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Text of a content value: a string, or the `text` of its text blocks joined by newlines.
+pub fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn blocks(message: &Value) -> &[Value] {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+fn tool_results(messages: &[Value]) -> Vec<ToolResult> {
+    let uses: Vec<&Value> = messages
+        .iter()
+        .flat_map(blocks)
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        .collect();
+    messages
+        .iter()
+        .flat_map(blocks)
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+        .map(|b| {
+            let id = b
+                .get("tool_use_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let used = uses
+                .iter()
+                .find(|u| u.get("id").and_then(Value::as_str) == Some(id.as_str()));
+            let content = b.get("content").cloned().unwrap_or(Value::Null);
+            ToolResult {
+                name: used
+                    .and_then(|u| u.get("name").and_then(Value::as_str))
+                    .unwrap_or_default()
+                    .to_owned(),
+                input: used
+                    .and_then(|u| u.get("input").cloned())
+                    .unwrap_or(Value::Null),
+                text: content_text(&content),
+                content,
+                is_error: b.get("is_error").and_then(Value::as_bool) == Some(true),
+                tool_use_id: id,
+            }
+        })
+        .collect()
+}
+
+/// The step a main request asks for: how many assistant turns already called a tool.
+fn step_index(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .filter(|m| {
+            blocks(m)
+                .iter()
+                .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        })
+        .count()
+}
+
+/// The content blocks of one answer, and its stop reason.
+fn answer(
+    shared: &Shared,
+    body: &Value,
+    kind: Kind,
+    step: Option<usize>,
+) -> Result<(Vec<Value>, &'static str), String> {
+    let text = |t: &str| Ok((vec![json!({"type": "text", "text": t})], "end_turn"));
+    if kind != Kind::Main {
+        return text(SIDE_REPLY);
+    }
+    let index = step.unwrap_or_default();
+    match shared.script.get(index) {
+        Some(Step::Tool { name, input }) => {
+            let messages = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let results = tool_results(messages);
+            // A script that cannot compute its input (an earlier result lacked the id it needs)
+            // answers 400, which Claude Code does not retry, with the reason: the run ends at
+            // once and the test's assertions on the results say what went wrong.
+            let input =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| input(&results))) {
+                    Ok(input) => input,
+                    Err(panic) => {
+                        let reason = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        return Err(format!("script step {index} ({name}) failed: {reason}"));
+                    }
+                };
+            Ok((
+                vec![json!({
+                    "type": "tool_use",
+                    "id": format!("toolu_fake_{index}"),
+                    "name": name,
+                    "input": input,
+                })],
+                "tool_use",
+            ))
+        }
+        Some(Step::Text(t)) => text(t),
+        None => text(SCRIPT_EXHAUSTED),
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle_connection(stream, shared.clone()));
+            }
+            Err(e) => eprintln!("fake Anthropic: accept failed: {e}"),
+        }
+    }
+}
+
+/// Serves requests on one connection until the client closes it (Claude Code keeps connections
+/// alive).
+async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
+    let mut pending = Vec::new();
+    loop {
+        let request = match read_request(&mut stream, &mut pending).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(e) => {
+                let body = error_body("invalid_request_error", &e.to_string());
+                let _ =
+                    write_response(&mut stream, 400, "application/json", body.to_string()).await;
+                return;
+            }
+        };
+        if handle_request(&mut stream, &shared, request).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn handle_request(
+    stream: &mut TcpStream,
+    shared: &Shared,
+    request: HttpRequest,
+) -> io::Result<()> {
+    let body: Value = if request.body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&request.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&request.body).into_owned()))
+    };
+    let route = request.path.split('?').next().unwrap_or("");
+    let kind = match (request.method.as_str(), route) {
+        ("POST", "/v1/messages") => {
+            if tool_names(&body)
+                .iter()
+                .any(|n| n.starts_with(&shared.main_tool_prefix))
+            {
+                Kind::Main
+            } else {
+                Kind::Side
+            }
+        }
+        ("POST", "/v1/messages/count_tokens") => Kind::CountTokens,
+        ("GET" | "HEAD", "/") => Kind::Probe,
+        _ => Kind::NotFound,
+    };
+    let step = (kind == Kind::Main).then(|| {
+        step_index(
+            body.get("messages")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        )
+    });
+    let index = {
+        let mut state = shared.state.lock().expect("fake Anthropic state lock");
+        let index = state.requests.len();
+        state.requests.push(RecordedRequest {
+            index,
+            at: Instant::now(),
+            method: request.method.clone(),
+            path: request.path.clone(),
+            headers: request.headers.clone(),
+            body: body.clone(),
+            kind,
+            step,
+        });
+        index
+    };
+    match kind {
+        Kind::Probe => {
+            // A HEAD answer announces no body: bytes after it would corrupt the next response
+            // on this kept-alive connection.
+            let body = if request.method == "HEAD" { "" } else { "ok" };
+            write_response(stream, 200, "text/plain", body.into()).await
+        }
+        Kind::CountTokens => {
+            // Claude Code counts large tool results this way before deciding whether to
+            // truncate them (`MAX_MCP_OUTPUT_TOKENS`); a fixed small count would hide that, so
+            // the estimate is the usual four characters per token.
+            let tokens = (body.to_string().len() / 4).max(1);
+            write_response(
+                stream,
+                200,
+                "application/json",
+                json!({"input_tokens": tokens}).to_string(),
+            )
+            .await
+        }
+        Kind::NotFound => {
+            let body = error_body("not_found_error", &format!("no route {}", request.path));
+            write_response(stream, 404, "application/json", body.to_string()).await
+        }
+        Kind::Main | Kind::Side => {
+            let model = body
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or("claude-fake")
+                .to_owned();
+            let (content, stop_reason) = match answer(shared, &body, kind, step) {
+                Ok(answer) => answer,
+                Err(reason) => {
+                    shared
+                        .state
+                        .lock()
+                        .expect("fake Anthropic state lock")
+                        .failures
+                        .push(reason.clone());
+                    let body = error_body("invalid_request_error", &reason);
+                    return write_response(stream, 400, "application/json", body.to_string()).await;
+                }
+            };
+            let id = format!("msg_fake_{index}");
+            if body.get("stream").and_then(Value::as_bool) == Some(true) {
+                let events = sse_events(&id, &model, &content, stop_reason);
+                write_response(stream, 200, "text/event-stream", events).await
+            } else {
+                let message = json!({
+                    "id": id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": content,
+                    "stop_reason": stop_reason,
+                    "stop_sequence": null,
+                    "usage": usage(10),
+                });
+                write_response(stream, 200, "application/json", message.to_string()).await
+            }
+        }
+    }
+}
+
+fn usage(output_tokens: u64) -> Value {
+    json!({
+        "input_tokens": 100,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    })
+}
+
+/// The whole SSE body of a streamed answer. Text and tool input are each sent in two deltas, so
+/// that the client has to join them as it does for the real API.
+fn sse_events(id: &str, model: &str, content: &[Value], stop_reason: &str) -> String {
+    let mut out = String::new();
+    let mut event = |name: &str, data: Value| {
+        out.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+    };
+    event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null, "usage": usage(1),
+        }}),
+    );
+    for (index, block) in content.iter().enumerate() {
+        let kind = block
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let (start, deltas): (Value, Vec<Value>) = if kind == "tool_use" {
+            let input = block.get("input").cloned().unwrap_or(json!({})).to_string();
+            let (a, b) = split_half(&input);
+            (
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+                vec![
+                    json!({"type": "input_json_delta", "partial_json": a}),
+                    json!({"type": "input_json_delta", "partial_json": b}),
+                ],
+            )
+        } else {
+            let text = block
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let (a, b) = split_half(text);
+            (
+                json!({"type": "text", "text": ""}),
+                vec![
+                    json!({"type": "text_delta", "text": a}),
+                    json!({"type": "text_delta", "text": b}),
+                ],
+            )
+        };
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": start}),
+        );
+        for delta in deltas {
+            event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            );
+        }
+        event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+    }
+    event(
+        "message_delta",
+        json!({"type": "message_delta",
+               "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+               "usage": {"output_tokens": 10}}),
+    );
+    event("message_stop", json!({"type": "message_stop"}));
+    out
+}
+
+/// Splits at a char boundary near the middle.
+fn split_half(s: &str) -> (&str, &str) {
+    let mut mid = s.len() / 2;
+    while !s.is_char_boundary(mid) {
+        mid += 1;
+    }
+    s.split_at(mid)
+}
+
+fn error_body(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+async fn write_response(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: String,
+) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        _ => "Not Found",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
+         request-id: req_fake\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await
+}
+
+struct HttpRequest {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// Reads one HTTP/1.1 request (head, then a `Content-Length` or chunked body); `pending` holds
+/// bytes read past the previous request on this connection.
+async fn read_request<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    pending: &mut Vec<u8>,
+) -> io::Result<Option<HttpRequest>> {
+    let head_end = loop {
+        if let Some(pos) = find(pending, b"\r\n\r\n") {
+            break pos;
+        }
+        if pending.len() > MAX_HEAD {
+            return Err(invalid("request head too large"));
+        }
+        if fill(reader, pending).await? == 0 {
+            return if pending.is_empty() {
+                Ok(None)
+            } else {
+                Err(invalid("connection closed inside the request head"))
+            };
+        }
+    };
+    let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
+    pending.drain(..head_end + 4);
+    let mut lines = head.split("\r\n");
+    let mut parts = lines.next().unwrap_or("").split(' ');
+    let method = parts.next().unwrap_or("").to_owned();
+    let path = parts.next().unwrap_or("").to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(pos) = find(pending, b"\r\n") {
+                    break pos;
+                }
+                need(reader, pending).await?;
+            };
+            let size_text = String::from_utf8_lossy(&pending[..line_end]).into_owned();
+            let size_text = size_text.split(';').next().unwrap_or("").trim();
+            let size =
+                usize::from_str_radix(size_text, 16).map_err(|_| invalid("bad chunk size"))?;
+            pending.drain(..line_end + 2);
+            if body.len() + size > MAX_BODY {
+                return Err(invalid("body too large"));
+            }
+            while pending.len() < size + 2 {
+                need(reader, pending).await?;
+            }
+            body.extend_from_slice(&pending[..size]);
+            pending.drain(..size + 2);
+            if size == 0 {
+                break body;
+            }
+        }
+    } else {
+        let len = match header("content-length") {
+            Some(v) => v
+                .parse::<usize>()
+                .map_err(|_| invalid("bad content-length"))?,
+            None => 0,
+        };
+        if len > MAX_BODY {
+            return Err(invalid("body too large"));
+        }
+        while pending.len() < len {
+            need(reader, pending).await?;
+        }
+        pending.drain(..len).collect()
+    };
+    Ok(Some(HttpRequest {
+        method,
+        path,
+        headers,
+        body,
+    }))
+}
+
+async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = reader.read(&mut chunk).await?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+async fn need<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<()> {
+    if fill(reader, buf).await? == 0 {
+        return Err(invalid("connection closed inside a request"));
+    }
+    Ok(())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn invalid(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.to_owned())
+}
