@@ -659,3 +659,45 @@ fn claude_code_delegates_through_the_gateway() {
         );
     }
 }
+
+/// The `delegate_task` slash command as people type it. Claude Code gives each declared prompt
+/// argument one word of the typed text (quotes are not honoured), so the prompt declares one
+/// optional argument and sends the model to the whole request, which Claude Code passes along
+/// with the rendered prompt.
+#[test]
+fn claude_code_slash_command_keeps_the_whole_request() {
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let t = claude_code::tool;
+    let api = FakeAnthropic::start(&t(""), vec![Step::text("Understood.")]);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[]);
+    let typed = "Rename foo to bar in src/lib.rs, mechanical, keep the public API";
+    let run = claude.run(
+        &api,
+        &format!("/mcp__opencode__delegate_task {typed}"),
+        Duration::from_secs(120),
+    );
+    run.dump_if_asked(&api);
+    assert!(run.output.status.success(), "{}", run.describe());
+    let main = api.main_requests();
+    let first = main
+        .first()
+        .unwrap_or_else(|| panic!("no request reached the model: {}", run.describe()));
+    let seen = serde_json::to_string(first.messages()).unwrap_or_default();
+    assert!(
+        seen.contains("Delegate work to OpenCode agents"),
+        "the rendered prompt reaches the model: {seen}"
+    );
+    assert!(
+        seen.contains("The work: Rename"),
+        "the argument holds the first word: {seen}"
+    );
+    assert!(
+        seen.contains(typed),
+        "the whole typed request reaches the model: {seen}"
+    );
+    assert!(
+        seen.contains("the user's whole request is the text that came with"),
+        "the prompt says where the rest is: {seen}"
+    );
+}

@@ -50,9 +50,7 @@ struct Surface {
 
 fn prompt_args() -> Value {
     json!({
-        "task": "Rename `Foo` to `Bar` across src/",
-        "difficulty": "mechanical",
-        "context": "Keep the public API; run cargo test.",
+        "task": "Rename `Foo` to `Bar` across src/; mechanical. Keep the public API; run cargo test.",
     })
 }
 
@@ -238,7 +236,7 @@ async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Re
         json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
             "params": {"name": TASK_STATUS, "arguments": {"task_id": "tsk_unknown"}}}),
         json!({"jsonrpc": "2.0", "id": 7, "method": "prompts/get",
-            "params": {"name": "delegate_task", "arguments": {}}}),
+            "params": {"name": "delegate_task", "arguments": {"colour": "x"}}}),
     ];
     let mut input = String::new();
     for r in &requests {
@@ -317,7 +315,7 @@ async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Re
     assert_eq!(
         by_id(7)["error"]["code"],
         -32602,
-        "missing required prompt argument"
+        "undeclared prompt argument"
     );
     Ok(())
 }
