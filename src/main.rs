@@ -133,16 +133,8 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
     let exe = std::env::current_exe()
         .and_then(|p| p.canonicalize())
         .unwrap_or_else(|_| PathBuf::from("opencode-mcp"));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("opencode-mcp doctor: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime("opencode-mcp doctor") else {
+        return ExitCode::FAILURE;
     };
     let report = runtime.block_on(opencode_mcp::doctor::run(config::load(sources), &exe));
     // The server is stopped inside `run`; what may remain are cancelled pumps.
@@ -165,6 +157,22 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
     }
 }
 
+/// The async runtime of `serve` and `doctor`: two workers are plenty for an I/O-bound gateway.
+/// `None` (after saying why on stderr, prefixed with `who`) if it cannot be built.
+fn runtime(who: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("{who}: cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
 fn serve(sources: &Sources) -> ExitCode {
     // A malformed config refuses to start: running on defaults the user did not choose is worse.
     let cfg = match config::load(sources) {
@@ -181,16 +189,8 @@ fn serve(sources: &Sources) -> ExitCode {
     // this very binary: /proc/self/exe stays valid even if the file is replaced while we run.
     #[cfg(target_os = "linux")]
     opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("opencode-mcp: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime("opencode-mcp") else {
+        return ExitCode::FAILURE;
     };
     let served = runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg));
     // Everything that must happen before exit (servers stopped, records on disk) happened inside
