@@ -12,6 +12,7 @@
 mod abort;
 mod error;
 mod model;
+mod owner;
 mod record;
 mod registry;
 mod resolve;

@@ -10,7 +10,6 @@ use super::model::TaskStatus;
 use super::record::{interrupted, TaskRecord};
 use super::registry::TaskEntry;
 use super::service::TaskService;
-use super::store;
 use super::tracker;
 use super::turn::Idle;
 
@@ -67,6 +66,8 @@ impl TaskService {
             .url
             .as_deref()
             .map(|u| u.trim_end_matches('/').to_string());
+        let store = self.registry.store().cloned();
+        let owner_alive = |pid: u32| store.as_ref().is_some_and(|s| s.owner_alive(pid));
         let mut adopt = Vec::new();
         let mut loaded = 0usize;
         for record in records {
@@ -78,7 +79,7 @@ impl TaskService {
                 loaded += 1;
                 continue;
             }
-            if record.owner_pid != std::process::id() && store::gateway_alive(record.owner_pid) {
+            if record.owner_pid != std::process::id() && owner_alive(record.owner_pid) {
                 continue;
             }
             let attached_here =

@@ -23,9 +23,9 @@
 //! created `0700` and each record `0600`, with those modes at creation, so there is no moment in
 //! which another local user could read them.
 //!
-//! Ownership: each record names the pid of the gateway that wrote it. At start-up a gateway skips
-//! unfinished tasks whose owner is still alive (another gateway's live work) and takes over the
-//! rest.
+//! Ownership: each record names the pid of the gateway that wrote it, and each open store holds
+//! that gateway's owner lock (`owner.rs`). At start-up a gateway skips unfinished tasks whose
+//! owner is still alive (another gateway's live work) and takes over the rest.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::owner::OwnerLock;
 use super::record::{TaskRecord, VERSION};
 
 /// How long the gateway waits at exit for queued records to reach the disk. Writes take well
@@ -107,6 +108,11 @@ impl Shared {
 /// Closes the queue when the last [`Store`] handle goes, after a bounded flush.
 struct Handle {
     shared: Arc<Shared>,
+    /// The state directory, where the owner locks live.
+    state_dir: PathBuf,
+    /// This gateway's owner lock, held while the store is open (see `owner.rs`); `None` if it
+    /// could not be taken (then other gateways fall back to the process table).
+    _owner: Option<OwnerLock>,
 }
 
 impl Drop for Handle {
@@ -155,9 +161,27 @@ impl Store {
         std::thread::Builder::new()
             .name("opencode-mcp-store".into())
             .spawn(move || run_writer(&writer))?;
+        let owner = OwnerLock::acquire(state_dir)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    error = %e,
+                    "cannot take this gateway's owner lock; other gateways sharing the state \
+                     directory may take its running tasks for a dead gateway's"
+                )
+            })
+            .ok();
         Ok(Self {
-            handle: Arc::new(Handle { shared }),
+            handle: Arc::new(Handle {
+                shared,
+                state_dir: state_dir.to_path_buf(),
+                _owner: owner,
+            }),
         })
+    }
+
+    /// Whether the gateway `pid` that wrote a record is still running (its owner lock is held).
+    pub fn owner_alive(&self, pid: u32) -> bool {
+        super::owner::alive(&self.handle.state_dir, pid)
     }
 
     fn shared(&self) -> &Shared {
@@ -418,7 +442,7 @@ fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// Creates `dir` (and missing parents) as `0700`, or tightens an existing `dir` others can enter.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -446,22 +470,6 @@ pub fn default_state_dir() -> Option<PathBuf> {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state"))
         })?;
     Some(base.join("opencode-mcp"))
-}
-
-/// Whether the gateway process `pid` is alive (and is a gateway: pids get reused).
-pub fn gateway_alive(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let running = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-        .is_some_and(|s| s != 'Z' && s != 'X');
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    running && comm.trim().starts_with("opencode-mcp")
 }
 
 #[cfg(test)]
@@ -815,7 +823,9 @@ mod tests {
 
     #[test]
     fn only_live_gateways_count_as_owners() {
-        assert!(gateway_alive(std::process::id()));
-        assert!(!gateway_alive(u32::MAX - 1));
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        assert!(store.owner_alive(std::process::id()));
+        assert!(!store.owner_alive(u32::MAX - 1));
     }
 }
