@@ -50,7 +50,6 @@ enum Command {
 
 fn main() -> ExitCode {
     // A managed OpenCode's supervisor is this binary too (see `opencode::supervisor`).
-    #[cfg(target_os = "linux")]
     if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
         return code;
     }
@@ -128,8 +127,7 @@ fn main() -> ExitCode {
 fn doctor(sources: &Sources, json: bool) -> ExitCode {
     // The throwaway server runs under the supervisor, as the gateway's do, so that it goes with
     // this process however it ends.
-    #[cfg(target_os = "linux")]
-    opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
+    enable_supervisor();
     let exe = std::env::current_exe()
         .and_then(|p| p.canonicalize())
         .unwrap_or_else(|_| PathBuf::from("opencode-mcp"));
@@ -154,6 +152,22 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Managed servers run under the supervisor, which is this very binary. On Linux
+/// `/proc/self/exe` stays valid even if the file is replaced while we run; elsewhere the path
+/// the binary was started from is the best there is.
+fn enable_supervisor() {
+    #[cfg(target_os = "linux")]
+    let exe = Some(PathBuf::from("/proc/self/exe"));
+    #[cfg(not(target_os = "linux"))]
+    let exe = std::env::current_exe().ok();
+    match exe {
+        Some(exe) => opencode_mcp::opencode::supervisor::enable(exe),
+        None => tracing::warn!(
+            "cannot find this binary's path: managed OpenCode servers run without the supervisor"
+        ),
     }
 }
 
@@ -185,10 +199,8 @@ fn serve(sources: &Sources) -> ExitCode {
     for w in &cfg.withheld {
         tracing::warn!("{w}");
     }
-    // Managed servers run under a supervisor that takes down whatever OpenCode started. It is
-    // this very binary: /proc/self/exe stays valid even if the file is replaced while we run.
-    #[cfg(target_os = "linux")]
-    opencode_mcp::opencode::supervisor::enable(PathBuf::from("/proc/self/exe"));
+    // Managed servers run under a supervisor that takes down whatever OpenCode started.
+    enable_supervisor();
     let Some(runtime) = runtime("opencode-mcp") else {
         return ExitCode::FAILURE;
     };

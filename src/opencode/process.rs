@@ -81,6 +81,9 @@ pub struct ManagedProcess {
     pub url: String,
     /// `None` while running; `Some(description)` once the process has exited.
     exited: watch::Receiver<Option<String>>,
+    /// The supervisor's lifeline (its stdin): dropping it, or this process ending, tells the
+    /// supervisor to stop OpenCode. Kept out of the child handle, whose `wait` would close it.
+    _lifeline: Option<tokio::process::ChildStdin>,
 }
 
 /// What to start.
@@ -135,10 +138,18 @@ impl ManagedProcess {
                     return Err(not_found().into());
                 }
                 let mut cmd = Command::new(program);
-                cmd.arg(super::supervisor::SUBCOMMAND).arg(command);
+                cmd.arg(super::supervisor::SUBCOMMAND)
+                    .arg(super::supervisor::LIFELINE_FLAG)
+                    .arg(command)
+                    // The lifeline: only this process holds the other end (see `supervisor`).
+                    .stdin(Stdio::piped());
                 cmd
             }
-            None => Command::new(command),
+            None => {
+                let mut cmd = Command::new(command);
+                cmd.stdin(Stdio::null());
+                cmd
+            }
         };
         cmd.arg("serve")
             .arg("--hostname")
@@ -154,7 +165,6 @@ impl ManagedProcess {
                     req.config.permission,
                 ),
             )
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -201,6 +211,7 @@ impl ManagedProcess {
         let (pid_tx, pid_rx) = oneshot::channel::<u32>();
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<String>(1);
 
+        let lifeline = child.stdin.take();
         let mut readers = Vec::new();
         if let Some(stdout) = child.stdout.take() {
             let tail = tail.clone();
@@ -281,6 +292,7 @@ impl ManagedProcess {
                     group,
                     url,
                     exited: exit_rx,
+                    _lifeline: lifeline,
                 })
             }
             None => {
@@ -355,16 +367,9 @@ impl ManagedProcess {
     }
 }
 
-/// The supervisor binary, when the gateway enabled it (Linux only).
+/// The supervisor binary, when the gateway enabled it.
 fn supervisor_program() -> Option<&'static Path> {
-    #[cfg(target_os = "linux")]
-    {
-        super::supervisor::program()
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        None
-    }
+    super::supervisor::program()
 }
 
 /// `true` if `command` names an existing file: a path as given, or a name found on `PATH`.
