@@ -4,6 +4,8 @@
 //!   hosts): it validates `structuredContent` against the tool's `outputSchema` even on error
 //!   results. The pinned version is installed from npm under the target dir on first use
 //!   (needs Node.js and npm); the client script is `tests/hosts/ts_sdk_client.mjs`.
+//! - TypeScript SDK 2.x (`@modelcontextprotocol/client`, the split packages that replace 1.x):
+//!   the same client script, pinned and installed the same way.
 //! - OpenAI Codex CLI (`@openai/codex`, pinned, installed from npm under the target dir on first
 //!   use): `codex exec --json` with the gateway as its MCP server and a scripted fake Responses
 //!   API as its model; the test reads what Codex showed its model of each tool result
@@ -30,16 +32,20 @@ use support::{opencode_bin, FakeLlm, OpenCodeEnv};
 
 /// The TypeScript SDK 1.x release the suite is pinned to.
 const TS_SDK_1: &str = "1.32.2";
+/// The TypeScript SDK 2.x release the suite is pinned to: 2.x ships the client as its own
+/// package, `@modelcontextprotocol/client`.
+const TS_SDK_2: &str = "2.4.0";
 
-fn ts_sdk(version: &str) -> std::path::PathBuf {
+/// The npm prefix holding `package@version`, installed on first use.
+fn ts_sdk(package: &str, version: &str, dir_name: &str) -> std::path::PathBuf {
     Install {
-        package: "@modelcontextprotocol/sdk",
+        package,
         version,
-        dir_name: &format!("ts-sdk-{version}"),
+        dir_name,
         skip_hint: "install it there yourself with npm",
     }
     .ensure(|dir| {
-        let manifest = dir.join("node_modules/@modelcontextprotocol/sdk/package.json");
+        let manifest = dir.join("node_modules").join(package).join("package.json");
         let text = std::fs::read_to_string(&manifest).map_err(|e| e.to_string())?;
         let found: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
         if found["version"] == version {
@@ -50,12 +56,10 @@ fn ts_sdk(version: &str) -> std::path::PathBuf {
     })
 }
 
-/// Every tool's success and error paths reach a TypeScript SDK 1.x client as results it accepts:
-/// before, every error result failed on the client with "-32602 Structured content does not
-/// match the tool's output schema".
-#[test]
-fn the_typescript_sdk_1_accepts_every_result() {
-    let sdk = ts_sdk(TS_SDK_1);
+/// Runs `tests/hosts/ts_sdk_client.mjs` with the SDK installed under `sdk` against a gateway with
+/// a real OpenCode behind it, and checks its report: the SDK is `package@version`, it accepted
+/// every result, and each error result reads as the gateway's JSON error.
+fn the_typescript_sdk_accepts_every_result(sdk: &std::path::Path, package: &str, version: &str) {
     let fake = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let mut vars: serde_json::Map<String, Value> = env
@@ -73,7 +77,7 @@ fn the_typescript_sdk_1_accepts_every_result() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hosts/ts_sdk_client.mjs");
     let output = Command::new("node")
         .arg(script)
-        .env("SDK_DIR", &sdk)
+        .env("SDK_DIR", sdk)
         .env("GATEWAY_BIN", env!("CARGO_BIN_EXE_opencode-mcp"))
         .env("GATEWAY_CWD", env.work_dir())
         .env("GATEWAY_ENV", Value::Object(vars).to_string())
@@ -89,7 +93,8 @@ fn the_typescript_sdk_1_accepts_every_result() {
     );
     let report: Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("not the client's report ({e}): {stdout}"));
-    assert_eq!(report["sdkVersion"], TS_SDK_1);
+    assert_eq!(report["sdkPackage"], package);
+    assert_eq!(report["sdkVersion"], version);
     let calls = report["calls"].as_array().expect("calls");
     let tools = report["tools"].as_array().expect("tools");
     assert!(tools.len() >= 10, "{tools:?}");
@@ -111,6 +116,26 @@ fn the_typescript_sdk_1_accepts_every_result() {
     }
     let errors = calls.iter().filter(|c| c["case"] == "error").count();
     assert_eq!(errors, tools.len(), "every tool's error path was called");
+}
+
+/// Every tool's success and error paths reach a TypeScript SDK 1.x client as results it accepts:
+/// before, every error result failed on the client with "-32602 Structured content does not
+/// match the tool's output schema".
+#[test]
+fn the_typescript_sdk_1_accepts_every_result() {
+    let package = "@modelcontextprotocol/sdk";
+    let sdk = ts_sdk(package, TS_SDK_1, &format!("ts-sdk-{TS_SDK_1}"));
+    the_typescript_sdk_accepts_every_result(&sdk, package, TS_SDK_1);
+}
+
+/// The same run with the TypeScript SDK 2.x client, which hosts move to: a new package with its
+/// own output-schema validation (compiled from the listed tools, checked on every call), so 1.x
+/// passing says nothing about it.
+#[test]
+fn the_typescript_sdk_2_accepts_every_result() {
+    let package = "@modelcontextprotocol/client";
+    let sdk = ts_sdk(package, TS_SDK_2, &format!("ts-sdk-client-{TS_SDK_2}"));
+    the_typescript_sdk_accepts_every_result(&sdk, package, TS_SDK_2);
 }
 
 /// Codex drives a whole delegation through the gateway in one `codex exec`: start a server, list
