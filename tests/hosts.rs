@@ -4,6 +4,8 @@
 //!   hosts): it validates `structuredContent` against the tool's `outputSchema` even on error
 //!   results. The pinned version is installed from npm under the target dir on first use
 //!   (needs Node.js and npm); the client script is `tests/hosts/ts_sdk_client.mjs`.
+//! - TypeScript SDK 2.x (`@modelcontextprotocol/client`, the split packages that replace 1.x):
+//!   the same client script, pinned and installed the same way.
 //! - OpenAI Codex CLI (`@openai/codex`, pinned, installed from npm under the target dir on first
 //!   use): `codex exec --json` with the gateway as its MCP server and a scripted fake Responses
 //!   API as its model; the test reads what Codex showed its model of each tool result
@@ -12,6 +14,10 @@
 //!   headless with its model API faked on 127.0.0.1 ([`support::fake_anthropic`]): the test reads
 //!   the `tool_result` blocks it sends back, i.e. exactly what the host showed its model. Helpers
 //!   in `tests/hosts/claude_code.rs`.
+//!
+//! Claude Code and Codex each also read one long answer through `wait_for_task` and as many
+//! `get_task_result` pages as it takes: the gateway's per-host result budget is only right if
+//! every one of those results reaches the model whole, which only the real host can show.
 
 mod support;
 
@@ -30,16 +36,20 @@ use support::{opencode_bin, FakeLlm, OpenCodeEnv};
 
 /// The TypeScript SDK 1.x release the suite is pinned to.
 const TS_SDK_1: &str = "1.32.2";
+/// The TypeScript SDK 2.x release the suite is pinned to: 2.x ships the client as its own
+/// package, `@modelcontextprotocol/client`.
+const TS_SDK_2: &str = "2.4.0";
 
-fn ts_sdk(version: &str) -> std::path::PathBuf {
+/// The npm prefix holding `package@version`, installed on first use.
+fn ts_sdk(package: &str, version: &str, dir_name: &str) -> std::path::PathBuf {
     Install {
-        package: "@modelcontextprotocol/sdk",
+        package,
         version,
-        dir_name: &format!("ts-sdk-{version}"),
+        dir_name,
         skip_hint: "install it there yourself with npm",
     }
     .ensure(|dir| {
-        let manifest = dir.join("node_modules/@modelcontextprotocol/sdk/package.json");
+        let manifest = dir.join("node_modules").join(package).join("package.json");
         let text = std::fs::read_to_string(&manifest).map_err(|e| e.to_string())?;
         let found: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
         if found["version"] == version {
@@ -50,12 +60,10 @@ fn ts_sdk(version: &str) -> std::path::PathBuf {
     })
 }
 
-/// Every tool's success and error paths reach a TypeScript SDK 1.x client as results it accepts:
-/// before, every error result failed on the client with "-32602 Structured content does not
-/// match the tool's output schema".
-#[test]
-fn the_typescript_sdk_1_accepts_every_result() {
-    let sdk = ts_sdk(TS_SDK_1);
+/// Runs `tests/hosts/ts_sdk_client.mjs` with the SDK installed under `sdk` against a gateway with
+/// a real OpenCode behind it, and checks its report: the SDK is `package@version`, it accepted
+/// every result, and each error result reads as the gateway's JSON error.
+fn the_typescript_sdk_accepts_every_result(sdk: &std::path::Path, package: &str, version: &str) {
     let fake = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let mut vars: serde_json::Map<String, Value> = env
@@ -73,7 +81,7 @@ fn the_typescript_sdk_1_accepts_every_result() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hosts/ts_sdk_client.mjs");
     let output = Command::new("node")
         .arg(script)
-        .env("SDK_DIR", &sdk)
+        .env("SDK_DIR", sdk)
         .env("GATEWAY_BIN", env!("CARGO_BIN_EXE_opencode-mcp"))
         .env("GATEWAY_CWD", env.work_dir())
         .env("GATEWAY_ENV", Value::Object(vars).to_string())
@@ -89,7 +97,8 @@ fn the_typescript_sdk_1_accepts_every_result() {
     );
     let report: Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("not the client's report ({e}): {stdout}"));
-    assert_eq!(report["sdkVersion"], TS_SDK_1);
+    assert_eq!(report["sdkPackage"], package);
+    assert_eq!(report["sdkVersion"], version);
     let calls = report["calls"].as_array().expect("calls");
     let tools = report["tools"].as_array().expect("tools");
     assert!(tools.len() >= 10, "{tools:?}");
@@ -111,6 +120,26 @@ fn the_typescript_sdk_1_accepts_every_result() {
     }
     let errors = calls.iter().filter(|c| c["case"] == "error").count();
     assert_eq!(errors, tools.len(), "every tool's error path was called");
+}
+
+/// Every tool's success and error paths reach a TypeScript SDK 1.x client as results it accepts:
+/// before, every error result failed on the client with "-32602 Structured content does not
+/// match the tool's output schema".
+#[test]
+fn the_typescript_sdk_1_accepts_every_result() {
+    let package = "@modelcontextprotocol/sdk";
+    let sdk = ts_sdk(package, TS_SDK_1, &format!("ts-sdk-{TS_SDK_1}"));
+    the_typescript_sdk_accepts_every_result(&sdk, package, TS_SDK_1);
+}
+
+/// The same run with the TypeScript SDK 2.x client, which hosts move to: a new package with its
+/// own output-schema validation (compiled from the listed tools, checked on every call), so 1.x
+/// passing says nothing about it.
+#[test]
+fn the_typescript_sdk_2_accepts_every_result() {
+    let package = "@modelcontextprotocol/client";
+    let sdk = ts_sdk(package, TS_SDK_2, &format!("ts-sdk-client-{TS_SDK_2}"));
+    the_typescript_sdk_accepts_every_result(&sdk, package, TS_SDK_2);
 }
 
 /// Codex drives a whole delegation through the gateway in one `codex exec`: start a server, list
@@ -708,4 +737,322 @@ fn claude_code_slash_command_keeps_the_whole_request() {
         seen.contains("the user's whole request is the text that came with"),
         "the prompt says where the rest is: {seen}"
     );
+}
+
+/// Pages the large-answer runs allow for: each fake model's script has this many
+/// read-the-next-page-or-stop steps.
+const MAX_PAGES: usize = 12;
+/// The fake model's last words in the large-answer runs, once no page is left.
+const READ_ALL: &str = "Read the whole answer.";
+
+/// A one-line prompt of exactly `chars` characters that JSON must escape in places (`"` and `\`)
+/// and that holds non-ASCII (2-, 3- and 4-byte UTF-8, the last two UTF-16 units in JavaScript),
+/// numbered so that a lost, doubled or reordered piece shows. The fake OpenCode model answers
+/// `ECHO: <it>`.
+fn big_prompt(chars: usize) -> String {
+    let mut prompt = String::new();
+    let mut count = 0;
+    for k in 0.. {
+        let unit = format!("part {k:05}: \"quoted\" back\\slash C:\\dir é ü 中文 😀 — ");
+        for c in unit.chars() {
+            if count == chars {
+                // The fake trims the line it echoes: end on a character that stays.
+                if prompt.ends_with(char::is_whitespace) {
+                    prompt.pop();
+                    prompt.push('.');
+                }
+                return prompt;
+            }
+            prompt.push(c);
+            count += 1;
+        }
+    }
+    unreachable!()
+}
+
+/// The next `get_task_result` arguments after what the model has seen (gateway tool name and
+/// shown JSON, in call order): the `next_offset` of the last wait or page, or `None` when the
+/// answer is complete.
+fn next_page(shown: &[(String, Value)]) -> Option<Value> {
+    let task_id = shown
+        .iter()
+        .find(|(name, _)| name == "opencode_start_task")
+        .map(|(_, v)| v["task_id"].clone())?;
+    let (name, last) = shown
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "opencode_wait_for_task" || name == "opencode_get_task_result")?;
+    let next = if name == "opencode_wait_for_task" {
+        &last["tasks"][0]["next_offset"]
+    } else {
+        &last["next_offset"]
+    };
+    next.as_u64()
+        .map(|offset| json!({"task_id": task_id, "offset": offset}))
+}
+
+/// Checks the large-answer run's results as the model saw them (`shown`: tool name, shown
+/// text, and that text parsed): start, wait, then pages; lean shapes; and the wait's piece plus
+/// every page's piece joined is exactly `expected`. Returns a line per result with its size.
+fn check_large_answer(shown: &[(String, String, Value)], expected: &str) -> Vec<String> {
+    let names: Vec<&str> = shown.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert!(names.len() >= 4, "not paged at all: {names:?}");
+    assert_eq!(
+        names[..2],
+        ["opencode_start_task", "opencode_wait_for_task"]
+    );
+    assert!(
+        names[2..].iter().all(|n| *n == "opencode_get_task_result"),
+        "{names:?}"
+    );
+    // Lean by default: no OpenCode ids, no token counts, anywhere in what the model read.
+    fn keys(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    out.push(k.clone());
+                    keys(v, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+            _ => {}
+        }
+    }
+    for (name, _, v) in shown {
+        let mut found = Vec::new();
+        keys(v, &mut found);
+        for key in ["session_id", "tokens"] {
+            assert!(!found.contains(&key.to_owned()), "{name} shows {key}: {v}");
+        }
+    }
+    let task_id = &shown[0].2["task_id"];
+    assert!(task_id.is_string(), "{}", shown[0].1);
+    let wait = &shown[1].2;
+    assert_eq!(wait["done"], true, "{wait}");
+    assert_eq!(wait["tasks"][0]["task_id"], *task_id, "{wait}");
+    assert_eq!(wait["tasks"][0]["status"], "completed", "{wait}");
+    let mut joined = wait["tasks"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no answer in the wait result: {wait}"))
+        .to_owned();
+    let mut sizes = vec![format!(
+        "wait: {} bytes shown, {} UTF-16 units, {} answer chars",
+        shown[1].1.len(),
+        shown[1].1.encode_utf16().count(),
+        joined.chars().count()
+    )];
+    let mut offset = wait["tasks"][0]["next_offset"].as_u64();
+    for (k, (_, text, page)) in shown[2..].iter().enumerate() {
+        assert_eq!(page["task_id"], *task_id, "{page}");
+        assert_eq!(page["status"], "completed", "{page}");
+        // Each page starts where the model was told the next one would.
+        assert_eq!(
+            Some(page["offset"].as_u64().unwrap_or_default()),
+            offset,
+            "page {k}: {page}"
+        );
+        let piece = page["text"].as_str().unwrap_or_default();
+        assert!(!piece.is_empty(), "page {k} is empty: {page}");
+        joined.push_str(piece);
+        offset = page["next_offset"].as_u64();
+        sizes.push(format!(
+            "page {k}: {} bytes shown, {} UTF-16 units, {} answer chars",
+            text.len(),
+            text.encode_utf16().count(),
+            piece.chars().count()
+        ));
+    }
+    assert_eq!(offset, None, "the last page still points on");
+    assert_eq!(
+        joined.chars().count(),
+        expected.chars().count(),
+        "the pieces joined have the wrong length"
+    );
+    assert!(
+        joined == expected,
+        "the pieces joined differ from the answer"
+    );
+    sizes
+}
+
+/// Claude Code reads a 120,000-character answer (quotes, backslashes, non-ASCII) page by page:
+/// the wait result and every page arrive inline and whole (none moved into a file, which Claude
+/// Code does past 50,000 characters), and the pieces join to the exact answer.
+#[test]
+fn claude_code_reads_a_large_answer_whole_page_by_page() {
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let t = claude_code::tool;
+    let prompt = big_prompt(120_000 - "ECHO: ".len());
+    let expected = format!("ECHO: {prompt}");
+    let seen = move |results: &[ToolResult]| -> Vec<(String, Value)> {
+        results
+            .iter()
+            .map(|r| (r.name.trim_start_matches(&t("")).to_owned(), r.json()))
+            .collect()
+    };
+    let mut script = vec![
+        Step::tool_json(
+            t("opencode_start_task"),
+            json!({"server_id": "default", "prompt": prompt}),
+        ),
+        Step::tool(t("opencode_wait_for_task"), |r| {
+            json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id")],
+                   "timeout_ms": 60000})
+        }),
+    ];
+    for _ in 0..MAX_PAGES {
+        script.push(Step::tool_or_text(
+            t("opencode_get_task_result"),
+            move |r| next_page(&seen(r)),
+            READ_ALL,
+        ));
+    }
+    let api = FakeAnthropic::start(&t(""), script);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[]);
+    let run = claude.run(
+        &api,
+        "Delegate the work to OpenCode.",
+        Duration::from_secs(240),
+    );
+    run.dump_if_asked(&api);
+    assert!(run.output.status.success(), "{}", run.describe());
+    assert_eq!(
+        api.script_failures(),
+        Vec::<String>::new(),
+        "{}",
+        run.describe()
+    );
+    let summary: Value = serde_json::from_str(run.stdout().trim())
+        .unwrap_or_else(|e| panic!("not Claude Code's JSON result ({e}): {}", run.describe()));
+    assert_eq!(summary["result"], READ_ALL, "{summary}");
+
+    let results = api.final_tool_results();
+    let shown: Vec<(String, String, Value)> = results
+        .iter()
+        .map(|r| {
+            assert!(!r.is_error, "{} failed: {}", r.name, r.text);
+            // Inline: one string, not a pointer to a file with a preview.
+            assert!(r.content.is_string(), "{} came as {}", r.name, r.content);
+            assert!(
+                !r.text.contains("<persisted-output>"),
+                "{} was moved into a file: {}",
+                r.name,
+                claude_code::tail(&r.text, 3000)
+            );
+            let name = r.name.trim_start_matches(&t("")).to_owned();
+            (name, r.text.clone(), r.json())
+        })
+        .collect();
+    for line in check_large_answer(&shown, &expected) {
+        eprintln!("claude code {line}");
+    }
+    if let Err(left) = claude.wait_gateway_gone(Duration::from_secs(10)) {
+        panic!(
+            "left running after claude exited: {}",
+            support::procs::describe(&left)
+        );
+    }
+}
+
+/// Codex reads a 30,000-character answer (quotes, backslashes, non-ASCII) page by page: the
+/// wait result and every page reach its model whole (Codex keeps 12,000 bytes of a result for a
+/// model it has no metadata for and drops the middle), and the pieces join to the exact answer.
+#[test]
+fn codex_reads_a_large_answer_whole_page_by_page() {
+    use support::fake_responses::{FakeResponses, Step, ToolOutput};
+
+    codex::codex_bin();
+    let llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let prompt = big_prompt(30_000 - "ECHO: ".len());
+    let expected = format!("ECHO: {prompt}");
+    let seen = move |outputs: &[ToolOutput]| -> Result<Vec<(String, Value)>, String> {
+        outputs
+            .iter()
+            .map(|o| Ok((o.name.clone(), codex::shown_json(o)?)))
+            .collect()
+    };
+    let mut script = vec![
+        Step::Calls(vec![codex::tool(
+            "opencode_start_task",
+            json!({"server_id": "default", "prompt": prompt}),
+        )]),
+        Step::Calls(vec![codex::tool_with("opencode_wait_for_task", move |o| {
+            let task_id = seen(o)?
+                .first()
+                .map(|(_, v)| v["task_id"].clone())
+                .ok_or("no start_task output yet")?;
+            Ok(json!({"task_ids": [task_id], "timeout_ms": 60000}))
+        })]),
+    ];
+    for _ in 0..MAX_PAGES {
+        script.push(Step::CallOrText {
+            namespace: Some(codex::NAMESPACE.into()),
+            name: "opencode_get_task_result".into(),
+            arguments: Box::new(move |o| Ok(next_page(&seen(o)?))),
+            otherwise: READ_ALL.into(),
+        });
+    }
+    let fake = FakeResponses::start(script);
+    let home = codex::CodexHome::new(
+        &fake,
+        &codex::gateway_env(&env, &llm.url()),
+        codex::ServerOptions {
+            approval_mode: Some("approve"),
+        },
+    );
+    let run = codex::exec(
+        &home,
+        &env.work_dir(),
+        "Delegate the work to OpenCode.",
+        Duration::from_secs(120),
+    );
+    let shown: Vec<(String, String, Value)> = fake
+        .tool_outputs()
+        .iter()
+        .map(|o| {
+            let raw = o.text();
+            assert!(
+                raw.starts_with("Wall time: "),
+                "{} not shown as Codex shows a result: {}",
+                o.name,
+                claude_code::tail(&raw, 2000)
+            );
+            // Codex marks a cut result with `…<n> tokens truncated…` where the middle was.
+            assert!(
+                !raw.contains("tokens truncated"),
+                "Codex cut the {} result: {raw}",
+                o.name
+            );
+            let json = codex::shown_json(o).unwrap_or_else(|e| panic!("{e}"));
+            (o.name.clone(), raw, json)
+        })
+        .collect();
+    // The run's own account after what the model saw: a cut result fails above, as such, rather
+    // than here as the script error it causes.
+    assert!(run.status.success(), "{}", run.describe());
+    assert!(
+        fake.script_errors().is_empty(),
+        "{:?}\n{}",
+        fake.script_errors(),
+        run.describe()
+    );
+    assert!(
+        run.events
+            .iter()
+            .any(|e| e["item"]["type"] == "agent_message" && e["item"]["text"] == READ_ALL),
+        "{}",
+        run.describe()
+    );
+
+    for line in check_large_answer(&shown, &expected) {
+        eprintln!("codex {line}");
+    }
+    if let Err(left) = codex::wait_none_left(&env, Duration::from_secs(15)) {
+        panic!(
+            "left behind after codex exited: {}",
+            support::procs::describe(&left)
+        );
+    }
 }

@@ -2,20 +2,33 @@
 // the gateway through every tool's success and error paths and letting the SDK validate each
 // result against the tool's outputSchema, as it does for real hosts.
 //
-// Inputs (environment): SDK_DIR (an npm prefix holding @modelcontextprotocol/sdk), GATEWAY_BIN,
-// GATEWAY_CWD, GATEWAY_ENV (a JSON object: the gateway's whole environment).
-// Output: one JSON line on stdout, {sdkVersion, tools, calls: [{name, case, ok, isError, text,
-// error}]}. Exit code 0 unless the harness itself broke.
+// The same run serves both SDK majors: 1.x is one package (`@modelcontextprotocol/sdk`, deep
+// imports, `callTool(params, resultSchema, options)`); 2.x is split into packages, the client being
+// `@modelcontextprotocol/client` (exports `.` and `./stdio`, `callTool(params, options)`).
+//
+// Inputs (environment): SDK_DIR (an npm prefix holding @modelcontextprotocol/sdk 1.x or
+// @modelcontextprotocol/client 2.x), GATEWAY_BIN, GATEWAY_CWD, GATEWAY_ENV (a JSON object: the
+// gateway's whole environment).
+// Output: one JSON line on stdout, {sdkPackage, sdkVersion, tools, calls: [{name, case, ok,
+// isError, text, error}]}. Exit code 0 unless the harness itself broke.
 import { join } from "node:path";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
-const sdk = join(process.env.SDK_DIR, "node_modules/@modelcontextprotocol/sdk");
-const { Client } = await import(pathToFileURL(join(sdk, "dist/esm/client/index.js")).href);
-const { StdioClientTransport } = await import(
-  pathToFileURL(join(sdk, "dist/esm/client/stdio.js")).href
-);
-const sdkVersion = JSON.parse(readFileSync(join(sdk, "package.json"), "utf8")).version;
+const modules = join(process.env.SDK_DIR, "node_modules/@modelcontextprotocol");
+const v2 = existsSync(join(modules, "client/package.json"));
+const pkgDir = join(modules, v2 ? "client" : "sdk");
+const load = (file) => import(pathToFileURL(join(pkgDir, file)).href);
+const { Client } = await load(v2 ? "dist/index.mjs" : "dist/esm/client/index.js");
+const { StdioClientTransport } = await load(v2 ? "dist/stdio.mjs" : "dist/esm/client/stdio.js");
+const manifest = JSON.parse(readFileSync(join(pkgDir, "package.json"), "utf8"));
+const sdkPackage = manifest.name;
+const sdkVersion = manifest.version;
+// A task's answer may take a while; both majors take the request timeout in the options.
+const callOptions = { timeout: 120000 };
+const callTool = v2
+  ? (params) => client.callTool(params, callOptions)
+  : (params) => client.callTool(params, undefined, callOptions);
 
 const transport = new StdioClientTransport({
   command: process.env.GATEWAY_BIN,
@@ -30,7 +43,7 @@ await client.connect(transport);
 const calls = [];
 async function call(name, kase, args) {
   try {
-    const r = await client.callTool({ name, arguments: args }, undefined, { timeout: 120000 });
+    const r = await callTool({ name, arguments: args });
     const text = r.content?.find((c) => c.type === "text")?.text ?? "";
     calls.push({ name, case: kase, ok: true, isError: r.isError === true, text });
     return r;
@@ -76,4 +89,4 @@ for (const name of tools) {
 await call("opencode_stop_server", "success", { server_id: serverId });
 
 await client.close();
-process.stdout.write(JSON.stringify({ sdkVersion, tools, calls }) + "\n");
+process.stdout.write(JSON.stringify({ sdkPackage, sdkVersion, tools, calls }) + "\n");

@@ -25,8 +25,9 @@
 //! [`Step::tool`] answers with one `tool_use` block (id `toolu_fake_<k>`), whose input is computed
 //! from the `tool_result` blocks the host sent back so far — which is how a later step uses an id
 //! from an earlier result, and how a test sees exactly what the host showed its model. A
-//! [`Step::text`] answers with a final text (`stop_reason: end_turn`). Past the end of the script the
-//! answer is the text [`SCRIPT_EXHAUSTED`].
+//! [`Step::text`] answers with a final text (`stop_reason: end_turn`). A [`Step::tool_or_text`] is
+//! either, as the results so far decide (a loop the results bound, such as reading pages). Past the
+//! end of the script the answer is the text [`SCRIPT_EXHAUSTED`].
 //!
 //! Every request is recorded ([`FakeAnthropic::requests`]).
 
@@ -46,6 +47,8 @@ pub const SCRIPT_EXHAUSTED: &str = "fake-anthropic: script exhausted";
 
 /// Computes a tool call's input from the tool results the host sent back so far.
 type InputFn = dyn Fn(&[ToolResult]) -> Value + Send + Sync;
+/// The same, or `None` for no call at all.
+type MaybeInputFn = dyn Fn(&[ToolResult]) -> Option<Value> + Send + Sync;
 
 /// One answer of the main conversation.
 #[derive(Clone)]
@@ -54,6 +57,14 @@ pub enum Step {
     Tool { name: String, input: Arc<InputFn> },
     /// End the turn with this text.
     Text(String),
+    /// Call tool `name` if `input` computes an input, else end the turn with `otherwise`: for a
+    /// loop whose length the results decide (reading pages until there is no next one), written
+    /// as enough of these steps in a row.
+    ToolOrText {
+        name: String,
+        input: Arc<MaybeInputFn>,
+        otherwise: String,
+    },
 }
 
 impl Step {
@@ -76,6 +87,19 @@ impl Step {
     /// The final text answer.
     pub fn text(text: impl Into<String>) -> Self {
         Step::Text(text.into())
+    }
+
+    /// A tool call while `input` computes one from the results so far, else the final text.
+    pub fn tool_or_text(
+        name: impl Into<String>,
+        input: impl Fn(&[ToolResult]) -> Option<Value> + Send + Sync + 'static,
+        otherwise: impl Into<String>,
+    ) -> Self {
+        Step::ToolOrText {
+            name: name.into(),
+            input: Arc::new(input),
+            otherwise: otherwise.into(),
+        }
     }
 }
 
@@ -391,39 +415,52 @@ fn answer(
         return text(SIDE_REPLY);
     }
     let index = step.unwrap_or_default();
+    let results = || {
+        let messages = body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        tool_results(messages)
+    };
+    // A script that cannot compute its input (an earlier result lacked the id it needs) answers
+    // 400, which Claude Code does not retry, with the reason: the run ends at once and the test's
+    // assertions on the results say what went wrong.
+    let compute = |name: &str, f: &dyn Fn(&[ToolResult]) -> Option<Value>| {
+        let results = results();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&results))).map_err(|panic| {
+            let reason = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            format!("script step {index} ({name}) failed: {reason}")
+        })
+    };
+    let tool_use = |name: &str, input: Value| {
+        Ok((
+            vec![json!({
+                "type": "tool_use",
+                "id": format!("toolu_fake_{index}"),
+                "name": name,
+                "input": input,
+            })],
+            "tool_use",
+        ))
+    };
     match shared.script.get(index) {
         Some(Step::Tool { name, input }) => {
-            let messages = body
-                .get("messages")
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let results = tool_results(messages);
-            // A script that cannot compute its input (an earlier result lacked the id it needs)
-            // answers 400, which Claude Code does not retry, with the reason: the run ends at
-            // once and the test's assertions on the results say what went wrong.
-            let input =
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| input(&results))) {
-                    Ok(input) => input,
-                    Err(panic) => {
-                        let reason = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        return Err(format!("script step {index} ({name}) failed: {reason}"));
-                    }
-                };
-            Ok((
-                vec![json!({
-                    "type": "tool_use",
-                    "id": format!("toolu_fake_{index}"),
-                    "name": name,
-                    "input": input,
-                })],
-                "tool_use",
-            ))
+            let input = compute(name, &|r| Some(input(r)))?.unwrap_or_default();
+            tool_use(name, input)
         }
+        Some(Step::ToolOrText {
+            name,
+            input,
+            otherwise,
+        }) => match compute(name, &|r| input(r))? {
+            Some(input) => tool_use(name, input),
+            None => text(otherwise),
+        },
         Some(Step::Text(t)) => text(t),
         None => text(SCRIPT_EXHAUSTED),
     }

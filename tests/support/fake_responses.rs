@@ -69,12 +69,24 @@ impl Call {
     }
 }
 
+/// Computes a call's arguments from the outputs so far, or `None` for no call.
+pub type MaybeArgsFn = Box<dyn Fn(&[ToolOutput]) -> Result<Option<Value>, String> + Send + Sync>;
+
 /// One answer of the fake model.
 pub enum Step {
     /// Function calls in one response (more than one: the host may run them in parallel).
     Calls(Vec<Call>),
     /// A final assistant message: the turn ends.
     Text(String),
+    /// One call of `name` if `arguments` computes arguments from the outputs so far, else the
+    /// final message `otherwise`: for a loop whose length the results decide (reading pages
+    /// until there is no next one), written as enough of these steps in a row.
+    CallOrText {
+        namespace: Option<String>,
+        name: String,
+        arguments: MaybeArgsFn,
+        otherwise: String,
+    },
 }
 
 /// A tool call and what the host sent back for it, read from a request's `input`.
@@ -426,6 +438,23 @@ fn answer(shared: &Shared, request: HttpRequest) -> (u16, &'static str, Vec<u8>)
             recorded.step = Some(step_index);
             match step {
                 Step::Text(text) => text_events(index, text),
+                Step::CallOrText {
+                    namespace,
+                    name,
+                    arguments,
+                    otherwise,
+                } => match arguments(&recorded.tool_outputs()) {
+                    Ok(Some(arguments)) => {
+                        let call = Call::new(namespace.as_deref(), name, Value::Null);
+                        items_events(index, vec![function_call_item(index, 0, &call, &arguments)])
+                    }
+                    Ok(None) => text_events(index, otherwise),
+                    Err(e) => {
+                        let e = format!("step {step_index} ({name}): {e}");
+                        state.errors.push(e.clone());
+                        text_events(index, &format!("fake-responses: script error: {e}"))
+                    }
+                },
                 Step::Calls(calls) => {
                     let outputs = recorded.tool_outputs();
                     let computed: Result<Vec<Value>, String> = calls
