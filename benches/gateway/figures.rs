@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::report::{Figure, ScaleRow};
-use crate::scenarios::{FanOut, Footprint, StartResults};
+use crate::scenarios::{Cycle, FanOut, Footprint, StartResults, FULL_CALLS, LEAN_CALLS};
 use crate::stats::{ratio, Summary};
 
 /// Everything a run reports.
@@ -232,4 +232,36 @@ pub fn cold_start_stored(
         "informational: the task store is read in the background after start-up; `true` took {:.2} ms",
         ts.p50
     )));
+}
+
+/// The orchestrator's cost per delegated task: characters of results it reads, and calls.
+pub fn cycle(out: &mut Collected, c: &Cycle) {
+    let lean = Summary::of(&c.lean_chars);
+    let full = Summary::of(&c.full_chars);
+    out.figures.push(
+        Figure::new(
+            "orchestrator_cycle",
+            "characters of results per delegated task",
+            "chars",
+        )
+        .gateway(lean)
+        .baseline(
+            format!("{FULL_CALLS} calls with detail full (start_server, start_task, wait, result)"),
+            full,
+        )
+        .target(
+            format!("{LEAN_CALLS} calls, fewer characters"),
+            lean.p50 < full.p50,
+        )
+        .note(format!(
+            "{LEAN_CALLS} calls (start_task with server_id default, wait with the answer) against \
+             {FULL_CALLS}; the answer itself is {} characters. The TypeScript original: {FULL_CALLS} \
+             calls, about 500 characters plus the answer (from its result shapes)",
+            c.answer_chars
+        )),
+    );
+    out.extra.insert(
+        "orchestrator_cycle_samples".into(),
+        json!({ "lean_chars": c.lean_chars, "full_chars": c.full_chars, "answer_chars": c.answer_chars }),
+    );
 }

@@ -102,7 +102,8 @@ impl Gw {
         let v = self
             .ok(
                 "opencode_start_task",
-                json!({ "server_id": self.server_id, "prompt": prompt }),
+                // The benchmark compares sessions with direct ones: it needs the ids.
+                json!({ "server_id": self.server_id, "prompt": prompt, "detail": "full" }),
             )
             .await?;
         let field = |k: &str| {

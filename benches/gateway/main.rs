@@ -74,7 +74,7 @@ struct Knobs {
 }
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU).
-const SCENARIOS: [&str; 4] = ["start", "scale", "cold", "footprint"];
+const SCENARIOS: [&str; 5] = ["start", "cycle", "scale", "cold", "footprint"];
 
 fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
     match std::env::var(name) {
@@ -323,6 +323,12 @@ async fn run() -> Result<(), BoxError> {
         )
         .await?;
         figures::start(&mut out, &r);
+    }
+
+    if knobs.runs("cycle") {
+        step("orchestrator cycle: calls and characters of results per delegated task");
+        let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
+        figures::cycle(&mut out, &c);
     }
 
     if knobs.runs("scale") {

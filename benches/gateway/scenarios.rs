@@ -475,3 +475,77 @@ async fn wait_llm_request(fake: &FakeLlm, session_id: &str) {
     })
     .await;
 }
+
+/// What the orchestrating model pays per delegated task: tool calls and characters of results.
+pub struct Cycle {
+    /// Characters of results per cycle: start_task with `server_id: "default"`, then one wait
+    /// that carries the answer (lean results).
+    pub lean_chars: Vec<f64>,
+    /// The four-call cycle with every detail: start_server, start_task, wait, get_task_result.
+    pub full_chars: Vec<f64>,
+    /// Characters of the answer itself, in each cycle.
+    pub answer_chars: usize,
+}
+
+/// Calls per cycle of each kind.
+pub const LEAN_CALLS: usize = 2;
+pub const FULL_CALLS: usize = 4;
+
+/// Runs `reps` trivial tasks each way and counts the characters of every result the host model
+/// would read (the JSON text of each result).
+pub async fn orchestrator_cycle(gw: &Gw, reps: usize) -> Result<Cycle, BoxError> {
+    let mut out = Cycle {
+        lean_chars: Vec::new(),
+        full_chars: Vec::new(),
+        answer_chars: 0,
+    };
+    for i in 0..reps {
+        let prompt = format!("cycle {i}: rename foo to bar in lib.rs");
+        out.answer_chars = format!("ECHO: {prompt}").chars().count();
+        let call = |tool: &'static str, args: serde_json::Value| async move {
+            let r = gw.client.call(tool, args).await?;
+            if r.is_error {
+                return Err::<_, BoxError>(format!("{tool} failed: {}", r.text).into());
+            }
+            Ok(r)
+        };
+        let chars = |r: &crate::support::mcp::ToolReply| r.text.chars().count() as f64;
+
+        let start = call(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": prompt }),
+        )
+        .await?;
+        let id = start.structured["task_id"].clone();
+        let wait = call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [id], "timeout_ms": 60_000 }),
+        )
+        .await?;
+        if wait.structured["tasks"][0]["text"].as_str().is_none() {
+            return Err(format!("the wait carried no answer: {}", wait.text).into());
+        }
+        out.lean_chars.push(chars(&start) + chars(&wait));
+
+        let server = call("opencode_start_server", json!({})).await?;
+        let start = call(
+            "opencode_start_task",
+            json!({ "server_id": gw.server_id, "prompt": prompt, "detail": "full" }),
+        )
+        .await?;
+        let id = start.structured["task_id"].clone();
+        let wait = call(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [id], "timeout_ms": 60_000, "detail": "full" }),
+        )
+        .await?;
+        let result = call(
+            "opencode_get_task_result",
+            json!({ "task_id": id, "detail": "full" }),
+        )
+        .await?;
+        out.full_chars
+            .push(chars(&server) + chars(&start) + chars(&wait) + chars(&result));
+    }
+    Ok(out)
+}

@@ -31,6 +31,7 @@
 //!
 //! Every request is recorded ([`FakeAnthropic::requests`]).
 
+use super::server_thread::ServerThread;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -215,21 +216,14 @@ struct Shared {
 
 /// The fake Anthropic API server. Stops (and drops open connections) when dropped.
 pub struct FakeAnthropic {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl FakeAnthropic {
     /// Binds 127.0.0.1:0 and serves `script` to the conversation whose tools start with
     /// `main_tool_prefix`.
     pub fn start(main_tool_prefix: &str, script: Vec<Step>) -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("fake Anthropic: bind");
-        listener
-            .set_nonblocking(true)
-            .expect("fake Anthropic: set_nonblocking");
-        let addr = listener.local_addr().expect("fake Anthropic: local_addr");
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 requests: Vec::new(),
@@ -238,36 +232,16 @@ impl FakeAnthropic {
             script,
             main_tool_prefix: main_tool_prefix.to_owned(),
         });
-        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let serve_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("fake-anthropic".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("fake Anthropic: runtime");
-                runtime.block_on(async move {
-                    let listener =
-                        TcpListener::from_std(listener).expect("fake Anthropic: tokio listener");
-                    tokio::select! {
-                        _ = accept_loop(listener, serve_shared) => {}
-                        _ = shutdown_rx => {}
-                    }
-                });
-            })
-            .expect("fake Anthropic: spawn thread");
-        FakeAnthropic {
-            addr,
-            shared,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
-        }
+        let server = ServerThread::start("fake-anthropic", move |listener| {
+            accept_loop(listener, serve_shared)
+        });
+        FakeAnthropic { shared, server }
     }
 
     /// The value for `ANTHROPIC_BASE_URL`: `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr())
     }
 
     /// Every request so far, in arrival order.
@@ -305,17 +279,6 @@ impl FakeAnthropic {
             .max_by_key(|r| r.messages().len())
             .map(RecordedRequest::tool_results)
             .unwrap_or_default()
-    }
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -55,6 +55,7 @@
 //! for a title (no tools; see [`RecordedRequest::is_title_request`]); the fake echoes, so the title
 //! becomes `ECHO: <first line>`.
 
+use super::server_thread::ServerThread;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -266,59 +267,31 @@ impl Shared {
 
 /// The fake LLM server. Stops (and drops open connections) when dropped.
 pub struct FakeLlm {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl FakeLlm {
     /// Binds 127.0.0.1:0 and starts serving on a dedicated thread.
     pub fn start() -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("fake LLM: bind");
-        listener
-            .set_nonblocking(true)
-            .expect("fake LLM: set_nonblocking");
-        let addr = listener.local_addr().expect("fake LLM: local_addr");
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: watch::channel(0).0,
         });
-        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let serve_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("fake-llm".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("fake LLM: runtime");
-                runtime.block_on(async move {
-                    let listener =
-                        TcpListener::from_std(listener).expect("fake LLM: tokio listener");
-                    tokio::select! {
-                        _ = accept_loop(listener, serve_shared) => {}
-                        _ = shutdown_rx => {}
-                    }
-                });
-                // Dropping the runtime cancels every connection task.
-            })
-            .expect("fake LLM: spawn thread");
-        FakeLlm {
-            addr,
-            shared,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
-        }
+        let server = ServerThread::start("fake-llm", move |listener| {
+            accept_loop(listener, serve_shared)
+        });
+        FakeLlm { shared, server }
     }
 
     /// The base URL for an OpenAI-compatible client: `http://127.0.0.1:<port>/v1`.
     pub fn url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("http://{}/v1", self.server.addr())
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// Every request so far, in arrival order.
@@ -394,17 +367,6 @@ impl FakeLlm {
                     );
                 }
             }
-        }
-    }
-}
-
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }

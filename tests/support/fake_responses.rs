@@ -25,6 +25,7 @@
 //! and a [`Call`]'s arguments can be computed from the outputs so far (a task id returned by an
 //! earlier call, say).
 
+use super::server_thread::ServerThread;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -207,54 +208,27 @@ struct Shared {
 
 /// The fake Responses API. Stops (and drops open connections) when dropped.
 pub struct FakeResponses {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl FakeResponses {
     /// Binds 127.0.0.1:0 and starts serving `script` on a dedicated thread.
     pub fn start(script: Vec<Step>) -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("fake responses: bind");
-        listener
-            .set_nonblocking(true)
-            .expect("fake responses: set_nonblocking");
-        let addr = listener.local_addr().expect("fake responses: local_addr");
         let shared = Arc::new(Shared {
             script,
             state: Mutex::new(State::default()),
         });
-        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let serve_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("fake-responses".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("fake responses: runtime");
-                runtime.block_on(async move {
-                    let listener =
-                        TcpListener::from_std(listener).expect("fake responses: tokio listener");
-                    tokio::select! {
-                        _ = accept_loop(listener, serve_shared) => {}
-                        _ = shutdown_rx => {}
-                    }
-                });
-            })
-            .expect("fake responses: spawn thread");
-        FakeResponses {
-            addr,
-            shared,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
-        }
+        let server = ServerThread::start("fake-responses", move |listener| {
+            accept_loop(listener, serve_shared)
+        });
+        FakeResponses { shared, server }
     }
 
     /// The provider base URL: `http://127.0.0.1:<port>/v1`.
     pub fn url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("http://{}/v1", self.server.addr())
     }
 
     /// Every request so far, in arrival order.
@@ -286,17 +260,6 @@ impl FakeResponses {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.shared.state.lock().expect("fake responses state lock")
-    }
-}
-
-impl Drop for FakeResponses {
-    fn drop(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

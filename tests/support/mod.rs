@@ -32,4 +32,5 @@ pub use opencode_bin::{opencode_bin, pinned_version};
 pub use opencode_server::{EventStream, OpenCodeServer};
 pub mod procs;
 pub mod rig;
+pub mod server_thread;
 pub mod tcp_proxy;
