@@ -2,8 +2,10 @@
 # Refreshes openapi/ for another OpenCode release:
 #
 #   bash openapi/refresh.sh 1.18.34
+#   bash openapi/refresh.sh --bin /path/to/opencode
 #
-# installs that `opencode-ai` with npm into a scratch directory, writes its spec to
+# installs that `opencode-ai` with npm into a scratch directory (or takes the binary given),
+# writes its spec to
 # openapi/opencode.json (`opencode generate` prints it without starting a server), records the
 # version in openapi/OPENCODE_VERSION, and prints what changed in the operations listed in
 # openapi/operations.txt. Then: `cargo build` (build.rs regenerates the client; it fails with a
@@ -11,16 +13,34 @@
 # (the integration tests install and drive the same version).
 set -euo pipefail
 
-version="${1:?usage: bash openapi/refresh.sh <opencode-ai version, e.g. 1.18.33>}"
+usage="usage: bash openapi/refresh.sh <opencode-ai version, e.g. 1.18.34> | --bin <path to an opencode binary>"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
-echo "installing opencode-ai@$version into $scratch ..." >&2
-npm install --prefix "$scratch" --no-audit --no-fund --loglevel=error "opencode-ai@$version" >&2
-bin="$scratch/node_modules/.bin/opencode"
-got="$("$bin" --version)"
-[ "$got" = "$version" ] || { echo "installed opencode reports $got, not $version" >&2; exit 1; }
+case "${1:-}" in
+  --bin)
+    # A binary you already have, e.g. the platform package alone (`npm install
+    # opencode-linux-x64@<version>`): the `opencode-ai` wrapper of an older release can fail to
+    # install where its optional platform packages are gone.
+    bin="${2:?$usage}"
+    [ -x "$bin" ] || { echo "$bin is not an executable" >&2; exit 1; }
+    version="$("$bin" --version)"
+    echo "using $bin (OpenCode $version)" >&2
+    ;;
+  ""|-*)
+    echo "$usage" >&2
+    exit 2
+    ;;
+  *)
+    version="$1"
+    echo "installing opencode-ai@$version into $scratch ..." >&2
+    npm install --prefix "$scratch" --no-audit --no-fund --loglevel=error "opencode-ai@$version" >&2
+    bin="$scratch/node_modules/.bin/opencode"
+    got="$("$bin" --version)"
+    [ "$got" = "$version" ] || { echo "installed opencode reports $got, not $version" >&2; exit 1; }
+    ;;
+esac
 
 # Isolate the run: no user config, no auto-update, no network install of plugins.
 export HOME="$scratch/home" XDG_CONFIG_HOME="$scratch/config" XDG_DATA_HOME="$scratch/data" \

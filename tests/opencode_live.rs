@@ -726,3 +726,56 @@ fn save_raw_events(
         .unwrap_or_else(|e| panic!("write {name}: {e}"));
     eprintln!("recorded {name} ({} events)", lines.len());
 }
+
+/// Drift check: `openapi/opencode.json`, which the client is generated from, is exactly what
+/// the OpenCode the suite runs against prints with `opencode generate`. It fails on a refresh
+/// that was not committed, on a hand edit of the spec, and on an `OPENCODE_BIN` whose API differs
+/// from the pinned one (then the client would call an API the binary does not have).
+#[test]
+fn the_committed_spec_is_what_the_opencode_under_test_generates() {
+    let bin = support::opencode_bin();
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let dir = |name: &str| scratch.path().join(name);
+    // As `openapi/refresh.sh` runs it: no user config, no update check, no plugin installs.
+    let out = std::process::Command::new(&bin)
+        .arg("generate")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir("home"))
+        .env("XDG_CONFIG_HOME", dir("config"))
+        .env("XDG_DATA_HOME", dir("data"))
+        .env("XDG_CACHE_HOME", dir("cache"))
+        .env("XDG_STATE_HOME", dir("state"))
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("npm_config_registry", "http://127.0.0.1:9")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} generate: {e}", bin.display()));
+    assert!(
+        out.status.success(),
+        "{} generate failed ({}): {}",
+        bin.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/openapi/opencode.json"
+    ))
+    .expect("openapi/opencode.json is committed");
+    let pinned = support::pinned_version();
+    let same_json = || {
+        let a: Option<Value> = serde_json::from_slice(&committed).ok();
+        let b: Option<Value> = serde_json::from_slice(&out.stdout).ok();
+        a.is_some() && a == b
+    };
+    assert!(
+        out.stdout == committed || same_json(),
+        "openapi/opencode.json is not what {} generates (the suite is pinned to OpenCode {pinned}): \
+         refresh it with `bash openapi/refresh.sh --bin {}` and commit the result, or run the \
+         suite with the pinned OpenCode",
+        bin.display(),
+        bin.display()
+    );
+}

@@ -147,7 +147,13 @@ impl ServerHandler for Gateway {
         let result = match actions::run(action, args, &ctx).await {
             Ok(value) => CallToolResult::structured(value),
             Err(e) => {
-                tracing::debug!(tool = name, error = %e, "tool call failed");
+                // An internal error is the gateway's own fault: the user should see it. The rest
+                // (bad arguments, unknown ids, conflicts) is the host's to handle.
+                if e.code == crate::error::ErrorCode::Internal {
+                    tracing::warn!(tool = name, error = %e, "tool call failed");
+                } else {
+                    tracing::debug!(tool = name, error = %e, "tool call failed");
+                }
                 e.into_result()
             }
         };
