@@ -335,15 +335,20 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_isolation_requests_get_clear_errors() {
+async fn worktree_edge_cases_and_clear_errors() {
     let env = OpenCodeEnv::new();
     let repo = env.work_dir();
     git(&repo, &["init", "-q", "-b", "main"]);
     std::fs::write(repo.join("a.txt"), "a\n").expect("write");
+    std::fs::create_dir_all(repo.join("sub")).expect("mkdir");
+    std::fs::write(repo.join("sub/b.txt"), "b\n").expect("write");
     git(&repo, &["add", "-A"]);
     git(&repo, &["commit", "-q", "-m", "initial"]);
     let plain = env.root().join("tmp/not-a-repo");
     std::fs::create_dir_all(&plain).expect("mkdir");
+    let empty = env.root().join("tmp/no-commits");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    git(&empty, &["init", "-q"]);
     let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
 
     // A directory outside any repository: named, with the fix.
@@ -357,6 +362,18 @@ async fn bad_isolation_requests_get_clear_errors() {
     assert_eq!(code, "invalid_argument", "{message}");
     assert!(message.contains(&plain.display().to_string()), "{message}");
     assert!(message.contains("isolation `none`"), "{message}");
+
+    // A repository without a commit has nothing to branch from.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree",
+                    "directory": empty.display().to_string() }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains(&empty.display().to_string()), "{message}");
+    assert!(message.contains("no commit yet"), "{message}");
 
     // `base` without a worktree means nothing.
     let (code, message) = rig
@@ -378,6 +395,13 @@ async fn bad_isolation_requests_get_clear_errors() {
         assert_eq!(code, "conflict", "{tool}: {message}");
         assert!(message.contains("still"), "{message}");
     }
+    // Cancelled once its turn reached the model: OpenCode 1.18.33 cancelled while it is still
+    // setting the turn up can fail the next session's first prompt ("All fibers interrupted").
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("slow [[slow:20000]]")
+        })
+        .await;
     rig.ok("opencode_cancel_task", json!({ "task_id": slow }))
         .await;
     let head = git(&repo, &["rev-parse", "HEAD"]);
@@ -390,6 +414,34 @@ async fn bad_isolation_requests_get_clear_errors() {
         "base `head` is HEAD itself"
     );
     rig.ok("opencode_discard_task", json!({ "task_id": slow }))
+        .await;
+
+    // A task given a subdirectory works at the same place inside its worktree.
+    let start = rig
+        .start_task_with(json!({
+            "prompt": format!("in sub {}", write_marker("here.txt", "written in sub\n")),
+            "isolation": "worktree",
+            "directory": repo.join("sub").display().to_string(),
+        }))
+        .await;
+    let sub = id(&start);
+    let path = PathBuf::from(start["workspace"]["path"].as_str().expect("path"));
+    assert_eq!(
+        start["directory"],
+        path.join("sub").display().to_string(),
+        "{start}"
+    );
+    let r = rig.finish(&sub).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(
+        changes(&r),
+        vec![("sub/here.txt".to_string(), "added".to_string(), 1, 0)],
+        "{r}"
+    );
+    rig.ok("opencode_apply_task", json!({ "task_id": sub }))
+        .await;
+    assert_eq!(read(&repo.join("sub/here.txt")), "written in sub\n");
+    rig.ok("opencode_discard_task", json!({ "task_id": sub }))
         .await;
 
     // A task without a worktree has nothing to apply.

@@ -470,11 +470,23 @@ impl TaskService {
         // Claim the next turn atomically: only a task still at the turn we looked at, finished
         // and not being aborted, moves on; the previous state is kept for a rollback.
         let expected_turn = entry.rec.turn;
+        // A worktree task claims its turn under the git lock, so an apply or discard of it is
+        // either done before the agent writes again, or sees it running and is refused.
+        let git_guard = match entry.rec.workspace {
+            Some(_) => Some(self.git_lock.lock().await),
+            None => None,
+        };
         let claimed = self
             .registry
             .update(&entry.rec.id, |e| {
                 if e.rec.turn != expected_turn || !e.rec.status.is_terminal() || e.live.aborting {
                     return Err(still_running(e));
+                }
+                if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
+                    return Err(TaskError::Conflict(format!(
+                        "task {}'s worktree was discarded meanwhile; start a new task",
+                        e.rec.id
+                    )));
                 }
                 let previous = e.clone();
                 let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
@@ -483,6 +495,7 @@ impl TaskService {
             })
             .ok_or_else(|| TaskError::UnknownTasks(vec![entry.rec.id.clone()]))?;
         let (previous, message_id, turn) = claimed?;
+        drop(git_guard);
         if let Err(e) = server
             .api
             .prompt_async(
