@@ -12,6 +12,8 @@
 //!   waiting (all/any) on it.
 //! - [`gateway`]: the rmcp `ServerHandler`: the tool table built from config, one file per action,
 //!   the `delegate_task` prompt, and the error vocabulary every tool shares.
+//! - [`git`]: task worktrees with plain `git`: snapshots of the user's tree that leave it alone,
+//!   the per-task diff, and the three-way apply.
 //! - [`doctor`]: `opencode-mcp doctor`, the first-run checks (binary, providers, tiers, state
 //!   directory) with a fix for each problem.
 //! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
@@ -20,6 +22,7 @@ pub mod config;
 pub mod doctor;
 pub mod error;
 pub mod gateway;
+pub mod git;
 pub mod ids;
 pub mod logging;
 pub mod opencode;

@@ -92,8 +92,10 @@ fn default_loads_and_validates() {
     assert_eq!(
         names,
         [
+            "opencode_apply_task",
             "opencode_cancel_task",
             "opencode_continue_task",
+            "opencode_discard_task",
             "opencode_get_task_result",
             "opencode_get_task_status",
             "opencode_list_agents",

@@ -24,7 +24,8 @@ use super::env;
 use super::error::{ConfigError, Origin, Problem};
 use super::trust;
 use super::types::{
-    Config, HostConfig, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts, ToolConfig,
+    Config, HostConfig, IsolationConfig, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts,
+    ToolConfig,
 };
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
@@ -48,6 +49,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "state_dir",
     "prompts",
     "hosts",
+    "isolation",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -259,6 +261,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "tools" => check_entries::<ToolConfig>(figment, key, value),
                 "prompts" => check_entries::<PromptConfig>(figment, key, value),
                 "hosts" => check_entries::<HostConfig>(figment, key, value),
+                "isolation" => check_fields::<IsolationConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

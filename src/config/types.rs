@@ -56,6 +56,10 @@ pub struct Config {
     /// `description` or set `enabled: false` without repeating the rest.
     #[schemars(extend("propertyNames" = { "pattern": TOOL_NAME_PATTERN }))]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Where tasks work by default: in the directory they are given, or each in a git worktree
+    /// of its own. A task's `isolation` and `base` arguments override these.
+    #[serde(default)]
+    pub isolation: IsolationConfig,
     /// Where the task registry is kept so a restarted gateway still answers for its tasks
     /// (default: `$XDG_STATE_HOME/opencode-mcp`, else `~/.local/state/opencode-mcp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +110,32 @@ impl Config {
     pub fn tier(&self, name: &str) -> Option<&Tier> {
         self.tiers.iter().find(|tier| tier.name == name)
     }
+}
+
+/// The defaults of `opencode_start_task`'s `isolation` and `base`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IsolationConfig {
+    /// `none`: tasks work in their directory, all in the same files. `worktree`: each task gets
+    /// a git worktree of the repository on its own branch (`opencode-mcp/<task_id>`), to review
+    /// and apply or discard.
+    #[serde(default)]
+    pub mode: Isolation,
+    /// What a worktree starts from: `working_tree` (`HEAD` plus the uncommitted changes,
+    /// untracked files included: what you see) or `head` (the last commit only).
+    #[serde(default)]
+    pub base: crate::git::Base,
+}
+
+/// Where a task works.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In the directory it is given, shared with every other task there.
+    #[default]
+    None,
+    /// In a git worktree of its own, created by the gateway.
+    Worktree,
 }
 
 /// How OpenCode is reached: a managed `opencode serve` child, or an attached server at `url`.
@@ -293,11 +323,15 @@ pub enum Action {
     WaitForTask,
     /// Answer the permission a task is waiting on (once, always, or reject).
     ReplyPermission,
+    /// Merge a worktree task's change into the tree it was branched from.
+    ApplyTask,
+    /// Remove a worktree task's worktree and branch.
+    DiscardTask,
 }
 
 impl Action {
     /// Every action, in the order tools are documented.
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 12] = [
         Action::StartServer,
         Action::StopServer,
         Action::ListAgents,
@@ -308,6 +342,8 @@ impl Action {
         Action::GetTaskResult,
         Action::WaitForTask,
         Action::ReplyPermission,
+        Action::ApplyTask,
+        Action::DiscardTask,
     ];
 
     /// The snake_case name used in `delegation.yaml`.
@@ -323,6 +359,8 @@ impl Action {
             Action::GetTaskResult => "get_task_result",
             Action::WaitForTask => "wait_for_task",
             Action::ReplyPermission => "reply_permission",
+            Action::ApplyTask => "apply_task",
+            Action::DiscardTask => "discard_task",
         }
     }
 }

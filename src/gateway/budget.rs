@@ -84,6 +84,9 @@ pub fn fill_answers(outcome: &mut WaitOutcome, answers: Vec<(usize, TaskResult)>
                 task.next_offset = Some(r.total_chars);
             }
             task.files_changed = (!r.files_changed.is_empty()).then(|| r.files_changed.clone());
+            if r.workspace.is_some() {
+                task.workspace = r.workspace.clone();
+            }
             if task.error.is_none() {
                 task.error = r.error.clone();
             }
@@ -134,6 +137,8 @@ mod tests {
             offset: 0,
             text_capped: false,
             files_changed: Vec::new(),
+            workspace: None,
+            view: None,
             error: None,
             text_error: None,
             turn: None,
@@ -200,6 +205,7 @@ mod tests {
             text: None,
             next_offset: None,
             files_changed: None,
+            workspace: None,
             server_id: None,
             session_id: None,
             directory: None,

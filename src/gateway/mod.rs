@@ -157,6 +157,8 @@ pub fn parse_tool_arguments(
         Action::GetTaskResult => parse::<actions::GetTaskResult>(args),
         Action::WaitForTask => parse::<actions::WaitForTask>(args),
         Action::ReplyPermission => parse::<actions::ReplyPermission>(args),
+        Action::ApplyTask => parse::<actions::ApplyTask>(args),
+        Action::DiscardTask => parse::<actions::DiscardTask>(args),
     }
 }
 

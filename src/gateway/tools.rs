@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use rmcp::model::Tool;
 
 use super::actions::{
-    ActionSpec, CancelTask, ContinueTask, GetTaskResult, GetTaskStatus, ListAgents,
-    ReplyPermission, StartServer, StartTask, StopServer, WaitForTask,
+    ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, GetTaskResult, GetTaskStatus,
+    ListAgents, ReplyPermission, StartServer, StartTask, StopServer, WaitForTask,
 };
 use super::schema;
 use crate::config::{Action, Config, ToolConfig};
@@ -66,6 +66,8 @@ fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
         Action::GetTaskResult => build::<GetTaskResult>(name, tool, config),
         Action::WaitForTask => build::<WaitForTask>(name, tool, config),
         Action::ReplyPermission => build::<ReplyPermission>(name, tool, config),
+        Action::ApplyTask => build::<ApplyTask>(name, tool, config),
+        Action::DiscardTask => build::<DiscardTask>(name, tool, config),
     }
 }
 

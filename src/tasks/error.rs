@@ -1,6 +1,7 @@
 //! Errors of the task actions.
 
 use crate::error::{Coded, ErrorCode};
+use crate::git::GitError;
 use crate::opencode::OpencodeError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,8 @@ pub enum TaskError {
     LimitExceeded(String),
     #[error(transparent)]
     Opencode(#[from] OpencodeError),
+    #[error(transparent)]
+    Git(#[from] GitError),
 }
 
 impl Coded for TaskError {
@@ -27,6 +30,14 @@ impl Coded for TaskError {
             TaskError::Conflict(_) => ErrorCode::Conflict,
             TaskError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             TaskError::Opencode(e) => e.code(),
+            TaskError::Git(e) => match e {
+                GitError::Missing { .. }
+                | GitError::NotARepository { .. }
+                | GitError::NoCommits { .. }
+                | GitError::Snapshot { .. } => ErrorCode::InvalidArgument,
+                GitError::Conflict { .. } => ErrorCode::Conflict,
+                GitError::Failed { .. } | GitError::Io { .. } => ErrorCode::Internal,
+            },
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   `store` (the records on disk).
 //! - `tracker`: feeds OpenCode's events and HTTP reads into `turn` and the registry.
 //! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
-//!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`.
+//!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`, and
+//!   `workspace` (a task's git worktree: create, diff, apply, discard).
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
@@ -23,9 +24,11 @@ mod store;
 mod tracker;
 pub mod turn;
 mod wait;
+mod workspace;
 
 pub use error::TaskError;
 pub use model::*;
 pub use resolve::{resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
 pub use store::default_state_dir;
+pub use workspace::{ApplyOutcome, DiscardOutcome};

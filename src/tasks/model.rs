@@ -6,6 +6,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::record::WorkspaceRecord;
+use crate::git::DiffFile;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens, ToolCall};
 
 /// The one status vocabulary every tool uses.
@@ -125,6 +127,9 @@ pub struct TaskSnapshot {
     /// Files the finished turn changed (wait results).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_changed: Option<Vec<FileChange>>,
+    /// The task's git worktree (isolation `worktree`); in wait results with the files changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<Workspace>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -184,6 +189,13 @@ pub struct TaskResult {
     /// Files this turn changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_changed: Vec<FileChange>,
+    /// The task's git worktree (isolation `worktree`), with every file the task changed against
+    /// its base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<Workspace>,
+    /// `diff` when `text` is the task's unified diff rather than its answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view: Option<ResultView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
     /// Why `text` is empty or incomplete although the turn is over: its messages could not be
@@ -245,6 +257,58 @@ impl TaskResult {
             self.tools = None;
         }
         self
+    }
+}
+
+/// What `get_task_result` pages through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultView {
+    /// The agent's final answer.
+    #[default]
+    Text,
+    /// The unified diff of everything the task changed against its base (worktree tasks).
+    Diff,
+}
+
+/// A task's git worktree, as results report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct Workspace {
+    /// The worktree's directory (the session works there).
+    pub path: String,
+    /// Its branch, `opencode-mcp/<task_id>`.
+    pub branch: String,
+    /// The commit it started from: `HEAD` plus the uncommitted changes of the origin at the
+    /// start (base `working_tree`), or `HEAD` (base `head`).
+    pub base: String,
+    /// The repository apply brings the change into.
+    pub origin: String,
+    /// The task's change was applied (up to the state of the last apply).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub applied: bool,
+    /// The worktree and branch were removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub discarded: bool,
+    /// Every file the task changed against `base` (results of finished turns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<DiffFile>>,
+    /// Why `changes` could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff_error: Option<String>,
+}
+
+impl Workspace {
+    pub fn from_record(w: &WorkspaceRecord) -> Self {
+        Self {
+            path: w.path.clone(),
+            branch: w.branch.clone(),
+            base: w.base.clone(),
+            origin: w.origin.clone(),
+            applied: w.applied.is_some(),
+            discarded: w.discarded,
+            changes: None,
+            diff_error: None,
+        }
     }
 }
 

@@ -63,6 +63,30 @@ pub struct TaskRecord {
     /// that came with it (so a retry after a restart still finds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<(String, u64)>,
+    /// The git worktree the task works in (isolation `worktree`); absent for isolation `none`
+    /// and in records written before worktrees existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceRecord>,
+}
+
+/// A task's worktree, as kept across restarts: enough to diff, apply and remove it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceRecord {
+    /// The top of the user's repository the worktree was made from (where apply writes).
+    pub origin: String,
+    /// The worktree's root.
+    pub path: String,
+    /// `opencode-mcp/<task_id>`.
+    pub branch: String,
+    /// The commit the worktree started from.
+    pub base: String,
+    /// The commit of the task's branch last applied to the origin: the next apply brings only
+    /// what the task changed since.
+    #[serde(default)]
+    pub applied: Option<String>,
+    /// The worktree and its branch were removed.
+    #[serde(default)]
+    pub discarded: bool,
 }
 
 impl TaskRecord {
@@ -99,6 +123,7 @@ impl TaskRecord {
             child_sessions: Vec::new(),
             newest_message_id: None,
             idempotency: None,
+            workspace: None,
         }
     }
 
@@ -200,5 +225,6 @@ mod tests {
         });
         let r: TaskRecord = serde_json::from_value(old).expect("an old record loads");
         assert!(r.child_sessions.is_empty() && r.outcome_error.is_none());
+        assert!(r.workspace.is_none());
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus};
+use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
 use super::record::TaskRecord;
 use super::store::Store;
 use super::turn::ReplySeen;
@@ -209,6 +209,7 @@ impl TaskEntry {
             text: None,
             next_offset: None,
             files_changed: None,
+            workspace: r.workspace.as_ref().map(Workspace::from_record),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),
             directory: Some(r.directory.clone()),
@@ -297,6 +298,7 @@ fn durable(r: &TaskRecord) -> impl PartialEq {
         r.permission.as_ref().map(|p| p.id.clone()),
         r.server_id.clone(),
         r.child_sessions.len(),
+        r.workspace.clone(),
     )
 }
 

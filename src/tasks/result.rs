@@ -80,6 +80,10 @@ impl TaskService {
             text_error = Some("the turn's final text could not be read from OpenCode".into());
         }
         let total = outcome.text.chars().count() as u64;
+        let workspace = match &entry.rec.workspace {
+            Some(w) => Some(self.workspace_view(w, &entry.rec.id).await),
+            None => None,
+        };
         Ok(TaskResult {
             task_id: entry.rec.id.clone(),
             status: entry.rec.status,
@@ -90,6 +94,8 @@ impl TaskService {
             offset: 0,
             text_capped: outcome.text_capped,
             files_changed: entry.rec.files_changed.clone().unwrap_or_default(),
+            workspace,
+            view: None,
             error: entry.rec.error.clone(),
             text_error,
             turn: Some(entry.rec.turn),

@@ -13,7 +13,8 @@ use super::record::TaskRecord;
 use super::registry::{Registry, TaskEntry};
 use super::store::{self, Store};
 use super::tracker::{self, TrackerContext};
-use crate::config::Config;
+use crate::config::{Config, Isolation};
+use crate::git::Base;
 use crate::ids;
 use crate::opencode::{
     resolve_directory, OpencodeError, PermissionReply, Server, ServerInfo, ServerPool, StopInfo,
@@ -45,6 +46,10 @@ pub struct StartTask {
     /// Same key and arguments: the task the first call started. Same key, other arguments:
     /// `conflict`.
     pub idempotency_key: Option<String>,
+    /// `worktree`: the task works in a git worktree of its own (see `workspace.rs`).
+    pub isolation: Isolation,
+    /// What that worktree starts from.
+    pub base: Base,
 }
 
 impl StartTask {
@@ -59,6 +64,14 @@ impl StartTask {
             self.tier.as_deref(),
             self.directory.as_deref(),
             self.title.as_deref(),
+            Some(match self.isolation {
+                Isolation::None => "isolation:none",
+                Isolation::Worktree => "isolation:worktree",
+            }),
+            Some(match self.base {
+                Base::WorkingTree => "base:working_tree",
+                Base::Head => "base:head",
+            }),
         ];
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for field in fields {
@@ -95,6 +108,11 @@ pub struct TaskService {
     pub(super) restored: tokio::sync::watch::Sender<bool>,
     /// `idempotency_key` -> its slot; starts with one key run one at a time.
     pub(super) keys: std::sync::Mutex<std::collections::HashMap<String, KeySlot>>,
+    /// The state directory (task worktrees live in its `worktrees/`), if there is one.
+    pub(super) state_dir: Option<std::path::PathBuf>,
+    /// Git operations that write (creating a worktree, apply, discard) run one at a time, so two
+    /// applies never merge against the same snapshot of the user's tree.
+    pub(super) git_lock: tokio::sync::Mutex<()>,
 }
 
 impl TaskService {
@@ -106,6 +124,7 @@ impl TaskService {
             .as_ref()
             .map(std::path::PathBuf::from)
             .or_else(store::default_state_dir);
+        let state_dir = dir.clone();
         let store = match dir.as_deref().map(Store::open) {
             Some(Ok(s)) => Some(s),
             Some(Err(e)) => {
@@ -133,6 +152,8 @@ impl TaskService {
             tracker,
             restored: tokio::sync::watch::Sender::new(true),
             keys: Default::default(),
+            state_dir,
+            git_lock: Default::default(),
             config,
         }
     }
@@ -344,8 +365,25 @@ impl TaskService {
             .title
             .clone()
             .unwrap_or_else(|| default_title(&req.prompt));
-        let session_id = server.api.create_session(&directory, &title).await?;
         let task_id = ids::task_id();
+        let workspace = match req.isolation {
+            Isolation::None => None,
+            Isolation::Worktree => Some(
+                self.create_workspace(&directory, &task_id, req.base)
+                    .await?,
+            ),
+        };
+        let directory = workspace
+            .as_ref()
+            .map_or(directory, |(_, session_dir)| session_dir.clone());
+        let session_id = match server.api.create_session(&directory, &title).await {
+            Ok(id) => id,
+            Err(e) => {
+                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                    .await;
+                return Err(e.into());
+            }
+        };
         let message_id = ids::message_id();
         let mut rec = TaskRecord::new(
             task_id.clone(),
@@ -357,6 +395,7 @@ impl TaskService {
         rec.server_url = server.api.base_url().to_string();
         rec.managed = server.process.is_some();
         rec.idempotency = idempotency;
+        rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
@@ -374,6 +413,8 @@ impl TaskService {
             .await
         {
             self.registry.remove(&task_id);
+            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                .await;
             return Err(e.into());
         }
         self.arm_deadline(&server, &task_id, 1, self.config.timeouts.task.get());
@@ -397,6 +438,13 @@ impl TaskService {
         };
         if !entry.rec.status.is_terminal() || entry.live.aborting {
             return Err(still_running(&entry));
+        }
+        if entry.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
+            return Err(TaskError::Conflict(format!(
+                "task {}'s worktree was discarded (opencode_discard_task), so there is nothing to \
+                 continue in; start a new task",
+                entry.rec.id
+            )));
         }
         let server = self.server(&entry.rec.server_id)?;
         let agent = req.agent.clone().or(entry.rec.agent.clone());
@@ -422,11 +470,23 @@ impl TaskService {
         // Claim the next turn atomically: only a task still at the turn we looked at, finished
         // and not being aborted, moves on; the previous state is kept for a rollback.
         let expected_turn = entry.rec.turn;
+        // A worktree task claims its turn under the git lock, so an apply or discard of it is
+        // either done before the agent writes again, or sees it running and is refused.
+        let git_guard = match entry.rec.workspace {
+            Some(_) => Some(self.git_lock.lock().await),
+            None => None,
+        };
         let claimed = self
             .registry
             .update(&entry.rec.id, |e| {
                 if e.rec.turn != expected_turn || !e.rec.status.is_terminal() || e.live.aborting {
                     return Err(still_running(e));
+                }
+                if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
+                    return Err(TaskError::Conflict(format!(
+                        "task {}'s worktree was discarded meanwhile; start a new task",
+                        e.rec.id
+                    )));
                 }
                 let previous = e.clone();
                 let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
@@ -435,6 +495,7 @@ impl TaskService {
             })
             .ok_or_else(|| TaskError::UnknownTasks(vec![entry.rec.id.clone()]))?;
         let (previous, message_id, turn) = claimed?;
+        drop(git_guard);
         if let Err(e) = server
             .api
             .prompt_async(

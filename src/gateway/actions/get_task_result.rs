@@ -1,5 +1,6 @@
 //! `get_task_result`: a task's full outcome: status, final text (paged), model, tokens, cost,
-//! changed files, tool calls, or the error that ended it.
+//! changed files, tool calls, or the error that ended it; with `view: diff`, a worktree task's
+//! unified diff in place of the text, paged the same way.
 //!
 //! Long text is paged by `offset` in characters, up to `limits.result_page_chars` per call, so a
 //! large answer never overflows the host's context in one go.
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use super::{checks, ActionSpec, Ctx};
 use crate::gateway::budget;
 use crate::gateway::error::ToolError;
-use crate::tasks::{Detail, TaskResult};
+use crate::tasks::{Detail, ResultView, TaskResult};
 
 /// Arguments of `get_task_result`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -20,10 +21,14 @@ pub struct Args {
     /// The `task_id` returned by the start task tool.
     #[schemars(length(min = 1))]
     pub task_id: String,
-    /// Character offset into the final text: 0 for the first page, then the `next_offset` of
-    /// the previous page.
+    /// Character offset into the final text (or the diff): 0 for the first page, then the
+    /// `next_offset` of the previous page.
     #[serde(default)]
     pub offset: u64,
+    /// `text` (default): the agent's answer. `diff`: the unified diff of everything a worktree
+    /// task changed against its base, paged the same way.
+    #[serde(default)]
+    pub view: ResultView,
     /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
     /// directory, agent, model, turn, tokens, cost, tool calls and timings.
     #[serde(default)]
@@ -50,7 +55,11 @@ impl ActionSpec for GetTaskResult {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskResult, ToolError> {
     let task_id = checks::required_name("task_id", args.task_id)?;
-    let result = ctx.tasks.result(&task_id).await?.with_detail(args.detail);
+    let result = ctx
+        .tasks
+        .result_view(&task_id, args.view)
+        .await?
+        .with_detail(args.detail);
     Ok(budget::page_result(
         result,
         args.offset,

@@ -14,9 +14,11 @@
 //!
 //! [`run`] here is the dispatch from a config [`Action`] to those handlers.
 
+mod apply_task;
 mod cancel_task;
 mod checks;
 mod continue_task;
+mod discard_task;
 mod get_task_result;
 mod get_task_status;
 mod list_agents;
@@ -26,8 +28,10 @@ mod start_task;
 mod stop_server;
 mod wait_for_task;
 
+pub use apply_task::ApplyTask;
 pub use cancel_task::CancelTask;
 pub use continue_task::ContinueTask;
+pub use discard_task::DiscardTask;
 pub use get_task_result::GetTaskResult;
 pub use get_task_status::GetTaskStatus;
 pub use list_agents::ListAgents;
@@ -87,6 +91,8 @@ pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Valu
         Action::GetTaskResult => json(get_task_result::run(parse_args(args)?, ctx).await),
         Action::WaitForTask => json(wait_for_task::run(parse_args(args)?, ctx).await),
         Action::ReplyPermission => json(reply_permission::run(parse_args(args)?, ctx).await),
+        Action::ApplyTask => json(apply_task::run(parse_args(args)?, ctx).await),
+        Action::DiscardTask => json(discard_task::run(parse_args(args)?, ctx).await),
     }
 }
 

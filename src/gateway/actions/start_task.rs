@@ -11,9 +11,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{checks, ActionSpec, Ctx};
-use crate::config::Config;
+use crate::config::{Config, Isolation};
 use crate::gateway::error::ToolError;
 use crate::gateway::schema::{property, require_first};
+use crate::git::Base;
 use crate::tasks::{self, Detail, TaskSnapshot};
 
 /// Arguments of `start_task`.
@@ -38,10 +39,19 @@ pub struct Args {
     /// A configured model tier, cheapest that can do the job. Do not combine with `model`.
     #[schemars(length(min = 1))]
     pub tier: Option<String>,
-    /// Absolute path the session works in. Default: the server's directory. Give parallel tasks
-    /// that edit files separate directories (e.g. git worktrees).
+    /// Absolute path the session works in. Default: the server's directory. With isolation
+    /// `worktree`, the repository around it is the one the task gets a worktree of.
     #[schemars(length(min = 1))]
     pub directory: Option<String>,
+    /// `worktree`: the task works in a git worktree of its own (branch `opencode-mcp/<task_id>`,
+    /// outside your tree), so parallel tasks never collide; its result shows its diff, and
+    /// opencode_apply_task or opencode_discard_task take it or leave it. `none`: it works in
+    /// `directory` itself. Default: `isolation.mode` of delegation.yaml.
+    pub isolation: Option<Isolation>,
+    /// With isolation `worktree`: what the worktree starts from. `working_tree`: HEAD plus your
+    /// uncommitted changes (untracked files included). `head`: the last commit only. Default:
+    /// `isolation.base` of delegation.yaml.
+    pub base: Option<Base>,
     /// A short title for the task, shown in status reports and in OpenCode.
     #[schemars(length(min = 1))]
     pub title: Option<String>,
@@ -144,6 +154,12 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
             "`idempotency_key` is longer than 128 characters",
         ));
     }
+    let isolation = args.isolation.unwrap_or(ctx.config.isolation.mode);
+    if isolation == Isolation::None && args.base.is_some() {
+        return Err(ToolError::invalid_argument(
+            "`base` applies to isolation `worktree` only; pass `isolation: \"worktree\"` with it, or leave `base` out",
+        ));
+    }
     let request = tasks::StartTask {
         server_id: server_id(args.server_id, ctx).await?,
         prompt,
@@ -153,6 +169,8 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         directory,
         title,
         idempotency_key,
+        isolation,
+        base: args.base.unwrap_or(ctx.config.isolation.base),
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

@@ -340,6 +340,7 @@ mod tests {
             text: None,
             next_offset: None,
             files_changed: None,
+            workspace: None,
             elapsed_ms: 0,
             error: None,
             permission: None,

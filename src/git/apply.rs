@@ -1,0 +1,163 @@
+//! Bringing a task's change into the tree it was branched from, by a three-way merge.
+//!
+//! `git apply --3way` would be the short way, but it writes the user's index (it implies
+//! `--index`) and leaves conflict markers in their files. Instead: snapshot the user's tree as it
+//! is now (uncommitted changes included, through a temporary index), merge in memory with
+//! `git merge-tree --write-tree --merge-base=<base>` (git 2.40 or newer), and only if that is
+//! clean write the difference between the user's tree and the merged one with a plain
+//! `git apply`, which checks every hunk before writing any file. A conflict therefore changes
+//! nothing, and the merge is a real three-way one: edits the user made since the task started
+//! are kept, next to the task's.
+
+use std::path::Path;
+
+use super::diff::{summary, DiffFile};
+use super::run::{commit_tree, git, Cmd, GitError};
+use super::worktree::snapshot_tree;
+
+/// What an apply did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The files it changed in the working tree (empty: it was already there).
+    pub files: Vec<DiffFile>,
+}
+
+/// Applies the change from commit `from` to commit `to` (both of the task's branch) to the
+/// working tree of `origin`, merging against what is there now. `label` names the change in
+/// messages. On a conflict, nothing is written and the error lists the files and git's
+/// conflict messages.
+pub async fn apply(
+    origin: &Path,
+    from: &str,
+    to: &str,
+    scratch: &Path,
+    label: &str,
+) -> Result<Applied, GitError> {
+    let ours_tree = snapshot_tree(origin, scratch).await.map_err(|e| match e {
+        GitError::Failed {
+            command, stderr, ..
+        } => GitError::Snapshot {
+            dir: origin.to_path_buf(),
+            detail: format!("`git {command}`: {stderr}"),
+        },
+        other => other,
+    })?;
+    let head = git(origin, &["rev-parse", "--verify", "HEAD^{commit}"])
+        .await?
+        .line();
+    let ours = commit_tree(
+        origin,
+        &ours_tree,
+        &head,
+        &format!("opencode-mcp: the working tree before applying {label}"),
+    )
+    .await?;
+    let merge_base = format!("--merge-base={from}");
+    let out = Cmd::new(
+        origin,
+        &[
+            "merge-tree",
+            "--write-tree",
+            "--name-only",
+            "--messages",
+            &merge_base,
+            &ours,
+            to,
+        ],
+    )
+    .output()
+    .await?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let merged = match out.code {
+        Some(0) => text.lines().next().unwrap_or("").trim().to_string(),
+        Some(1) => return Err(conflict(origin, label, &text)),
+        _ => {
+            return Err(GitError::Failed {
+                dir: origin.to_path_buf(),
+                command: format!("merge-tree --write-tree {merge_base} (git 2.40 or newer is needed to apply a task)"),
+                stderr: out.stderr,
+            })
+        }
+    };
+    if merged == ours_tree {
+        return Ok(Applied { files: Vec::new() });
+    }
+    let files = summary(origin, &ours_tree, &merged).await?;
+    let patch = git(
+        origin,
+        &[
+            "diff",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            &ours_tree,
+            &merged,
+        ],
+    )
+    .await?
+    .stdout;
+    let applied = Cmd::new(origin, &["apply", "--whitespace=nowarn", "-"])
+        .stdin(patch)
+        .output()
+        .await?;
+    if applied.code != Some(0) {
+        return Err(GitError::Conflict {
+            message: format!(
+                "the working tree of {} changed while {label} was being applied, and nothing \
+                 was applied ({}); apply it again",
+                origin.display(),
+                applied.stderr
+            ),
+            files: files.into_iter().map(|f| f.file).collect(),
+        });
+    }
+    Ok(Applied { files })
+}
+
+/// The conflict error from `merge-tree`'s output: the merged tree's id, the conflicting files
+/// (one a line), an empty line, then git's messages (`CONFLICT (content): Merge conflict in ...`).
+fn conflict(origin: &Path, label: &str, output: &str) -> GitError {
+    let mut sections = output.splitn(2, "\n\n");
+    let files: Vec<String> = sections
+        .next()
+        .unwrap_or("")
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let messages: Vec<&str> = sections
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.starts_with("CONFLICT"))
+        .collect();
+    GitError::Conflict {
+        message: format!(
+            "{label} conflicts with the working tree of {} in {}; nothing was changed. {} \
+             Resolve it by continuing the task with what changed meanwhile (or discard it), or \
+             merge its branch yourself.",
+            origin.display(),
+            files.join(", "),
+            messages.join(" ")
+        ),
+        files,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicts_name_the_files_and_gits_messages() {
+        let out = "4b825dc\nsrc/a.rs\nb.txt\n\nAuto-merging b.txt\nCONFLICT (content): Merge conflict in b.txt\n";
+        let GitError::Conflict { message, files } = conflict(Path::new("/r"), "task t", out) else {
+            panic!("not a conflict");
+        };
+        assert_eq!(files, vec!["src/a.rs".to_string(), "b.txt".to_string()]);
+        assert!(message.contains("CONFLICT (content): Merge conflict in b.txt"));
+        assert!(message.contains("/r") && message.contains("src/a.rs, b.txt"));
+    }
+}

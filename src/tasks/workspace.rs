@@ -1,0 +1,244 @@
+//! A task's git worktree (isolation `worktree`): created before its session, read for every
+//! result (the files it changed against its base, and the unified diff), and at the end
+//! applied to the tree it came from or discarded.
+//!
+//! Parallel writers are the reason: five tasks editing one working tree overwrite each other's
+//! files and break each other's test runs, and nobody can tell whose change is whose. In its own
+//! worktree each task's change is its own, reviewable on its own, and taken or left whole.
+//!
+//! The git work itself is in [`crate::git`]; this file ties it to the task's record, which keeps
+//! the worktree across restarts, and to the task's state (a running task is never applied or
+//! discarded under the agent's feet).
+
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::error::TaskError;
+use super::model::{ResultView, TaskResult, Workspace};
+use super::record::WorkspaceRecord;
+use super::registry::TaskEntry;
+use super::service::TaskService;
+use crate::git::{self, Base, DiffFile};
+
+/// What `apply_task` did.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct ApplyOutcome {
+    pub task_id: String,
+    /// The files this call changed in the origin's working tree (empty when there was nothing
+    /// left to apply).
+    pub applied: Vec<DiffFile>,
+    /// Everything up to the task's current state was already applied; nothing was written.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_applied: bool,
+    pub workspace: Workspace,
+}
+
+/// What `discard_task` did.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct DiscardOutcome {
+    pub task_id: String,
+    /// The worktree had already been discarded; nothing was removed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_discarded: bool,
+    pub workspace: Workspace,
+}
+
+impl TaskService {
+    /// Where worktrees and the temporary indexes of snapshots go.
+    fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
+        self.state_dir
+            .as_ref()
+            .map(|d| d.join("worktrees"))
+            .ok_or_else(|| {
+                TaskError::InvalidArgument(
+                    "isolation `worktree` needs the gateway's state directory, and there is none: \
+                     set `state_dir` in delegation.yaml (or XDG_STATE_HOME or HOME), or start \
+                     the task with isolation `none`"
+                        .into(),
+                )
+            })
+    }
+
+    /// Creates task `task_id`'s worktree for the repository around `directory`; returns its
+    /// record and the directory the session works in.
+    pub(super) async fn create_workspace(
+        &self,
+        directory: &str,
+        task_id: &str,
+        base: Base,
+    ) -> Result<(WorkspaceRecord, String), TaskError> {
+        let root = self.worktrees_dir()?;
+        let _one_at_a_time = self.git_lock.lock().await;
+        let created = git::create(Path::new(directory), &root, task_id, base).await?;
+        Ok((
+            WorkspaceRecord {
+                origin: created.origin.display().to_string(),
+                path: created.path.display().to_string(),
+                branch: created.branch,
+                base: created.base,
+                applied: None,
+                discarded: false,
+            },
+            created.session_dir.display().to_string(),
+        ))
+    }
+
+    /// Removes a worktree whose task never started (its session or prompt failed).
+    pub(super) async fn drop_workspace(&self, workspace: Option<&WorkspaceRecord>) {
+        let Some(w) = workspace else { return };
+        let _one_at_a_time = self.git_lock.lock().await;
+        if let Err(e) = git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await {
+            tracing::warn!(path = %w.path, error = %e, "the worktree of a task that did not start could not be removed");
+        }
+    }
+
+    /// The worktree as results report it, with the files the task changed against its base
+    /// (a read error is reported beside it, never in place of the result).
+    pub(super) async fn workspace_view(&self, w: &WorkspaceRecord, task_id: &str) -> Workspace {
+        let mut view = Workspace::from_record(w);
+        if w.discarded {
+            return view;
+        }
+        match self.current_tree(w).await {
+            Ok(tree) => match git::summary(Path::new(&w.path), &w.base, &tree).await {
+                Ok(files) => view.changes = Some(files),
+                Err(e) => view.diff_error = Some(e.to_string()),
+            },
+            Err(e) => {
+                tracing::debug!(task = task_id, error = %e, "no diff summary");
+                view.diff_error = Some(e.to_string());
+            }
+        }
+        view
+    }
+
+    /// The tree of the worktree as it is now, untracked files included.
+    async fn current_tree(&self, w: &WorkspaceRecord) -> Result<String, TaskError> {
+        let scratch = self.worktrees_dir()?;
+        Ok(git::snapshot_tree(Path::new(&w.path), &scratch).await?)
+    }
+
+    /// The task's result, with its unified diff in place of the answer for `view: diff`.
+    pub async fn result_view(
+        &self,
+        task_id: &str,
+        view: ResultView,
+    ) -> Result<TaskResult, TaskError> {
+        let mut result = self.result(task_id).await?;
+        if view == ResultView::Diff {
+            let entry = self.entry(task_id)?;
+            let w = workspace_of(&entry)?;
+            if w.discarded {
+                return Err(discarded(task_id));
+            }
+            let tree = self.current_tree(w).await?;
+            let diff = git::unified(Path::new(&w.path), &w.base, &tree).await?;
+            result.total_chars = diff.chars().count() as u64;
+            result.text = diff;
+            result.text_capped = false;
+            result.text_error = None;
+            result.view = Some(ResultView::Diff);
+        }
+        Ok(result)
+    }
+
+    /// Merges the task's change (everything since its base, or since the last apply) into the
+    /// working tree it was branched from. On a conflict nothing there changes (`conflict`, naming
+    /// the files). Applying what is already applied changes nothing.
+    pub async fn apply(&self, task_id: &str) -> Result<ApplyOutcome, TaskError> {
+        self.restored().await;
+        let scratch = self.worktrees_dir()?;
+        let _one_at_a_time = self.git_lock.lock().await;
+        let entry = self.settled(task_id, "apply")?;
+        let w = workspace_of(&entry)?.clone();
+        if w.discarded {
+            return Err(discarded(task_id));
+        }
+        let tip = git::commit_state(Path::new(&w.path), &scratch, task_id).await?;
+        let from = w.applied.clone().unwrap_or_else(|| w.base.clone());
+        let files = if from == tip {
+            None
+        } else {
+            let label = format!("task {task_id}");
+            Some(
+                git::apply(Path::new(&w.origin), &from, &tip, &scratch, &label)
+                    .await?
+                    .files,
+            )
+        };
+        let record = self
+            .registry
+            .update(task_id, |e| {
+                if let Some(w) = e.rec.workspace.as_mut() {
+                    w.applied = Some(tip.clone());
+                }
+                e.rec.workspace.clone()
+            })
+            .flatten()
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+        Ok(ApplyOutcome {
+            task_id: task_id.to_string(),
+            already_applied: files.is_none(),
+            applied: files.unwrap_or_default(),
+            workspace: self.workspace_view(&record, task_id).await,
+        })
+    }
+
+    /// Removes the task's worktree and its branch. Discarding twice is discarding once.
+    pub async fn discard(&self, task_id: &str) -> Result<DiscardOutcome, TaskError> {
+        self.restored().await;
+        let _one_at_a_time = self.git_lock.lock().await;
+        let entry = self.settled(task_id, "discard")?;
+        let w = workspace_of(&entry)?.clone();
+        let already = w.discarded;
+        if !already {
+            git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await?;
+        }
+        let record = self
+            .registry
+            .update(task_id, |e| {
+                if let Some(w) = e.rec.workspace.as_mut() {
+                    w.discarded = true;
+                }
+                e.rec.workspace.clone()
+            })
+            .flatten()
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+        Ok(DiscardOutcome {
+            task_id: task_id.to_string(),
+            already_discarded: already,
+            workspace: Workspace::from_record(&record),
+        })
+    }
+
+    /// The task, refused (`conflict`) while its agent may still write to the worktree.
+    fn settled(&self, task_id: &str, what: &str) -> Result<TaskEntry, TaskError> {
+        let entry = self.entry(task_id)?;
+        if !entry.rec.status.is_terminal() || entry.live.aborting {
+            return Err(TaskError::Conflict(format!(
+                "task {task_id} is still {}: its agent may still be writing; wait for it \
+                 (opencode_wait_for_task) or cancel it before you {what} it",
+                entry.rec.status.as_str()
+            )));
+        }
+        Ok(entry)
+    }
+}
+
+fn workspace_of(entry: &TaskEntry) -> Result<&WorkspaceRecord, TaskError> {
+    entry.rec.workspace.as_ref().ok_or_else(|| {
+        TaskError::InvalidArgument(format!(
+            "task {} has no worktree (it was started with isolation `none`): its changes are \
+             already in its directory {}",
+            entry.rec.id, entry.rec.directory
+        ))
+    })
+}
+
+fn discarded(task_id: &str) -> TaskError {
+    TaskError::Conflict(format!(
+        "task {task_id}'s worktree was discarded (opencode_discard_task); its change is gone"
+    ))
+}

@@ -1,0 +1,462 @@
+//! Parallel writers without collisions, end to end: the gateway binary over MCP stdio, the
+//! pinned OpenCode it starts, the scripted fake LLM, and real git repositories in temp dirs.
+//!
+//! Tasks started with `isolation: "worktree"` each get a git worktree of the repository the
+//! gateway runs in; the fake's `[[write:<path>:<content>]]` marker makes each agent write the same
+//! file differently through OpenCode's write tool. Each task's diff must show only its own
+//! change, the user's tree (files and index) must stay as it was until an apply, an apply must
+//! merge, a conflicting apply must change nothing, and discard must leave no worktree or branch.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use futures::future::join_all;
+use serde_json::{json, Value};
+use support::rig::{Rig, TASK_TIMEOUT_MS};
+use support::{FakeLlm, OpenCodeEnv};
+
+/// Runs git in `dir` as a user without any global config would, and returns its stdout.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        // Reads in this test must not refresh the index they are checking.
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_AUTHOR_NAME", "user")
+        .env("GIT_AUTHOR_EMAIL", "user@example.invalid")
+        .env("GIT_COMMITTER_NAME", "user")
+        .env("GIT_COMMITTER_EMAIL", "user@example.invalid")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Ten lines, `line 1` .. `line 10`, with line `n` replaced by `text` when given.
+fn shared(edit: Option<(usize, &str)>) -> String {
+    (1..=10)
+        .map(|i| match edit {
+            Some((n, text)) if n == i => format!("{text}\n"),
+            _ => format!("line {i}\n"),
+        })
+        .collect()
+}
+
+/// The `[[write:...]]` marker for `path` with `content` (newlines written as `\n`).
+fn write_marker(path: &str, content: &str) -> String {
+    format!("[[write:{path}:{}]]", content.replace('\n', "\\n"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// A repository with one commit and every kind of uncommitted change: an unstaged edit, a staged
+/// new file, an untracked file and an ignored one.
+fn make_repo(repo: &Path) {
+    git(repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("shared.txt"), shared(None)).expect("write");
+    std::fs::write(repo.join("notes.txt"), "committed notes\n").expect("write");
+    std::fs::write(repo.join(".gitignore"), "ignored.txt\n").expect("write");
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", "initial"]);
+    std::fs::write(
+        repo.join("notes.txt"),
+        "committed notes\nand an unstaged edit\n",
+    )
+    .expect("write");
+    std::fs::write(repo.join("staged.txt"), "staged, not committed\n").expect("write");
+    git(repo, &["add", "staged.txt"]);
+    std::fs::write(repo.join("draft.txt"), "untracked draft\n").expect("write");
+    std::fs::write(repo.join("ignored.txt"), "ignored\n").expect("write");
+}
+
+fn id(v: &Value) -> String {
+    v["task_id"].as_str().expect("task_id").to_string()
+}
+
+fn changes(result: &Value) -> Vec<(String, String, u64, u64)> {
+    result["workspace"]["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no workspace.changes in {result}"))
+        .iter()
+        .map(|c| {
+            (
+                c["file"].as_str().unwrap_or_default().to_string(),
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["additions"].as_u64().unwrap_or(u64::MAX),
+                c["deletions"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
+}
+
+fn modified(file: &str, add: u64, del: u64) -> (String, String, u64, u64) {
+    (file.to_string(), "modified".to_string(), add, del)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    make_repo(&repo);
+    let state_worktrees = env.root().join("state/opencode-mcp/worktrees");
+    let index_path = repo.join(".git/index");
+    let index_before = std::fs::read(&index_path).expect("the user's index");
+    let status_before = git(&repo, &["status", "--porcelain"]);
+    let head = git(&repo, &["rev-parse", "HEAD"]).trim().to_string();
+    let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    // Three tasks rewrite line 5 (they conflict with each other), the fourth rewrites line 9
+    // and adds a file (it merges with any one of them).
+    let tasks = [
+        (
+            "A",
+            format!(
+                "edit A {}",
+                write_marker("shared.txt", &shared(Some((5, "line 5 by task A"))))
+            ),
+        ),
+        (
+            "B",
+            format!(
+                "edit B {}",
+                write_marker("shared.txt", &shared(Some((5, "line 5 by task B"))))
+            ),
+        ),
+        (
+            "C",
+            format!(
+                "edit C {}",
+                write_marker("shared.txt", &shared(Some((5, "line 5 by task C"))))
+            ),
+        ),
+        (
+            "D",
+            format!(
+                "edit D {} {}",
+                write_marker("shared.txt", &shared(Some((9, "line 9 by task D")))),
+                write_marker("docs/new.txt", "added by task D\n")
+            ),
+        ),
+    ];
+    let starts = join_all(tasks.iter().map(|(_, prompt)| {
+        rig.start_task_with(json!({ "prompt": prompt, "isolation": "worktree" }))
+    }))
+    .await;
+    let ids: Vec<String> = starts.iter().map(id).collect();
+    for (start, task_id) in starts.iter().zip(&ids) {
+        let ws = &start["workspace"];
+        assert_eq!(ws["branch"], format!("opencode-mcp/{task_id}"), "{start}");
+        let path = PathBuf::from(ws["path"].as_str().expect("workspace.path"));
+        assert!(path.starts_with(&state_worktrees), "{}", path.display());
+        assert_eq!(
+            start["directory"], ws["path"],
+            "the session works in the worktree"
+        );
+        // The base is HEAD plus the uncommitted changes: a commit on top of HEAD.
+        let base = ws["base"].as_str().expect("workspace.base");
+        assert_ne!(base, head);
+        assert_eq!(git(&repo, &["rev-parse", &format!("{base}^")]).trim(), head);
+        // What the orchestrator sees is in the worktree; what git ignores is not.
+        assert_eq!(
+            read(&path.join("notes.txt")),
+            "committed notes\nand an unstaged edit\n"
+        );
+        assert_eq!(read(&path.join("staged.txt")), "staged, not committed\n");
+        assert_eq!(read(&path.join("draft.txt")), "untracked draft\n");
+        assert!(!path.join("ignored.txt").exists());
+    }
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let w = rig.wait(&refs, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    for task in w["tasks"].as_array().expect("tasks") {
+        assert_eq!(task["status"], "completed", "{task}");
+        assert!(
+            task["workspace"]["changes"].is_array(),
+            "wait results carry the diff: {task}"
+        );
+    }
+
+    // Each task's diff is its own change and nothing else.
+    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    for (task_id, label) in [(a, "A"), (b, "B"), (c, "C")] {
+        let r = rig
+            .ok("opencode_get_task_result", json!({ "task_id": task_id }))
+            .await;
+        assert_eq!(changes(&r), vec![modified("shared.txt", 1, 1)], "{r}");
+        let diff = rig
+            .ok(
+                "opencode_get_task_result",
+                json!({ "task_id": task_id, "view": "diff" }),
+            )
+            .await;
+        assert_eq!(diff["view"], "diff");
+        let text = diff["text"].as_str().expect("diff text");
+        assert!(text.contains(&format!("+line 5 by task {label}")), "{text}");
+        assert!(text.contains("-line 5\n"), "{text}");
+        assert_eq!(
+            text.matches("by task").count(),
+            1,
+            "only its own change: {text}"
+        );
+    }
+    let rd = rig
+        .ok("opencode_get_task_result", json!({ "task_id": d }))
+        .await;
+    assert_eq!(
+        changes(&rd),
+        vec![
+            ("docs/new.txt".to_string(), "added".to_string(), 1, 0),
+            modified("shared.txt", 1, 1)
+        ],
+        "{rd}"
+    );
+
+    // Nothing reached the user's tree or index.
+    assert_eq!(read(&repo.join("shared.txt")), shared(None));
+    assert!(!repo.join("docs").exists());
+    assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+    assert_eq!(git(&repo, &["status", "--porcelain"]), status_before);
+
+    // A follow-up works in the same worktree.
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": c, "prompt": format!("more {}", write_marker("c2.txt", "second turn\n")) }),
+    )
+    .await;
+    let rc = rig.finish(c).await;
+    assert_eq!(
+        changes(&rc),
+        vec![
+            ("c2.txt".to_string(), "added".to_string(), 1, 0),
+            modified("shared.txt", 1, 1)
+        ],
+        "{rc}"
+    );
+    assert!(!repo.join("c2.txt").exists());
+
+    // Applying A writes the user's file and keeps their uncommitted work.
+    let applied = rig.ok("opencode_apply_task", json!({ "task_id": a })).await;
+    assert_eq!(applied["applied"][0]["file"], "shared.txt", "{applied}");
+    assert_eq!(applied["workspace"]["applied"], true);
+    let after_a = shared(Some((5, "line 5 by task A")));
+    assert_eq!(read(&repo.join("shared.txt")), after_a);
+    assert_eq!(
+        read(&repo.join("notes.txt")),
+        "committed notes\nand an unstaged edit\n"
+    );
+    assert_eq!(read(&repo.join("draft.txt")), "untracked draft\n");
+    assert_eq!(
+        std::fs::read(&index_path).expect("index"),
+        index_before,
+        "apply writes the files, never the index"
+    );
+
+    // B conflicts with A: refused, naming the file, and nothing changes.
+    let (code, message) = rig
+        .err("opencode_apply_task", json!({ "task_id": b }))
+        .await;
+    assert_eq!(code, "conflict", "{message}");
+    assert!(message.contains("shared.txt"), "{message}");
+    assert_eq!(read(&repo.join("shared.txt")), after_a);
+    assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+
+    // D touches other lines: it merges with A.
+    rig.ok("opencode_apply_task", json!({ "task_id": d })).await;
+    let after_ad = shared(Some((5, "line 5 by task A"))).replace("line 9\n", "line 9 by task D\n");
+    assert_eq!(read(&repo.join("shared.txt")), after_ad);
+    assert_eq!(read(&repo.join("docs/new.txt")), "added by task D\n");
+
+    // Applying again writes nothing.
+    let again = rig.ok("opencode_apply_task", json!({ "task_id": a })).await;
+    assert_eq!(again["already_applied"], true, "{again}");
+    assert_eq!(again["applied"], json!([]));
+    assert_eq!(read(&repo.join("shared.txt")), after_ad);
+
+    // A restarted gateway still knows the worktrees.
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let rb = rig
+        .ok("opencode_get_task_result", json!({ "task_id": b }))
+        .await;
+    assert_eq!(rb["workspace"]["branch"], format!("opencode-mcp/{b}"));
+    assert_eq!(changes(&rb), vec![modified("shared.txt", 1, 1)], "{rb}");
+
+    // Discard removes worktree and branch, twice is once, and the change is gone for good.
+    let b_path = PathBuf::from(rb["workspace"]["path"].as_str().expect("path"));
+    assert!(b_path.is_dir());
+    let gone = rig
+        .ok("opencode_discard_task", json!({ "task_id": b }))
+        .await;
+    assert_eq!(gone["workspace"]["discarded"], true, "{gone}");
+    assert!(!b_path.exists());
+    assert_eq!(
+        git(&repo, &["branch", "--list", &format!("opencode-mcp/{b}")]),
+        ""
+    );
+    let twice = rig
+        .ok("opencode_discard_task", json!({ "task_id": b }))
+        .await;
+    assert_eq!(twice["already_discarded"], true, "{twice}");
+    let (code, _) = rig
+        .err("opencode_apply_task", json!({ "task_id": b }))
+        .await;
+    assert_eq!(code, "conflict");
+    let (code, _) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": b, "prompt": "more" }),
+        )
+        .await;
+    assert_eq!(code, "conflict");
+    for task_id in [a, c, d] {
+        rig.ok("opencode_discard_task", json!({ "task_id": task_id }))
+            .await;
+    }
+    let worktrees = git(&repo, &["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+    assert_eq!(git(&repo, &["branch", "--list", "opencode-mcp/*"]), "");
+    assert_eq!(
+        read(&repo.join("shared.txt")),
+        after_ad,
+        "discard leaves applied work alone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worktree_edge_cases_and_clear_errors() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "a\n").expect("write");
+    std::fs::create_dir_all(repo.join("sub")).expect("mkdir");
+    std::fs::write(repo.join("sub/b.txt"), "b\n").expect("write");
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "initial"]);
+    let plain = env.root().join("tmp/not-a-repo");
+    std::fs::create_dir_all(&plain).expect("mkdir");
+    let empty = env.root().join("tmp/no-commits");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    git(&empty, &["init", "-q"]);
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    // A directory outside any repository: named, with the fix.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree",
+                    "directory": plain.display().to_string() }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains(&plain.display().to_string()), "{message}");
+    assert!(message.contains("isolation `none`"), "{message}");
+
+    // A repository without a commit has nothing to branch from.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree",
+                    "directory": empty.display().to_string() }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains(&empty.display().to_string()), "{message}");
+    assert!(message.contains("no commit yet"), "{message}");
+
+    // `base` without a worktree means nothing.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "base": "head" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+
+    // A running task is neither applied nor discarded.
+    let slow = id(&rig
+        .start_task_with(
+            json!({ "prompt": "slow [[slow:20000]]", "isolation": "worktree", "base": "head" }),
+        )
+        .await);
+    for tool in ["opencode_apply_task", "opencode_discard_task"] {
+        let (code, message) = rig.err(tool, json!({ "task_id": slow })).await;
+        assert_eq!(code, "conflict", "{tool}: {message}");
+        assert!(message.contains("still"), "{message}");
+    }
+    // Cancelled once its turn reached the model: OpenCode 1.18.33 cancelled while it is still
+    // setting the turn up can fail the next session's first prompt ("All fibers interrupted").
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("slow [[slow:20000]]")
+        })
+        .await;
+    rig.ok("opencode_cancel_task", json!({ "task_id": slow }))
+        .await;
+    let head = git(&repo, &["rev-parse", "HEAD"]);
+    let r = rig
+        .ok("opencode_get_task_result", json!({ "task_id": slow }))
+        .await;
+    assert_eq!(
+        r["workspace"]["base"],
+        head.trim(),
+        "base `head` is HEAD itself"
+    );
+    rig.ok("opencode_discard_task", json!({ "task_id": slow }))
+        .await;
+
+    // A task given a subdirectory works at the same place inside its worktree.
+    let start = rig
+        .start_task_with(json!({
+            "prompt": format!("in sub {}", write_marker("here.txt", "written in sub\n")),
+            "isolation": "worktree",
+            "directory": repo.join("sub").display().to_string(),
+        }))
+        .await;
+    let sub = id(&start);
+    let path = PathBuf::from(start["workspace"]["path"].as_str().expect("path"));
+    assert_eq!(
+        start["directory"],
+        path.join("sub").display().to_string(),
+        "{start}"
+    );
+    let r = rig.finish(&sub).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(
+        changes(&r),
+        vec![("sub/here.txt".to_string(), "added".to_string(), 1, 0)],
+        "{r}"
+    );
+    rig.ok("opencode_apply_task", json!({ "task_id": sub }))
+        .await;
+    assert_eq!(read(&repo.join("sub/here.txt")), "written in sub\n");
+    rig.ok("opencode_discard_task", json!({ "task_id": sub }))
+        .await;
+
+    // A task without a worktree has nothing to apply.
+    let plain_task = id(&rig.start_task("no isolation").await);
+    rig.finish(&plain_task).await;
+    let (code, message) = rig
+        .err("opencode_apply_task", json!({ "task_id": plain_task }))
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains("isolation `none`"), "{message}");
+    let (code, _) = rig
+        .err(
+            "opencode_get_task_result",
+            json!({ "task_id": plain_task, "view": "diff" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument");
+}
