@@ -284,8 +284,8 @@ fn codex_delegates_through_the_gateway() {
         });
     assert_eq!(
         namespace["tools"].as_array().map(Vec::len),
-        Some(10),
-        "{namespace}"
+        Some(default_tool_count()),
+        "every enabled tool reaches the model: {namespace}"
     );
 
     // What the model saw, call by call.
@@ -1055,4 +1055,17 @@ fn codex_reads_a_large_answer_whole_page_by_page() {
             support::procs::describe(&left)
         );
     }
+}
+
+/// How many tools the built-in configuration enables.
+fn default_tool_count() -> usize {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sources = opencode_mcp::config::Sources {
+        explicit: None,
+        cwd: dir.path().to_path_buf(),
+        user_dir: None,
+    };
+    let config =
+        opencode_mcp::config::load_with_env(&sources, Vec::new()).expect("the built-in config");
+    config.enabled_tools().count()
 }

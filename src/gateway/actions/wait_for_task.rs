@@ -238,16 +238,27 @@ fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> W
 /// common cycle is then start and wait, with no call to read the result unless an answer is
 /// too long for one result (its `next_offset` says where to go on).
 async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
+    // Each result may read the turn's changed files from OpenCode: read them all at once, not
+    // one task after another (a wait on 50 tasks would otherwise pay 50 round trips in a row).
+    let reads = outcome
+        .tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, task)| task.status.is_terminal())
+        .map(|(i, task)| async move {
+            (
+                i,
+                task.task_id.as_str(),
+                ctx.tasks.result(&task.task_id).await,
+            )
+        });
     let mut answers = Vec::new();
-    for (i, task) in outcome.tasks.iter().enumerate() {
-        if !task.status.is_terminal() {
-            continue;
-        }
-        match ctx.tasks.result(&task.task_id).await {
+    for (i, id, read) in futures::future::join_all(reads).await {
+        match read {
             Ok(result) => answers.push((i, result)),
             // The snapshot still says how the task ended; the get-result tool says why the
             // answer cannot be read.
-            Err(e) => tracing::debug!(task = %task.task_id, "no answer for the wait: {e}"),
+            Err(e) => tracing::debug!(task = %id, "no answer for the wait: {e}"),
         }
     }
     budget::fill_answers(&mut outcome, answers, ctx.host.result_chars as usize);
