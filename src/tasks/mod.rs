@@ -19,6 +19,7 @@ mod registry;
 mod resolve;
 mod restore;
 mod result;
+pub use result::Files;
 mod service;
 mod store;
 mod tracker;

@@ -124,7 +124,8 @@ pub struct TaskSnapshot {
     /// The answer goes on: read the rest with the get-result tool from this `offset`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
-    /// Files the finished turn changed (wait results).
+    /// Files the finished turn changed (wait results; listed once read, which happens right
+    /// after the turn ends: the get-result tool always lists them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_changed: Option<Vec<FileChange>>,
     /// The task's git worktree (isolation `worktree`); in wait results with the files changed.

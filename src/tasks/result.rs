@@ -10,12 +10,28 @@ use super::service::TaskService;
 use super::tracker::{self, Attempts};
 use super::turn::{self, TurnState};
 
+/// Whether a result may ask OpenCode for the turn's changed files when they are not known yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Files {
+    /// Read them (one HTTP round trip) if they are not known.
+    Read,
+    /// Report them only if they are known already.
+    IfKnown,
+}
+
 impl TaskService {
     /// The full result of the current turn, with the whole text (the caller pages it for its
     /// host). For an unfinished task it reports what is known so far, with the same status
     /// `get_task_status` gives. A finished turn whose messages cannot be read says so in
     /// `text_error`; an empty text is never presented as the answer.
     pub async fn result(&self, task_id: &str) -> Result<TaskResult, TaskError> {
+        self.result_with(task_id, Files::Read).await
+    }
+
+    /// [`Self::result`], reading the turn's changed files from OpenCode only if `files` says so
+    /// (a wait returning at completion lists them if they are known already; the tracker reads
+    /// them right after the turn ends).
+    pub async fn result_with(&self, task_id: &str, files: Files) -> Result<TaskResult, TaskError> {
         self.restored().await;
         let mut entry = self.entry(task_id)?;
         let server = self
@@ -63,7 +79,7 @@ impl TaskService {
                 ));
             }
         }
-        if finished && entry.rec.files_changed.is_none() {
+        if finished && files == Files::Read && entry.rec.files_changed.is_none() {
             if let Some(s) = &server {
                 tracker::read_files(&self.tracker, s, task_id, entry.rec.turn).await;
                 if let Some(now) = self

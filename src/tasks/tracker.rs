@@ -504,6 +504,16 @@ pub fn spawn_check(
         let (mut idle, mut for_turn) = (idle, for_turn);
         loop {
             check_completion(&ctx, &server, &task_id, idle, for_turn).await;
+            // A turn just concluded: read its changed files now, off the completion path, so
+            // the wait that returns at completion does not pay for the round trip and later
+            // results find them.
+            if let Some(done) = ctx
+                .registry
+                .get(&task_id)
+                .filter(|e| e.rec.status.is_terminal() && e.rec.files_changed.is_none())
+            {
+                read_files(&ctx, &server, &task_id, done.rec.turn).await;
+            }
             let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
             match checks.get_mut(&task_id) {
                 Some(again) if *again => {

@@ -31,6 +31,7 @@
 //!
 //! Every request is recorded ([`FakeAnthropic::requests`]).
 
+use super::http::{accept_loop, read_request, HttpRequest};
 use super::server_thread::ServerThread;
 use std::io;
 use std::net::SocketAddr;
@@ -233,8 +234,11 @@ impl FakeAnthropic {
             main_tool_prefix: main_tool_prefix.to_owned(),
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-anthropic", move |listener| {
-            accept_loop(listener, serve_shared)
+        let server = ServerThread::start("fake-anthropic", move |listener| async move {
+            accept_loop(listener, "fake Anthropic", move |stream| {
+                handle_connection(stream, serve_shared.clone())
+            })
+            .await
         });
         FakeAnthropic { shared, server }
     }
@@ -429,17 +433,6 @@ fn answer(
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(handle_connection(stream, shared.clone()));
-            }
-            Err(e) => eprintln!("fake Anthropic: accept failed: {e}"),
-        }
-    }
-}
-
 /// Serves requests on one connection until the client closes it (Claude Code keeps connections
 /// alive).
 async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
@@ -466,12 +459,7 @@ async fn handle_request(
     shared: &Shared,
     request: HttpRequest,
 ) -> io::Result<()> {
-    let body: Value = if request.body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&request.body)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&request.body).into_owned()))
-    };
+    let body = request.json();
     let route = request.path.split('?').next().unwrap_or("");
     let kind = match (request.method.as_str(), route) {
         ("POST", "/v1/messages") => {
@@ -684,122 +672,4 @@ async fn write_response(
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.flush().await
-}
-
-struct HttpRequest {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-const MAX_HEAD: usize = 64 * 1024;
-const MAX_BODY: usize = 64 * 1024 * 1024;
-
-/// Reads one HTTP/1.1 request (head, then a `Content-Length` or chunked body); `pending` holds
-/// bytes read past the previous request on this connection.
-async fn read_request<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    pending: &mut Vec<u8>,
-) -> io::Result<Option<HttpRequest>> {
-    let head_end = loop {
-        if let Some(pos) = find(pending, b"\r\n\r\n") {
-            break pos;
-        }
-        if pending.len() > MAX_HEAD {
-            return Err(invalid("request head too large"));
-        }
-        if fill(reader, pending).await? == 0 {
-            return if pending.is_empty() {
-                Ok(None)
-            } else {
-                Err(invalid("connection closed inside the request head"))
-            };
-        }
-    };
-    let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
-    pending.drain(..head_end + 4);
-    let mut lines = head.split("\r\n");
-    let mut parts = lines.next().unwrap_or("").split(' ');
-    let method = parts.next().unwrap_or("").to_owned();
-    let path = parts.next().unwrap_or("").to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        let mut body = Vec::new();
-        loop {
-            let line_end = loop {
-                if let Some(pos) = find(pending, b"\r\n") {
-                    break pos;
-                }
-                need(reader, pending).await?;
-            };
-            let size_text = String::from_utf8_lossy(&pending[..line_end]).into_owned();
-            let size_text = size_text.split(';').next().unwrap_or("").trim();
-            let size =
-                usize::from_str_radix(size_text, 16).map_err(|_| invalid("bad chunk size"))?;
-            pending.drain(..line_end + 2);
-            if body.len() + size > MAX_BODY {
-                return Err(invalid("body too large"));
-            }
-            while pending.len() < size + 2 {
-                need(reader, pending).await?;
-            }
-            body.extend_from_slice(&pending[..size]);
-            pending.drain(..size + 2);
-            if size == 0 {
-                break body;
-            }
-        }
-    } else {
-        let len = match header("content-length") {
-            Some(v) => v
-                .parse::<usize>()
-                .map_err(|_| invalid("bad content-length"))?,
-            None => 0,
-        };
-        if len > MAX_BODY {
-            return Err(invalid("body too large"));
-        }
-        while pending.len() < len {
-            need(reader, pending).await?;
-        }
-        pending.drain(..len).collect()
-    };
-    Ok(Some(HttpRequest {
-        method,
-        path,
-        headers,
-        body,
-    }))
-}
-
-async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let mut chunk = [0u8; 16 * 1024];
-    let n = reader.read(&mut chunk).await?;
-    buf.extend_from_slice(&chunk[..n]);
-    Ok(n)
-}
-
-async fn need<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<()> {
-    if fill(reader, buf).await? == 0 {
-        return Err(invalid("connection closed inside a request"));
-    }
-    Ok(())
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn invalid(msg: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.to_owned())
 }

@@ -55,6 +55,7 @@
 //! for a title (no tools; see [`RecordedRequest::is_title_request`]); the fake echoes, so the title
 //! becomes `ECHO: <first line>`.
 
+use super::http::{accept_loop, read_request};
 use super::server_thread::ServerThread;
 use std::collections::HashMap;
 use std::io;
@@ -279,8 +280,11 @@ impl FakeLlm {
             changed: watch::channel(0).0,
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-llm", move |listener| {
-            accept_loop(listener, serve_shared)
+        let server = ServerThread::start("fake-llm", move |listener| async move {
+            accept_loop(listener, "fake LLM", move |stream| {
+                handle_connection(stream, serve_shared.clone())
+            })
+            .await
         });
         FakeLlm { shared, server }
     }
@@ -462,144 +466,6 @@ pub fn echo_reply(prompt: &str) -> String {
     format!("ECHO: {first}")
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(handle_connection(stream, shared.clone()));
-            }
-            Err(e) => eprintln!("fake LLM: accept failed: {e}"),
-        }
-    }
-}
-
-struct HttpRequest {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-const MAX_HEAD: usize = 64 * 1024;
-const MAX_BODY: usize = 64 * 1024 * 1024;
-
-/// Reads one HTTP/1.1 request (head, then a `Content-Length` or chunked body).
-async fn read_request<R: AsyncRead + Unpin>(reader: &mut R) -> io::Result<Option<HttpRequest>> {
-    let mut buf = Vec::with_capacity(8192);
-    let head_end = loop {
-        if let Some(pos) = find(&buf, b"\r\n\r\n") {
-            break pos;
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(invalid("request head too large"));
-        }
-        let mut chunk = [0u8; 8192];
-        let n = reader.read(&mut chunk).await?;
-        if n == 0 {
-            return if buf.is_empty() {
-                Ok(None)
-            } else {
-                Err(invalid("connection closed inside the request head"))
-            };
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut rest = buf[head_end + 4..].to_vec();
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let method = parts.next().unwrap_or("").to_owned();
-    let path = parts.next().unwrap_or("").to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        read_chunked(reader, rest).await?
-    } else {
-        let len = match header("content-length") {
-            Some(v) => v
-                .parse::<usize>()
-                .map_err(|_| invalid("bad content-length"))?,
-            None => 0,
-        };
-        if len > MAX_BODY {
-            return Err(invalid("body too large"));
-        }
-        while rest.len() < len {
-            let mut chunk = vec![0u8; (len - rest.len()).min(64 * 1024)];
-            let n = reader.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(invalid("connection closed inside the body"));
-            }
-            rest.extend_from_slice(&chunk[..n]);
-        }
-        rest.truncate(len);
-        rest
-    };
-    Ok(Some(HttpRequest {
-        method,
-        path,
-        headers,
-        body,
-    }))
-}
-
-async fn read_chunked<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    mut buf: Vec<u8>,
-) -> io::Result<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = loop {
-            if let Some(pos) = find(&buf, b"\r\n") {
-                break pos;
-            }
-            fill(reader, &mut buf).await?;
-        };
-        let size_text = String::from_utf8_lossy(&buf[..line_end]).into_owned();
-        let size_text = size_text.split(';').next().unwrap_or("").trim().to_owned();
-        let size = usize::from_str_radix(&size_text, 16).map_err(|_| invalid("bad chunk size"))?;
-        buf.drain(..line_end + 2);
-        if size == 0 {
-            return Ok(body);
-        }
-        if body.len() + size > MAX_BODY {
-            return Err(invalid("body too large"));
-        }
-        while buf.len() < size + 2 {
-            fill(reader, &mut buf).await?;
-        }
-        body.extend_from_slice(&buf[..size]);
-        buf.drain(..size + 2);
-    }
-}
-
-async fn fill<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> io::Result<()> {
-    let mut chunk = [0u8; 8192];
-    let n = reader.read(&mut chunk).await?;
-    if n == 0 {
-        return Err(invalid("connection closed inside a chunked body"));
-    }
-    buf.extend_from_slice(&chunk[..n]);
-    Ok(())
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn invalid(msg: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.to_owned())
-}
-
 /// What to send back for one chat request, decided from the request and the history.
 enum Plan {
     Error {
@@ -736,7 +602,7 @@ fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
 }
 
 async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
-    let request = match read_request(&mut stream).await {
+    let request = match read_request(&mut stream, &mut Vec::new()).await {
         Ok(Some(request)) => request,
         Ok(None) => return,
         Err(e) => {
@@ -750,12 +616,7 @@ async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     };
-    let body: Value = if request.body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&request.body)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&request.body).into_owned()))
-    };
+    let body = request.json();
     let messages: Vec<Value> = body
         .get("messages")
         .and_then(Value::as_array)

@@ -25,6 +25,7 @@
 //! and a [`Call`]'s arguments can be computed from the outputs so far (a task id returned by an
 //! earlier call, say).
 
+use super::http::{accept_loop, read_request, HttpRequest};
 use super::server_thread::ServerThread;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -220,8 +221,11 @@ impl FakeResponses {
             state: Mutex::new(State::default()),
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-responses", move |listener| {
-            accept_loop(listener, serve_shared)
+        let server = ServerThread::start("fake-responses", move |listener| async move {
+            accept_loop(listener, "fake responses", move |stream| {
+                handle_connection(stream, serve_shared.clone())
+            })
+            .await
         });
         FakeResponses { shared, server }
     }
@@ -263,17 +267,6 @@ impl FakeResponses {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(handle_connection(stream, shared.clone()));
-            }
-            Err(e) => eprintln!("fake responses: accept failed: {e}"),
-        }
-    }
-}
-
 /// Serves requests on one connection until the client closes it (clients keep connections
 /// alive between turns).
 async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
@@ -283,10 +276,19 @@ async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(e) => {
-                let _ = write_response(&mut stream, 400, "application/json", &error_body(&e)).await;
+                let body = error_body(&e.to_string());
+                let _ = write_response(&mut stream, 400, "application/json", &body).await;
                 return;
             }
         };
+        if let Some(encoding) = request.header("content-encoding") {
+            // Compressed bodies cannot be recorded as JSON; fail loudly rather than guess.
+            let body = error_body(&format!(
+                "content-encoding {encoding} is not supported by the fake"
+            ));
+            let _ = write_response(&mut stream, 400, "application/json", &body).await;
+            return;
+        }
         let (status, content_type, body) = answer(&shared, request);
         if write_response(&mut stream, status, content_type, &body)
             .await
@@ -295,78 +297,6 @@ async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     }
-}
-
-struct HttpRequest {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-/// Reads one HTTP/1.1 request with a `Content-Length` body (what a JSON client sends); `buf`
-/// carries bytes read past it over to the next request.
-async fn read_request(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-) -> Result<Option<HttpRequest>, String> {
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos;
-        }
-        if buf.len() > 64 * 1024 {
-            return Err("request head too large".into());
-        }
-        let mut chunk = [0u8; 8192];
-        let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return if buf.is_empty() {
-                Ok(None)
-            } else {
-                Err("connection closed inside the request head".into())
-            };
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    buf.drain(..head_end + 4);
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next().unwrap_or("").split(' ');
-    let method = request_line.next().unwrap_or("").to_owned();
-    let path = request_line.next().unwrap_or("").to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-    if header("transfer-encoding").is_some() {
-        return Err("chunked request bodies are not supported by the fake".into());
-    }
-    if let Some(encoding) = header("content-encoding") {
-        // Compressed bodies cannot be recorded as JSON; fail loudly rather than guess.
-        return Err(format!(
-            "content-encoding {encoding} is not supported by the fake"
-        ));
-    }
-    let len: usize = match header("content-length") {
-        Some(v) => v.parse().map_err(|_| "bad content-length".to_string())?,
-        None => 0,
-    };
-    while buf.len() < len {
-        let mut chunk = vec![0u8; (len - buf.len()).min(64 * 1024)];
-        let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("connection closed inside the body".into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = buf.drain(..len).collect();
-    Ok(Some(HttpRequest {
-        method,
-        path,
-        headers,
-        body,
-    }))
 }
 
 /// Records `request` and computes the answer: (status, content type, body).

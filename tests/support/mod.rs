@@ -20,6 +20,7 @@
 pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod fake_responses;
+pub mod http;
 pub mod isolation;
 pub mod mcp;
 pub mod npm;

@@ -26,7 +26,7 @@ use crate::error::ErrorCode;
 use crate::gateway::budget;
 use crate::gateway::error::ToolError;
 use crate::gateway::schema::property;
-use crate::tasks::{Detail, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
+use crate::tasks::{Detail, Files, TaskSnapshot, TaskStatus, WaitMode, WaitOutcome};
 
 /// Arguments of `wait_for_task`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -238,8 +238,10 @@ fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> W
 /// common cycle is then start and wait, with no call to read the result unless an answer is
 /// too long for one result (its `next_offset` says where to go on).
 async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
-    // Each result may read the turn's changed files from OpenCode: read them all at once, not
-    // one task after another (a wait on 50 tasks would otherwise pay 50 round trips in a row).
+    // The answers are in memory once a turn is concluded; changed files are listed if already
+    // read (the tracker reads them right after the turn), never fetched on this path, which
+    // runs at completion and so sets how soon the host learns of it. Worktree tasks' changes
+    // come from git; those run side by side.
     let reads = outcome
         .tasks
         .iter()
@@ -249,7 +251,7 @@ async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
             (
                 i,
                 task.task_id.as_str(),
-                ctx.tasks.result(&task.task_id).await,
+                ctx.tasks.result_with(&task.task_id, Files::IfKnown).await,
             )
         });
     let mut answers = Vec::new();
