@@ -2,7 +2,7 @@
 //! pinned OpenCode it starts, the scripted fake LLM, and real git repositories in temp dirs.
 //!
 //! Tasks started with `isolation: "worktree"` each get a git worktree of the repository the
-//! gateway runs in; the fake's `[[write:<path>:<content>]]` marker makes each agent write the same
+//! gateway runs in (five at once in the parallel test); the fake's `[[write:<path>:<content>]]` marker makes each agent write the same
 //! file differently through OpenCode's write tool. Each task's diff must show only its own
 //! change, the user's tree (files and index) must stay as it was until an apply, an apply must
 //! merge, a conflicting apply must change nothing, and discard must leave no worktree or branch.
@@ -117,7 +117,7 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
     let head = git(&repo, &["rev-parse", "HEAD"]).trim().to_string();
     let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
 
-    // Three tasks rewrite line 5 (they conflict with each other), the fourth rewrites line 9
+    // Four tasks rewrite line 5 (they conflict with each other), the fifth rewrites line 9
     // and adds a file (it merges with any one of them).
     let tasks = [
         (
@@ -139,6 +139,13 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
             format!(
                 "edit C {}",
                 write_marker("shared.txt", &shared(Some((5, "line 5 by task C"))))
+            ),
+        ),
+        (
+            "E",
+            format!(
+                "edit E {}",
+                write_marker("shared.txt", &shared(Some((5, "line 5 by task E"))))
             ),
         ),
         (
@@ -189,8 +196,9 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
     }
 
     // Each task's diff is its own change and nothing else.
-    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
-    for (task_id, label) in [(a, "A"), (b, "B"), (c, "C")] {
+    assert_eq!(ids.len(), 5);
+    let (a, b, c, e, d) = (&ids[0], &ids[1], &ids[2], &ids[3], &ids[4]);
+    for (task_id, label) in [(a, "A"), (b, "B"), (c, "C"), (e, "E")] {
         let r = rig
             .ok("opencode_get_task_result", json!({ "task_id": task_id }))
             .await;
@@ -263,14 +271,16 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         "apply writes the files, never the index"
     );
 
-    // B conflicts with A: refused, naming the file, and nothing changes.
-    let (code, message) = rig
-        .err("opencode_apply_task", json!({ "task_id": b }))
-        .await;
-    assert_eq!(code, "conflict", "{message}");
-    assert!(message.contains("shared.txt"), "{message}");
-    assert_eq!(read(&repo.join("shared.txt")), after_a);
-    assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+    // B and E conflict with A: refused, naming the file, and nothing changes.
+    for task_id in [b, e] {
+        let (code, message) = rig
+            .err("opencode_apply_task", json!({ "task_id": task_id }))
+            .await;
+        assert_eq!(code, "conflict", "{message}");
+        assert!(message.contains("shared.txt"), "{message}");
+        assert_eq!(read(&repo.join("shared.txt")), after_a);
+        assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+    }
 
     // D touches other lines: it merges with A.
     rig.ok("opencode_apply_task", json!({ "task_id": d })).await;
@@ -320,7 +330,7 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         )
         .await;
     assert_eq!(code, "conflict");
-    for task_id in [a, c, d] {
+    for task_id in [a, c, d, e] {
         rig.ok("opencode_discard_task", json!({ "task_id": task_id }))
             .await;
     }
