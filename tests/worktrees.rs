@@ -2,10 +2,12 @@
 //! pinned OpenCode it starts, the scripted fake LLM, and real git repositories in temp dirs.
 //!
 //! Tasks started with `isolation: "worktree"` each get a git worktree of the repository the
-//! gateway runs in (five at once in the parallel test); the fake's `[[write:<path>:<content>]]` marker makes each agent write the same
-//! file differently through OpenCode's write tool. Each task's diff must show only its own
-//! change, the user's tree (files and index) must stay as it was until an apply, an apply must
-//! merge, a conflicting apply must change nothing, and discard must leave no worktree or branch.
+//! gateway runs in (five at once in the parallel test); the fake's `[[write:<path>:<content>]]`
+//! marker makes each agent write the same file differently through OpenCode's write tool. Each
+//! task's diff must show only its own change, the user's tree (files and index) must stay as it
+//! was until an apply, an apply must merge, a conflicting apply must change nothing, and discard
+//! must leave no worktree or branch. When records expire, worktrees go with them unless never
+//! applied; `opencode-mcp gc` lists and removes what is left.
 
 mod support;
 
