@@ -46,6 +46,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the task worktrees under the state directory (`<state_dir>/worktrees/`): each with
+    /// its task if its record still exists, status, whether applied, and changed files. Reads
+    /// the state directory only; a running gateway is neither needed nor disturbed.
+    Gc {
+        /// Remove the worktrees (and their branches) whose task record is gone and that hold no
+        /// unapplied changes.
+        #[arg(long)]
+        remove_orphans: bool,
+        /// With --remove-orphans: also remove those with changes never applied (they are lost).
+        #[arg(long, requires = "remove_orphans")]
+        force: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,8 +96,19 @@ fn main() -> ExitCode {
                 );
                 ExitCode::FAILURE
             }
-            Ok(_) => {
+            Ok(cfg) => {
                 eprintln!("configuration is valid");
+                // Kept worktrees are not a configuration error, but this is where a user looks.
+                if let Some(dir) = state_dir(&cfg) {
+                    let kept = opencode_mcp::tasks::gc::kept_count(&dir);
+                    if kept > 0 {
+                        eprintln!(
+                            "{kept} worktree(s) of expired tasks kept with changes never applied \
+                             (under {}): list them with `opencode-mcp gc`",
+                            opencode_mcp::tasks::gc::worktrees_dir(&dir).display()
+                        );
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -120,7 +143,87 @@ fn main() -> ExitCode {
         },
         Command::Serve => serve(&sources),
         Command::Doctor { json } => doctor(&sources, json),
+        Command::Gc {
+            remove_orphans,
+            force,
+        } => gc(&sources, remove_orphans, force),
     }
+}
+
+/// The state directory the gateway would use with `cfg`.
+fn state_dir(cfg: &config::Config) -> Option<PathBuf> {
+    cfg.state_dir
+        .as_ref()
+        .map(PathBuf::from)
+        .or_else(opencode_mcp::tasks::default_state_dir)
+}
+
+/// `gc`: the listing (and what was removed) goes to stdout; failures to run go to stderr.
+fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
+    use opencode_mcp::tasks::gc::{self, GcAction};
+    let cfg = match config::load(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("opencode-mcp gc: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(dir) = state_dir(&cfg) else {
+        eprintln!(
+            "opencode-mcp gc: no state directory: set `state_dir` in delegation.yaml (or \
+             XDG_STATE_HOME or HOME)"
+        );
+        return ExitCode::FAILURE;
+    };
+    let Some(runtime) = runtime("opencode-mcp gc") else {
+        return ExitCode::FAILURE;
+    };
+    runtime.block_on(async {
+        let found = gc::list(&dir).await;
+        println!(
+            "{} worktree(s) under {}",
+            found.len(),
+            gc::worktrees_dir(&dir).display()
+        );
+        for g in &found {
+            println!("{}", g.line());
+        }
+        if !remove_orphans {
+            let orphans = found.iter().filter(|g| g.orphan()).count();
+            if orphans > 0 {
+                println!(
+                    "{orphans} without a task record: `opencode-mcp gc --remove-orphans` removes \
+                     those with nothing unapplied (--force: all of them)"
+                );
+            }
+            return ExitCode::SUCCESS;
+        }
+        let mut failed = false;
+        for (g, action) in gc::remove_orphans(&dir, force, found).await {
+            match action {
+                GcAction::Removed => println!(
+                    "removed {} ({}, branch {})",
+                    g.task_id,
+                    g.path.display(),
+                    g.branch.as_deref().unwrap_or("-")
+                ),
+                GcAction::Kept(why) => println!("kept {}: {why}", g.task_id),
+                GcAction::Failed(why) => {
+                    failed = true;
+                    println!(
+                        "failed to remove {} ({}): {why}",
+                        g.task_id,
+                        g.path.display()
+                    );
+                }
+            }
+        }
+        if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
 }
 
 /// `doctor`: stdout is not MCP here, so the report goes there; only failures to run go to stderr.

@@ -2,10 +2,12 @@
 //! pinned OpenCode it starts, the scripted fake LLM, and real git repositories in temp dirs.
 //!
 //! Tasks started with `isolation: "worktree"` each get a git worktree of the repository the
-//! gateway runs in; the fake's `[[write:<path>:<content>]]` marker makes each agent write the same
-//! file differently through OpenCode's write tool. Each task's diff must show only its own
-//! change, the user's tree (files and index) must stay as it was until an apply, an apply must
-//! merge, a conflicting apply must change nothing, and discard must leave no worktree or branch.
+//! gateway runs in (five at once in the parallel test); the fake's `[[write:<path>:<content>]]`
+//! marker makes each agent write the same file differently through OpenCode's write tool. Each
+//! task's diff must show only its own change, the user's tree (files and index) must stay as it
+//! was until an apply, an apply must merge, a conflicting apply must change nothing, and discard
+//! must leave no worktree or branch. When records expire, worktrees go with them unless never
+//! applied; `opencode-mcp gc` lists and removes what is left.
 
 mod support;
 
@@ -117,7 +119,7 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
     let head = git(&repo, &["rev-parse", "HEAD"]).trim().to_string();
     let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
 
-    // Three tasks rewrite line 5 (they conflict with each other), the fourth rewrites line 9
+    // Four tasks rewrite line 5 (they conflict with each other), the fifth rewrites line 9
     // and adds a file (it merges with any one of them).
     let tasks = [
         (
@@ -139,6 +141,13 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
             format!(
                 "edit C {}",
                 write_marker("shared.txt", &shared(Some((5, "line 5 by task C"))))
+            ),
+        ),
+        (
+            "E",
+            format!(
+                "edit E {}",
+                write_marker("shared.txt", &shared(Some((5, "line 5 by task E"))))
             ),
         ),
         (
@@ -189,8 +198,9 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
     }
 
     // Each task's diff is its own change and nothing else.
-    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
-    for (task_id, label) in [(a, "A"), (b, "B"), (c, "C")] {
+    assert_eq!(ids.len(), 5);
+    let (a, b, c, e, d) = (&ids[0], &ids[1], &ids[2], &ids[3], &ids[4]);
+    for (task_id, label) in [(a, "A"), (b, "B"), (c, "C"), (e, "E")] {
         let r = rig
             .ok("opencode_get_task_result", json!({ "task_id": task_id }))
             .await;
@@ -263,14 +273,16 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         "apply writes the files, never the index"
     );
 
-    // B conflicts with A: refused, naming the file, and nothing changes.
-    let (code, message) = rig
-        .err("opencode_apply_task", json!({ "task_id": b }))
-        .await;
-    assert_eq!(code, "conflict", "{message}");
-    assert!(message.contains("shared.txt"), "{message}");
-    assert_eq!(read(&repo.join("shared.txt")), after_a);
-    assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+    // B and E conflict with A: refused, naming the file, and nothing changes.
+    for task_id in [b, e] {
+        let (code, message) = rig
+            .err("opencode_apply_task", json!({ "task_id": task_id }))
+            .await;
+        assert_eq!(code, "conflict", "{message}");
+        assert!(message.contains("shared.txt"), "{message}");
+        assert_eq!(read(&repo.join("shared.txt")), after_a);
+        assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
+    }
 
     // D touches other lines: it merges with A.
     rig.ok("opencode_apply_task", json!({ "task_id": d })).await;
@@ -320,7 +332,7 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         )
         .await;
     assert_eq!(code, "conflict");
-    for task_id in [a, c, d] {
+    for task_id in [a, c, d, e] {
         rig.ok("opencode_discard_task", json!({ "task_id": task_id }))
             .await;
     }
@@ -459,4 +471,151 @@ async fn worktree_edge_cases_and_clear_errors() {
         )
         .await;
     assert_eq!(code, "invalid_argument");
+}
+
+/// Runs the gateway binary's `args` (a subcommand) in `cwd` with the rig's environment (its
+/// state directory); returns (success, stdout, stderr).
+fn gateway_cli(rig: &Rig, cwd: &Path, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+    cmd.args(args).current_dir(cwd).env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.envs(rig.env.vars(&rig.fake.url()));
+    let out = cmd.output().expect("the gateway binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The line of `gc`'s listing for `task_id`.
+fn gc_line<'a>(listing: &'a str, task_id: &str) -> &'a str {
+    listing
+        .lines()
+        .find(|l| l.starts_with(task_id))
+        .unwrap_or_else(|| panic!("{task_id} is not listed:\n{listing}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_tasks_take_their_worktrees_along_unless_never_applied() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    make_repo(&repo);
+    let state = env.root().join("state/opencode-mcp");
+    let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    // One change applied, one task that changed nothing, one change never applied.
+    let prompts = [
+        format!("applied {}", write_marker("applied.txt", "taken\n")),
+        "nothing to write".to_string(),
+        format!("kept {}", write_marker("kept.txt", "never taken\n")),
+    ];
+    let starts = join_all(
+        prompts
+            .iter()
+            .map(|p| rig.start_task_with(json!({ "prompt": p, "isolation": "worktree" }))),
+    )
+    .await;
+    let ids: Vec<String> = starts.iter().map(id).collect();
+    let paths: Vec<PathBuf> = starts
+        .iter()
+        .map(|s| PathBuf::from(s["workspace"]["path"].as_str().expect("workspace.path")))
+        .collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let w = rig.wait(&refs, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let (applied, untouched, kept) = (&ids[0], &ids[1], &ids[2]);
+    rig.ok("opencode_apply_task", json!({ "task_id": applied }))
+        .await;
+    let status_after_apply = git(&repo, &["status", "--porcelain"]);
+
+    // While the records exist, gc lists the worktrees as the gateway's and removes none.
+    let (ok, listing, stderr) = gateway_cli(&rig, &repo, &["gc", "--remove-orphans"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        gc_line(&listing, applied)
+            .contains("record present  applied  1 changed file(s)  nothing unapplied"),
+        "{listing}"
+    );
+    assert!(
+        gc_line(&listing, untouched).contains("not applied  0 changed file(s)  nothing unapplied"),
+        "{listing}"
+    );
+    assert!(
+        gc_line(&listing, kept).contains("not applied  1 changed file(s)  unapplied changes"),
+        "{listing}"
+    );
+    assert!(!listing.contains("removed"), "{listing}");
+    assert!(paths.iter().all(|p| p.is_dir()));
+
+    // A gateway whose finished_task_ttl has long passed for them lets the records go, and
+    // with them the worktrees of the applied task and of the one that changed nothing.
+    rig.kill_gateway().await;
+    rig.launch = rig
+        .launch
+        .clone()
+        .env("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "1ms");
+    rig.relaunch().await;
+    let records = state.join("tasks");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let settled = || {
+        !paths[0].exists()
+            && !paths[1].exists()
+            && state.join(format!("worktrees/{kept}.kept.json")).is_file()
+            && ids
+                .iter()
+                .all(|i| !records.join(format!("{i}.json")).exists())
+    };
+    while !settled() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expired tasks were not cleaned within 30 s\n--- gateway stderr ---\n{}",
+            rig.client.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let branches = git(&repo, &["branch", "--list", "opencode-mcp/*"]);
+    assert!(!branches.contains(applied.as_str()), "{branches}");
+    assert!(!branches.contains(untouched.as_str()), "{branches}");
+    assert!(branches.contains(kept.as_str()), "{branches}");
+    assert_eq!(read(&paths[2].join("kept.txt")), "never taken\n");
+
+    // The kept one is listed, counted by check-config, and not removed without --force.
+    let (ok, listing, stderr) = gateway_cli(&rig, &repo, &["gc"]);
+    assert!(ok, "{stderr}");
+    assert!(listing.starts_with("1 worktree(s) under "), "{listing}");
+    assert!(
+        gc_line(&listing, kept).contains(
+            "completed  record expired, kept  not applied  1 changed file(s)  unapplied changes"
+        ),
+        "{listing}"
+    );
+    let (ok, _, stderr) = gateway_cli(&rig, &repo, &["check-config"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("1 worktree(s) of expired tasks kept with changes never applied"),
+        "{stderr}"
+    );
+    let (ok, out, stderr) = gateway_cli(&rig, &repo, &["gc", "--remove-orphans"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        out.contains(&format!("kept {kept}: it holds changes never applied")),
+        "{out}"
+    );
+    assert!(paths[2].is_dir());
+    let (ok, out, stderr) = gateway_cli(&rig, &repo, &["gc", "--remove-orphans", "--force"]);
+    assert!(ok, "{stderr}");
+    assert!(out.contains(&format!("removed {kept}")), "{out}");
+    assert!(!paths[2].exists());
+    assert!(!state.join(format!("worktrees/{kept}.kept.json")).exists());
+    assert_eq!(git(&repo, &["branch", "--list", "opencode-mcp/*"]), "");
+    let worktrees = git(&repo, &["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+    // gc never touched the user's tree.
+    assert_eq!(git(&repo, &["status", "--porcelain"]), status_after_apply);
+    assert_eq!(read(&repo.join("applied.txt")), "taken\n");
+    let (ok, _, stderr) = gateway_cli(&rig, &repo, &["check-config"]);
+    assert!(ok && !stderr.contains("kept"), "{stderr}");
 }

@@ -23,6 +23,7 @@ mod report;
 mod scenarios;
 mod sse;
 mod stats;
+mod worktree;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -70,11 +71,15 @@ struct Knobs {
     busy_tasks: usize,
     long_secs: u64,
     idle_secs: u64,
+    /// Files in the `worktree` scenario's repository, and creations timed per side.
+    worktree_files: usize,
+    worktree_reps: usize,
     only: Option<BTreeSet<String>>,
 }
 
-/// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU).
-const SCENARIOS: [&str; 5] = ["start", "cycle", "scale", "cold", "footprint"];
+/// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
+/// worktree in a large repository, and needs no OpenCode).
+const SCENARIOS: [&str; 6] = ["start", "cycle", "scale", "cold", "footprint", "worktree"];
 
 fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
     match std::env::var(name) {
@@ -125,6 +130,8 @@ impl Knobs {
             busy_tasks: 50,
             long_secs: env_num("BENCH_LONG_SECS", q(60, 10) as u64)?,
             idle_secs: env_num("BENCH_IDLE_SECS", q(10, 3) as u64)?,
+            worktree_files: env_num("BENCH_WORKTREE_FILES", 10_000)?,
+            worktree_reps: env_num("BENCH_WORKTREE_REPS", q(10, 5))?,
             only,
         })
     }
@@ -270,131 +277,144 @@ async fn run() -> Result<(), BoxError> {
         knobs.quick
     );
 
-    step("starting the fake LLM and OpenCode");
-    let fake = FakeLlm::start();
-    let env = OpenCodeEnv::new();
-    let server = OpenCodeServer::start(&env, &fake.url()).await;
-    let work_dir = env.work_dir().display().to_string();
-    let watch = IdleWatch::connect(server.url(), server.password()).await?;
-    let direct = Direct::new(server.url(), server.password(), &work_dir)?;
-    // BENCH_STATE_ROOT puts the gateways' task stores elsewhere (e.g. on tmpfs, to see what
-    // their fsyncs cost); by default they live in the isolated env's temp dir.
-    let state_root = std::env::var_os("BENCH_STATE_ROOT")
-        .filter(|v| !v.is_empty())
-        .map(|r| PathBuf::from(r).join(format!("opencode-mcp-bench-{}", std::process::id())))
-        .unwrap_or_else(|| env.root().join("bench-state"));
-    let state = |name: &str| state_root.join(name);
-    println!("task stores under {}", state_root.display());
-    let launch = gw::launch(&env, &fake.url(), &server, &state("main"));
-    let footprint_launch = gw::launch(&env, &fake.url(), &server, &state("footprint"));
-    let cold_launch = gw::launch(&env, &fake.url(), &server, &state("cold"));
-    let gateway = Gw::start(&launch).await?;
-    let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);
-
-    // OpenCode's first turn in a directory loads its plugins and agents; keep that out.
-    step("warming up");
-    for i in 0..3 {
-        let prompt = format!("bench warmup {i}");
-        let s = direct
-            .start(&direct::gateway_title(&prompt), &prompt)
-            .await?;
-        watch.wait_all(&[s], Duration::from_secs(120)).await?;
-        let t = gateway.start_task(&prompt).await?;
-        gateway
-            .wait_all(&[t.task_id], Duration::from_secs(120))
-            .await?;
-    }
-
     let mut out = figures::Collected::default();
-    let mut cold_empty: Option<Summary> = None;
-
-    if knobs.runs("start") {
+    // First, while no OpenCode runs: it is git and the disk alone.
+    if knobs.runs("worktree") {
         step(&format!(
-            "start_task round trip and completion noticed: {} pairs",
-            knobs.start_pairs
+            "worktree: {} files, {} creations per side",
+            knobs.worktree_files, knobs.worktree_reps
         ));
-        let r = scenarios::start_round_trip(
-            &gateway,
-            &direct,
-            &watch,
-            knobs.start_warmup,
-            knobs.start_pairs,
-            knobs.start_delay_ms,
-        )
-        .await?;
-        figures::start(&mut out, &r);
+        let w = worktree::worktree_creation(knobs.worktree_files, knobs.worktree_reps).await?;
+        figures::worktree(&mut out, &w);
     }
 
-    if knobs.runs("cycle") {
-        step("orchestrator cycle: calls and characters of results per delegated task");
-        let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
-        figures::cycle(&mut out, &c);
-    }
+    let needs_opencode = SCENARIOS.iter().any(|s| *s != "worktree" && knobs.runs(s));
+    if needs_opencode {
+        step("starting the fake LLM and OpenCode");
+        let fake = FakeLlm::start();
+        let env = OpenCodeEnv::new();
+        let server = OpenCodeServer::start(&env, &fake.url()).await;
+        let work_dir = env.work_dir().display().to_string();
+        let watch = IdleWatch::connect(server.url(), server.password()).await?;
+        let direct = Direct::new(server.url(), server.password(), &work_dir)?;
+        // BENCH_STATE_ROOT puts the gateways' task stores elsewhere (e.g. on tmpfs, to see what
+        // their fsyncs cost); by default they live in the isolated env's temp dir.
+        let state_root = std::env::var_os("BENCH_STATE_ROOT")
+            .filter(|v| !v.is_empty())
+            .map(|r| PathBuf::from(r).join(format!("opencode-mcp-bench-{}", std::process::id())))
+            .unwrap_or_else(|| env.root().join("bench-state"));
+        let state = |name: &str| state_root.join(name);
+        println!("task stores under {}", state_root.display());
+        let launch = gw::launch(&env, &fake.url(), &server, &state("main"));
+        let footprint_launch = gw::launch(&env, &fake.url(), &server, &state("footprint"));
+        let cold_launch = gw::launch(&env, &fake.url(), &server, &state("cold"));
+        let gateway = Gw::start(&launch).await?;
+        let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);
 
-    if knobs.runs("scale") {
-        for &(n, reps) in &knobs.scale {
-            step(&format!(
-                "fan-out: {n} concurrent tasks, {reps} rep(s) per side"
-            ));
-            let f =
-                scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms).await?;
-            figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
+        // OpenCode's first turn in a directory loads its plugins and agents; keep that out.
+        step("warming up");
+        for i in 0..3 {
+            let prompt = format!("bench warmup {i}");
+            let s = direct
+                .start(&direct::gateway_title(&prompt), &prompt)
+                .await?;
+            watch.wait_all(&[s], Duration::from_secs(120)).await?;
+            let t = gateway.start_task(&prompt).await?;
+            gateway
+                .wait_all(&[t.task_id], Duration::from_secs(120))
+                .await?;
         }
-    }
 
-    if knobs.runs("cold") {
-        step(&format!("cold start: {} reps", knobs.cold_reps));
-        let (g, t) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
-        cold_empty = Some(figures::cold_start(&mut out, &g, &t));
-    }
+        let mut cold_empty: Option<Summary> = None;
 
-    if knobs.runs("footprint") {
-        let window = Duration::from_secs(knobs.long_secs);
-        step(&format!(
-            "footprint: RSS idle and with {} tasks; CPU with {} streaming tasks for {} s (twice: direct, gateway)",
-            knobs.rss_tasks, knobs.busy_tasks, knobs.long_secs
-        ));
-        let f = scenarios::footprint(
-            &footprint_launch,
-            &direct,
-            &fake,
-            server.pid(),
-            knobs.rss_tasks,
-            knobs.busy_tasks,
-            window,
-            Duration::from_secs(knobs.idle_secs),
-        )
-        .await?;
-        figures::footprint(&mut out, &f);
-    }
+        if knobs.runs("start") {
+            step(&format!(
+                "start_task round trip and completion noticed: {} pairs",
+                knobs.start_pairs
+            ));
+            let r = scenarios::start_round_trip(
+                &gateway,
+                &direct,
+                &watch,
+                knobs.start_warmup,
+                knobs.start_pairs,
+                knobs.start_delay_ms,
+            )
+            .await?;
+            figures::start(&mut out, &r);
+        }
 
-    // Start-up loads the whole task store before answering `initialize`: measure it with the
-    // footprint gateway's records (its tracked tasks plus the busy ones) in place.
-    if knobs.runs("cold") && knobs.runs("footprint") {
-        let stored = std::fs::read_dir(state("footprint").join("tasks"))
-            .map(|d| d.count())
-            .unwrap_or(0);
-        step(&format!(
-            "cold start with {stored} stored tasks: {} reps",
-            knobs.cold_reps
-        ));
-        let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
-        figures::cold_start_stored(&mut out, stored, cold_empty, &g, &t);
-    }
+        if knobs.runs("cycle") {
+            step("orchestrator cycle: calls and characters of results per delegated task");
+            let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
+            figures::cycle(&mut out, &c);
+        }
 
-    // The main gateway after everything: how much it grew and burned over the run.
-    if let Some((rss, hwm)) = machine::rss_mb(gateway.pid) {
-        out.extra.insert(
-            "main_gateway_end".into(),
-            json!({
-                "rss_mib": rss, "hwm_mib": hwm,
-                "cpu_secs": machine::cpu_seconds(gateway.pid).unwrap_or(0.0) - gateway_cpu_at_start,
-            }),
-        );
-    }
-    gateway.client.close().await?;
-    if !state_root.starts_with(env.root()) {
-        let _ = std::fs::remove_dir_all(&state_root);
+        if knobs.runs("scale") {
+            for &(n, reps) in &knobs.scale {
+                step(&format!(
+                    "fan-out: {n} concurrent tasks, {reps} rep(s) per side"
+                ));
+                let f = scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms)
+                    .await?;
+                figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
+            }
+        }
+
+        if knobs.runs("cold") {
+            step(&format!("cold start: {} reps", knobs.cold_reps));
+            let (g, t) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
+            cold_empty = Some(figures::cold_start(&mut out, &g, &t));
+        }
+
+        if knobs.runs("footprint") {
+            let window = Duration::from_secs(knobs.long_secs);
+            step(&format!(
+                "footprint: RSS idle and with {} tasks; CPU with {} streaming tasks for {} s (twice: direct, gateway)",
+                knobs.rss_tasks, knobs.busy_tasks, knobs.long_secs
+            ));
+            let f = scenarios::footprint(
+                &footprint_launch,
+                &direct,
+                &fake,
+                server.pid(),
+                knobs.rss_tasks,
+                knobs.busy_tasks,
+                window,
+                Duration::from_secs(knobs.idle_secs),
+            )
+            .await?;
+            figures::footprint(&mut out, &f);
+        }
+
+        // Start-up loads the whole task store before answering `initialize`: measure it with the
+        // footprint gateway's records (its tracked tasks plus the busy ones) in place.
+        if knobs.runs("cold") && knobs.runs("footprint") {
+            let stored = std::fs::read_dir(state("footprint").join("tasks"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            step(&format!(
+                "cold start with {stored} stored tasks: {} reps",
+                knobs.cold_reps
+            ));
+            let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
+            figures::cold_start_stored(&mut out, stored, cold_empty, &g, &t);
+        }
+
+        // The main gateway after everything: how much it grew and burned over the run.
+        if let Some((rss, hwm)) = machine::rss_mb(gateway.pid) {
+            out.extra.insert(
+                "main_gateway_end".into(),
+                json!({
+                    "rss_mib": rss, "hwm_mib": hwm,
+                    "cpu_secs": machine::cpu_seconds(gateway.pid).unwrap_or(0.0) - gateway_cpu_at_start,
+                }),
+            );
+        }
+        gateway.client.close().await?;
+        if !state_root.starts_with(env.root()) {
+            let _ = std::fs::remove_dir_all(&state_root);
+        }
     }
 
     machine.loadavg_at_end = machine::loadavg();

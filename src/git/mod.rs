@@ -37,7 +37,9 @@ mod worktree;
 pub use apply::{apply, Applied};
 pub use diff::{parse_raw_numstat, summary, unified, DiffFile, DiffStatus};
 pub use run::GitError;
-pub use worktree::{commit_state, create, remove, snapshot_tree, Base, Created};
+pub use worktree::{
+    commit_state, create, locate, pending, remove, snapshot_tree, Base, Created, Located, Pending,
+};
 
 /// The prefix of every task branch: `opencode-mcp/<task_id>`.
 pub const BRANCH_PREFIX: &str = "opencode-mcp/";

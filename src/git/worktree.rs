@@ -258,3 +258,83 @@ pub async fn remove(origin: &Path, path: &Path, branch: &str) -> Result<(), GitE
     }
     Ok(())
 }
+
+/// What a task's worktree still holds, for deciding whether it may be removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    /// Files changed against the task's base.
+    pub changed_files: usize,
+    /// The worktree differs from what was last applied (or, never applied, from its base):
+    /// removing it would lose work nobody took.
+    pub unapplied: bool,
+}
+
+/// Compares the worktree at `path`, as it is on disk (untracked files included), with `base` and
+/// with `applied` (the commit last applied, if any). A worktree that is gone holds nothing.
+pub async fn pending(
+    path: &Path,
+    base: &str,
+    applied: Option<&str>,
+    scratch: &Path,
+) -> Result<Pending, GitError> {
+    if !path.exists() {
+        return Ok(Pending {
+            changed_files: 0,
+            unapplied: false,
+        });
+    }
+    let tree = snapshot_tree(path, scratch).await?;
+    let changed_files = super::diff::summary(path, base, &tree).await?.len();
+    let taken = applied.unwrap_or(base);
+    let taken_tree = git(path, &["rev-parse", &format!("{taken}^{{tree}}")])
+        .await?
+        .line();
+    Ok(Pending {
+        changed_files,
+        unapplied: tree != taken_tree,
+    })
+}
+
+/// Where a worktree came from, read from the worktree itself: for one whose task record is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The repository the worktree belongs to (where `git worktree remove` runs).
+    pub origin: PathBuf,
+    /// The branch checked out there, if any (`opencode-mcp/<task_id>` for ours).
+    pub branch: Option<String>,
+    /// The commit checked out there.
+    pub head: String,
+}
+
+/// Reads the repository and branch of the worktree at `path`.
+pub async fn locate(path: &Path) -> Result<Located, GitError> {
+    let common = Cmd::new(
+        path,
+        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+    )
+    .output()
+    .await?;
+    if common.code != Some(0) || common.line().is_empty() {
+        return Err(GitError::NotARepository {
+            dir: path.to_path_buf(),
+        });
+    }
+    let common = PathBuf::from(common.line());
+    // A non-bare repository's common directory is its `.git`; git runs fine from either.
+    let origin = match common.file_name() {
+        Some(n) if n == ".git" => common.parent().map(Path::to_path_buf).unwrap_or(common),
+        _ => common,
+    };
+    let branch = Cmd::new(path, &["symbolic-ref", "-q", "--short", "HEAD"])
+        .output()
+        .await?;
+    let branch = (branch.code == Some(0) && !branch.line().is_empty()).then(|| branch.line());
+    let head = git(path, &["rev-parse", "--verify", "HEAD^{commit}"])
+        .await?
+        .line();
+    Ok(Located {
+        origin,
+        branch,
+        head,
+    })
+}

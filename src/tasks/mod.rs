@@ -8,10 +8,12 @@
 //! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
 //!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`, and
 //!   `workspace` (a task's git worktree: create, diff, apply, discard).
+//! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
 mod error;
+pub mod gc;
 mod model;
 mod owner;
 mod record;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
-use super::record::TaskRecord;
+use super::record::{TaskRecord, WorkspaceRecord};
 use super::store::Store;
 use super::turn::ReplySeen;
 use crate::opencode::{ErrorInfo, PermissionAsk};
@@ -246,9 +246,10 @@ pub struct SessionOwner {
 struct Tables {
     tasks: HashMap<String, TaskEntry>,
     by_session: HashMap<String, SessionOwner>,
-    /// Finished tasks that left memory, with when they finished: their records are deleted from
-    /// disk when they expire, without reading the state directory again.
-    on_disk: HashMap<String, Instant>,
+    /// Finished tasks that left memory, with when they finished and their worktree: their
+    /// records are deleted from disk when they expire, and their worktrees handed back for
+    /// cleaning, without reading the state directory again.
+    on_disk: HashMap<String, (Instant, Option<Expired>)>,
 }
 
 impl Tables {
@@ -285,6 +286,38 @@ pub struct Registry {
     tables: Mutex<Tables>,
     changed: watch::Sender<u64>,
     store: Option<Store>,
+}
+
+/// A task whose record expired while it still had a worktree: the worktree is removed, or kept
+/// when its change was never applied (see `workspace::clean_expired`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expired {
+    pub task_id: String,
+    pub title: String,
+    pub status: TaskStatus,
+    pub workspace: WorkspaceRecord,
+}
+
+impl Expired {
+    /// The worktree of `e` that outlives its record, if it has one not yet discarded.
+    fn of(e: &TaskEntry) -> Option<Self> {
+        let w = e.rec.workspace.as_ref().filter(|w| !w.discarded)?;
+        Some(Self {
+            task_id: e.rec.id.clone(),
+            title: e.rec.title.clone(),
+            status: e.rec.status,
+            workspace: w.clone(),
+        })
+    }
+}
+
+/// What one eviction pass did.
+#[derive(Debug, Default)]
+pub struct Evicted {
+    /// Finished tasks that left memory.
+    pub left_memory: usize,
+    /// Worktrees whose task's record was deleted in this pass.
+    pub worktrees: Vec<Expired>,
 }
 
 /// What makes a change worth writing to disk (progress is not).
@@ -526,8 +559,10 @@ impl Registry {
 
     /// Lets finished tasks go: from memory once finished for `memory_ttl` (their records stay
     /// on disk and are read back by id), from disk too once finished for `disk_ttl` (or at
-    /// once from memory when there is no store). Returns how many left memory.
-    pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> usize {
+    /// once from memory when there is no store). The worktrees of tasks whose records were
+    /// deleted are returned: they are the caller's to clean (git is async and slow, this lock
+    /// is neither).
+    pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> Evicted {
         let mut t = self.lock();
         let has_store = self.store.is_some();
         let old: Vec<(String, Instant, bool)> = t
@@ -541,31 +576,39 @@ impl Registry {
                     .then(|| (e.rec.id.clone(), finished, expired))
             })
             .collect();
+        let mut out = Evicted {
+            left_memory: old.len(),
+            worktrees: Vec::new(),
+        };
         for (id, finished, expired) in &old {
-            if let Some(e) = t.tasks.remove(id) {
+            let worktree = t.tasks.remove(id).and_then(|e| {
                 t.unindex(&e);
-            }
+                Expired::of(&e)
+            });
             if *expired {
                 if let Some(store) = &self.store {
                     store.submit_remove(id);
                 }
+                out.worktrees.extend(worktree);
             } else {
-                t.on_disk.insert(id.clone(), *finished);
+                t.on_disk.insert(id.clone(), (*finished, worktree));
             }
         }
         let gone: Vec<String> = t
             .on_disk
             .iter()
-            .filter(|(_, finished)| finished.elapsed() >= disk_ttl)
+            .filter(|(_, (finished, _))| finished.elapsed() >= disk_ttl)
             .map(|(id, _)| id.clone())
             .collect();
         for id in gone {
-            t.on_disk.remove(&id);
+            if let Some((_, worktree)) = t.on_disk.remove(&id) {
+                out.worktrees.extend(worktree);
+            }
             if let Some(store) = &self.store {
                 store.submit_remove(&id);
             }
         }
-        old.len()
+        out
     }
 }
 
@@ -660,10 +703,56 @@ mod tests {
         done.finish(TaskStatus::Completed, None);
         r.insert(done);
         let hour = Duration::from_secs(3600);
-        assert_eq!(r.evict_finished(hour, hour), 0);
-        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 1);
+        assert_eq!(r.evict_finished(hour, hour).left_memory, 0);
+        assert_eq!(
+            r.evict_finished(Duration::ZERO, Duration::ZERO).left_memory,
+            1
+        );
         assert!(r.get("running").is_some() && r.get("done").is_none());
         assert_eq!(r.live_count(), 1);
+    }
+
+    #[test]
+    fn expired_tasks_hand_back_their_worktrees_once() {
+        let workspace = |path: &str, discarded| WorkspaceRecord {
+            origin: "/repo".into(),
+            path: path.into(),
+            branch: format!("opencode-mcp/{path}"),
+            base: "b".into(),
+            applied: None,
+            discarded,
+        };
+        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let r = Registry::new(Some(store));
+        for (id, w) in [
+            ("kept", Some(workspace("kept", false))),
+            ("gone", Some(workspace("gone", true))),
+            ("none", None),
+        ] {
+            let mut e = entry(id);
+            e.rec.workspace = w;
+            e.finish(TaskStatus::Completed, None);
+            r.insert(e);
+        }
+        let hour = Duration::from_secs(3600);
+        // Leaving memory is not expiring: the worktree stays the task's.
+        let first = r.evict_finished(Duration::ZERO, hour);
+        assert_eq!((first.left_memory, first.worktrees.len()), (3, 0));
+        // Expired from disk: only the worktree not yet discarded comes back, and only once.
+        let second = r.evict_finished(Duration::ZERO, Duration::ZERO);
+        let paths: Vec<&str> = second
+            .worktrees
+            .iter()
+            .map(|e| e.workspace.path.as_str())
+            .collect();
+        assert_eq!(paths, vec!["kept"]);
+        assert_eq!(second.worktrees[0].status, TaskStatus::Completed);
+        assert!(r
+            .evict_finished(Duration::ZERO, Duration::ZERO)
+            .worktrees
+            .is_empty());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
@@ -676,14 +765,17 @@ mod tests {
         r.insert(done);
         r.insert(entry("live"));
         let hour = Duration::from_secs(3600);
-        assert_eq!(r.evict_finished(Duration::ZERO, hour), 1);
+        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
         assert_eq!(r.ids_where(|_| true), vec!["live".to_string()]);
         let back = r.get("done").expect("read back from disk");
         assert_eq!(back.rec.status, TaskStatus::Completed);
         assert!(r.snapshots(&["done".into()], false, hour).is_ok());
         // Past the TTL it is gone for good, whether in memory or only on disk.
-        assert_eq!(r.evict_finished(Duration::ZERO, hour), 1);
-        assert_eq!(r.evict_finished(Duration::ZERO, Duration::ZERO), 0);
+        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(
+            r.evict_finished(Duration::ZERO, Duration::ZERO).left_memory,
+            0
+        );
         store
             .flush_blocking(Duration::from_secs(10))
             .expect("flushed");

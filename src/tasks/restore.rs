@@ -39,6 +39,9 @@ impl TaskService {
                 }
             };
             this.restored.send_replace(true);
+            // Records that expired while no gateway ran go now, with their worktrees, rather
+            // than at the first reconcile tick of a server this gateway may never start.
+            tracker::evict(&this.tracker);
             if !adopt.is_empty() {
                 this.adopt(adopt).await;
             }

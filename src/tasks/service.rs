@@ -112,7 +112,7 @@ pub struct TaskService {
     pub(super) state_dir: Option<std::path::PathBuf>,
     /// Git operations that write (creating a worktree, apply, discard) run one at a time, so two
     /// applies never merge against the same snapshot of the user's tree.
-    pub(super) git_lock: tokio::sync::Mutex<()>,
+    pub(super) git_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl TaskService {
@@ -137,7 +137,10 @@ impl TaskService {
             }
         };
         let registry = Arc::new(Registry::new(store));
+        let git_lock = Arc::new(tokio::sync::Mutex::new(()));
         let tracker = TrackerContext {
+            worktrees: state_dir.as_deref().map(super::gc::worktrees_dir),
+            git_lock: git_lock.clone(),
             registry: registry.clone(),
             tail_chars: config.limits.progress_tail_chars as usize,
             max_result_chars: config.limits.max_result_chars as usize,
@@ -153,7 +156,7 @@ impl TaskService {
             restored: tokio::sync::watch::Sender::new(true),
             keys: Default::default(),
             state_dir,
-            git_lock: Default::default(),
+            git_lock,
             config,
         }
     }

@@ -277,6 +277,26 @@ impl Store {
     }
 }
 
+/// What the state directory says about one task, read without opening the store (no owner
+/// lock, no writer): for `opencode-mcp gc`, which runs beside a gateway or without one.
+pub(super) enum Stored {
+    Record(Box<TaskRecord>),
+    Missing,
+    Unreadable(String),
+}
+
+/// Reads `<state_dir>/tasks/<task_id>.json` as it is on disk.
+pub(super) fn read_stored(state_dir: &Path, task_id: &str) -> Stored {
+    let Some(path) = record_path(&state_dir.join("tasks"), task_id) else {
+        return Stored::Missing;
+    };
+    match read_record(&path) {
+        Ok(r) => Stored::Record(Box::new(r)),
+        Err(ReadError::Missing) => Stored::Missing,
+        Err(ReadError::Bad(why)) => Stored::Unreadable(format!("{}: {why}", path.display())),
+    }
+}
+
 fn record_path(dir: &Path, task_id: &str) -> Option<PathBuf> {
     // Ids are ours (`tsk_` + base62), but a file name is built from them: refuse anything that
     // could leave the directory.

@@ -56,6 +56,10 @@ pub struct TrackerContext {
     pub memory_ttl: Duration,
     /// Finished tasks are forgotten after this.
     pub finished_ttl: Duration,
+    /// Where task worktrees live (`<state_dir>/worktrees`), if there is a state directory.
+    pub worktrees: Option<std::path::PathBuf>,
+    /// The service's lock for git writes: cleaning an expired task's worktree is one.
+    pub git_lock: Arc<tokio::sync::Mutex<()>>,
     /// Tasks with a completion check running, and whether another was asked for meanwhile.
     pub checks: Arc<Mutex<HashMap<String, bool>>>,
     /// Sessions with pending asks that belong to no task (someone else's work on the same
@@ -87,7 +91,7 @@ pub async fn run(
             }
             _ = server.stop.cancelled() => return,
             _ = reconcile.tick() => {
-                ctx.registry.evict_finished(ctx.memory_ttl, ctx.finished_ttl);
+                evict(&ctx);
                 spawn_reconcile(&ctx, &server, false);
             }
             msg = events.recv() => match msg {
@@ -100,6 +104,30 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Lets finished tasks go (see [`Registry::evict_finished`]) and, in the background, cleans the
+/// worktrees of those whose records were deleted: nobody can reach them through the gateway any
+/// more, so they would pile up in the state directory otherwise.
+pub fn evict(ctx: &TrackerContext) {
+    let evicted = ctx
+        .registry
+        .evict_finished(ctx.memory_ttl, ctx.finished_ttl);
+    if evicted.left_memory > 0 {
+        tracing::debug!(
+            tasks = evicted.left_memory,
+            worktrees = evicted.worktrees.len(),
+            "finished tasks left memory"
+        );
+    }
+    if evicted.worktrees.is_empty() {
+        return;
+    }
+    let Some(dir) = ctx.worktrees.clone() else {
+        return;
+    };
+    let lock = ctx.git_lock.clone();
+    tokio::spawn(async move { super::gc::clean_expired(&lock, &dir, evicted.worktrees).await });
 }
 
 /// The safety net, kept cheap: per directory in use, one `GET /session/status` and one
@@ -746,6 +774,8 @@ mod tests {
             max_result_chars: 1000,
             memory_ttl: Duration::from_secs(600),
             finished_ttl: Duration::from_secs(3600),
+            worktrees: None,
+            git_lock: Default::default(),
             checks: Default::default(),
             foreign: Default::default(),
         }

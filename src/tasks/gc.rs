@@ -1,0 +1,390 @@
+//! Worktrees that outlive their tasks.
+//!
+//! A finished task's record is deleted once `limits.finished_task_ttl` has passed. Its worktree
+//! and branch go with it, because nobody can reach them through the gateway any more, except
+//! when the worktree holds a change that was never applied: deleting that would silently throw
+//! away an agent's work the orchestrator may still want. Such a worktree is kept, with a note
+//! beside it (`<state_dir>/worktrees/<task_id>.kept.json`: the task's title, status, and the
+//! worktree's record, i.e. its base and what was applied), and listed by `opencode-mcp gc`, which
+//! removes it only when asked to with `--force`.
+//!
+//! `gc` reads the state directory as it is on disk, like the store does, without opening the
+//! store (no owner lock, no writer thread), so it runs beside a running gateway or without one.
+//! It never writes the user's working tree: removing a worktree is `git worktree remove` of a
+//! directory under the state directory and `git branch -D` of an `opencode-mcp/` branch.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::model::TaskStatus;
+use super::record::{epoch_ms, WorkspaceRecord};
+use super::registry::Expired;
+use super::store::{read_stored, Stored};
+use crate::git::{self, BRANCH_PREFIX};
+
+/// The end of a kept worktree's note: `<task_id>.kept.json` beside the worktree.
+const KEPT_SUFFIX: &str = ".kept.json";
+
+/// A worktree with neither record nor note may belong to a task being started right now (the
+/// worktree is made before its record is written): younger than this, `gc` leaves it alone even
+/// with `--force`.
+const UNKNOWN_MIN_AGE: Duration = Duration::from_secs(600);
+
+/// Written beside a worktree kept after its task's record expired.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct KeptNote {
+    task_id: String,
+    title: String,
+    status: TaskStatus,
+    workspace: WorkspaceRecord,
+    /// Epoch milliseconds.
+    kept_ms: u64,
+}
+
+fn note_path(worktrees: &Path, task_id: &str) -> PathBuf {
+    worktrees.join(format!("{task_id}{KEPT_SUFFIX}"))
+}
+
+/// Cleans the worktrees of tasks whose records just expired: removed (worktree and branch) when
+/// everything in them was applied or there is nothing in them, else kept with a note. Runs one
+/// worktree at a time under `lock`, the gateway's lock for git writes.
+pub(super) async fn clean_expired(
+    lock: &tokio::sync::Mutex<()>,
+    worktrees: &Path,
+    expired: Vec<Expired>,
+) {
+    for e in expired {
+        let _one_at_a_time = lock.lock().await;
+        let w = &e.workspace;
+        let path = Path::new(&w.path);
+        match git::pending(path, &w.base, w.applied.as_deref(), worktrees).await {
+            Ok(p) if !p.unapplied => {
+                match git::remove(Path::new(&w.origin), path, &w.branch).await {
+                    Ok(()) => {
+                        tracing::info!(task = %e.task_id, path = %w.path, "removed the worktree of an expired task")
+                    }
+                    Err(err) => {
+                        tracing::warn!(task = %e.task_id, path = %w.path, error = %err, "could not remove the worktree of an expired task; `opencode-mcp gc --remove-orphans` retries")
+                    }
+                }
+            }
+            outcome => {
+                if let Err(err) = &outcome {
+                    tracing::warn!(task = %e.task_id, path = %w.path, error = %err, "cannot tell whether an expired task's worktree holds unapplied work; keeping it");
+                }
+                let note = KeptNote {
+                    task_id: e.task_id.clone(),
+                    title: e.title.clone(),
+                    status: e.status,
+                    workspace: w.clone(),
+                    kept_ms: epoch_ms(SystemTime::now()),
+                };
+                let written = serde_json::to_vec_pretty(&note)
+                    .map_err(std::io::Error::other)
+                    .and_then(|bytes| std::fs::write(note_path(worktrees, &e.task_id), bytes));
+                if let Err(err) = written {
+                    tracing::warn!(task = %e.task_id, error = %err, "cannot write the note of a kept worktree");
+                }
+                tracing::warn!(task = %e.task_id, path = %w.path, "the task's record expired but its worktree holds changes never applied: kept; see `opencode-mcp gc`");
+            }
+        }
+    }
+}
+
+/// Where a worktree's task stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// The task's record is in the state directory: the gateway answers for it.
+    Task,
+    /// The record expired and the worktree was kept for its unapplied changes.
+    Kept,
+    /// Neither record nor note: left by a gateway that stopped between creating the worktree
+    /// and writing the record, or by hand.
+    Unknown,
+    /// The record exists but cannot be read (named, with why).
+    Unreadable(String),
+}
+
+/// One directory under `<state_dir>/worktrees/`.
+#[derive(Debug, Clone)]
+pub struct GcWorktree {
+    pub task_id: String,
+    pub path: PathBuf,
+    pub owner: Owner,
+    pub title: Option<String>,
+    pub status: Option<TaskStatus>,
+    /// Something of it was applied (`None` when unknown).
+    pub applied: Option<bool>,
+    /// Files changed against the task's base (against its checked-out commit when the base
+    /// is unknown).
+    pub changed_files: Option<usize>,
+    /// It holds changes never applied (`None` when that cannot be told).
+    pub unapplied: Option<bool>,
+    /// The repository it belongs to and its branch, when known.
+    pub origin: Option<PathBuf>,
+    pub branch: Option<String>,
+    /// Why something above is unknown.
+    pub problem: Option<String>,
+    /// How long ago the worktree was created (its `.git` link was written).
+    pub age: Option<Duration>,
+}
+
+impl GcWorktree {
+    /// Its task's record is gone: nothing but `gc` will ever clean it.
+    pub fn orphan(&self) -> bool {
+        matches!(self.owner, Owner::Kept | Owner::Unknown)
+    }
+
+    /// One line for `gc`'s listing.
+    pub fn line(&self) -> String {
+        let owner = match &self.owner {
+            Owner::Task => "record present".to_string(),
+            Owner::Kept => "record expired, kept".to_string(),
+            Owner::Unknown => "no record".to_string(),
+            Owner::Unreadable(why) => format!("record unreadable ({why})"),
+        };
+        let status = self.status.map_or("-", TaskStatus::as_str);
+        let applied = match self.applied {
+            Some(true) => "applied",
+            Some(false) => "not applied",
+            None => "applied: unknown",
+        };
+        let changed = self
+            .changed_files
+            .map_or("changed files: unknown".to_string(), |n| {
+                format!("{n} changed file(s)")
+            });
+        let unapplied = match self.unapplied {
+            Some(true) => "unapplied changes",
+            Some(false) => "nothing unapplied",
+            None => "unapplied: unknown",
+        };
+        let mut line = format!(
+            "{}  {status}  {owner}  {applied}  {changed}  {unapplied}  {}",
+            self.task_id,
+            self.path.display()
+        );
+        if let Some(t) = &self.title {
+            line.push_str(&format!("  \"{t}\""));
+        }
+        if let Some(p) = &self.problem {
+            line.push_str(&format!("  ({p})"));
+        }
+        line
+    }
+}
+
+/// The worktrees directory of `state_dir`.
+pub fn worktrees_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("worktrees")
+}
+
+/// How many worktrees were kept for their unapplied changes after their tasks expired (a note
+/// whose worktree still exists). Reads file names only: cheap enough for `check-config`.
+pub fn kept_count(state_dir: &Path) -> usize {
+    let dir = worktrees_dir(state_dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id = name.strip_suffix(KEPT_SUFFIX)?;
+            dir.join(id).is_dir().then_some(())
+        })
+        .count()
+}
+
+/// Every worktree under `<state_dir>/worktrees/`, with its task and what it holds, by task id.
+pub async fn list(state_dir: &Path) -> Vec<GcWorktree> {
+    let dir = worktrees_dir(state_dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        // Temporary indexes and notes are files; anything hidden is not a task's.
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    ids.sort();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.push(inspect(state_dir, &dir, id).await);
+    }
+    out
+}
+
+async fn inspect(state_dir: &Path, dir: &Path, task_id: String) -> GcWorktree {
+    let path = dir.join(&task_id);
+    let age = std::fs::metadata(path.join(".git"))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok());
+    let mut g = GcWorktree {
+        task_id,
+        path,
+        owner: Owner::Unknown,
+        title: None,
+        status: None,
+        applied: None,
+        changed_files: None,
+        unapplied: None,
+        origin: None,
+        branch: None,
+        problem: None,
+        age,
+    };
+    let workspace = match read_stored(state_dir, &g.task_id) {
+        Stored::Record(r) => {
+            g.owner = Owner::Task;
+            g.title = Some(r.title.clone());
+            g.status = Some(r.status);
+            r.workspace
+        }
+        Stored::Unreadable(why) => {
+            g.owner = Owner::Unreadable(why);
+            None
+        }
+        Stored::Missing => match read_note(dir, &g.task_id) {
+            Ok(Some(note)) => {
+                g.owner = Owner::Kept;
+                g.title = Some(note.title);
+                g.status = Some(note.status);
+                Some(note.workspace)
+            }
+            Ok(None) => None,
+            Err(why) => {
+                g.problem = Some(why);
+                None
+            }
+        },
+    };
+    match workspace {
+        Some(w) => {
+            g.applied = Some(w.applied.is_some());
+            g.origin = Some(PathBuf::from(&w.origin));
+            g.branch = Some(w.branch.clone());
+            match git::pending(&g.path, &w.base, w.applied.as_deref(), dir).await {
+                Ok(p) => {
+                    g.changed_files = Some(p.changed_files);
+                    g.unapplied = Some(p.unapplied);
+                }
+                Err(e) => g.problem = Some(e.to_string()),
+            }
+        }
+        // No record of its base: what git says about the worktree itself.
+        None => match git::locate(&g.path).await {
+            Ok(at) => {
+                match git::pending(&g.path, &at.head, None, dir).await {
+                    Ok(p) => g.changed_files = Some(p.changed_files),
+                    Err(e) => g.problem = Some(e.to_string()),
+                }
+                g.origin = Some(at.origin);
+                g.branch = at.branch;
+            }
+            Err(e) => {
+                g.problem = Some(format!(
+                    "not a git worktree any more ({e}); if nothing in it is needed, delete the \
+                     directory by hand"
+                ))
+            }
+        },
+    }
+    g
+}
+
+fn read_note(dir: &Path, task_id: &str) -> Result<Option<KeptNote>, String> {
+    let path = note_path(dir, task_id);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("unreadable note {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("unreadable note {}: {e}", path.display())),
+    }
+}
+
+/// What `remove_orphans` did with one worktree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GcAction {
+    Removed,
+    /// Left in place, and why (with the fix when there is one).
+    Kept(String),
+    Failed(String),
+}
+
+/// Removes the worktrees (and their `opencode-mcp/` branches) whose task record is gone and that
+/// hold nothing unapplied; with `force`, also those that do or that cannot be told. Worktrees
+/// whose task still has a record are the gateway's and are never touched here.
+pub async fn remove_orphans(
+    state_dir: &Path,
+    force: bool,
+    found: Vec<GcWorktree>,
+) -> Vec<(GcWorktree, GcAction)> {
+    let dir = worktrees_dir(state_dir);
+    let mut out = Vec::new();
+    for g in found.into_iter().filter(GcWorktree::orphan) {
+        let action = decide(&g, force);
+        let action = match action {
+            Some(kept) => GcAction::Kept(kept),
+            None => match remove_one(&g).await {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(note_path(&dir, &g.task_id));
+                    GcAction::Removed
+                }
+                Err(e) => GcAction::Failed(e),
+            },
+        };
+        out.push((g, action));
+    }
+    out
+}
+
+/// Why `g` stays, or `None` when it goes.
+fn decide(g: &GcWorktree, force: bool) -> Option<String> {
+    if g.origin.is_none() {
+        return Some(
+            g.problem
+                .clone()
+                .unwrap_or_else(|| "its repository is unknown".into()),
+        );
+    }
+    if g.owner == Owner::Unknown && g.age.is_none_or(|a| a < UNKNOWN_MIN_AGE) {
+        return Some(format!(
+            "created less than {} min ago with no record yet: it may be a task being started",
+            UNKNOWN_MIN_AGE.as_secs() / 60
+        ));
+    }
+    match g.unapplied {
+        Some(false) => None,
+        _ if force => None,
+        Some(true) => Some(
+            "it holds changes never applied: review them in the worktree, or pass --force to \
+             remove them too"
+                .into(),
+        ),
+        None => Some(
+            "whether it holds unapplied changes is unknown: look at the worktree, or pass \
+             --force to remove it anyway"
+                .into(),
+        ),
+    }
+}
+
+async fn remove_one(g: &GcWorktree) -> Result<(), String> {
+    let origin = g.origin.as_deref().ok_or("its repository is unknown")?;
+    // Only our own branch is deleted: a worktree someone switched to another branch keeps that.
+    let branch = g
+        .branch
+        .clone()
+        .filter(|b| b.starts_with(BRANCH_PREFIX))
+        .unwrap_or_else(|| format!("{BRANCH_PREFIX}{}", g.task_id));
+    git::remove(origin, &g.path, &branch)
+        .await
+        .map_err(|e| e.to_string())
+}
