@@ -90,6 +90,9 @@ fn main() -> ExitCode {
                 for w in &cfg.withheld {
                     eprintln!("{w}");
                 }
+                for mention in config::stale_mentions(&cfg) {
+                    eprintln!("{mention}");
+                }
                 eprintln!(
                     "{} setting(s) of the repository's delegation.yaml are not applied",
                     cfg.withheld.len()
@@ -97,6 +100,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
             Ok(cfg) => {
+                // Literal tool names that name no enabled tool: prose the host may act on, but
+                // the gateway still works, so a warning and not a failure.
+                for mention in config::stale_mentions(&cfg) {
+                    eprintln!("{mention}");
+                }
                 eprintln!("configuration is valid");
                 // Kept worktrees are not a configuration error, but this is where a user looks.
                 if let Some(dir) = state_dir(&cfg) {

@@ -685,6 +685,17 @@ const MALFORMED: &[Case] = &[
         ],
     ),
     (
+        "unknown action in a tool placeholder",
+        "instructions: 'Call {{tool:start}} first.'\n",
+        &[],
+        &[
+            "{file}",
+            "`instructions`",
+            "unknown action `start`",
+            "start_server, stop_server, list_agents, start_task",
+        ],
+    ),
+    (
         "undeclared placeholder",
         "prompts:\n  delegate_task:\n    template: 'Do {{task}} in {{repo}}.'\n",
         &[],
@@ -919,6 +930,62 @@ fn check_config_accepts_the_default() {
     assert!(ok, "stderr:\n{stderr}");
     assert!(stdout.is_empty(), "stdout belongs to MCP: {stdout}");
     assert!(stderr.contains("configuration is valid"), "{stderr}");
+}
+
+#[test]
+fn check_config_accepts_the_default_without_warnings() {
+    let dir = workdir();
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(ok, "stderr:\n{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+/// The rename recipe done half-way: the tool is renamed, but a description still spells the old
+/// name out. The gateway works, so check-config passes, and says where the stale name is.
+#[test]
+fn check_config_warns_about_a_literal_name_of_no_enabled_tool() {
+    let dir = workdir();
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "tools:\n  delegate_start:\n    action: start_task\n    description: Start one.\n  \
+         opencode_start_task:\n    enabled: false\n  opencode_cancel_task:\n    description: \
+         Cancel what opencode_start_task or {{tool:start_task}} started.\n",
+    );
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(ok, "a warning only; stderr:\n{stderr}");
+    assert_mentions(
+        &stderr,
+        &[
+            "warning: `tools.opencode_cancel_task.description` mentions `opencode_start_task`",
+            "not an enabled tool",
+            "configuration is valid",
+        ],
+    );
+    assert_eq!(stderr.matches("warning").count(), 1, "{stderr}");
+}
+
+/// The rename recipe done wrong: the old tool is disabled with no new one, while the built-in
+/// texts still name the action. Refused, naming the file and what names it.
+#[test]
+fn check_config_refuses_a_placeholder_for_a_disabled_action() {
+    let dir = workdir();
+    let file = write(
+        dir.path(),
+        "delegation.yaml",
+        "tools:\n  opencode_discard_task:\n    enabled: false\n",
+    );
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok, "must fail; stderr:\n{stderr}");
+    assert_mentions(
+        &stderr,
+        &[
+            &file.display().to_string(),
+            "`tools.opencode_discard_task.enabled`",
+            "`instructions` names `{{tool:discard_task}}`",
+            "`prompts.delegate_task.template` names `{{tool:discard_task}}`",
+        ],
+    );
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! - snapshots of `initialize`, `tools/list`, `prompts/list` and a rendered `delegate_task`;
 //! - a repo-level `delegation.yaml` changes exactly what it says, compared against the default
 //!   run with the same edits applied programmatically;
+//! - the README's rename recipe (a new entry with the same action, the old one disabled) renames
+//!   the tool in every text that names it through `{{tool:<action>}}`;
 //! - every stdout line is JSON-RPC 2.0, and the process exits 0 when stdin closes;
 //! - argument validation over the wire: each bad call is an `isError` result with code
 //!   `invalid_argument` and a message naming the argument.
@@ -27,7 +29,7 @@ const START_TASK: &str = "opencode_start_task";
 const CONTINUE_TASK: &str = "opencode_continue_task";
 const WAIT: &str = "opencode_wait_for_task";
 const START_SERVER: &str = "opencode_start_server";
-const LIST_AGENTS: &str = "opencode_list_agents";
+const STOP_SERVER: &str = "opencode_stop_server";
 
 /// The built-in configuration, as the library loads it with no files and no env.
 fn default_config() -> Result<Config, BoxError> {
@@ -116,6 +118,91 @@ async fn snapshots_of_the_default_surface() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The rename recipe from the README, for two tools: `delegate_start` replaces
+/// `opencode_start_task` (named by the instructions and the `delegate_task` prompt) and
+/// `delegate_result` replaces `opencode_get_task_result` (named by those and by the wait tool's
+/// description, which does not name the start tool). Every text the host reads follows, and is
+/// otherwise the default text byte for byte.
+#[tokio::test]
+async fn the_rename_recipe_renames_the_tool_everywhere() -> Result<(), BoxError> {
+    let default = default_surface().await?;
+    let sandbox = Sandbox::new()?;
+    sandbox.write_repo_config(
+        r#"
+tools:
+  delegate_start:
+    action: start_task
+    description: Start a delegated task; then call {{tool:wait_for_task}}.
+  opencode_start_task:
+    enabled: false
+  delegate_result:
+    action: get_task_result
+    description: Read a task's outcome.
+  opencode_get_task_result:
+    enabled: false
+"#,
+    )?;
+    let client = sandbox.launch().connect().await?;
+    let renamed = surface(&client).await?;
+    client.close().await?;
+
+    let rename = |text: &str| {
+        text.replace(START_TASK, "delegate_start")
+            .replace(TASK_RESULT, "delegate_result")
+    };
+    let text_at = |v: &Value, pointer: &str| {
+        v.pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    let instructions = text_at(&renamed.initialize, "/instructions");
+    let before = text_at(&default.initialize, "/instructions");
+    assert!(
+        before.contains(START_TASK) && before.contains(TASK_RESULT),
+        "{before}"
+    );
+    assert_eq!(instructions, rename(&before));
+
+    let prompt = text_at(&renamed.delegate_task, "/messages/0/content/text");
+    let before = text_at(&default.delegate_task, "/messages/0/content/text");
+    assert!(
+        before.contains(START_TASK) && before.contains(TASK_RESULT),
+        "{before}"
+    );
+    assert_eq!(prompt, rename(&before));
+    assert!(prompt.contains("delegate_start"), "{prompt}");
+
+    let description = |surface: &Surface, name: &str| {
+        surface
+            .tools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["name"] == name)
+            .map(|t| text_at(t, "/description"))
+    };
+    let wait = description(&renamed, WAIT).unwrap_or_default();
+    let before = description(&default, WAIT).unwrap_or_default();
+    assert!(before.contains(TASK_RESULT), "{before}");
+    assert_eq!(wait, rename(&before));
+    assert!(wait.contains("delegate_result"), "{wait}");
+    // The repository's own text is rendered too.
+    assert_eq!(
+        description(&renamed, "delegate_start").as_deref(),
+        Some("Start a delegated task; then call opencode_wait_for_task.")
+    );
+    assert_eq!(description(&renamed, START_TASK), None, "disabled");
+
+    let everything = serde_json::to_string(&(&renamed.initialize, &renamed.tools))?
+        + &serde_json::to_string(&(&renamed.prompts, &renamed.delegate_task))?;
+    for old in [START_TASK, TASK_RESULT] {
+        assert!(!everything.contains(old), "`{old}` is still named");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
     let defaults = default_config()?;
@@ -133,7 +220,9 @@ async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
     let repo = json!({
         "tools": {
             TASK_STATUS: { "description": new_description },
-            LIST_AGENTS: { "enabled": false },
+            // A tool no text names: disabling one that a `{{tool:...}}` names is refused at load
+            // (see `the_rename_recipe_renames_the_tool_everywhere`).
+            STOP_SERVER: { "enabled": false },
         },
         "tiers": tiers,
     });
@@ -147,7 +236,7 @@ async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
     // tools/list: the default with the three edits applied.
     let mut expected_tools = default.tools.clone();
     if let Some(tools) = expected_tools.as_array_mut() {
-        tools.retain(|t| t["name"] != LIST_AGENTS);
+        tools.retain(|t| t["name"] != STOP_SERVER);
         for tool in tools.iter_mut() {
             if tool["name"] == TASK_STATUS {
                 tool["description"] = json!(new_description);
@@ -199,12 +288,12 @@ async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
 
     // The disabled tool cannot be called: a JSON-RPC invalid_params error naming it.
     match client
-        .call(LIST_AGENTS, json!({"server_id": "srv_x"}))
+        .call(STOP_SERVER, json!({"server_id": "srv_x"}))
         .await
     {
         Err(rmcp::ServiceError::McpError(e)) => {
             assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
-            assert!(e.message.contains(LIST_AGENTS), "{}", e.message);
+            assert!(e.message.contains(STOP_SERVER), "{}", e.message);
         }
         other => panic!("calling a disabled tool: {other:?}"),
     }

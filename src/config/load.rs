@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 
 use super::env;
 use super::error::{ConfigError, Origin, Problem};
+use super::template;
 use super::trust;
 use super::types::{
     Config, HostConfig, IsolationConfig, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts,
@@ -212,6 +213,9 @@ pub fn load_with_env(
             let issues = validate::validate(&config);
             problems.extend(issues.into_iter().map(|i| attribute(&figment, &layers, i)));
             if problems.is_empty() {
+                // Once, here: every consumer (tool table, prompts, instructions, print-config)
+                // then sees the names of the tools that actually exist.
+                template::render_tool_names(&mut config);
                 Ok(config)
             } else {
                 Err(ConfigError::Invalid { problems })

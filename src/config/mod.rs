@@ -23,7 +23,8 @@
 //! - `trust.rs`: what the repository's own file may not set (what runs, where it connects,
 //!   which secret, where data lands) and the permission policy it may only tighten;
 //! - `validate.rs`: rules types cannot express (loopback host, `wait_default <= wait_max`, ...);
-//! - `template.rs`: `{{placeholder}}` parsing and rendering for prompt templates;
+//! - `template.rs`: `{{placeholder}}` parsing and rendering for prompt templates, and the
+//!   `{{tool:<action>}}` names rendered into every text the host reads;
 //! - `error.rs`: [`ConfigError`], whose every problem names source, key path and expectation.
 
 mod duration;
@@ -40,7 +41,10 @@ pub use duration::HumanDuration;
 pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
 pub use error::{ConfigError, Origin, Problem};
 pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
-pub use template::{placeholders, render, TIERS_PLACEHOLDER};
+pub use template::{
+    placeholders, render, stale_mentions, tool_placeholders, StaleMention, TIERS_PLACEHOLDER,
+    TOOL_PREFIX,
+};
 pub use trust::{Withheld, TRUST_KEYS};
 pub use types::*;
 pub use yaml::Yaml;

@@ -60,6 +60,7 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tiers(config, &mut issues);
     tools(config, &mut issues);
     prompts(config, &mut issues);
+    tool_placeholders(config, &mut issues);
     state_dir(config, &mut issues);
     hosts(config, &mut issues);
     issues.0
@@ -126,8 +127,10 @@ fn state_dir(config: &Config, issues: &mut Issues) {
     }
 }
 
+/// The limit applies to what the host receives: the text with its `{{tool:...}}` rendered.
 fn instructions(config: &Config, issues: &mut Issues) {
-    let chars = config.instructions.chars().count();
+    let rendered = template::render_tools(&config.instructions, &template::tool_names(config));
+    let chars = rendered.chars().count();
     if chars > MAX_INSTRUCTIONS_CHARS {
         issues.push(
             "instructions",
@@ -382,6 +385,53 @@ fn require_action(config: &Config, issues: &mut Issues, actions: &[Action], why:
             names.join(" or ")
         ),
     );
+}
+
+/// Every `{{tool:<action>}}` must name an action, and one with an enabled tool: otherwise the
+/// host would be told to call a tool that is not there. A disabled tool's own texts are never
+/// shown, so only their action names are checked.
+fn tool_placeholders(config: &Config, issues: &mut Issues) {
+    let names = template::tool_names(config);
+    for text in template::texts(config) {
+        let mut reported = BTreeSet::new();
+        for action in template::tool_placeholders(text.text) {
+            if !reported.insert(action) {
+                continue;
+            }
+            match template::action_named(action) {
+                None => {
+                    let known: Vec<&str> = Action::ALL.iter().map(|a| a.as_str()).collect();
+                    issues.push(
+                        text.key.clone(),
+                        format!(
+                            "unknown action `{action}` in `{{{{tool:{action}}}}}`; expected one \
+                             of: {}",
+                            known.join(", ")
+                        ),
+                    );
+                }
+                Some(a) if text.shown && !names.contains_key(&a) => {
+                    // Blame the `enabled: false` that emptied the action, if that is newer.
+                    let disabled = config
+                        .tools
+                        .iter()
+                        .find(|(_, t)| t.action == a)
+                        .map(|(name, _)| format!("tools.{name}.enabled"));
+                    let message = format!(
+                        "`{}` names `{{{{tool:{action}}}}}`, but no enabled tool is bound to \
+                         action {action}: the host would be told to call a tool that is not \
+                         there; enable one, or change `{}` not to mention it",
+                        text.key, text.key
+                    );
+                    match disabled {
+                        Some(related) => issues.push_related(&text.key, &related, message),
+                        None => issues.push(text.key.clone(), message),
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
 }
 
 fn prompts(config: &Config, issues: &mut Issues) {
