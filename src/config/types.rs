@@ -37,7 +37,9 @@ pub struct Config {
     #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     /// Server `instructions` sent to the host at `initialize` (at most 2,048 characters, because
-    /// Claude Code cuts longer ones).
+    /// Claude Code cuts longer ones; counted after `{{tool:<action>}}` is replaced by the tool's
+    /// name). Name this gateway's tools as `{{tool:<action>}}` (e.g. `{{tool:start_task}}`) so a
+    /// renamed tool is named right.
     #[schemars(length(max = MAX_INSTRUCTIONS_CHARS))]
     pub instructions: String,
     /// How to reach or start OpenCode.
@@ -282,6 +284,7 @@ pub struct ToolConfig {
     /// The action this tool performs.
     pub action: Action,
     /// The description the host model reads: what the tool does, when to use it, what it returns.
+    /// `{{tool:<action>}}` becomes the name of the enabled tool bound to that action.
     #[schemars(length(min = 1))]
     pub description: String,
     /// Disabled tools are absent from `tools/list` and cannot be called.
@@ -366,7 +369,8 @@ impl Action {
 }
 
 /// A prompt offered to the host. The template is plain text with `{{name}}` placeholders: each
-/// declared argument, plus `{{tiers}}` (a rendered list of the configured tiers).
+/// declared argument, plus `{{tiers}}` (a rendered list of the configured tiers) and
+/// `{{tool:<action>}}` (the name of the enabled tool bound to that action).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PromptConfig {
@@ -376,7 +380,7 @@ pub struct PromptConfig {
     /// Arguments the host fills in. A list: a layer that sets it replaces the whole list.
     #[serde(default)]
     pub arguments: Vec<PromptArgument>,
-    /// The message text, with `{{argument}}` and `{{tiers}}` placeholders.
+    /// The message text, with `{{argument}}`, `{{tiers}}` and `{{tool:<action>}}` placeholders.
     #[schemars(length(min = 1))]
     pub template: String,
 }

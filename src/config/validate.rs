@@ -5,7 +5,9 @@
 //! `check-config` is there to find out before a host does. In particular, a configuration with no
 //! enabled tool bound to `start_task`, or none that reads a task's outcome (`wait_for_task`,
 //! `get_task_status`, `get_task_result`), is rejected: such a gateway cannot do its one job.
-//! Binding one action to several enabled tools (aliases) is fine.
+//! Binding one action to several enabled tools (aliases) is fine. A text the host is shown that
+//! names a tool through `{{tool:<action>}}` must name an action that has an enabled tool, for the
+//! same reason: the host would otherwise be sent to a tool that is not there.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
