@@ -58,6 +58,29 @@ enum Command {
         #[arg(long, requires = "remove_orphans")]
         force: bool,
     },
+    /// Report what the stored tasks used, per tier and per model: tasks by status, tokens, cost
+    /// as OpenCode reported it, wall time, and the saving against `report.reference_price`.
+    /// Reads the state directory only; no gateway is needed.
+    Usage {
+        /// Only tasks whose latest turn started within this long ago (`24h`, `30m`, `7d`).
+        /// Default: every stored task.
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the stored tasks, newest first: id, status, tier, model, age, duration, title.
+    /// Reads the state directory only; no gateway is needed.
+    Tasks {
+        /// Only tasks with this status (pending, running, waiting_permission, completed, failed,
+        /// cancelled, timed_out).
+        #[arg(long, value_name = "STATUS")]
+        status: Option<String>,
+        /// Print the list as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -155,7 +178,107 @@ fn main() -> ExitCode {
             remove_orphans,
             force,
         } => gc(&sources, remove_orphans, force),
+        Command::Usage { since, json } => usage(&sources, since.as_deref(), json),
+        Command::Tasks { status, json } => tasks(&sources, status.as_deref(), json),
     }
+}
+
+/// The configuration and the stored task records, for `usage` and `tasks` (`who` prefixes the
+/// errors). Unreadable records are named on stderr and skipped: one corrupt file must not hide
+/// the rest.
+fn stored_records(
+    sources: &Sources,
+    who: &str,
+) -> Option<(config::Config, Vec<opencode_mcp::tasks::TaskRecord>)> {
+    let cfg = match config::load(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{who}: {e}");
+            return None;
+        }
+    };
+    let Some(dir) = state_dir(&cfg) else {
+        eprintln!(
+            "{who}: no state directory: set `state_dir` in delegation.yaml (or XDG_STATE_HOME or \
+             HOME)"
+        );
+        return None;
+    };
+    let (records, bad) = opencode_mcp::tasks::read_all(&dir);
+    for (path, why) in bad {
+        eprintln!(
+            "{who}: skipping unreadable task record {}: {why}",
+            path.display()
+        );
+    }
+    Some((cfg, records))
+}
+
+fn print_json<T: serde::Serialize>(who: &str, value: &T) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{who}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `usage`: the report goes to stdout (a table, or JSON with `--json`).
+fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
+    use opencode_mcp::tasks::{epoch_ms, usage};
+    const WHO: &str = "opencode-mcp usage";
+    let now = epoch_ms(std::time::SystemTime::now());
+    let since_ms = match since.map(|s| s.trim().parse::<config::HumanDuration>()) {
+        None => None,
+        Some(Ok(d)) => {
+            Some(now.saturating_sub(u64::try_from(d.get().as_millis()).unwrap_or(u64::MAX)))
+        }
+        Some(Err(e)) => {
+            eprintln!("{WHO}: --since: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some((cfg, records)) = stored_records(sources, WHO) else {
+        return ExitCode::FAILURE;
+    };
+    let report = usage::report(&records, since_ms, now, cfg.report.reference_price);
+    if json {
+        return print_json(WHO, &report);
+    }
+    print!("{}", report.text());
+    ExitCode::SUCCESS
+}
+
+/// `tasks`: the list goes to stdout (a table, or JSON with `--json`).
+fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
+    use opencode_mcp::tasks::{epoch_ms, usage, TaskStatus};
+    const WHO: &str = "opencode-mcp tasks";
+    let status = match status {
+        None => None,
+        Some(s) => match serde_json::from_value::<TaskStatus>(serde_json::Value::from(s.trim())) {
+            Ok(st) => Some(st),
+            Err(_) => {
+                eprintln!(
+                    "{WHO}: --status: expected one of pending, running, waiting_permission, \
+                     completed, failed, cancelled, timed_out; found `{s}`"
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let Some((_, records)) = stored_records(sources, WHO) else {
+        return ExitCode::FAILURE;
+    };
+    let lines = usage::list(&records, status, epoch_ms(std::time::SystemTime::now()));
+    if json {
+        return print_json(WHO, &lines);
+    }
+    print!("{}", usage::list_text(&lines));
+    ExitCode::SUCCESS
 }
 
 /// The state directory the gateway would use with `cfg`.

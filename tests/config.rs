@@ -99,10 +99,12 @@ fn default_loads_and_validates() {
             "opencode_get_task_result",
             "opencode_get_task_status",
             "opencode_list_agents",
+            "opencode_list_tasks",
             "opencode_reply_permission",
             "opencode_start_server",
             "opencode_start_task",
             "opencode_stop_server",
+            "opencode_usage",
             "opencode_wait_for_task",
         ]
     );

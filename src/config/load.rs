@@ -25,8 +25,8 @@ use super::error::{ConfigError, Origin, Problem};
 use super::template;
 use super::trust;
 use super::types::{
-    Config, HostConfig, IsolationConfig, Limits, OpenCodeConfig, PromptConfig, Tier, Timeouts,
-    ToolConfig,
+    Config, HostConfig, IsolationConfig, Limits, OpenCodeConfig, PromptConfig, ReportConfig, Tier,
+    Timeouts, ToolConfig,
 };
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
@@ -51,6 +51,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "prompts",
     "hosts",
     "isolation",
+    "report",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -266,6 +267,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "prompts" => check_entries::<PromptConfig>(figment, key, value),
                 "hosts" => check_entries::<HostConfig>(figment, key, value),
                 "isolation" => check_fields::<IsolationConfig>(figment, key, value),
+                "report" => check_fields::<ReportConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

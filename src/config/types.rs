@@ -73,6 +73,9 @@ pub struct Config {
     /// the fields an entry leaves out. Merged per host and per field like `tools`.
     #[serde(default)]
     pub hosts: BTreeMap<String, HostConfig>,
+    /// How `opencode_usage` and `opencode-mcp usage` value the work delegated.
+    #[serde(default)]
+    pub report: ReportConfig,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
@@ -111,6 +114,40 @@ impl Config {
     /// The tier called `name`, if configured.
     pub fn tier(&self, name: &str) -> Option<&Tier> {
         self.tiers.iter().find(|tier| tier.name == name)
+    }
+}
+
+/// How the usage report values the work delegated.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportConfig {
+    /// What the same tokens would have cost on the model that delegates (the orchestrator's), so
+    /// the report can state the saving as a number.
+    #[serde(default)]
+    pub reference_price: ReferencePrice,
+}
+
+/// A model's list price in US dollars per million tokens. Not negative.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReferencePrice {
+    /// Dollars per million input tokens; cache reads and writes are charged at this price too
+    /// (the reference has no cache discount), so the saving is an upper bound when caching helps.
+    #[schemars(range(min = 0.0))]
+    pub input_per_mtok: f64,
+    /// Dollars per million output tokens; reasoning tokens are charged at this price.
+    #[schemars(range(min = 0.0))]
+    pub output_per_mtok: f64,
+}
+
+impl Default for ReferencePrice {
+    /// A frontier model's list price ($15 in, $75 out per million tokens), used when no file
+    /// sets one, so a report always has a saving to show.
+    fn default() -> Self {
+        Self {
+            input_per_mtok: 15.0,
+            output_per_mtok: 75.0,
+        }
     }
 }
 
@@ -330,11 +367,15 @@ pub enum Action {
     ApplyTask,
     /// Remove a worktree task's worktree and branch.
     DiscardTask,
+    /// Report tokens, cost and the saving over a reference price, per tier and model.
+    Usage,
+    /// List the stored tasks, newest first.
+    ListTasks,
 }
 
 impl Action {
     /// Every action, in the order tools are documented.
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 14] = [
         Action::StartServer,
         Action::StopServer,
         Action::ListAgents,
@@ -347,6 +388,8 @@ impl Action {
         Action::ReplyPermission,
         Action::ApplyTask,
         Action::DiscardTask,
+        Action::Usage,
+        Action::ListTasks,
     ];
 
     /// The snake_case name used in `delegation.yaml`.
@@ -364,6 +407,8 @@ impl Action {
             Action::ReplyPermission => "reply_permission",
             Action::ApplyTask => "apply_task",
             Action::DiscardTask => "discard_task",
+            Action::Usage => "usage",
+            Action::ListTasks => "list_tasks",
         }
     }
 }

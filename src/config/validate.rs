@@ -65,6 +65,7 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tool_placeholders(config, &mut issues);
     state_dir(config, &mut issues);
     hosts(config, &mut issues);
+    report(config, &mut issues);
     issues.0
 }
 
@@ -114,6 +115,24 @@ fn hosts(config: &Config, issues: &mut Issues) {
                     ),
                 );
             }
+        }
+    }
+}
+
+/// A negative or non-finite price would turn the saving into nonsense.
+fn report(config: &Config, issues: &mut Issues) {
+    let p = config.report.reference_price;
+    for (name, value) in [
+        ("input_per_mtok", p.input_per_mtok),
+        ("output_per_mtok", p.output_per_mtok),
+    ] {
+        if !value.is_finite() || value < 0.0 {
+            issues.push(
+                format!("report.reference_price.{name}"),
+                format!(
+                    "expected a price in dollars per million tokens of 0 or more, found {value}"
+                ),
+            );
         }
     }
 }

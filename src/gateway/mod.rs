@@ -159,6 +159,8 @@ pub fn parse_tool_arguments(
         Action::ReplyPermission => parse::<actions::ReplyPermission>(args),
         Action::ApplyTask => parse::<actions::ApplyTask>(args),
         Action::DiscardTask => parse::<actions::DiscardTask>(args),
+        Action::Usage => parse::<actions::Usage>(args),
+        Action::ListTasks => parse::<actions::ListTasks>(args),
     }
 }
 

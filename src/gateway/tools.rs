@@ -12,7 +12,7 @@ use rmcp::model::Tool;
 
 use super::actions::{
     ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, GetTaskResult, GetTaskStatus,
-    ListAgents, ReplyPermission, StartServer, StartTask, StopServer, WaitForTask,
+    ListAgents, ListTasks, ReplyPermission, StartServer, StartTask, StopServer, Usage, WaitForTask,
 };
 use super::schema;
 use crate::config::{Action, Config, ToolConfig};
@@ -68,6 +68,8 @@ fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
         Action::ReplyPermission => build::<ReplyPermission>(name, tool, config),
         Action::ApplyTask => build::<ApplyTask>(name, tool, config),
         Action::DiscardTask => build::<DiscardTask>(name, tool, config),
+        Action::Usage => build::<Usage>(name, tool, config),
+        Action::ListTasks => build::<ListTasks>(name, tool, config),
     }
 }
 

@@ -9,6 +9,8 @@
 //!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`, and
 //!   `workspace` (a task's git worktree: create, diff, apply, discard).
 //! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
+//! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
+//!   `opencode-mcp tasks` and their tools).
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
@@ -26,12 +28,14 @@ mod service;
 mod store;
 mod tracker;
 pub mod turn;
+pub mod usage;
 mod wait;
 mod workspace;
 
 pub use error::TaskError;
 pub use model::*;
+pub use record::{epoch_ms, TaskRecord};
 pub use resolve::{resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
-pub use store::default_state_dir;
+pub use store::{default_state_dir, read_all};
 pub use workspace::{ApplyOutcome, DiscardOutcome};

@@ -35,10 +35,19 @@ pub struct TaskRecord {
     /// Agent and model the current turn asked for (None = the server's default).
     pub agent: Option<String>,
     pub model: Option<String>,
+    /// The tier the task was started with, kept so the usage report can say which tier did
+    /// which share of the work; cleared when a follow-up names its own model. Absent in records
+    /// written before the usage report existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
     /// 1 for the first prompt, +1 for each `continue_task`.
     pub turn: u32,
     /// Our user message of the current turn: the turn is everything after it.
     pub user_message_id: String,
+    /// Epoch milliseconds the task was started (its first turn), so a task list sorts by when
+    /// tasks began rather than by their latest follow-up. Absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
     /// Epoch milliseconds.
     pub turn_started_ms: u64,
     pub finished_ms: Option<u64>,
@@ -110,8 +119,10 @@ impl TaskRecord {
             title,
             agent: None,
             model: None,
+            tier: None,
             turn: 0,
             user_message_id: String::new(),
+            created_ms: Some(epoch_ms(SystemTime::now())),
             turn_started_ms: epoch_ms(SystemTime::now()),
             finished_ms: None,
             status: TaskStatus::Pending,
@@ -162,6 +173,12 @@ impl TaskRecord {
         if self.newest_message_id.as_deref().is_none_or(|n| id > n) {
             self.newest_message_id = Some(id.to_string());
         }
+    }
+
+    /// When the task was started (epoch ms): its first turn, or the current one for records
+    /// written before that was kept.
+    pub fn started_ms(&self) -> u64 {
+        self.created_ms.unwrap_or(self.turn_started_ms)
     }
 
     /// The `Instant` `epoch_ms` lies at, as well as this process can express it.

@@ -454,6 +454,11 @@ impl Registry {
         Some(entry)
     }
 
+    /// The records of every task in memory.
+    pub fn records(&self) -> Vec<TaskRecord> {
+        self.lock().tasks.values().map(|e| e.rec.clone()).collect()
+    }
+
     /// Tasks in memory that are not finished.
     pub fn live_count(&self) -> usize {
         self.lock()

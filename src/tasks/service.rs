@@ -113,6 +113,8 @@ pub struct TaskService {
     /// Git operations that write (creating a worktree, apply, discard) run one at a time, so two
     /// applies never merge against the same snapshot of the user's tree.
     pub(super) git_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
+    pub started_ms: u64,
 }
 
 impl TaskService {
@@ -158,7 +160,30 @@ impl TaskService {
             state_dir,
             git_lock,
             config,
+            started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
         }
+    }
+
+    /// Every task this gateway can answer for, for the usage report and the task list: those in
+    /// memory (current), and the finished ones left only in the state directory (also those of
+    /// other gateways sharing it, since the store is what the report is about).
+    pub async fn records(&self) -> Vec<TaskRecord> {
+        self.restored().await;
+        let mut by_id: std::collections::HashMap<String, TaskRecord> = Default::default();
+        if let Some(store) = self.registry.store().cloned() {
+            // What was removed or changed in memory must be on disk before the directory is read.
+            if let Err(e) = store.flush(SHUTDOWN_FLUSH).await {
+                tracing::warn!(error = %e, "the task list may show stale records");
+            }
+            let read = tokio::task::spawn_blocking(move || store.load_all().0).await;
+            for r in read.unwrap_or_default() {
+                by_id.insert(r.id.clone(), r);
+            }
+        }
+        for r in self.registry.records() {
+            by_id.insert(r.id.clone(), r);
+        }
+        by_id.into_values().collect()
     }
 
     pub(super) fn stall(&self) -> Duration {
@@ -399,6 +424,7 @@ impl TaskService {
         rec.managed = server.process.is_some();
         rec.idempotency = idempotency;
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
+        rec.tier = req.tier.clone();
         let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
@@ -494,6 +520,10 @@ impl TaskService {
                 let previous = e.clone();
                 let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
                 e.begin_turn(message_id.clone(), agent.clone(), model.clone());
+                if req.model.is_some() {
+                    // A model of its own: the turn is no longer the tier's work.
+                    e.rec.tier = None;
+                }
                 Ok((previous, message_id, e.rec.turn))
             })
             .ok_or_else(|| TaskError::UnknownTasks(vec![entry.rec.id.clone()]))?;

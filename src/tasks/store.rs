@@ -256,25 +256,36 @@ impl Store {
     /// Every readable record on disk; unreadable files are reported (path, reason) and left in
     /// place. Reads the directory as it is: call it before submitting (at start-up), or flush.
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
-        let mut tasks = Vec::new();
-        let mut bad = Vec::new();
-        let Ok(dir) = std::fs::read_dir(&self.shared().dir) else {
-            return (tasks, bad);
-        };
-        for entry in dir.flatten() {
-            let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            match read_record(&path) {
-                Ok(t) => tasks.push(t),
-                // Removed between listing and reading: not a fault.
-                Err(ReadError::Missing) => {}
-                Err(ReadError::Bad(why)) => bad.push((path, why)),
-            }
-        }
-        (tasks, bad)
+        read_dir_records(&self.shared().dir)
     }
+}
+
+/// Every readable record under `<state_dir>/tasks/`, read without opening the store (no owner
+/// lock, no writer thread), so `opencode-mcp usage` and `tasks` can run beside a live gateway
+/// without disturbing it; unreadable files are reported (path, reason).
+pub fn read_all(state_dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
+    read_dir_records(&state_dir.join("tasks"))
+}
+
+fn read_dir_records(dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
+    let mut tasks = Vec::new();
+    let mut bad = Vec::new();
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return (tasks, bad);
+    };
+    for entry in dir.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        match read_record(&path) {
+            Ok(t) => tasks.push(t),
+            // Removed between listing and reading: not a fault.
+            Err(ReadError::Missing) => {}
+            Err(ReadError::Bad(why)) => bad.push((path, why)),
+        }
+    }
+    (tasks, bad)
 }
 
 /// What the state directory says about one task, read without opening the store (no owner

@@ -22,10 +22,12 @@ mod discard_task;
 mod get_task_result;
 mod get_task_status;
 mod list_agents;
+mod list_tasks;
 mod reply_permission;
 mod start_server;
 mod start_task;
 mod stop_server;
+mod usage;
 mod wait_for_task;
 
 pub use apply_task::ApplyTask;
@@ -35,10 +37,12 @@ pub use discard_task::DiscardTask;
 pub use get_task_result::GetTaskResult;
 pub use get_task_status::GetTaskStatus;
 pub use list_agents::ListAgents;
+pub use list_tasks::ListTasks;
 pub use reply_permission::ReplyPermission;
 pub use start_server::StartServer;
 pub use start_task::StartTask;
 pub use stop_server::StopServer;
+pub use usage::Usage;
 pub use wait_for_task::WaitForTask;
 
 use rmcp::model::{JsonObject, ToolAnnotations};
@@ -93,6 +97,8 @@ pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Valu
         Action::ReplyPermission => json(reply_permission::run(parse_args(args)?, ctx).await),
         Action::ApplyTask => json(apply_task::run(parse_args(args)?, ctx).await),
         Action::DiscardTask => json(discard_task::run(parse_args(args)?, ctx).await),
+        Action::Usage => json(usage::run(parse_args(args)?, ctx).await),
+        Action::ListTasks => json(list_tasks::run(parse_args(args)?, ctx).await),
     }
 }
 

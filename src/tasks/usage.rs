@@ -1,0 +1,457 @@
+//! The usage report and the task list, computed from stored task records.
+//!
+//! Pure: records and a clock reading in, numbers out. The same functions serve the tools
+//! (`opencode_usage`, `opencode_list_tasks`, over what the gateway holds) and the subcommands
+//! (`opencode-mcp usage`, `opencode-mcp tasks`, over the state directory without a gateway), so
+//! the two can never disagree about what was spent.
+//!
+//! What a record holds is its *current turn*: a `continue_task` replaces the previous turn's
+//! outcome, so a task's tokens and cost here are those of its latest turn, exactly what its own
+//! `get_task_result` reports.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::model::TaskStatus;
+use super::record::TaskRecord;
+use crate::config::ReferencePrice;
+use crate::opencode::Tokens;
+
+/// Shown for tasks started without a tier (an explicit model, or the server's default).
+pub const NO_TIER: &str = "(none)";
+/// Shown for tasks whose model is the server's default and whose outcome names none.
+pub const DEFAULT_MODEL: &str = "(server default)";
+
+/// What a set of tasks used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
+pub struct Usage {
+    /// Tasks counted.
+    pub tasks: u32,
+    /// Tasks by status (`completed`, `failed`, `cancelled`, `timed_out`, or still `running`...).
+    pub statuses: BTreeMap<String, u32>,
+    /// Tokens, summed over the tasks' latest turns.
+    pub tokens: Tokens,
+    /// USD, as OpenCode reported it (0 for models it has no price for).
+    pub cost: f64,
+    /// Milliseconds from each turn's start to its end (to now for a task still running).
+    pub wall_ms: u64,
+    /// USD the same tokens would have cost at `report.reference_price`.
+    pub reference_cost: f64,
+    /// `reference_cost - cost`: what delegating saved (negative if it cost more).
+    pub saving: f64,
+}
+
+impl Usage {
+    fn add(&mut self, r: &TaskRecord, now_ms: u64, price: &ReferencePrice) {
+        self.tasks += 1;
+        *self
+            .statuses
+            .entry(r.status.as_str().to_string())
+            .or_default() += 1;
+        if let Some(o) = &r.outcome {
+            self.tokens.add(&o.tokens);
+            self.cost += o.cost;
+            self.reference_cost += reference_cost(&o.tokens, price);
+        }
+        let end = r.finished_ms.unwrap_or(now_ms);
+        self.wall_ms += end.saturating_sub(r.turn_started_ms);
+        self.saving = self.reference_cost - self.cost;
+    }
+}
+
+/// One tier's or one model's share.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct Group {
+    /// The tier or model (`(none)`: no tier; `(server default)`: no model named).
+    pub name: String,
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// The usage report.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct UsageReport {
+    /// Epoch ms the period starts at (tasks whose latest turn started then or later); absent:
+    /// every stored task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// The price the saving is computed against (dollars per million tokens).
+    pub reference_price: ReferencePrice,
+    pub total: Usage,
+    /// Per tier, by name.
+    pub tiers: Vec<Group>,
+    /// Per model, by name.
+    pub models: Vec<Group>,
+}
+
+/// What `tokens` would cost at `price`: prompt tokens (cache reads and writes included, since a
+/// reference price has no cache discount) at the input price, output and reasoning tokens at the
+/// output price.
+pub fn reference_cost(tokens: &Tokens, price: &ReferencePrice) -> f64 {
+    let input = (tokens.input + tokens.cache_read + tokens.cache_write) as f64;
+    let output = (tokens.output + tokens.reasoning) as f64;
+    (input * price.input_per_mtok + output * price.output_per_mtok) / 1_000_000.0
+}
+
+/// The model a task's turn ran on: what OpenCode reported, else what it was asked for.
+fn model_of(r: &TaskRecord) -> &str {
+    r.outcome
+        .as_ref()
+        .and_then(|o| o.model.as_deref())
+        .or(r.model.as_deref())
+        .unwrap_or(DEFAULT_MODEL)
+}
+
+/// Aggregates `records` whose latest turn started at or after `since_ms` (all of them when
+/// `None`), per tier and per model.
+pub fn report(
+    records: &[TaskRecord],
+    since_ms: Option<u64>,
+    now_ms: u64,
+    price: ReferencePrice,
+) -> UsageReport {
+    let mut total = Usage::default();
+    let mut tiers: BTreeMap<String, Usage> = BTreeMap::new();
+    let mut models: BTreeMap<String, Usage> = BTreeMap::new();
+    for r in records
+        .iter()
+        .filter(|r| since_ms.is_none_or(|s| r.turn_started_ms >= s))
+    {
+        total.add(r, now_ms, &price);
+        let tier = r.tier.clone().unwrap_or_else(|| NO_TIER.to_string());
+        tiers.entry(tier).or_default().add(r, now_ms, &price);
+        models
+            .entry(model_of(r).to_string())
+            .or_default()
+            .add(r, now_ms, &price);
+    }
+    let groups = |m: BTreeMap<String, Usage>| {
+        m.into_iter()
+            .map(|(name, usage)| Group { name, usage })
+            .collect()
+    };
+    UsageReport {
+        since_ms,
+        reference_price: price,
+        total,
+        tiers: groups(tiers),
+        models: groups(models),
+    }
+}
+
+impl UsageReport {
+    /// The report as a table for people.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let p = &self.reference_price;
+        out.push_str(&format!(
+            "{} task(s){}; reference price ${}/M input, ${}/M output\n",
+            self.total.tasks,
+            match self.since_ms {
+                Some(ms) => format!(" since {}", format_epoch(ms)),
+                None => String::new(),
+            },
+            p.input_per_mtok,
+            p.output_per_mtok
+        ));
+        for (title, groups) in [("tier", &self.tiers), ("model", &self.models)] {
+            out.push_str(&format!(
+                "\n{:<28} {:>5} {:<22} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10}\n",
+                title,
+                "tasks",
+                "statuses",
+                "input",
+                "output",
+                "reasoning",
+                "cache r/w",
+                "wall",
+                "cost",
+                "saving"
+            ));
+            for g in groups.iter() {
+                out.push_str(&row(&g.name, &g.usage));
+            }
+            out.push_str(&row("total", &self.total));
+        }
+        out
+    }
+}
+
+fn row(name: &str, u: &Usage) -> String {
+    let statuses: Vec<String> = u.statuses.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!(
+        "{:<28} {:>5} {:<22} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10}\n",
+        name,
+        u.tasks,
+        statuses.join(", "),
+        u.tokens.input,
+        u.tokens.output,
+        u.tokens.reasoning,
+        format!("{}/{}", u.tokens.cache_read, u.tokens.cache_write),
+        format_ms(u.wall_ms),
+        format!("${:.4}", u.cost),
+        format!("${:.4}", u.saving),
+    )
+}
+
+/// One line of the task list.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct TaskLine {
+    pub task_id: String,
+    pub status: TaskStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// The model of the latest turn (as reported, else as asked for); absent: the server's
+    /// default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub title: String,
+    /// Milliseconds since the task was started.
+    pub age_ms: u64,
+    /// Milliseconds the latest turn took; absent while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+/// The tasks among `records` with `status` (all when `None`), newest first.
+pub fn list(records: &[TaskRecord], status: Option<TaskStatus>, now_ms: u64) -> Vec<TaskLine> {
+    let mut chosen: Vec<&TaskRecord> = records
+        .iter()
+        .filter(|r| status.is_none_or(|s| r.status == s))
+        .collect();
+    // Ties (same millisecond) fall back to the id, so the order is stable.
+    chosen.sort_by(|a, b| {
+        b.started_ms()
+            .cmp(&a.started_ms())
+            .then_with(|| b.id.cmp(&a.id))
+    });
+    chosen
+        .into_iter()
+        .map(|r| TaskLine {
+            task_id: r.id.clone(),
+            status: r.status,
+            tier: r.tier.clone(),
+            model: r
+                .outcome
+                .as_ref()
+                .and_then(|o| o.model.clone())
+                .or_else(|| r.model.clone()),
+            title: r.title.clone(),
+            age_ms: now_ms.saturating_sub(r.started_ms()),
+            duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
+        })
+        .collect()
+}
+
+/// The task list as a table for people.
+pub fn list_text(lines: &[TaskLine]) -> String {
+    let mut out = format!(
+        "{:<21} {:<18} {:<10} {:<32} {:>8} {:>8}  {}\n",
+        "task", "status", "tier", "model", "age", "duration", "title"
+    );
+    for l in lines {
+        out.push_str(&format!(
+            "{:<21} {:<18} {:<10} {:<32} {:>8} {:>8}  {}\n",
+            l.task_id,
+            l.status.as_str(),
+            l.tier.as_deref().unwrap_or("-"),
+            l.model.as_deref().unwrap_or(DEFAULT_MODEL),
+            format_ms(l.age_ms),
+            l.duration_ms.map_or_else(|| "-".to_string(), format_ms),
+            l.title
+        ));
+    }
+    out
+}
+
+/// `1h02m`, `3m07s`, `12.3s`: short enough for a column.
+pub fn format_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{:.1}s", ms as f64 / 1000.0),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+fn format_epoch(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::turn::TurnState;
+
+    fn tokens(input: u64, output: u64, reasoning: u64, cr: u64, cw: u64) -> Tokens {
+        Tokens {
+            input,
+            output,
+            reasoning,
+            cache_read: cr,
+            cache_write: cw,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rec(
+        id: &str,
+        tier: Option<&str>,
+        model: &str,
+        status: TaskStatus,
+        started: u64,
+        finished: Option<u64>,
+        t: Tokens,
+        cost: f64,
+    ) -> TaskRecord {
+        let mut r = TaskRecord::new(
+            id.into(),
+            "srv".into(),
+            "ses".into(),
+            "/w".into(),
+            id.into(),
+        );
+        r.tier = tier.map(str::to_string);
+        r.model = Some(model.to_string());
+        r.status = status;
+        r.created_ms = Some(started);
+        r.turn_started_ms = started;
+        r.finished_ms = finished;
+        r.outcome = Some(TurnState {
+            tokens: t,
+            cost,
+            model: Some(model.to_string()),
+            ..TurnState::default()
+        });
+        r
+    }
+
+    fn sample() -> Vec<TaskRecord> {
+        vec![
+            rec(
+                "a",
+                Some("fast"),
+                "p/cheap",
+                TaskStatus::Completed,
+                1_000,
+                Some(4_000),
+                tokens(100, 20, 5, 1_000, 10),
+                0.01,
+            ),
+            rec(
+                "b",
+                Some("fast"),
+                "p/cheap",
+                TaskStatus::Failed,
+                2_000,
+                Some(2_500),
+                tokens(300, 0, 0, 0, 0),
+                0.002,
+            ),
+            rec(
+                "c",
+                None,
+                "p/other",
+                TaskStatus::Running,
+                5_000,
+                None,
+                tokens(7, 3, 0, 0, 0),
+                0.0,
+            ),
+        ]
+    }
+
+    const PRICE: ReferencePrice = ReferencePrice {
+        input_per_mtok: 3.0,
+        output_per_mtok: 15.0,
+    };
+
+    #[test]
+    fn totals_are_the_sums_and_groups_split_them() {
+        let r = report(&sample(), None, 6_000, PRICE);
+        assert_eq!(r.total.tasks, 3);
+        assert_eq!(r.total.tokens, tokens(407, 23, 5, 1_000, 10));
+        assert!((r.total.cost - 0.012).abs() < 1e-12);
+        // 3000 + 500 + (6000 - 5000) for the running one.
+        assert_eq!(r.total.wall_ms, 4_500);
+        assert_eq!(r.total.statuses["completed"], 1);
+        assert_eq!(r.total.statuses["failed"], 1);
+        assert_eq!(r.total.statuses["running"], 1);
+        let names: Vec<&str> = r.tiers.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, [NO_TIER, "fast"]);
+        let fast = &r.tiers[1].usage;
+        assert_eq!(fast.tasks, 2);
+        assert_eq!(fast.tokens, tokens(400, 20, 5, 1_000, 10));
+        let models: Vec<(&str, u32)> = r
+            .models
+            .iter()
+            .map(|g| (g.name.as_str(), g.usage.tasks))
+            .collect();
+        assert_eq!(models, [("p/cheap", 2), ("p/other", 1)]);
+        let sum: u64 = r.models.iter().map(|g| g.usage.tokens.input).sum();
+        assert_eq!(sum, r.total.tokens.input);
+    }
+
+    #[test]
+    fn the_saving_follows_the_configured_prices() {
+        let r = report(&sample(), None, 6_000, PRICE);
+        // Prompt side: 407 + 1000 + 10 = 1417 tokens at $3/M; output side: 23 + 5 = 28 at $15/M.
+        let expected = (1_417.0 * 3.0 + 28.0 * 15.0) / 1e6;
+        assert!((r.total.reference_cost - expected).abs() < 1e-12);
+        assert!((r.total.saving - (expected - 0.012)).abs() < 1e-12);
+        let doubled = ReferencePrice {
+            input_per_mtok: 6.0,
+            output_per_mtok: 30.0,
+        };
+        let r2 = report(&sample(), None, 6_000, doubled);
+        assert!((r2.total.reference_cost - 2.0 * expected).abs() < 1e-12);
+        let free = ReferencePrice {
+            input_per_mtok: 0.0,
+            output_per_mtok: 0.0,
+        };
+        assert!((report(&sample(), None, 6_000, free).total.saving + 0.012).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_period_keeps_turns_started_since() {
+        let r = report(&sample(), Some(2_000), 6_000, PRICE);
+        assert_eq!(r.total.tasks, 2);
+        assert_eq!(r.total.tokens.input, 307);
+        assert_eq!(report(&[], Some(0), 6_000, PRICE).total, Usage::default());
+    }
+
+    #[test]
+    fn the_list_is_newest_first_and_filters_by_status() {
+        let lines = list(&sample(), None, 6_000);
+        let ids: Vec<&str> = lines.iter().map(|l| l.task_id.as_str()).collect();
+        assert_eq!(ids, ["c", "b", "a"]);
+        assert_eq!(lines[0].duration_ms, None);
+        assert_eq!(lines[0].age_ms, 1_000);
+        assert_eq!(lines[2].duration_ms, Some(3_000));
+        assert_eq!(lines[2].tier.as_deref(), Some("fast"));
+        let failed = list(&sample(), Some(TaskStatus::Failed), 6_000);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].task_id, "b");
+        let text = list_text(&lines);
+        assert!(text.lines().nth(1).is_some_and(|l| l.starts_with("c ")));
+    }
+
+    #[test]
+    fn the_text_report_names_every_group() {
+        let text = report(&sample(), None, 6_000, PRICE).text();
+        for needle in ["fast", "p/cheap", "p/other", NO_TIER, "total", "1 failed"] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn durations_are_short() {
+        assert_eq!(format_ms(12_345), "12.3s");
+        assert_eq!(format_ms(187_000), "3m07s");
+        assert_eq!(format_ms(3_720_000), "1h02m");
+    }
+}

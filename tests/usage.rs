@@ -1,0 +1,192 @@
+//! The usage report and the task list, end to end: a real gateway over stdio and a real OpenCode
+//! against the scripted fake LLM (`[[usage:<n>]]` sets the prompt tokens of its answers). Two
+//! tasks run (one on a tier, one without); then `opencode_usage`, `opencode-mcp usage --json`
+//! and `opencode-mcp tasks --json` must agree with the tasks' own `get_task_result` numbers.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+use support::rig::Rig;
+
+/// The reference price set for this test (dollars per million tokens), through the same
+/// environment layer for the gateway and the subcommands.
+const PRICE_ENV: [(&str, &str); 2] = [
+    ("OPENCODE_MCP_REPORT__REFERENCE_PRICE__INPUT_PER_MTOK", "2"),
+    (
+        "OPENCODE_MCP_REPORT__REFERENCE_PRICE__OUTPUT_PER_MTOK",
+        "10",
+    ),
+];
+
+/// Runs the gateway binary's subcommand `args` in the rig's environment; (ok, stdout, stderr).
+fn cli(rig: &Rig, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+    cmd.args(args).current_dir(rig.env.work_dir()).env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.envs(rig.env.vars(&rig.fake.url()));
+    cmd.envs(PRICE_ENV);
+    let out = cmd.output().expect("the gateway binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+const TOKEN_KINDS: [&str; 5] = ["input", "output", "reasoning", "cache_read", "cache_write"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_task_list_match_the_tasks_own_results() {
+    let rig = Rig::start(&PRICE_ENV).await;
+
+    // Run one after the other, so the second is strictly the newer.
+    let a = rig
+        .start_task_with(json!({ "prompt": "first [[usage:1234]]", "tier": "fast" }))
+        .await;
+    let a_id = a["task_id"].as_str().expect("task_id").to_string();
+    let a_result = rig.finish(&a_id).await;
+    let b = rig.start_task("second [[usage:4321]]").await;
+    let b_id = b["task_id"].as_str().expect("task_id").to_string();
+    let b_result = rig.finish(&b_id).await;
+    for r in [&a_result, &b_result] {
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    // The markers reached OpenCode's accounting: the sums below are not sums of zeros.
+    assert!(u(&a_result["tokens"]["input"]) >= 1234, "{a_result}");
+    assert!(u(&b_result["tokens"]["input"]) >= 4321, "{b_result}");
+
+    let mut expected_tokens = json!({});
+    for kind in TOKEN_KINDS {
+        expected_tokens[kind] = json!(u(&a_result["tokens"][kind]) + u(&b_result["tokens"][kind]));
+    }
+    let expected_cost = f(&a_result["cost"]) + f(&b_result["cost"]);
+    let t = &expected_tokens;
+    let expected_reference = ((u(&t["input"]) + u(&t["cache_read"]) + u(&t["cache_write"])) as f64
+        * 2.0
+        + (u(&t["output"]) + u(&t["reasoning"])) as f64 * 10.0)
+        / 1e6;
+
+    let check = |who: &str, report: &Value| {
+        let total = &report["total"];
+        assert_eq!(total["tasks"], 2, "{who}: {report}");
+        assert_eq!(
+            total["statuses"],
+            json!({ "completed": 2 }),
+            "{who}: {report}"
+        );
+        assert_eq!(total["tokens"], expected_tokens, "{who}: {report}");
+        assert!(
+            (f(&total["cost"]) - expected_cost).abs() < 1e-9,
+            "{who}: {report}"
+        );
+        assert!(
+            (f(&total["reference_cost"]) - expected_reference).abs() < 1e-9,
+            "{who}: {report}"
+        );
+        assert!(
+            (f(&total["saving"]) - (expected_reference - expected_cost)).abs() < 1e-9,
+            "{who}: {report}"
+        );
+        assert_eq!(
+            report["reference_price"],
+            json!({ "input_per_mtok": 2.0, "output_per_mtok": 10.0 }),
+            "{who}"
+        );
+        // Per tier: the tier task alone under `fast`, the other under `(none)`.
+        let tiers: Vec<(String, u64, u64)> = report["tiers"]
+            .as_array()
+            .expect("tiers")
+            .iter()
+            .map(|g| {
+                (
+                    g["name"].as_str().unwrap_or_default().to_string(),
+                    u(&g["tasks"]),
+                    u(&g["tokens"]["input"]),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                ("(none)".to_string(), 1, u(&b_result["tokens"]["input"])),
+                ("fast".to_string(), 1, u(&a_result["tokens"]["input"])),
+            ],
+            "{who}"
+        );
+    };
+
+    // The tool, by default over the gateway's lifetime (both tasks ran in it).
+    let tool = rig.ok("opencode_usage", json!({})).await;
+    check("opencode_usage", &tool);
+    let (code, message) = rig
+        .err("opencode_usage", json!({ "since": "yesterday" }))
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(
+        message.contains("`since`") && message.contains("`yesterday`"),
+        "{message}"
+    );
+
+    // The subcommand reads the state directory beside the running gateway.
+    let (ok, stdout, stderr) = cli(&rig, &["usage", "--json"]);
+    assert!(ok, "{stderr}");
+    let cli_report: Value = serde_json::from_str(&stdout).expect("usage --json is JSON");
+    check("opencode-mcp usage --json", &cli_report);
+    let (ok, stdout, stderr) = cli(&rig, &["usage", "--since", "1h"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("2 task(s) since "), "{stdout}");
+    let (ok, _, stderr) = cli(&rig, &["usage", "--since", "soon"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--since") && stderr.contains("`soon`") && stderr.contains("45s"),
+        "{stderr}"
+    );
+
+    // The list: newest first, with their statuses and the tier where there was one.
+    let (ok, stdout, stderr) = cli(&rig, &["tasks", "--json"]);
+    assert!(ok, "{stderr}");
+    let lines: Value = serde_json::from_str(&stdout).expect("tasks --json is JSON");
+    let listed: Vec<(&str, &str, Option<&str>)> = lines
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|l| {
+            (
+                l["task_id"].as_str().unwrap_or_default(),
+                l["status"].as_str().unwrap_or_default(),
+                l["tier"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (b_id.as_str(), "completed", None),
+            (a_id.as_str(), "completed", Some("fast")),
+        ]
+    );
+    let (ok, stdout, _) = cli(&rig, &["tasks", "--status", "failed", "--json"]);
+    assert!(ok);
+    assert_eq!(serde_json::from_str::<Value>(&stdout).ok(), Some(json!([])));
+    let (ok, _, stderr) = cli(&rig, &["tasks", "--status", "done"]);
+    assert!(!ok && stderr.contains("`done`"), "{stderr}");
+
+    // The tool lists the same, and `limit` cuts it while `total` still counts both.
+    let listed = rig.ok("opencode_list_tasks", json!({ "limit": 1 })).await;
+    assert_eq!(listed["total"], 2, "{listed}");
+    assert_eq!(listed["tasks"][0]["task_id"], json!(b_id), "{listed}");
+    assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(1));
+}
