@@ -69,6 +69,8 @@ await call("opencode_get_task_status", "success", { task_id: taskId, include_pro
 await call("opencode_get_task_result", "success", { task_id: taskId });
 await call("opencode_continue_task", "success", { task_id: taskId, prompt: "once more" });
 await call("opencode_cancel_task", "success", { task_id: taskId });
+await call("opencode_list_tasks", "success", {});
+await call("opencode_usage", "success", {});
 
 // Error paths: every tool, with arguments of the right shape naming nothing that exists.
 const missing = {
@@ -82,6 +84,10 @@ const missing = {
   opencode_get_task_result: { task_id: "tsk_nope" },
   opencode_wait_for_task: { task_ids: ["tsk_nope"] },
   opencode_reply_permission: { task_id: "tsk_nope", reply: "once" },
+  opencode_list_tasks: { status: "no_such_status" },
+  opencode_usage: { since: "not a duration" },
+  opencode_apply_task: { task_id: "tsk_nope" },
+  opencode_discard_task: { task_id: "tsk_nope" },
 };
 for (const name of tools) {
   await call(name, "error", missing[name] ?? {});
