@@ -45,11 +45,7 @@ impl ActionSpec for GetTaskResult {
 
     /// Reads the session's messages and changes nothing.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 }
 

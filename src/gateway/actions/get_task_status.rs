@@ -37,11 +37,7 @@ impl ActionSpec for GetTaskStatus {
 
     /// Reads the gateway's own state and changes nothing.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 }
 

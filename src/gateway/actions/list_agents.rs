@@ -33,11 +33,7 @@ impl ActionSpec for ListAgents {
 
     /// Reads the server's catalog and changes nothing.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 
     fn refine_input_schema(_config: &Config, schema: &mut JsonObject) {

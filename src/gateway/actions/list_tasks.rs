@@ -50,11 +50,7 @@ impl ActionSpec for ListTasks {
 
     /// Reads the task records and changes nothing.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 }
 

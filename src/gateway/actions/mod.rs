@@ -82,6 +82,17 @@ pub trait ActionSpec {
     fn refine_input_schema(_config: &Config, _schema: &mut JsonObject) {}
 }
 
+/// The annotations of a tool that only looks: it reads state and changes nothing (read-only, not
+/// destructive), asking again gives the same answer (idempotent), and it touches only this
+/// machine (closed world).
+pub(super) fn observing() -> ToolAnnotations {
+    ToolAnnotations::new()
+        .read_only(true)
+        .destructive(false)
+        .idempotent(true)
+        .open_world(false)
+}
+
 /// Parses `args` for `action`, runs its handler, and returns the result as JSON.
 pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Value, ToolError> {
     match action {

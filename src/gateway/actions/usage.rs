@@ -31,11 +31,7 @@ impl ActionSpec for Usage {
 
     /// Reads the task records and changes nothing.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 }
 

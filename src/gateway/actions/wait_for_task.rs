@@ -60,11 +60,7 @@ impl ActionSpec for WaitForTask {
 
     /// Only watches; cancelling the call leaves the tasks alone.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(true)
-            .destructive(false)
-            .idempotent(true)
-            .open_world(false)
+        super::observing()
     }
 
     fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
