@@ -31,7 +31,7 @@
 //!
 //! Every request is recorded ([`FakeAnthropic::requests`]).
 
-use super::http::{accept_loop, read_request, HttpRequest};
+use super::http::{read_request, HttpRequest};
 use super::server_thread::ServerThread;
 use std::io;
 use std::net::SocketAddr;
@@ -234,11 +234,8 @@ impl FakeAnthropic {
             main_tool_prefix: main_tool_prefix.to_owned(),
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-anthropic", move |listener| async move {
-            accept_loop(listener, "fake Anthropic", move |stream| {
-                handle_connection(stream, serve_shared.clone())
-            })
-            .await
+        let server = ServerThread::serve_connections("fake-anthropic", move |stream| {
+            handle_connection(stream, serve_shared.clone())
         });
         FakeAnthropic { shared, server }
     }

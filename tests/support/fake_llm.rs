@@ -55,7 +55,7 @@
 //! for a title (no tools; see [`RecordedRequest::is_title_request`]); the fake echoes, so the title
 //! becomes `ECHO: <first line>`.
 
-use super::http::{accept_loop, read_request};
+use super::http::read_request;
 use super::server_thread::ServerThread;
 use std::collections::HashMap;
 use std::io;
@@ -280,11 +280,8 @@ impl FakeLlm {
             changed: watch::channel(0).0,
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-llm", move |listener| async move {
-            accept_loop(listener, "fake LLM", move |stream| {
-                handle_connection(stream, serve_shared.clone())
-            })
-            .await
+        let server = ServerThread::serve_connections("fake-llm", move |stream| {
+            handle_connection(stream, serve_shared.clone())
         });
         FakeLlm { shared, server }
     }

@@ -25,7 +25,7 @@
 //! and a [`Call`]'s arguments can be computed from the outputs so far (a task id returned by an
 //! earlier call, say).
 
-use super::http::{accept_loop, read_request, HttpRequest};
+use super::http::{read_request, HttpRequest};
 use super::server_thread::ServerThread;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -221,11 +221,8 @@ impl FakeResponses {
             state: Mutex::new(State::default()),
         });
         let serve_shared = shared.clone();
-        let server = ServerThread::start("fake-responses", move |listener| async move {
-            accept_loop(listener, "fake responses", move |stream| {
-                handle_connection(stream, serve_shared.clone())
-            })
-            .await
+        let server = ServerThread::serve_connections("fake-responses", move |stream| {
+            handle_connection(stream, serve_shared.clone())
         });
         FakeResponses { shared, server }
     }

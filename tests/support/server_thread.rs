@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// A running fake server.
 pub struct ServerThread {
@@ -16,9 +16,22 @@ pub struct ServerThread {
 }
 
 impl ServerThread {
-    /// Binds 127.0.0.1:0 and runs `serve` (its accept loop) on a thread named `name` until
-    /// dropped. Panics (naming the fake) if the machine cannot give it a socket or a thread.
-    pub fn start<F, Fut>(name: &str, serve: F) -> Self
+    /// Binds 127.0.0.1:0 and serves every connection with `handle`, in a task of its own, on a
+    /// thread named `name` until dropped. Panics (naming the fake) if the machine cannot give it
+    /// a socket or a thread.
+    pub fn serve_connections<F, Fut>(name: &str, handle: F) -> Self
+    where
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let label = name.to_string();
+        Self::start(name, move |listener| async move {
+            super::http::accept_loop(listener, &label, handle).await
+        })
+    }
+
+    /// Binds 127.0.0.1:0 and runs `serve` (its accept loop) on a thread named `name`.
+    fn start<F, Fut>(name: &str, serve: F) -> Self
     where
         F: FnOnce(TcpListener) -> Fut + Send + 'static,
         Fut: Future<Output = ()>,
