@@ -256,13 +256,7 @@ fn codex_delegates_through_the_gateway() {
             outputs.join("\n")
         )
     };
-    assert!(run.status.success(), "{}", ctx());
-    assert!(
-        fake.script_errors().is_empty(),
-        "{:?}\n{}",
-        fake.script_errors(),
-        ctx()
-    );
+    run.assert_scripted(&fake, &ctx());
     assert_eq!(fake.steps_served(), steps, "{}", ctx());
 
     // The model was offered the gateway's tools as one namespace.
@@ -571,15 +565,7 @@ fn claude_code_delegates_through_the_gateway() {
     run.dump_if_asked(&api);
 
     // Claude Code ran the whole script and ended with the final text.
-    assert!(run.output.status.success(), "{}", run.describe());
-    assert_eq!(
-        api.script_failures(),
-        Vec::<String>::new(),
-        "{}",
-        run.describe()
-    );
-    let summary: Value = serde_json::from_str(run.stdout().trim())
-        .unwrap_or_else(|e| panic!("not Claude Code's JSON result ({e}): {}", run.describe()));
+    let summary = run.summary(&api);
     assert_eq!(summary["is_error"], false, "{summary}");
     assert_eq!(
         summary["result"], "All delegated work is done.",
@@ -916,15 +902,7 @@ fn claude_code_reads_a_large_answer_whole_page_by_page() {
         Duration::from_secs(240),
     );
     run.dump_if_asked(&api);
-    assert!(run.output.status.success(), "{}", run.describe());
-    assert_eq!(
-        api.script_failures(),
-        Vec::<String>::new(),
-        "{}",
-        run.describe()
-    );
-    let summary: Value = serde_json::from_str(run.stdout().trim())
-        .unwrap_or_else(|e| panic!("not Claude Code's JSON result ({e}): {}", run.describe()));
+    let summary = run.summary(&api);
     assert_eq!(summary["result"], READ_ALL, "{summary}");
 
     let results = api.final_tool_results();
@@ -1031,13 +1009,7 @@ fn codex_reads_a_large_answer_whole_page_by_page() {
         .collect();
     // The run's own account after what the model saw: a cut result fails above, as such, rather
     // than here as the script error it causes.
-    assert!(run.status.success(), "{}", run.describe());
-    assert!(
-        fake.script_errors().is_empty(),
-        "{:?}\n{}",
-        fake.script_errors(),
-        run.describe()
-    );
+    run.assert_scripted(&fake, &run.describe());
     assert!(
         run.events
             .iter()

@@ -134,6 +134,20 @@ impl Run {
         }
     }
 
+    /// Claude Code's JSON result, once it has run the whole script: it exited 0, and the fake
+    /// API could answer every step. Panics with the run's output otherwise.
+    pub fn summary(&self, api: &FakeAnthropic) -> Value {
+        assert!(self.output.status.success(), "{}", self.describe());
+        assert_eq!(
+            api.script_failures(),
+            Vec::<String>::new(),
+            "{}",
+            self.describe()
+        );
+        serde_json::from_str(self.stdout().trim())
+            .unwrap_or_else(|e| panic!("not Claude Code's JSON result ({e}): {}", self.describe()))
+    }
+
     pub fn stdout(&self) -> String {
         String::from_utf8_lossy(&self.output.stdout).into_owned()
     }

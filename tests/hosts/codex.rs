@@ -190,6 +190,17 @@ impl ExecRun {
             self.status, self.elapsed, self.stdout, self.stderr
         )
     }
+
+    /// Codex exited 0 and the fake API could compute every step's arguments; `context` is what a
+    /// failure shows besides the errors.
+    pub fn assert_scripted(&self, fake: &FakeResponses, context: &str) {
+        assert!(self.status.success(), "{context}");
+        assert!(
+            fake.script_errors().is_empty(),
+            "{:?}\n{context}",
+            fake.script_errors()
+        );
+    }
 }
 
 /// Runs `codex exec --json <prompt>` in `work_dir` with only the variables it needs (no inherited
