@@ -21,7 +21,7 @@ use std::process::Stdio;
 use opencode_mcp::config::{self, Config, Sources};
 use serde_json::{json, Value};
 use support::mcp::{BoxError, McpClient, Sandbox, TIMEOUT};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 const TASK_STATUS: &str = "opencode_get_task_status";
 const TASK_RESULT: &str = "opencode_get_task_result";
@@ -304,13 +304,6 @@ async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
 #[tokio::test]
 async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Result<(), BoxError> {
     let sandbox = Sandbox::new()?;
-    let mut child = sandbox
-        .launch()
-        .command()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
     let requests = [
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
@@ -327,30 +320,7 @@ async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Re
         json!({"jsonrpc": "2.0", "id": 7, "method": "prompts/get",
             "params": {"name": "delegate_task", "arguments": {"colour": "x"}}}),
     ];
-    let mut input = String::new();
-    for r in &requests {
-        input.push_str(&r.to_string());
-        input.push('\n');
-    }
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    let mut stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut stderr = child.stderr.take().ok_or("no stderr")?;
-    let stderr_task = tokio::spawn(async move {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text).await;
-        text
-    });
-    tokio::time::timeout(TIMEOUT, async {
-        stdin.write_all(input.as_bytes()).await?;
-        stdin.shutdown().await
-    })
-    .await??;
-    drop(stdin);
-
-    let mut output = String::new();
-    tokio::time::timeout(TIMEOUT, stdout.read_to_string(&mut output)).await??;
-    let status = tokio::time::timeout(TIMEOUT, child.wait()).await??;
-    let stderr_text = tokio::time::timeout(TIMEOUT, stderr_task).await??;
+    let (status, output, stderr_text) = raw_session(sandbox.launch(), &requests).await?;
     assert_eq!(
         status.code(),
         Some(0),
@@ -359,13 +329,10 @@ async fn stdout_is_only_json_rpc_and_the_process_exits_when_stdin_closes() -> Re
 
     let mut answered = BTreeSet::new();
     for line in output.lines() {
-        let msg: Value = serde_json::from_str(line)
-            .map_err(|e| format!("stdout line is not JSON ({e}): {line}"))?;
-        assert_eq!(msg["jsonrpc"], "2.0", "{line}");
-        let is_response =
-            msg.get("id").is_some() && (msg.get("result").is_some() != msg.get("error").is_some());
-        let is_notification = msg.get("method").is_some();
-        assert!(is_response || is_notification, "not JSON-RPC: {line}");
+        if let Err(why) = support::mcp::check_jsonrpc(line) {
+            panic!("stdout line is not JSON-RPC ({why}): {line}");
+        }
+        let msg: Value = serde_json::from_str(line)?;
         if let Some(id) = msg.get("id").and_then(Value::as_i64) {
             assert!(answered.insert(id), "id {id} answered twice");
         }
@@ -727,12 +694,6 @@ async fn short_session(env: &[(&str, &str)]) -> Result<(String, String), BoxErro
     for (k, v) in env {
         launch = launch.env(*k, *v);
     }
-    let child = launch
-        .command()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
     let requests = [
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
@@ -742,22 +703,8 @@ async fn short_session(env: &[(&str, &str)]) -> Result<(String, String), BoxErro
         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": {"name": TASK_STATUS, "arguments": {"task_id": "tsk_unknown"}}}),
     ];
-    let mut child = child;
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    let mut input = String::new();
-    for r in &requests {
-        input.push_str(&format!("{r}\n"));
-    }
-    tokio::time::timeout(TIMEOUT, async {
-        stdin.write_all(input.as_bytes()).await?;
-        stdin.shutdown().await
-    })
-    .await??;
-    drop(stdin);
-    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output()).await??;
-    let stdout = String::from_utf8(output.stdout)?;
-    let stderr = String::from_utf8(output.stderr)?;
-    assert_eq!(output.status.code(), Some(0), "stderr:\n{stderr}");
+    let (status, stdout, stderr) = raw_session(launch, &requests).await?;
+    assert_eq!(status.code(), Some(0), "stderr:\n{stderr}");
     let answered = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -765,6 +712,34 @@ async fn short_session(env: &[(&str, &str)]) -> Result<(String, String), BoxErro
         .count();
     assert_eq!(answered, 3, "stdout:\n{stdout}\nstderr:\n{stderr}");
     Ok((stdout, stderr))
+}
+
+/// Writes `requests` to a gateway's stdin, one a line, closes it, and returns how the gateway
+/// exited and everything it wrote on stdout and stderr; each step is bounded by [`TIMEOUT`].
+async fn raw_session(
+    launch: support::mcp::Launch,
+    requests: &[Value],
+) -> Result<(std::process::ExitStatus, String, String), BoxError> {
+    let mut child = launch
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let input: String = requests.iter().map(|r| format!("{r}\n")).collect();
+    tokio::time::timeout(TIMEOUT, async {
+        stdin.write_all(input.as_bytes()).await?;
+        stdin.shutdown().await
+    })
+    .await??;
+    drop(stdin);
+    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output()).await??;
+    Ok((
+        output.status,
+        String::from_utf8(output.stdout)?,
+        String::from_utf8(output.stderr)?,
+    ))
 }
 
 /// Lines that rmcp logged at INFO (tracing's format: `<time>  INFO <spans>: rmcp::...`).
