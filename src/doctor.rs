@@ -250,14 +250,7 @@ async fn binary_check(config: &Config) -> Check {
 /// `command` as the gateway would run it: a path as given, or the first executable file of that
 /// name on `PATH`.
 fn locate(command: &str) -> Option<PathBuf> {
-    if command.contains('/') {
-        let path = PathBuf::from(command);
-        return is_executable(&path).then_some(path);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(command))
-        .find(|p| is_executable(p))
+    crate::opencode::find_program(command, is_executable)
 }
 
 fn is_executable(path: &Path) -> bool {

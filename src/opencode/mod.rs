@@ -19,6 +19,7 @@ pub use api::Api;
 pub use error::OpencodeError;
 pub use messages::messages_from_json;
 pub use pool::{resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo};
+pub(crate) use process::find_program;
 pub use process::kill_group;
 pub use types::{
     error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,

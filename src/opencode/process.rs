@@ -13,7 +13,7 @@
 //! gateway even when the gateway is SIGKILLed.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -374,11 +374,20 @@ fn supervisor_program() -> Option<&'static Path> {
 
 /// `true` if `command` names an existing file: a path as given, or a name found on `PATH`.
 fn program_exists(command: &str) -> bool {
+    find_program(command, Path::is_file).is_some()
+}
+
+/// Where `command` is, looked up as the gateway runs it: a path (anything with a `/`) as given,
+/// else the first file of that name in a `PATH` directory that `accept` takes.
+pub(crate) fn find_program(command: &str, accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     if command.contains('/') {
-        return Path::new(command).is_file();
+        let path = PathBuf::from(command);
+        return accept(&path).then_some(path);
     }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(command).is_file()))
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| accept(p))
 }
 
 /// Signals the whole process group led by `pid` (the child was started as a group leader).
