@@ -118,6 +118,47 @@ async fn snapshots_of_the_default_surface() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// A preset tool from a repository file: its input schema is built from its declared arguments
+/// plus the action's own that it does not fix (pinned), and it keeps its action's output schema
+/// and annotations.
+#[tokio::test]
+async fn snapshot_of_a_preset_tool() -> Result<(), BoxError> {
+    let sandbox = Sandbox::new()?;
+    sandbox.write_repo_config(
+        r#"
+tools:
+  write_tests:
+    action: start_task
+    tier: fast
+    isolation: worktree
+    description: Write unit tests for one module and run them.
+    arguments:
+      - {name: module, description: Path of the module to test, required: true}
+      - {name: notes, description: Cases that matter, required: false}
+    prompt: |-
+      Write unit tests for {{module}}. {{notes}}
+      Run the test command; they must pass. Do not change non-test code.
+"#,
+    )?;
+    let client = sandbox.launch().connect().await?;
+    let s = surface(&client).await?;
+    client.close().await?;
+    let tools = s.tools.as_array().cloned().unwrap_or_default();
+    let preset = tools.iter().find(|t| t["name"] == "write_tests");
+    let start = tools.iter().find(|t| t["name"] == START_TASK);
+    let (Some(preset), Some(start)) = (preset, start) else {
+        return Err(format!("write_tests and {START_TASK} are listed: {}", s.tools).into());
+    };
+    assert_eq!(preset["outputSchema"], start["outputSchema"]);
+    assert_eq!(preset["annotations"], start["annotations"]);
+    let mut shown = preset.clone();
+    if let Some(obj) = shown.as_object_mut() {
+        obj.remove("outputSchema");
+    }
+    insta::assert_json_snapshot!("preset_write_tests", shown);
+    Ok(())
+}
+
 /// The rename recipe from the README, for two tools: `delegate_start` replaces
 /// `opencode_start_task` (named by the instructions and the `delegate_task` prompt) and
 /// `delegate_result` replaces `opencode_get_task_result` (named by those and by the wait tool's

@@ -47,6 +47,7 @@ pub use template::{
 };
 pub use trust::{Withheld, TRUST_KEYS};
 pub use types::*;
+pub(crate) use validate::Issue;
 pub use yaml::Yaml;
 
 use std::path::PathBuf;

@@ -364,6 +364,9 @@ mod tests {
             description: format!("{name} starts"),
             enabled,
             title: None,
+            arguments: Vec::new(),
+            prompt: None,
+            fixed: Default::default(),
         };
         config
             .tools

@@ -315,8 +315,14 @@ pub struct Tier {
 }
 
 /// One tool in the MCP tool set.
+///
+/// Besides binding a name to an action, an entry can make the tool a *preset*: any other key
+/// fixes that argument of the action (`tier: fast`, `isolation: worktree`, `mode: any`), which then
+/// disappears from the tool's input schema; and for actions that take a `prompt`, `arguments` and
+/// a `prompt` template replace the free-form prompt with declared arguments. Every other key is
+/// checked when the file loads: it must be an argument of the action, with a value the action
+/// accepts (a misspelt setting is reported with the arguments the action does take).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct ToolConfig {
     /// The action this tool performs.
     pub action: Action,
@@ -330,6 +336,26 @@ pub struct ToolConfig {
     /// Optional human-readable title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// Preset tools: the arguments the host fills in, each a string used as `{{name}}` in
+    /// `prompt`. A list: a layer that sets it replaces the whole list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arguments: Vec<PromptArgument>,
+    /// Preset tools: the template (MiniJinja: `{{name}}`, `{% if name %}...{% endif %}`) rendered
+    /// from `arguments` into the action's `prompt`. An optional argument left out renders as
+    /// nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub prompt: Option<String>,
+    /// Every other key: an argument of the action fixed to this value (e.g. `tier: fast`).
+    #[serde(flatten)]
+    pub fixed: BTreeMap<String, serde_json::Value>,
+}
+
+impl ToolConfig {
+    /// Whether the entry changes the action's arguments (a preset) rather than only naming it.
+    pub fn is_preset(&self) -> bool {
+        self.prompt.is_some() || !self.arguments.is_empty() || !self.fixed.is_empty()
+    }
 }
 
 fn default_true() -> bool {

@@ -63,6 +63,7 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tools(config, &mut issues);
     prompts(config, &mut issues);
     tool_placeholders(config, &mut issues);
+    issues.0.extend(crate::gateway::preset_issues(config));
     state_dir(config, &mut issues);
     hosts(config, &mut issues);
     report(config, &mut issues);

@@ -126,7 +126,7 @@ impl ServerHandler for Gateway {
             name, arguments, ..
         } = request;
         let name = name.as_ref();
-        let Some(action) = self.tools.action(name) else {
+        let Some(route) = self.tools.route(name) else {
             return Err(McpError::invalid_params(
                 format!(
                     "unknown tool `{name}`: it does not exist or is disabled in delegation.yaml; \
@@ -144,7 +144,15 @@ impl ServerHandler for Gateway {
             request: &context,
         };
         let args = arguments.unwrap_or_default();
-        let result = match actions::run(action, args, &ctx).await {
+        let args = match &route.preset {
+            Some(preset) => preset.arguments_for_action(name, args),
+            None => Ok(args),
+        };
+        let outcome = match args {
+            Ok(args) => actions::run(route.action, args, &ctx).await,
+            Err(e) => Err(e),
+        };
+        let result = match outcome {
             Ok(value) => CallToolResult::structured(value),
             Err(e) => {
                 // An internal error is the gateway's own fault: the user should see it. The rest

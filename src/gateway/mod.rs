@@ -15,12 +15,14 @@ mod actions;
 mod budget;
 mod error;
 mod handler;
+mod preset;
 mod prompts;
 mod schema;
 mod tools;
 
 pub use error::ToolError;
 pub use handler::{Gateway, SERVER_NAME};
+pub(crate) use preset::issues as preset_issues;
 
 use std::time::Duration;
 

@@ -7,13 +7,15 @@
 //! is sorted by name so `tools/list` is stable whatever the config's order.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use rmcp::model::Tool;
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 
 use super::actions::{
     ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, GetTaskResult, GetTaskStatus,
     ListAgents, ListTasks, ReplyPermission, StartServer, StartTask, StopServer, Usage, WaitForTask,
 };
+use super::preset::Preset;
 use super::schema;
 use crate::config::{Action, Config, ToolConfig};
 
@@ -21,7 +23,15 @@ use crate::config::{Action, Config, ToolConfig};
 #[derive(Debug, Clone)]
 pub struct ToolTable {
     tools: Vec<Tool>,
-    actions: HashMap<String, Action>,
+    routes: HashMap<String, Route>,
+}
+
+/// Where a call to a tool goes: its action, and for a preset tool the preset that turns the
+/// host's arguments into the action's.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub action: Action,
+    pub preset: Option<Arc<Preset>>,
 }
 
 impl ToolTable {
@@ -31,11 +41,17 @@ impl ToolTable {
             .map(|(name, tool)| describe(name, tool, config))
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
-        let actions = config
+        let routes = config
             .enabled_tools()
-            .map(|(name, tool)| (name.to_string(), tool.action))
+            .map(|(name, tool)| {
+                let route = Route {
+                    action: tool.action,
+                    preset: Preset::of(tool).map(Arc::new),
+                };
+                (name.to_string(), route)
+            })
             .collect();
-        Self { tools, actions }
+        Self { tools, routes }
     }
 
     /// The tools for `tools/list`, sorted by name.
@@ -43,9 +59,9 @@ impl ToolTable {
         &self.tools
     }
 
-    /// The action behind an enabled tool.
-    pub fn action(&self, name: &str) -> Option<Action> {
-        self.actions.get(name).copied()
+    /// Where a call to an enabled tool goes.
+    pub fn route(&self, name: &str) -> Option<&Route> {
+        self.routes.get(name)
     }
 
     /// The enabled tool names, sorted (for error messages).
@@ -54,34 +70,64 @@ impl ToolTable {
     }
 }
 
-fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
-    match tool.action {
-        Action::StartServer => build::<StartServer>(name, tool, config),
-        Action::StopServer => build::<StopServer>(name, tool, config),
-        Action::ListAgents => build::<ListAgents>(name, tool, config),
-        Action::StartTask => build::<StartTask>(name, tool, config),
-        Action::ContinueTask => build::<ContinueTask>(name, tool, config),
-        Action::CancelTask => build::<CancelTask>(name, tool, config),
-        Action::GetTaskStatus => build::<GetTaskStatus>(name, tool, config),
-        Action::GetTaskResult => build::<GetTaskResult>(name, tool, config),
-        Action::WaitForTask => build::<WaitForTask>(name, tool, config),
-        Action::ReplyPermission => build::<ReplyPermission>(name, tool, config),
-        Action::ApplyTask => build::<ApplyTask>(name, tool, config),
-        Action::DiscardTask => build::<DiscardTask>(name, tool, config),
-        Action::Usage => build::<Usage>(name, tool, config),
-        Action::ListTasks => build::<ListTasks>(name, tool, config),
+/// What the code says about an action's tool: schemas, default title, annotations.
+struct Parts {
+    input: JsonObject,
+    output: JsonObject,
+    title: &'static str,
+    annotations: ToolAnnotations,
+}
+
+fn parts(action: Action, config: &Config) -> Parts {
+    match action {
+        Action::StartServer => parts_of::<StartServer>(config),
+        Action::StopServer => parts_of::<StopServer>(config),
+        Action::ListAgents => parts_of::<ListAgents>(config),
+        Action::StartTask => parts_of::<StartTask>(config),
+        Action::ContinueTask => parts_of::<ContinueTask>(config),
+        Action::CancelTask => parts_of::<CancelTask>(config),
+        Action::GetTaskStatus => parts_of::<GetTaskStatus>(config),
+        Action::GetTaskResult => parts_of::<GetTaskResult>(config),
+        Action::WaitForTask => parts_of::<WaitForTask>(config),
+        Action::ReplyPermission => parts_of::<ReplyPermission>(config),
+        Action::ApplyTask => parts_of::<ApplyTask>(config),
+        Action::DiscardTask => parts_of::<DiscardTask>(config),
+        Action::Usage => parts_of::<Usage>(config),
+        Action::ListTasks => parts_of::<ListTasks>(config),
     }
 }
 
-fn build<A: ActionSpec>(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
+fn parts_of<A: ActionSpec>(config: &Config) -> Parts {
     let mut input = schema::input_schema::<A::Args>();
     A::refine_input_schema(config, &mut input);
-    let output = schema::output_schema::<A::Output>();
-    let title = tool.title.clone().unwrap_or_else(|| A::TITLE.to_string());
+    Parts {
+        input,
+        output: schema::output_schema::<A::Output>(),
+        title: A::TITLE,
+        annotations: A::annotations(),
+    }
+}
+
+/// The input schema of `action` as a plain tool bound to it shows it (config refinements
+/// included): what a preset's fixed values are checked against and starts from.
+pub fn action_input_schema(action: Action, config: &Config) -> JsonObject {
+    parts(action, config).input
+}
+
+fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
+    let parts = parts(tool.action, config);
+    let input = match Preset::of(tool) {
+        Some(preset) => preset.input_schema(&parts.input),
+        None => parts.input,
+    };
+    let title = tool
+        .title
+        .clone()
+        .unwrap_or_else(|| parts.title.to_string());
     Tool::new(name.to_string(), tool.description.clone(), input)
         .with_title(title)
-        .with_raw_output_schema(output.into())
-        .with_annotations(A::annotations())
+        .with_raw_output_schema(parts.output.into())
+        .with_annotations(parts.annotations)
 }
 
 #[cfg(test)]

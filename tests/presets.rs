@@ -1,0 +1,158 @@
+//! Preset tools declared in a repository's `delegation.yaml`, end to end: the file is dropped into
+//! the directory the gateway starts in (no rebuild), the host sees the preset with its own schema
+//! over the real MCP wire, and a call starts a real OpenCode task whose prompt is the rendered
+//! template, on the tier the preset fixes.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::fake_llm::{content_text, FakeLlm};
+use support::isolation::OpenCodeEnv;
+use support::rig::Rig;
+
+/// The issue's own example, with the fast tier bound to a model other than the server's
+/// default, so that the model a task ran on proves which tier it was started on.
+const PRESETS: &str = r#"
+tiers:
+  - name: fast
+    handles: mechanical work
+    models: [fake/fake-strong]
+  - name: standard
+    handles: features
+    models: []
+  - name: strong
+    handles: hard work
+    models: []
+tools:
+  write_tests:
+    action: start_task
+    tier: fast
+    description: Write unit tests for one module and run them.
+    arguments:
+      - {name: module, description: Path of the module to test, required: true}
+      - {name: notes, description: Cases that matter, required: false}
+    prompt: |-
+      Write unit tests for {{module}}.{% if notes %} {{notes}}{% endif %}
+      Run the test command; they must pass. Do not change non-test code.
+"#;
+
+async fn rig_with(yaml: &str) -> Rig {
+    let env = OpenCodeEnv::new();
+    std::fs::write(env.work_dir().join("delegation.yaml"), yaml).expect("write delegation.yaml");
+    Rig::start_in(FakeLlm::start(), env, &[]).await
+}
+
+/// The text of the user messages the fake model received for a session (title requests aside).
+fn user_text(rig: &Rig, session_id: &str) -> String {
+    rig.requests_for(session_id)
+        .iter()
+        .filter(|r| !r.is_title_request())
+        .flat_map(|r| r.messages.clone())
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preset_tool_starts_its_rendered_prompt_on_its_tier() {
+    let rig = rig_with(PRESETS).await;
+
+    let tools = rig.client.list_tools().await.expect("tools/list");
+    let preset = tools
+        .iter()
+        .find(|t| t.name == "write_tests")
+        .unwrap_or_else(|| panic!("write_tests is listed: {:?}", tools.iter().map(|t| &t.name)));
+    let schema = Value::Object(preset.input_schema.as_ref().clone());
+    assert_eq!(schema["required"], json!(["module"]), "{schema}");
+    let props = schema["properties"].as_object().expect("properties");
+    assert_eq!(props["module"]["type"], "string");
+    assert_eq!(props["notes"]["type"], "string");
+    for hidden in ["prompt", "tier"] {
+        assert!(
+            !props.contains_key(hidden),
+            "`{hidden}` is not the host's: {schema}"
+        );
+    }
+    assert_eq!(
+        preset.description.as_deref(),
+        Some("Write unit tests for one module and run them.")
+    );
+
+    // With the optional argument and without: both render, the missing one as nothing.
+    let with_notes = rig
+        .ok(
+            "write_tests",
+            json!({ "module": "src/lib.rs", "notes": "Cover the empty input.", "detail": "full" }),
+        )
+        .await;
+    let without = rig
+        .ok(
+            "write_tests",
+            json!({ "module": "src/main.rs", "detail": "full" }),
+        )
+        .await;
+    for (start, first_line) in [
+        (
+            &with_notes,
+            "Write unit tests for src/lib.rs. Cover the empty input.",
+        ),
+        (&without, "Write unit tests for src/main.rs."),
+    ] {
+        let id = start["task_id"].as_str().expect("task_id");
+        let result = rig.finish(id).await;
+        assert_eq!(result["status"], "completed", "{result}");
+        assert_eq!(
+            result["model"], "fake/fake-strong",
+            "the fast tier: {result}"
+        );
+        assert_eq!(result["text"], format!("ECHO: {first_line}"), "{result}");
+        let session = start["session_id"].as_str().expect("session_id");
+        let sent = user_text(&rig, session);
+        assert!(
+            sent.contains(&format!(
+                "{first_line}\nRun the test command; they must pass. Do not change non-test code."
+            )),
+            "the agent got the whole rendered template: {sent}"
+        );
+    }
+
+    // What the preset fixes or declares is checked at the call, naming the argument.
+    let (code, message) = rig.err("write_tests", json!({ "notes": "x" })).await;
+    assert_eq!(code, "invalid_argument");
+    assert!(message.contains("`module`"), "{message}");
+    let (code, message) = rig
+        .err("write_tests", json!({ "module": "m", "tier": "strong" }))
+        .await;
+    assert_eq!(code, "invalid_argument");
+    assert!(message.contains("`tier` is fixed"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_preset_is_refused_at_load_naming_file_and_key() {
+    let env = OpenCodeEnv::new();
+    let file = env.work_dir().join("delegation.yaml");
+    std::fs::write(
+        &file,
+        PRESETS
+            .replace("tier: fast\n", "tier: fastest\n")
+            .replace("{{module}}", "{{modul}}"),
+    )
+    .expect("write delegation.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
+        .arg("check-config")
+        .current_dir(env.work_dir())
+        .env("HOME", env.home_dir())
+        .env("XDG_CONFIG_HOME", env.home_dir().join(".config"))
+        .output()
+        .expect("the gateway binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let shown = file.display().to_string();
+    for expected in [
+        format!("{shown}: `tools.write_tests.tier`: \"fastest\" is not a valid `tier`"),
+        format!("{shown}: `tools.write_tests.prompt`: unknown placeholder `modul`"),
+    ] {
+        assert!(stderr.contains(&expected), "{expected}\nin:\n{stderr}");
+    }
+}
