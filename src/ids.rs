@@ -38,6 +38,15 @@ pub fn task_id() -> String {
     format!("tsk_{}", random_base62(16))
 }
 
+/// A fan-out group id: `grp_` + 12 base62 characters. Not a task id, so it can never be
+/// confused with one where both are accepted (`wait_for_task`).
+pub fn group_id() -> String {
+    format!("{GROUP_PREFIX}{}", random_base62(12))
+}
+
+/// What starts every group id.
+pub const GROUP_PREFIX: &str = "grp_";
+
 /// A server id: `srv_` + 10 base62 characters.
 pub fn server_id() -> String {
     format!("srv_{}", random_base62(10))

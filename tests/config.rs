@@ -96,6 +96,7 @@ fn default_loads_and_validates() {
             "opencode_cancel_task",
             "opencode_continue_task",
             "opencode_discard_task",
+            "opencode_fan_out",
             "opencode_get_task_result",
             "opencode_get_task_status",
             "opencode_list_agents",
@@ -106,9 +107,11 @@ fn default_loads_and_validates() {
             "opencode_stop_server",
             "opencode_usage",
             "opencode_wait_for_task",
+            "review",
         ]
     );
-    // Every action is bound to exactly one tool, named after it, and every tool is enabled.
+    // Every action is bound to exactly one enabled tool, named after it; the one disabled entry
+    // is the `review` preset, shipped off.
     for action in Action::ALL {
         let bound: Vec<&str> = cfg
             .enabled_tools()
@@ -122,7 +125,7 @@ fn default_loads_and_validates() {
         );
     }
     for (name, tool) in &cfg.tools {
-        assert!(tool.enabled, "{name}");
+        assert_eq!(tool.enabled, name != "review", "{name}");
         assert!(tool.description.len() > 80, "{name}: describe it properly");
         assert!(tool.description.len() < 700, "{name}: keep it concise");
     }
@@ -308,7 +311,7 @@ fn a_layer_can_add_a_tool_alias() {
         &[],
     );
     let cfg = loaded.expect("loads");
-    assert_eq!(cfg.tools.len(), Action::ALL.len() + 1);
+    assert_eq!(cfg.tools.len(), Action::ALL.len() + 2, "the built-in tools, review, delegate");
     assert_eq!(cfg.tools["delegate"].action, Action::StartTask);
     assert!(cfg.tools["delegate"].enabled, "enabled defaults to true");
 }

@@ -1,7 +1,8 @@
 //! Preset tools declared in a repository's `delegation.yaml`, end to end: the file is dropped into
 //! the directory the gateway starts in (no rebuild), the host sees the preset with its own schema
 //! over the real MCP wire, and a call starts a real OpenCode task whose prompt is the rendered
-//! template, on the tier the preset fixes.
+//! template, on the tier the preset fixes. `fan_out` (and the built-in `review` preset on it)
+//! asks two tiers at once and the wait tool returns both answers side by side.
 
 mod support;
 
@@ -155,4 +156,106 @@ async fn a_broken_preset_is_refused_at_load_naming_file_and_key() {
     ] {
         assert!(stderr.contains(&expected), "{expected}\nin:\n{stderr}");
     }
+}
+
+/// Tiers bound to two different models, so each answer shows which tier gave it.
+const TWO_TIERS: &str = r#"
+tiers:
+  - name: fast
+    handles: mechanical work
+    models: [fake/fake-strong]
+  - name: standard
+    handles: features
+    models: [fake/fake-strong]
+  - name: strong
+    handles: hard work
+    models: [fake/fake-model]
+tools:
+  review:
+    enabled: true
+"#;
+
+/// Waits (lean, as a host would) on a fan-out group and returns the finished tasks.
+async fn wait_group(rig: &Rig, group: &str) -> Vec<Value> {
+    let w = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [group], "timeout_ms": 60_000 }),
+        )
+        .await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    w["tasks"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
+    let rig = rig_with(TWO_TIERS).await;
+
+    let out = rig
+        .ok(
+            "opencode_fan_out",
+            json!({ "prompt": "Is this design sound?", "tiers": ["fast", "strong"] }),
+        )
+        .await;
+    let group = out["group_id"].as_str().expect("group_id").to_string();
+    assert!(group.starts_with("grp_"), "{out}");
+    let ids = out["task_ids"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ids.len(), 2, "{out}");
+    for task in out["tasks"].as_array().into_iter().flatten() {
+        assert_eq!(task["group_id"], group.as_str(), "{out}");
+    }
+
+    let tasks = wait_group(&rig, &group).await;
+    assert_eq!(
+        tasks
+            .iter()
+            .map(|t| t["task_id"].clone())
+            .collect::<Vec<_>>(),
+        ids,
+        "the group's tasks, in the order of the targets"
+    );
+    let models: Vec<&str> = tasks.iter().filter_map(|t| t["model"].as_str()).collect();
+    assert_eq!(models, ["fake/fake-strong", "fake/fake-model"], "{tasks:?}");
+    for task in &tasks {
+        assert_eq!(task["status"], "completed", "{task}");
+        assert_eq!(task["text"], "ECHO: Is this design sound?", "{task}");
+        assert!(task["tokens"]["output"].as_u64().unwrap_or(0) > 0, "{task}");
+        assert!(task["cost"].is_number(), "{task}");
+    }
+
+    // The built-in review preset, enabled by the repository: two tiers, the rendered prompt.
+    let out = rig.ok("review", json!({ "focus": "error handling" })).await;
+    let group = out["group_id"].as_str().expect("group_id").to_string();
+    let tasks = wait_group(&rig, &group).await;
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+    let models: Vec<&str> = tasks.iter().filter_map(|t| t["model"].as_str()).collect();
+    assert_eq!(
+        models,
+        ["fake/fake-strong", "fake/fake-model"],
+        "standard, strong"
+    );
+    for task in &tasks {
+        assert_eq!(
+            task["text"],
+            "ECHO: Review the change shown by `git diff HEAD` in this repository. Do not edit any file.",
+            "{task}"
+        );
+    }
+
+    let (code, message) = rig
+        .err(
+            "opencode_wait_for_task",
+            json!({ "task_ids": ["grp_nosuchgroup0"] }),
+        )
+        .await;
+    assert_eq!(code, "not_found", "{message}");
+    assert!(message.contains("grp_nosuchgroup0"), "{message}");
+    let (code, message) = rig
+        .err(
+            "opencode_fan_out",
+            json!({ "prompt": "p", "tiers": ["fast"] }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument");
+    assert!(message.contains("2 to 8"), "{message}");
 }

@@ -282,14 +282,14 @@ async fn a_repo_config_changes_exactly_what_it_says() -> Result<(), BoxError> {
             if tool["name"] == TASK_STATUS {
                 tool["description"] = json!(new_description);
             }
-            if tool["name"] == START_TASK {
-                // The tier argument lists the configured tiers.
-                if let Some(names) = tool
-                    .pointer_mut("/inputSchema/properties/tier/enum")
-                    .and_then(Value::as_array_mut)
-                {
-                    names.push(new_tier["name"].clone());
-                }
+            // The tier arguments list the configured tiers.
+            let tiers = match tool["name"].as_str() {
+                Some(START_TASK) => "/inputSchema/properties/tier/enum",
+                Some("opencode_fan_out") => "/inputSchema/properties/tiers/items/enum",
+                _ => continue,
+            };
+            if let Some(names) = tool.pointer_mut(tiers).and_then(Value::as_array_mut) {
+                names.push(new_tier["name"].clone());
             }
         }
     }

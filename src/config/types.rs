@@ -397,11 +397,13 @@ pub enum Action {
     Usage,
     /// List the stored tasks, newest first.
     ListTasks,
+    /// Send one prompt to several tiers or models at once; the tasks form one group.
+    FanOut,
 }
 
 impl Action {
     /// Every action, in the order tools are documented.
-    pub const ALL: [Action; 14] = [
+    pub const ALL: [Action; 15] = [
         Action::StartServer,
         Action::StopServer,
         Action::ListAgents,
@@ -416,6 +418,7 @@ impl Action {
         Action::DiscardTask,
         Action::Usage,
         Action::ListTasks,
+        Action::FanOut,
     ];
 
     /// The snake_case name used in `delegation.yaml`.
@@ -435,6 +438,7 @@ impl Action {
             Action::DiscardTask => "discard_task",
             Action::Usage => "usage",
             Action::ListTasks => "list_tasks",
+            Action::FanOut => "fan_out",
         }
     }
 }

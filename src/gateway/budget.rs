@@ -212,6 +212,9 @@ mod tests {
             agent: None,
             model: None,
             turn: None,
+            group_id: None,
+            tokens: None,
+            cost: None,
         }
     }
 

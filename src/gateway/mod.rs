@@ -163,6 +163,7 @@ pub fn parse_tool_arguments(
         Action::DiscardTask => parse::<actions::DiscardTask>(args),
         Action::Usage => parse::<actions::Usage>(args),
         Action::ListTasks => parse::<actions::ListTasks>(args),
+        Action::FanOut => parse::<actions::FanOut>(args),
     }
 }
 

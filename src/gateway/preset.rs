@@ -216,11 +216,13 @@ pub fn render(
     env.render_str(template, minijinja::Value::from(values.clone()))
 }
 
-/// Every problem with the preset entries of `config`, keyed like the file (all tools, enabled or
-/// not: a disabled preset is one `enabled: true` away from being served).
+/// Every problem with the enabled preset entries of `config`, keyed like the file. Disabled ones
+/// are not checked: their fixed values may name tiers a repository has replaced (the built-in
+/// `review` preset names `standard` and `strong`), which must not stop the gateway; enabling one
+/// checks it.
 pub(crate) fn issues(config: &Config) -> Vec<Issue> {
     let mut issues = Vec::new();
-    for (name, tool) in &config.tools {
+    for (name, tool) in config.enabled_tools() {
         let Some(preset) = Preset::of(tool) else {
             continue;
         };

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 
 use super::actions::{
-    ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, GetTaskResult, GetTaskStatus,
-    ListAgents, ListTasks, ReplyPermission, StartServer, StartTask, StopServer, Usage, WaitForTask,
+    ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, FanOut, GetTaskResult,
+    GetTaskStatus, ListAgents, ListTasks, ReplyPermission, StartServer, StartTask, StopServer,
+    Usage, WaitForTask,
 };
 use super::preset::Preset;
 use super::schema;
@@ -94,6 +95,7 @@ fn parts(action: Action, config: &Config) -> Parts {
         Action::DiscardTask => parts_of::<DiscardTask>(config),
         Action::Usage => parts_of::<Usage>(config),
         Action::ListTasks => parts_of::<ListTasks>(config),
+        Action::FanOut => parts_of::<FanOut>(config),
     }
 }
 

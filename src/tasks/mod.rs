@@ -34,7 +34,7 @@ mod workspace;
 
 pub use error::TaskError;
 pub use model::*;
-pub use record::{epoch_ms, TaskRecord};
+pub use record::{epoch_ms, GroupMember, TaskRecord};
 pub use resolve::{resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
 pub use store::{default_state_dir, read_all};

@@ -149,6 +149,18 @@ pub struct TaskSnapshot {
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
+    /// The fan-out group the task is one answer of: pass it to the wait tool in place of the
+    /// task ids. A group's tasks always show `model`, `tokens` and `cost`, so the answers can be
+    /// compared side by side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
+    /// (detail `full`, or in a group) Tokens of the finished turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Tokens>,
+    /// (detail `full`, or in a group) Cost of the finished turn in dollars, as OpenCode reports
+    /// it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }
 
 impl TaskSnapshot {
@@ -159,8 +171,12 @@ impl TaskSnapshot {
             self.session_id = None;
             self.directory = None;
             self.agent = None;
-            self.model = None;
             self.turn = None;
+            if self.group_id.is_none() {
+                self.model = None;
+                self.tokens = None;
+                self.cost = None;
+            }
         }
         self
     }

@@ -76,6 +76,19 @@ pub struct TaskRecord {
     /// and in records written before worktrees existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceRecord>,
+    /// The fan-out group the task was started in (`fan_out`: one prompt, several tiers or
+    /// models), so its answer is shown beside the others'; absent for a task started alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupMember>,
+}
+
+/// A task's place in a fan-out group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMember {
+    /// The group id (`grp_...`).
+    pub id: String,
+    /// Its position among the group's targets (0-based), the order results are shown in.
+    pub index: u32,
 }
 
 /// A task's worktree, as kept across restarts: enough to diff, apply and remove it.
@@ -135,6 +148,7 @@ impl TaskRecord {
             newest_message_id: None,
             idempotency: None,
             workspace: None,
+            group: None,
         }
     }
 

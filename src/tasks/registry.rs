@@ -216,6 +216,17 @@ impl TaskEntry {
             agent: self.agent(),
             model: self.model(),
             turn: Some(r.turn),
+            group_id: r.group.as_ref().map(|g| g.id.clone()),
+            tokens: r
+                .outcome
+                .as_ref()
+                .filter(|_| r.status.is_terminal())
+                .map(|o| o.tokens),
+            cost: r
+                .outcome
+                .as_ref()
+                .filter(|_| r.status.is_terminal())
+                .map(|o| o.cost),
         }
     }
 
@@ -512,6 +523,21 @@ impl Registry {
             self.bump();
         }
         Some(r)
+    }
+
+    /// The tasks of a fan-out group, in the order of its targets.
+    pub fn group_members(&self, group: &str) -> Vec<String> {
+        let inner = self.lock();
+        let mut members: Vec<(u32, &str)> = inner
+            .tasks
+            .values()
+            .filter_map(|e| {
+                let member = e.rec.group.as_ref().filter(|g| g.id == group)?;
+                Some((member.index, e.rec.id.as_str()))
+            })
+            .collect();
+        members.sort_unstable();
+        members.into_iter().map(|(_, id)| id.to_string()).collect()
     }
 
     /// Ids of tasks in memory matching `pred`.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
-use super::record::TaskRecord;
+use super::record::{GroupMember, TaskRecord};
 use super::registry::{Registry, TaskEntry};
 use super::store::{self, Store};
 use super::tracker::{self, TrackerContext};
@@ -50,6 +50,8 @@ pub struct StartTask {
     pub isolation: Isolation,
     /// What that worktree starts from.
     pub base: Base,
+    /// The fan-out group this task is one answer of, and its place there.
+    pub group: Option<GroupMember>,
 }
 
 impl StartTask {
@@ -425,6 +427,7 @@ impl TaskService {
         rec.idempotency = idempotency;
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
+        rec.group = req.group.clone();
         let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.

@@ -11,6 +11,37 @@ use super::service::TaskService;
 impl TaskService {
     /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`. Never
     /// cancels a task; dropping the future ends only the wait.
+    /// `ids` with each fan-out group id replaced by its tasks (in target order), repeats
+    /// dropped. A group with no known task is reported like an unknown task id.
+    pub async fn expand_groups(&self, ids: Vec<String>) -> Result<Vec<String>, TaskError> {
+        if !ids
+            .iter()
+            .any(|id| id.starts_with(crate::ids::GROUP_PREFIX))
+        {
+            return Ok(ids);
+        }
+        self.restored().await;
+        let mut out = Vec::with_capacity(ids.len());
+        let mut unknown = Vec::new();
+        for id in ids {
+            if !id.starts_with(crate::ids::GROUP_PREFIX) {
+                out.push(id);
+                continue;
+            }
+            let members = self.registry.group_members(&id);
+            if members.is_empty() {
+                unknown.push(id);
+            }
+            out.extend(members);
+        }
+        if !unknown.is_empty() {
+            return Err(TaskError::UnknownTasks(unknown));
+        }
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|id| seen.insert(id.clone()));
+        Ok(out)
+    }
+
     pub async fn wait(
         &self,
         task_ids: &[String],

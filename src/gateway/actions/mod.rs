@@ -19,6 +19,7 @@ mod cancel_task;
 mod checks;
 mod continue_task;
 mod discard_task;
+mod fan_out;
 mod get_task_result;
 mod get_task_status;
 mod list_agents;
@@ -34,6 +35,7 @@ pub use apply_task::ApplyTask;
 pub use cancel_task::CancelTask;
 pub use continue_task::ContinueTask;
 pub use discard_task::DiscardTask;
+pub use fan_out::FanOut;
 pub use get_task_result::GetTaskResult;
 pub use get_task_status::GetTaskStatus;
 pub use list_agents::ListAgents;
@@ -110,6 +112,7 @@ pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Valu
         Action::DiscardTask => json(discard_task::run(parse_args(args)?, ctx).await),
         Action::Usage => json(usage::run(parse_args(args)?, ctx).await),
         Action::ListTasks => json(list_tasks::run(parse_args(args)?, ctx).await),
+        Action::FanOut => json(fan_out::run(parse_args(args)?, ctx).await),
     }
 }
 

@@ -171,6 +171,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         idempotency_key,
         isolation,
         base: args.base.unwrap_or(ctx.config.isolation.base),
+        group: None,
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

@@ -32,7 +32,8 @@ use crate::tasks::{Detail, Files, TaskSnapshot, TaskStatus, WaitMode, WaitOutcom
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The ids of the tasks to wait for (repeats are ignored).
+    /// The ids of the tasks to wait for (repeats are ignored); a fan-out's `group_id` stands
+    /// for all of its tasks.
     #[schemars(length(min = 1))]
     pub task_ids: Vec<String>,
     /// `all`: return when every task has finished; `any`: as soon as one has.
@@ -132,7 +133,16 @@ fn validate(args: Args, config: &Config, host: HostLimits) -> Result<Request, To
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
     let detail = args.detail;
-    let request = validate(args, ctx.config, ctx.host)?;
+    let mut request = validate(args, ctx.config, ctx.host)?;
+    request.ids = ctx.tasks.expand_groups(request.ids).await?;
+    let max_ids = ctx.config.limits.max_wait_ids as usize;
+    if request.ids.len() > max_ids {
+        return Err(ToolError::invalid_argument(format!(
+            "`task_ids` names {} tasks once its groups are counted, more than the limit of \
+             {max_ids} (limits.max_wait_ids)",
+            request.ids.len()
+        )));
+    }
     let token = ctx.request.meta.get_progress_token();
     // The shortest slice is bounded so that a tiny configured interval cannot spin.
     let interval = ctx
@@ -165,7 +175,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
         };
         if outcome.done || slice_end >= deadline {
             let outcome = finish(outcome, request.include_progress, detail);
-            return Ok(with_answers(outcome, ctx).await);
+            return Ok(with_answers(outcome, detail, ctx).await);
         }
         if let Some(token) = &token {
             sent += 1;
@@ -233,7 +243,7 @@ fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> W
 /// Adds each finished task's answer and changed files, within the host's result budget: the
 /// common cycle is then start and wait, with no call to read the result unless an answer is
 /// too long for one result (its `next_offset` says where to go on).
-async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
+async fn with_answers(mut outcome: WaitOutcome, detail: Detail, ctx: &Ctx<'_>) -> WaitOutcome {
     // The answers are in memory once a turn is concluded; changed files are listed if already
     // read (the tracker reads them right after the turn), never fetched on this path, which
     // runs at completion and so sets how soon the host learns of it. Worktree tasks' changes
@@ -243,17 +253,28 @@ async fn with_answers(mut outcome: WaitOutcome, ctx: &Ctx<'_>) -> WaitOutcome {
         .iter()
         .enumerate()
         .filter(|(_, task)| task.status.is_terminal())
-        .map(|(i, task)| async move {
-            (
-                i,
-                task.task_id.as_str(),
-                ctx.tasks.result_with(&task.task_id, Files::IfKnown).await,
-            )
+        .map(|(i, task)| {
+            let id = task.task_id.clone();
+            async move {
+                let read = ctx.tasks.result_with(&id, Files::IfKnown).await;
+                (i, id, read)
+            }
         });
     let mut answers = Vec::new();
     for (i, id, read) in futures::future::join_all(reads).await {
         match read {
-            Ok(result) => answers.push((i, result)),
+            Ok(result) => {
+                // What each answer cost: with detail `full`, and always for a fan-out group,
+                // whose answers are meant to be weighed side by side.
+                if let Some(task) = outcome.tasks.get_mut(i) {
+                    if detail == Detail::Full || task.group_id.is_some() {
+                        task.model = result.model.clone().or(task.model.take());
+                        task.tokens = result.tokens;
+                        task.cost = result.cost;
+                    }
+                }
+                answers.push((i, result))
+            }
             // The snapshot still says how the task ended; the get-result tool says why the
             // answer cannot be read.
             Err(e) => tracing::debug!(task = %id, "no answer for the wait: {e}"),
@@ -346,6 +367,9 @@ mod tests {
             agent: None,
             model: None,
             turn: Some(1),
+            group_id: None,
+            tokens: None,
+            cost: None,
             text: None,
             next_offset: None,
             files_changed: None,
