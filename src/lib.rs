@@ -16,6 +16,7 @@
 //!   the per-task diff, and the three-way apply.
 //! - [`doctor`]: `opencode-mcp doctor`, the first-run checks (binary, providers, tiers, state
 //!   directory) with a fix for each problem.
+//! - [`watch`]: `opencode-mcp watch`, OpenCode's own terminal UI on a task's session.
 //! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
 
 pub mod config;
@@ -27,6 +28,7 @@ pub mod ids;
 pub mod logging;
 pub mod opencode;
 pub mod tasks;
+pub mod watch;
 
 /// The `opencode-ai` release the OpenCode client was generated from (`openapi/OPENCODE_VERSION`,
 /// read by `build.rs`).

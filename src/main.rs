@@ -81,6 +81,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Open OpenCode's own terminal UI on a task's session (`opencode attach`), to watch the
+    /// agent work or take it over. The task's server must be running: for a managed server,
+    /// the gateway that started the task. Reads the state directory; the server's password
+    /// reaches OpenCode through its environment, never its command line.
+    Watch {
+        /// The task (`opencode-mcp tasks` lists them).
+        task_id: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -180,6 +188,7 @@ fn main() -> ExitCode {
         } => gc(&sources, remove_orphans, force),
         Command::Usage { since, json } => usage(&sources, since.as_deref(), json),
         Command::Tasks { status, json } => tasks(&sources, status.as_deref(), json),
+        Command::Watch { task_id } => watch(&sources, &task_id),
     }
 }
 
@@ -279,6 +288,37 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
     }
     print!("{}", usage::list_text(&lines));
     ExitCode::SUCCESS
+}
+
+/// `watch`: checks, then runs OpenCode's TUI in place of this process (see `watch.rs`); only its
+/// failures are ours to print.
+fn watch(sources: &Sources, task_id: &str) -> ExitCode {
+    const WHO: &str = "opencode-mcp watch";
+    let cfg = match config::load(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{WHO}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(runtime) = runtime(WHO) else {
+        return ExitCode::FAILURE;
+    };
+    let planned = runtime.block_on(opencode_mcp::watch::plan(
+        &cfg,
+        state_dir(&cfg).as_deref(),
+        task_id.trim(),
+        |name| std::env::var(name).ok(),
+    ));
+    // Nothing of the runtime may linger into the TUI's process (or its wait).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match planned.and_then(|plan| plan.run()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{WHO}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The state directory the gateway would use with `cfg`.

@@ -7,6 +7,7 @@
 
 mod api;
 pub mod client;
+pub mod credentials;
 mod error;
 pub mod events;
 mod messages;
@@ -15,7 +16,7 @@ mod process;
 pub mod supervisor;
 mod types;
 
-pub use api::Api;
+pub use api::{Api, AUTH_USER};
 pub use error::OpencodeError;
 pub use messages::messages_from_json;
 pub use pool::{resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo};

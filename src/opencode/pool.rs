@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::api::Api;
+use super::credentials::{Credentials, CredentialsFile};
 use super::error::OpencodeError;
 use super::events::{run_pump, PumpEvent};
 use super::process::{ManagedProcess, SpawnRequest};
@@ -66,6 +67,9 @@ pub struct Server {
     pub process: Option<ManagedProcess>,
     /// Stops the pump (and the tracker listening to it).
     pub stop: CancellationToken,
+    /// Where `opencode-mcp watch` finds this managed server's password (see `credentials`);
+    /// removed when the server is stopped or forgotten.
+    pub credentials: Option<CredentialsFile>,
 }
 
 impl Server {
@@ -100,6 +104,9 @@ pub struct ServerPool {
     /// Serialises starts so two concurrent `start_server` calls for one directory cannot spawn
     /// two processes.
     starting: tokio::sync::Mutex<()>,
+    /// The state directory managed servers' credentials files go to (for `watch`); `None`
+    /// writes none.
+    credentials_dir: Option<PathBuf>,
 }
 
 impl ServerPool {
@@ -108,7 +115,25 @@ impl ServerPool {
             config,
             servers: Mutex::new(HashMap::new()),
             starting: tokio::sync::Mutex::new(()),
+            credentials_dir: None,
         }
+    }
+
+    /// Publishes each managed server's URL and password in a private file under `state_dir`
+    /// while the server runs, so that `opencode-mcp watch` can attach to it (see
+    /// `credentials`). Files a gone gateway left there are swept first (`gateway_alive` says
+    /// whether a gateway pid still runs).
+    pub fn publishing_credentials(
+        mut self,
+        state_dir: &Path,
+        gateway_alive: impl Fn(u32) -> bool,
+    ) -> Self {
+        let swept = super::credentials::sweep(state_dir, gateway_alive);
+        if swept > 0 {
+            tracing::debug!(swept, "removed credentials files of gateways that are gone");
+        }
+        self.credentials_dir = Some(state_dir.to_path_buf());
+        self
     }
 
     /// The server with this id.
@@ -158,6 +183,8 @@ impl ServerPool {
         self.lock().retain(|_, s| s.exited().is_none());
 
         let request_timeout = self.config.timeouts.request.get();
+        let id = ids::server_id();
+        let mut credentials = None;
         let (api, process) = match &self.config.opencode.url {
             Some(url) => (self.attach(url, request_timeout)?, None),
             None => {
@@ -176,6 +203,7 @@ impl ServerPool {
                 })
                 .await?;
                 let api = Api::new(&process.url, Some(&password), request_timeout)?;
+                credentials = self.publish(&id, &process.url, &password);
                 (api, Some(process))
             }
         };
@@ -190,18 +218,36 @@ impl ServerPool {
             }
         };
         let server = Arc::new(Server {
-            id: ids::server_id(),
+            id,
             api: api.clone(),
             directory,
             version,
             process,
             stop: CancellationToken::new(),
+            credentials,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_pump(api, tx, server.stop.clone()));
         self.lock().insert(server.id.clone(), server.clone());
         tracing::info!(server_id = %server.id, url = server.api.base_url(), managed = server.process.is_some(), "OpenCode server ready");
         Ok((server.info(false), Some(Started { server, events: rx })))
+    }
+
+    /// Writes the credentials file of a managed server. A failure costs only `watch` on this
+    /// server, so it is logged and the server is used anyway.
+    fn publish(&self, server_id: &str, url: &str, password: &str) -> Option<CredentialsFile> {
+        let dir = self.credentials_dir.as_deref()?;
+        let credentials = Credentials {
+            server_id: server_id.to_string(),
+            url: url.to_string(),
+            password: password.to_string(),
+            gateway_pid: std::process::id(),
+        };
+        CredentialsFile::write(dir, &credentials)
+            .inspect_err(|e| {
+                tracing::warn!(server_id, error = %e, "cannot write the server's credentials file; `opencode-mcp watch` cannot attach to it")
+            })
+            .ok()
     }
 
     /// A client for the configured server. Its password comes from the environment variable named
@@ -274,6 +320,10 @@ impl ServerPool {
     pub async fn stop(&self, server_id: &str) -> Option<(Arc<Server>, Option<String>)> {
         let server = self.lock().remove(server_id)?;
         server.stop.cancel();
+        // The password goes before the process: `watch` finds no file for a stopping server.
+        if let Some(c) = &server.credentials {
+            c.remove();
+        }
         let exit = match &server.process {
             Some(p) => Some(p.stop().await),
             None => None,

@@ -153,8 +153,12 @@ impl TaskService {
             checks: Default::default(),
             foreign: Default::default(),
         };
+        let mut pool = ServerPool::new(config.clone());
+        if let Some(dir) = &state_dir {
+            pool = pool.publishing_credentials(dir, |pid| super::owner::alive(dir, pid));
+        }
         Self {
-            pool: ServerPool::new(config.clone()),
+            pool,
             registry,
             tracker,
             restored: tokio::sync::watch::Sender::new(true),

@@ -289,15 +289,15 @@ fn read_dir_records(dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
 }
 
 /// What the state directory says about one task, read without opening the store (no owner
-/// lock, no writer): for `opencode-mcp gc`, which runs beside a gateway or without one.
-pub(super) enum Stored {
+/// lock, no writer): for `opencode-mcp gc` and `watch`, which run beside a gateway or without one.
+pub enum Stored {
     Record(Box<TaskRecord>),
     Missing,
     Unreadable(String),
 }
 
 /// Reads `<state_dir>/tasks/<task_id>.json` as it is on disk.
-pub(super) fn read_stored(state_dir: &Path, task_id: &str) -> Stored {
+pub fn read_stored(state_dir: &Path, task_id: &str) -> Stored {
     let Some(path) = record_path(&state_dir.join("tasks"), task_id) else {
         return Stored::Missing;
     };

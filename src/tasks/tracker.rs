@@ -815,6 +815,7 @@ mod tests {
             version: "test".into(),
             process: None,
             stop: Default::default(),
+            credentials: None,
         }
     }
 
