@@ -307,6 +307,22 @@ async fn waiting_any_timeouts_progress_and_host_cancellation() {
             .is_some_and(|m| m.starts_with("1/2 finished after")),
         "{last:?}"
     );
+    // ...and what the unfinished task is doing, in words, under its title.
+    let slow_title = reply.structured["tasks"][1]["title"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let message = last.message.as_deref().unwrap_or_default();
+    assert!(
+        message.contains(&format!("\"{slow_title}\" (")),
+        "{message} names {slow_title}"
+    );
+    assert!(
+        ["starting", "thinking", "writing \"", "running"]
+            .iter()
+            .any(|doing| message.contains(&format!("): {doing}"))),
+        "{message}"
+    );
 
     // The host cancelling a wait ends the wait only.
     let handle = rig

@@ -299,46 +299,96 @@ fn progress_value(finished: usize, sent: u32, last: f64) -> f64 {
     }
 }
 
-/// `2/5 finished after 40 s; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c`.
+/// What the host shows while it waits, in words: how many tasks finished, then for each
+/// unfinished one (at most five) its title, how long it has run and what it is doing now. E.g.
+/// `1/3 finished after 40 s. "Fix the lints" (35 s): running bash: cargo test. "Write tests"
+/// (40 s): writing "…three cases for the parser". "Rename" (12 s): waiting for permission: bash
+/// rm x.` Hosts print it beside the progress bar, so it names work, not ids.
 fn progress_message(outcome: &WaitOutcome, total: usize, waited: Duration) -> String {
     const SHOWN: usize = 5;
     let mut message = format!(
-        "{}/{total} finished after {} s",
+        "{}/{total} finished after {}.",
         outcome.finished.len(),
-        waited.as_secs()
+        human(waited)
     );
-    for status in [
-        TaskStatus::Running,
-        TaskStatus::WaitingPermission,
-        TaskStatus::Pending,
-    ] {
-        let tasks: Vec<&TaskSnapshot> = outcome
-            .tasks
-            .iter()
-            .filter(|t| t.status == status)
-            .collect();
-        if tasks.is_empty() {
-            continue;
-        }
-        let mut shown: Vec<String> = tasks.iter().take(SHOWN).map(|t| describe(t)).collect();
-        if tasks.len() > SHOWN {
-            shown.push(format!("+{} more", tasks.len() - SHOWN));
-        }
-        message.push_str(&format!("; {}: {}", status.as_str(), shown.join(", ")));
+    let unfinished: Vec<&TaskSnapshot> = outcome
+        .tasks
+        .iter()
+        .filter(|t| !t.status.is_terminal())
+        .collect();
+    for task in unfinished.iter().take(SHOWN) {
+        message.push(' ');
+        message.push_str(&describe(task));
+    }
+    if unfinished.len() > SHOWN {
+        message.push_str(&format!(" And {} more.", unfinished.len() - SHOWN));
     }
     message
 }
 
+/// One unfinished task in words: `"<title>" (<elapsed>): <what it is doing>.`
 fn describe(task: &TaskSnapshot) -> String {
     let progress = task.progress.as_ref();
-    match (
-        progress.and_then(|p| p.current_tool.as_deref()),
-        progress.and_then(|p| p.current_tool_title.as_deref()),
-    ) {
-        (Some(tool), Some(title)) => format!("{} ({tool}: {})", task.task_id, shorten(title, 60)),
-        (Some(tool), None) => format!("{} ({tool})", task.task_id),
-        _ => task.task_id.clone(),
+    let doing = match (task.status, progress) {
+        (TaskStatus::Pending, _) => "starting".to_string(),
+        (TaskStatus::WaitingPermission, _) => match &task.permission {
+            Some(ask) => format!(
+                "waiting for permission: {} {}",
+                ask.permission,
+                shorten(&ask.patterns.join(" "), 60)
+            ),
+            None => "waiting for permission".to_string(),
+        },
+        (_, Some(p)) if p.retry.is_some() => {
+            let retry = p.retry.as_ref().map(|r| (r.attempt, r.message.as_str()));
+            let (attempt, why) = retry.unwrap_or_default();
+            format!(
+                "the model provider is failing, retry {attempt}: {}",
+                shorten(why, 60)
+            )
+        }
+        (_, Some(p)) if p.stalled => format!(
+            "no activity for {} (stalled?)",
+            human(Duration::from_millis(p.last_event_ms_ago))
+        ),
+        (_, Some(p)) => match (&p.current_tool, &p.current_tool_title) {
+            (Some(tool), Some(title)) => format!("running {tool}: {}", shorten(title, 60)),
+            (Some(tool), None) => format!("running {tool}"),
+            _ if !p.text_tail.trim().is_empty() => {
+                format!("writing \"{}\"", tail(p.text_tail.trim(), 50))
+            }
+            _ if p.steps > 0 => format!("thinking (step {})", p.steps + 1),
+            _ => "thinking".to_string(),
+        },
+        (_, None) => "running".to_string(),
+    };
+    format!(
+        "\"{}\" ({}): {doing}.",
+        shorten(&task.title, 40),
+        human(Duration::from_millis(task.elapsed_ms))
+    )
+}
+
+/// `40 s`, `3 min 5 s`, `1 h 2 min`.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
     }
+}
+
+/// The last `max_chars` characters of `text` on one line, with `…` when cut.
+fn tail(text: &str, max_chars: usize) -> String {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let count = flat.chars().count();
+    if count <= max_chars {
+        return flat;
+    }
+    let mut out = String::from("…");
+    out.extend(flat.chars().skip(count - max_chars));
+    out
 }
 
 fn shorten(text: &str, max_chars: usize) -> String {
@@ -386,24 +436,50 @@ mod tests {
     }
 
     #[test]
-    fn message_groups_unfinished_tasks_by_status() {
+    fn message_says_in_words_what_each_unfinished_task_does() {
+        let mut writing = snapshot("tsk_b", TaskStatus::Running, None);
+        writing.title = "Write tests".into();
+        writing.elapsed_ms = 95_000;
+        writing.progress = Some(Progress {
+            text_tail:
+                "First I read the module.\nThen I added three cases for the parser's empty input"
+                    .into(),
+            ..Progress::default()
+        });
+        let mut stalled = snapshot("tsk_f", TaskStatus::Running, None);
+        stalled.progress = Some(Progress {
+            stalled: true,
+            last_event_ms_ago: 360_000,
+            ..Progress::default()
+        });
+        let mut tool = snapshot("tsk_a", TaskStatus::Running, Some(("bash", "cargo test")));
+        tool.title = "Fix the lints".into();
+        tool.elapsed_ms = 35_000;
         let outcome = WaitOutcome {
             done: false,
             timed_out: true,
             mode: WaitMode::All,
             finished: vec!["tsk_d".into(), "tsk_e".into()],
-            unfinished: vec!["tsk_a".into(), "tsk_b".into(), "tsk_c".into()],
+            unfinished: vec![
+                "tsk_a".into(),
+                "tsk_b".into(),
+                "tsk_c".into(),
+                "tsk_f".into(),
+            ],
             tasks: vec![
-                snapshot("tsk_a", TaskStatus::Running, Some(("bash", "cargo test"))),
-                snapshot("tsk_b", TaskStatus::Running, None),
+                tool,
+                writing,
                 snapshot("tsk_c", TaskStatus::WaitingPermission, None),
                 snapshot("tsk_d", TaskStatus::Completed, None),
                 snapshot("tsk_e", TaskStatus::Failed, None),
+                stalled,
             ],
         };
         assert_eq!(
-            progress_message(&outcome, 5, Duration::from_secs(40)),
-            "2/5 finished after 40 s; running: tsk_a (bash: cargo test), tsk_b; waiting_permission: tsk_c"
+            progress_message(&outcome, 6, Duration::from_secs(40)),
+            "2/6 finished after 40 s. \"Fix the lints\" (35 s): running bash: cargo test. \
+             \"Write tests\" (1 min 35 s): writing \"…n I added three cases for the parser's empty input\". \
+             \"t\" (0 s): waiting for permission. \"t\" (0 s): no activity for 6 min 0 s (stalled?)."
         );
         let finished = finish(outcome, false, Detail::Lean);
         assert!(finished.tasks.iter().all(|t| t.progress.is_none()));
