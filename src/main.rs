@@ -462,6 +462,9 @@ fn runtime(who: &str) -> Option<tokio::runtime::Runtime> {
 }
 
 fn serve(sources: &Sources) -> ExitCode {
+    // The files are read for the watch before the config is loaded, so an edit in between is
+    // still seen as a change.
+    let watch = config::watch::Watch::new(sources);
     // A malformed config refuses to start: running on defaults the user did not choose is worse.
     let cfg = match config::load(sources) {
         Ok(cfg) => cfg,
@@ -478,7 +481,11 @@ fn serve(sources: &Sources) -> ExitCode {
     let Some(runtime) = runtime("opencode-mcp") else {
         return ExitCode::FAILURE;
     };
-    let served = runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg));
+    let watch = cfg.reload.then_some(watch);
+    if watch.is_none() {
+        tracing::info!("`reload: false`: configuration changes take effect at the next start");
+    }
+    let served = runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg, watch));
     // Everything that must happen before exit (servers stopped, records on disk) happened inside
     // `serve_stdio`. What may remain is a blocking read of stdin: when stdin is a socket (Claude
     // Code's) rather than a pipe, it is read on a blocking thread that only returns when the host

@@ -52,6 +52,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "hosts",
     "isolation",
     "report",
+    "reload",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -121,7 +122,7 @@ fn drop_empty_sections(dict: &mut Dict, defaults: &Dict) {
 }
 
 /// The same file, however it was named.
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(super) fn same_file(a: &Path, b: &Path) -> bool {
     a == b
         || matches!(
             (std::fs::canonicalize(a), std::fs::canonicalize(b)),
@@ -259,6 +260,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
             let errors = match key.as_str() {
                 "$schema" | "instructions" => check::<String>(figment, key),
                 "state_dir" => check::<Option<String>>(figment, key),
+                "reload" => check::<bool>(figment, key),
                 "opencode" => check_fields::<OpenCodeConfig>(figment, key, value),
                 "timeouts" => check_fields::<Timeouts>(figment, key, value),
                 "limits" => check_fields::<Limits>(figment, key, value),

@@ -25,22 +25,27 @@
 //! - `validate.rs`: rules types cannot express (loopback host, `wait_default <= wait_max`, ...);
 //! - `template.rs`: `{{placeholder}}` parsing and rendering for prompt templates, and the
 //!   `{{tool:<action>}}` names rendered into every text the host reads;
+//! - `restart.rs`: the keys a reload cannot change while serving, in one list;
+//! - `watch.rs`: noticing edits to the layer files while serving (polled; see there why);
 //! - `error.rs`: [`ConfigError`], whose every problem names source, key path and expectation.
 
 mod duration;
 mod env;
 mod error;
 mod load;
+mod restart;
 mod template;
 mod trust;
 mod types;
 mod validate;
+pub mod watch;
 mod yaml;
 
 pub use duration::HumanDuration;
 pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
 pub use error::{ConfigError, Origin, Problem};
 pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
+pub use restart::{keep_running, NotApplied, RestartKey, RESTART_KEYS};
 pub use template::{
     placeholders, render, stale_mentions, tool_placeholders, StaleMention, TIERS_PLACEHOLDER,
     TOOL_PREFIX,

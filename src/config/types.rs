@@ -76,10 +76,20 @@ pub struct Config {
     /// How `opencode_usage` and `opencode-mcp usage` value the work delegated.
     #[serde(default)]
     pub report: ReportConfig,
+    /// Watch the configuration files while serving and apply a valid edit at once (tools,
+    /// prompts, tiers, timeouts, limits; the host is told its tool and prompt lists changed).
+    /// `false` reads them only at start. This key itself takes effect at the next start.
+    #[serde(default = "reload_default")]
+    pub reload: bool,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
     pub withheld: Vec<super::trust::Withheld>,
+}
+
+/// `reload` when no layer sets it: on.
+fn reload_default() -> bool {
+    true
 }
 
 impl Config {

@@ -1,21 +1,21 @@
 //! [`Gateway`]: the rmcp `ServerHandler`, written by hand because the tool set is data.
 //!
 //! rmcp's macros fix tools at compile time; here the config decides which tools exist and what
-//! they are called, so the handler serves a [`ToolTable`] built once at startup and dispatches a
-//! call by tool name to its action. Everything is computed up front: `get_info` is called by rmcp
-//! on every capability check and `tools/list` on every host refresh, so both only clone.
+//! they are called, so the handler serves a tool table built from the config and dispatches a
+//! call by tool name to its action. Everything is computed up front, in a [`Surface`] that a
+//! reload replaces whole (`reload.rs`): `get_info` is called by rmcp on every capability check
+//! and `tools/list` on every host refresh, so both only clone.
 //!
 //! Errors: an unknown or disabled tool name cannot be routed and is a JSON-RPC `invalid_params`
 //! error naming the tool; everything else (bad arguments included) is a tool result with
 //! `isError: true` that the host model can read and act on (see `error.rs`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, GetPromptRequestParams,
     GetPromptResponse, Implementation, ListPromptsResult, ListToolsResult, PaginatedRequestParams,
-    Prompt, ServerCapabilities, ServerConfig,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -23,23 +23,21 @@ use serde_json::json;
 
 use super::actions::{self, Ctx};
 use super::prompts;
-use super::tools::ToolTable;
-use crate::config::{Config, HostLimits};
+use super::surface::Surface;
+use crate::config::Config;
 use crate::tasks::TaskService;
 
 /// The name the server reports in `initialize`.
 pub const SERVER_NAME: &str = "opencode-mcp";
 
-/// The MCP server: the config, the task service, and the tool and prompt lists built from them.
+/// The MCP server: the task service, and the surface (config, tools, prompts) it serves now.
 #[derive(Clone)]
 pub struct Gateway {
-    config: Arc<Config>,
     tasks: Arc<TaskService>,
-    tools: Arc<ToolTable>,
-    /// The tool table as each host sees it (its own wait bound in the schemas), built on its
-    /// first `tools/list`; there are only ever a handful of host names.
-    host_tools: Arc<Mutex<HashMap<String, Arc<ToolTable>>>>,
-    prompts: Arc<Vec<Prompt>>,
+    /// Replaced whole by a reload; the lock is held only to clone or replace the `Arc`, and each
+    /// request takes one snapshot (see `surface.rs`).
+    surface: Arc<RwLock<Arc<Surface>>>,
+    /// What `initialize` answers. Fixed for the session: a host reads the instructions once.
     info: Arc<ServerConfig>,
 }
 
@@ -47,59 +45,62 @@ impl Gateway {
     pub fn new(config: Config) -> Self {
         let config = Arc::new(config);
         let tasks = Arc::new(TaskService::new(config.clone()));
-        let tools = Arc::new(ToolTable::new(&config));
-        let prompts = Arc::new(prompts::list(&config));
-        let info = ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_prompts()
-                .build(),
-        )
-        .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
-        .with_instructions(config.instructions.clone());
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_prompts()
+            .enable_prompts_list_changed()
+            .build();
+        if !config.reload {
+            // Nothing will change while serving: promise no list-changed notifications.
+            for changed in [
+                capabilities.tools.as_mut().map(|t| &mut t.list_changed),
+                capabilities.prompts.as_mut().map(|p| &mut p.list_changed),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                *changed = None;
+            }
+        }
+        let info = ServerConfig::new(capabilities)
+            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+            .with_instructions(config.instructions.clone());
         Self {
-            config,
             tasks,
-            tools,
-            host_tools: Arc::default(),
-            prompts,
+            surface: Arc::new(RwLock::new(Arc::new(Surface::new(config)))),
             info: Arc::new(info),
         }
     }
 
-    /// The limits of the host on the other end, by the name it gave at `initialize`.
-    fn host(&self, context: &RequestContext<RoleServer>) -> (Option<String>, HostLimits) {
-        let name = context
-            .peer
-            .peer_info()
-            .map(|info| info.client_info.name.clone());
-        let limits = self.config.host(name.as_deref());
-        (name, limits)
+    /// The surface in force now: take it once per request.
+    pub(super) fn surface(&self) -> Arc<Surface> {
+        self.surface
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// The tool list for a host: the wait tool's `timeout_ms` bound and default are what that
-    /// host sits through.
-    fn tools_for(&self, name: Option<String>, limits: HostLimits) -> Arc<ToolTable> {
-        if limits.wait_max >= self.config.timeouts.wait_max.get() {
-            return self.tools.clone();
-        }
-        let mut table = self.host_tools.lock().unwrap_or_else(|p| p.into_inner());
-        table
-            .entry(name.unwrap_or_default())
-            .or_insert_with(|| {
-                let mut seen = self.config.as_ref().clone();
-                seen.timeouts.wait_max = limits.wait_max.into();
-                seen.timeouts.wait_default =
-                    seen.timeouts.wait_default.get().min(limits.wait_max).into();
-                Arc::new(ToolTable::new(&seen))
-            })
-            .clone()
+    /// Puts a reloaded surface in force. The task service gets the new config first, so a call
+    /// that sees the new surface (a new tier in a schema, say) finds the service already knowing
+    /// it; a call already under way keeps the snapshot it took.
+    pub(super) fn install(&self, surface: Arc<Surface>) {
+        self.tasks.reconfigure(surface.config.clone());
+        *self.surface.write().unwrap_or_else(|p| p.into_inner()) = surface;
     }
 
     /// The task service, for shutdown.
     pub fn tasks(&self) -> Arc<TaskService> {
         self.tasks.clone()
     }
+}
+
+/// The name the host gave at `initialize`.
+fn client_name(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .peer
+        .peer_info()
+        .map(|info| info.client_info.name.clone())
 }
 
 impl ServerHandler for Gateway {
@@ -112,8 +113,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let (name, limits) = self.host(&context);
-        let tools = self.tools_for(name, limits);
+        let tools = self.surface().tools_for(client_name(&context).as_deref());
         Ok(ListToolsResult::with_all_items(tools.tools().to_vec()))
     }
 
@@ -126,19 +126,20 @@ impl ServerHandler for Gateway {
             name, arguments, ..
         } = request;
         let name = name.as_ref();
-        let Some(route) = self.tools.route(name) else {
+        let surface = self.surface();
+        let Some(route) = surface.tools.route(name) else {
             return Err(McpError::invalid_params(
                 format!(
                     "unknown tool `{name}`: it does not exist or is disabled in delegation.yaml; \
                      the tools are: {}",
-                    self.tools.names().join(", ")
+                    surface.tools.names().join(", ")
                 ),
                 Some(json!({ "tool": name })),
             ));
         };
-        let (_, host) = self.host(&context);
+        let host = surface.host(client_name(&context).as_deref());
         let ctx = Ctx {
-            config: &self.config,
+            config: &surface.config,
             host,
             tasks: &self.tasks,
             request: &context,
@@ -174,7 +175,7 @@ impl ServerHandler for Gateway {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         Ok(ListPromptsResult::with_all_items(
-            self.prompts.as_ref().clone(),
+            self.surface().prompts.as_ref().clone(),
         ))
     }
 
@@ -183,6 +184,6 @@ impl ServerHandler for Gateway {
         request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        Ok(prompts::get(&self.config, &request)?.into())
+        Ok(prompts::get(&self.surface().config, &request)?.into())
     }
 }

@@ -5,6 +5,10 @@
 //! - `actions/`: one file per action: its arguments, output, checks and the one service call;
 //! - `schema.rs`: how argument and output types become JSON Schemas hosts accept;
 //! - `prompts.rs`: prompts from the config, rendered with the tier list;
+//! - `surface.rs`: [`Surface`](surface::Surface), the config and everything built from it for
+//!   the host, one immutable snapshot;
+//! - `reload.rs`: hot reload: a valid edit of a config file swaps the surface and tells the
+//!   host, an invalid one is logged and changes nothing;
 //! - `error.rs`: [`ToolError`], how a failed call reads to the host.
 //!
 //! [`serve_stdio`] runs it all on stdin/stdout and, however the session ends (the host closes
@@ -17,7 +21,9 @@ mod error;
 mod handler;
 mod preset;
 mod prompts;
+mod reload;
 mod schema;
+mod surface;
 mod tools;
 
 pub use error::ToolError;
@@ -30,7 +36,7 @@ use rmcp::service::ServerInitializeError;
 use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{watch::Watch, Config};
 
 /// How long stopping the managed servers may take at exit before we give up on them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -43,8 +49,9 @@ pub enum GatewayError {
 }
 
 /// Serves MCP on stdin/stdout until the host closes stdin or a SIGTERM/SIGINT arrives, then stops
-/// every managed OpenCode server and returns.
-pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
+/// every managed OpenCode server and returns. With a `watch`, edits to the config files are
+/// applied while serving (see `reload.rs`).
+pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), GatewayError> {
     let gateway = Gateway::new(config);
     let tasks = gateway.tasks();
     // Tasks a previous gateway left in the state directory answer again from the first call.
@@ -54,7 +61,7 @@ pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
     // spawned task, a SIGTERM right after `initialize` could still meet the default action and
     // kill the process without stopping its servers.
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
-    let served = serve(gateway, stop).await;
+    let served = serve(gateway, stop, watch).await;
     signals.abort();
     tracing::info!("stopping managed OpenCode servers");
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())
@@ -69,10 +76,15 @@ pub async fn serve_stdio(config: Config) -> Result<(), GatewayError> {
     served
 }
 
-async fn serve(gateway: Gateway, stop: CancellationToken) -> Result<(), GatewayError> {
+async fn serve(
+    gateway: Gateway,
+    stop: CancellationToken,
+    watch: Option<Watch>,
+) -> Result<(), GatewayError> {
+    let handler = gateway.clone();
     // `stdio_pipes` reads stdin through the reactor when it is a pipe (as hosts launch us), so a
     // signal can end the session without a blocking read holding the runtime open.
-    let running = match gateway
+    let running = match handler
         .serve_with_ct(rmcp::transport::stdio_pipes(), stop)
         .await
     {
@@ -88,7 +100,13 @@ async fn serve(gateway: Gateway, stop: CancellationToken) -> Result<(), GatewayE
         Err(e) => return Err(GatewayError::Transport(e.to_string())),
     };
     tracing::info!("serving MCP on stdio");
-    match running.waiting().await {
+    // Started once the host is initialized: its list-changed notifications go to that peer.
+    let reloading = watch.map(|w| tokio::spawn(reload::run(gateway, w, running.peer().clone())));
+    let ended = running.waiting().await;
+    if let Some(task) = reloading {
+        task.abort();
+    }
+    match ended {
         Ok(reason) => {
             tracing::info!(?reason, "MCP session ended");
             Ok(())

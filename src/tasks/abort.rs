@@ -56,7 +56,7 @@ impl TaskService {
         turn: u32,
         after: Duration,
     ) {
-        let limit = self.config.timeouts.task.get();
+        let limit = self.config().timeouts.task.get();
         let ctx = self.tracker.clone();
         let server = server.clone();
         let task_id = task_id.to_string();

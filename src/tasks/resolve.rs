@@ -43,7 +43,7 @@ impl TaskService {
         );
         let (agents, catalog) = (agents?, catalog?);
         let tiers = self
-            .config
+            .config()
             .tiers
             .iter()
             .map(|t| resolve_tier(t, &catalog))
@@ -70,26 +70,25 @@ impl TaskService {
         model: Option<&str>,
         tier: Option<&str>,
     ) -> Result<Option<String>, TaskError> {
-        let tier = match tier {
-            Some(name) => Some(
-                self.config
-                    .tiers
-                    .iter()
-                    .find(|t| t.name == name)
-                    .ok_or_else(|| {
+        // One snapshot for the whole choice: a reload meanwhile does not mix two tier lists.
+        let config = self.config();
+        let tier =
+            match tier {
+                Some(name) => Some(config.tiers.iter().find(|t| t.name == name).ok_or_else(
+                    || {
                         TaskError::InvalidArgument(format!(
                             "unknown tier `{name}`; configured tiers: {}",
-                            self.config
+                            config
                                 .tiers
                                 .iter()
                                 .map(|t| t.name.as_str())
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         ))
-                    })?,
-            ),
-            None => None,
-        };
+                    },
+                )?),
+                None => None,
+            };
         let need_models = model.is_some() || tier.is_some_and(|t| !t.models.is_empty());
         let (agents, catalog) = tokio::join!(
             async {

@@ -64,7 +64,7 @@ impl TaskService {
             tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
         }
         let attach_url = self
-            .config
+            .config()
             .opencode
             .url
             .as_deref()
@@ -135,7 +135,7 @@ impl TaskService {
             }
             return;
         };
-        let limit = self.config.timeouts.task.get();
+        let limit = self.config().timeouts.task.get();
         for id in adopt {
             let Some((turn, elapsed)) = self.registry.update(&id, |e| {
                 e.rec.server_id = server.id.clone();

@@ -68,7 +68,7 @@ impl TaskService {
                         .await
                     {
                         let partial = turn::derive(&m, &rec.user_message_id)
-                            .cap_text(self.config.limits.max_result_chars as usize);
+                            .cap_text(self.config().limits.max_result_chars as usize);
                         entry.rec.outcome = Some(partial);
                     }
                 }

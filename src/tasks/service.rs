@@ -102,7 +102,13 @@ pub struct ContinueTask {
 
 /// The tasks and the servers they run on.
 pub struct TaskService {
-    pub(super) config: Arc<Config>,
+    /// The configuration new calls and new tasks use: swapped whole by a reload
+    /// ([`TaskService::reconfigure`]); the lock is held only to clone the `Arc`. What a running
+    /// task needs (its deadline, its model) was taken from it when the task started, so a reload
+    /// never changes a task under way. The keys it cannot take at run time (the state directory,
+    /// the server settings the pool and tracker were built with) keep their running value: see
+    /// `config::RESTART_KEYS`.
+    config: std::sync::RwLock<Arc<Config>>,
     pub(super) pool: ServerPool,
     pub(super) registry: Arc<Registry>,
     pub(super) tracker: TrackerContext,
@@ -165,7 +171,7 @@ impl TaskService {
             keys: Default::default(),
             state_dir,
             git_lock,
-            config,
+            config: std::sync::RwLock::new(config),
             started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
         }
     }
@@ -192,8 +198,21 @@ impl TaskService {
         by_id.into_values().collect()
     }
 
+    /// The configuration in force now (one snapshot: take it once per operation).
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Puts a reloaded configuration in force for new calls and new tasks.
+    pub fn reconfigure(&self, config: Arc<Config>) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
     pub(super) fn stall(&self) -> Duration {
-        self.config.timeouts.stall.get()
+        self.config().timeouts.stall.get()
     }
 
     pub(super) fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
@@ -320,7 +339,7 @@ impl TaskService {
     /// Refuses a new task when `limits.max_tasks` tasks are unfinished. Finished tasks never
     /// count: they leave memory and stay readable from disk.
     fn ensure_capacity(&self) -> Result<(), TaskError> {
-        let max = self.config.limits.max_tasks as usize;
+        let max = self.config().limits.max_tasks as usize;
         if self.registry.live_count() >= max {
             return Err(TaskError::LimitExceeded(format!(
                 "{max} tasks are unfinished (limits.max_tasks); wait for some to finish, or raise the limit"
@@ -453,7 +472,7 @@ impl TaskService {
                 .await;
             return Err(e.into());
         }
-        self.arm_deadline(&server, &task_id, 1, self.config.timeouts.task.get());
+        self.arm_deadline(&server, &task_id, 1, self.config().timeouts.task.get());
         self.snapshot(&task_id, false)
     }
 
@@ -561,7 +580,7 @@ impl TaskService {
             &server,
             &entry.rec.id,
             turn,
-            self.config.timeouts.task.get(),
+            self.config().timeouts.task.get(),
         );
         self.snapshot(&entry.rec.id, false)
     }

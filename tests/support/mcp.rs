@@ -8,8 +8,9 @@
 //!   `OpenCodeEnv::vars`).
 //! - [`Sandbox`]: a temp dir holding `cwd/` and `home/`, for the common case.
 //! - [`McpClient`]: the connected client. Every call is bounded by [`TIMEOUT`]; tool calls come
-//!   back as a [`ToolReply`] (structured content, `isError`, the error code); progress
-//!   notifications are recorded; the gateway's stderr is kept for failure messages.
+//!   back as a [`ToolReply`] (structured content, `isError`, the error code); progress and
+//!   list-changed notifications are recorded; the gateway's stderr is kept for failure messages
+//!   (and for tests that wait for a log line).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -216,7 +217,7 @@ impl Launch {
     }
 }
 
-fn push(list: &Arc<Mutex<Vec<String>>>, item: String) {
+fn push<T>(list: &Arc<Mutex<Vec<T>>>, item: T) {
     if let Ok(mut l) = list.lock() {
         l.push(item);
     }
@@ -340,14 +341,30 @@ impl ToolReply {
     }
 }
 
-/// The client side: records progress notifications.
+/// A `notifications/*/list_changed` the server sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListChanged {
+    Tools,
+    Prompts,
+}
+
+/// The client side: records progress and list-changed notifications.
 #[derive(Clone, Default)]
 pub struct Recorder {
     name: String,
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    list_changed: Arc<Mutex<Vec<ListChanged>>>,
 }
 
 impl ClientHandler for Recorder {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        push(&self.list_changed, ListChanged::Tools);
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        push(&self.list_changed, ListChanged::Prompts);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -433,6 +450,63 @@ impl McpClient {
             .into_iter()
             .filter(|p| &p.progress_token == token)
             .collect()
+    }
+
+    /// The list-changed notifications received so far, in order.
+    pub fn list_changes(&self) -> Vec<ListChanged> {
+        self.recorder
+            .list_changed
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    /// Waits (bounded by `within`) until at least `count` list-changed notifications have
+    /// arrived, and returns them all; `Err` with the gateway's stderr if they did not.
+    pub async fn wait_list_changes(
+        &self,
+        count: usize,
+        within: Duration,
+    ) -> Result<Vec<ListChanged>, BoxError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let got = self.list_changes();
+            if got.len() >= count {
+                return Ok(got);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "{count} list-changed notification(s) expected within {within:?}, got \
+                     {got:?}\n--- gateway stderr ---\n{}",
+                    self.stderr()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (bounded by `within`) until the gateway's stderr holds a line containing every one
+    /// of `needles`, and returns that line.
+    pub async fn wait_stderr_line(
+        &self,
+        needles: &[&str],
+        within: Duration,
+    ) -> Result<String, BoxError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let text = self.stderr();
+            if let Some(line) = text.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return Ok(line.to_string());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "no stderr line with {needles:?} within {within:?}\n--- gateway stderr ---\n{text}"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// What the gateway wrote to stdout that was not JSON-RPC.
