@@ -311,7 +311,11 @@ fn a_layer_can_add_a_tool_alias() {
         &[],
     );
     let cfg = loaded.expect("loads");
-    assert_eq!(cfg.tools.len(), Action::ALL.len() + 2, "the built-in tools, review, delegate");
+    assert_eq!(
+        cfg.tools.len(),
+        Action::ALL.len() + 2,
+        "the built-in tools, review, delegate"
+    );
     assert_eq!(cfg.tools["delegate"].action, Action::StartTask);
     assert!(cfg.tools["delegate"].enabled, "enabled defaults to true");
 }

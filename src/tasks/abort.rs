@@ -56,39 +56,50 @@ impl TaskService {
         turn: u32,
         after: Duration,
     ) {
-        let limit = self.config.timeouts.task.get();
-        let ctx = self.tracker.clone();
-        let server = server.clone();
-        let task_id = task_id.to_string();
-        let stop = server.stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(after) => {
-                    let error = ErrorInfo {
-                        name: "TaskTimeout".into(),
-                        message: format!(
-                            "the task ran longer than timeouts.task ({}) and was aborted",
-                            humantime::format_duration(limit)
-                        ),
-                    };
-                    if let Ok(Some(turn)) = abort_turn(
-                        &ctx.registry,
-                        &server,
-                        &task_id,
-                        Some(turn),
-                        TaskStatus::TimedOut,
-                        Some(error),
-                        IfAbortFails::FinishAnyway,
-                    )
-                    .await
-                    {
-                        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-                    }
+        arm_deadline(&self.tracker, server, task_id, turn, after);
+    }
+}
+
+/// [`TaskService::arm_deadline`], for turns the tracker opens itself (structured corrections).
+pub(super) fn arm_deadline(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+    after: Duration,
+) {
+    let limit = ctx.task_timeout;
+    let ctx = ctx.clone();
+    let server = server.clone();
+    let task_id = task_id.to_string();
+    let stop = server.stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(after) => {
+                let error = ErrorInfo {
+                    name: "TaskTimeout".into(),
+                    message: format!(
+                        "the task ran longer than timeouts.task ({}) and was aborted",
+                        humantime::format_duration(limit)
+                    ),
+                };
+                if let Ok(Some(turn)) = abort_turn(
+                    &ctx.registry,
+                    &server,
+                    &task_id,
+                    Some(turn),
+                    TaskStatus::TimedOut,
+                    Some(error),
+                    IfAbortFails::FinishAnyway,
+                )
+                .await
+                {
+                    tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
