@@ -271,7 +271,15 @@ pub struct Limits {
     /// bounded); a longer answer is cut and the result says so (`text_capped`).
     #[schemars(range(min = 1))]
     pub max_result_chars: u32,
+    /// How many times a task started with an `output_schema` is continued automatically when
+    /// its answer does not match the schema (each correction is one more turn in the same
+    /// session, sent the validation errors). 0: never; the mismatch is reported at once.
+    #[schemars(range(max = MAX_STRUCTURED_RETRIES))]
+    pub structured_retries: u32,
 }
+
+/// The most automatic corrections `limits.structured_retries` allows: each is a full model turn.
+pub const MAX_STRUCTURED_RETRIES: u32 = 5;
 
 /// The `hosts` entry that serves every host without one of its own.
 pub const DEFAULT_HOST: &str = "default";

@@ -296,6 +296,16 @@ fn limits(config: &Config, issues: &mut Issues) {
             );
         }
     }
+    if l.structured_retries > super::types::MAX_STRUCTURED_RETRIES {
+        issues.push(
+            "limits.structured_retries",
+            format!(
+                "expected at most {}, found {}",
+                super::types::MAX_STRUCTURED_RETRIES,
+                l.structured_retries
+            ),
+        );
+    }
     if l.finished_task_ttl.get() == Duration::ZERO {
         issues.push(
             "limits.finished_task_ttl",

@@ -57,6 +57,12 @@ pub fn page_result(
     let full = std::mem::take(&mut result.text);
     let total = full.chars().count();
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
+    if start > 0 {
+        // Said on the first page; later pages keep their room for the text, so a large value
+        // cannot leave a page without text (and a pager without progress).
+        result.structured = None;
+        result.structured_attempts = None;
+    }
     // The envelope with the longest numbers it can carry, so the page never pushes it over.
     result.offset = start as u64;
     result.truncated = true;
@@ -141,6 +147,9 @@ mod tests {
             view: None,
             error: None,
             text_error: None,
+            structured: None,
+            structured_error: None,
+            structured_attempts: None,
             turn: None,
             model: None,
             agent: None,
@@ -183,6 +192,22 @@ mod tests {
     }
 
     #[test]
+    fn a_structured_value_is_on_the_first_page_only() {
+        let mut whole = result(&"x".repeat(5_000));
+        whole.structured = Some(serde_json::json!({ "big": "y".repeat(3_000) }));
+        whole.structured_attempts = Some(Vec::new());
+        let first = page_result(whole.clone(), 0, 50_000, 6_000);
+        assert!(first.structured.is_some() && first.structured_attempts.is_some());
+        let next = first.next_offset.expect("more pages");
+        let second = page_result(whole, next, 50_000, 6_000);
+        assert!(second.structured.is_none() && second.structured_attempts.is_none());
+        // The value took room on the first page; the rest of the text follows on the next.
+        assert!(first.text.len() < 3_000, "{}", first.text.len());
+        assert_eq!(first.text.len() + second.text.len(), 5_000);
+        assert!(second.next_offset.is_none());
+    }
+
+    #[test]
     fn a_page_is_also_bounded_by_max_chars_and_an_offset_past_the_end_is_empty() {
         let page = page_result(result("abcdef"), 2, 3, 10_000);
         assert_eq!(page.text, "cde");
@@ -206,6 +231,9 @@ mod tests {
             next_offset: None,
             files_changed: None,
             workspace: None,
+            structured: None,
+            structured_error: None,
+            structured_attempts: None,
             server_id: None,
             session_id: None,
             directory: None,

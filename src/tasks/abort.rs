@@ -57,38 +57,51 @@ impl TaskService {
         after: Duration,
     ) {
         let limit = self.config().timeouts.task.get();
-        let ctx = self.tracker.clone();
-        let server = server.clone();
-        let task_id = task_id.to_string();
-        let stop = server.stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(after) => {
-                    let error = ErrorInfo {
-                        name: "TaskTimeout".into(),
-                        message: format!(
-                            "the task ran longer than timeouts.task ({}) and was aborted",
-                            humantime::format_duration(limit)
-                        ),
-                    };
-                    if let Ok(Some(turn)) = abort_turn(
-                        &ctx.registry,
-                        &server,
-                        &task_id,
-                        Some(turn),
-                        TaskStatus::TimedOut,
-                        Some(error),
-                        IfAbortFails::FinishAnyway,
-                    )
-                    .await
-                    {
-                        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-                    }
+        arm_deadline(&self.tracker, server, task_id, turn, after, limit);
+    }
+}
+
+/// [`TaskService::arm_deadline`], for turns the tracker opens itself (structured corrections).
+/// `limit` is the `timeouts.task` the error message names (in force when the task started).
+pub(super) fn arm_deadline(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+    after: Duration,
+    limit: Duration,
+) {
+    let ctx = ctx.clone();
+    let server = server.clone();
+    let task_id = task_id.to_string();
+    let stop = server.stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(after) => {
+                let error = ErrorInfo {
+                    name: "TaskTimeout".into(),
+                    message: format!(
+                        "the task ran longer than timeouts.task ({}) and was aborted",
+                        humantime::format_duration(limit)
+                    ),
+                };
+                if let Ok(Some(turn)) = abort_turn(
+                    &ctx.registry,
+                    &server,
+                    &task_id,
+                    Some(turn),
+                    TaskStatus::TimedOut,
+                    Some(error),
+                    IfAbortFails::FinishAnyway,
+                )
+                .await
+                {
+                    tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {

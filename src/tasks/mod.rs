@@ -11,6 +11,8 @@
 //! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
 //! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
 //!   `opencode-mcp tasks` and their tools).
+//! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
+//!   validating the JSON their answer ends with, and the bounded automatic corrections.
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
@@ -26,6 +28,7 @@ mod result;
 pub use result::Files;
 mod service;
 mod store;
+pub mod structured;
 mod tracker;
 pub mod turn;
 pub mod usage;

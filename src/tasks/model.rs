@@ -102,6 +102,19 @@ pub enum Detail {
     Full,
 }
 
+/// One answer of a structured task (started with `output_schema`) checked against its schema.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StructuredAttempt {
+    /// The turn that gave the answer.
+    pub turn: u32,
+    /// It matched the schema.
+    pub ok: bool,
+    /// Why not: each mismatch as `` `<instance path>`: <message> `` (capped), or why no JSON
+    /// value was found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
 /// A task as status and wait report it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct TaskSnapshot {
@@ -131,6 +144,17 @@ pub struct TaskSnapshot {
     /// The task's git worktree (isolation `worktree`); in wait results with the files changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workspace: Option<Workspace>,
+    /// A finished task started with `output_schema`: the JSON value its answer ended with,
+    /// parsed, once it matched the schema.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured: Option<serde_json::Value>,
+    /// A finished task started with `output_schema` whose answers never matched it (after the
+    /// automatic corrections): the last validation errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_error: Option<String>,
+    /// (detail `full`) Each answer checked against `output_schema`, one per turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_attempts: Option<Vec<StructuredAttempt>>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -146,7 +170,8 @@ pub struct TaskSnapshot {
     /// (detail `full`) The model the turn asked for (`provider/model`), or the one that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task`.
+    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
+    /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
     /// The fan-out group the task is one answer of: pass it to the wait tool in place of the
@@ -172,6 +197,7 @@ impl TaskSnapshot {
             self.directory = None;
             self.agent = None;
             self.turn = None;
+            self.structured_attempts = None;
             if self.group_id.is_none() {
                 self.model = None;
                 self.tokens = None;
@@ -219,7 +245,20 @@ pub struct TaskResult {
     /// read from OpenCode. Never present when `text` is the whole answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_error: Option<String>,
-    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task`.
+    /// A task started with `output_schema`: the JSON value its answer ended with, parsed, once
+    /// it matched the schema (first page only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured: Option<serde_json::Value>,
+    /// A task started with `output_schema` whose answers never matched it (after the automatic
+    /// corrections): the last validation errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_error: Option<String>,
+    /// A task started with `output_schema`: each answer checked, one per turn (an automatic
+    /// correction is a turn), so every retry is visible (first page only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_attempts: Option<Vec<StructuredAttempt>>,
+    /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
+    /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
     /// (detail `full`)

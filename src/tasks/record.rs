@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::model::TaskStatus;
+use super::structured::StructuredState;
 use super::turn::TurnState;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk};
 
@@ -40,7 +41,8 @@ pub struct TaskRecord {
     /// written before the usage report existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
-    /// 1 for the first prompt, +1 for each `continue_task`.
+    /// 1 for the first prompt, +1 for each `continue_task` and each automatic correction of a
+    /// structured answer.
     pub turn: u32,
     /// Our user message of the current turn: the turn is everything after it.
     pub user_message_id: String,
@@ -80,6 +82,10 @@ pub struct TaskRecord {
     /// models), so its answer is shown beside the others'; absent for a task started alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupMember>,
+    /// The `output_schema` of a structured task, its checked answers and where the check stands
+    /// (see `structured.rs`); absent for other tasks and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<StructuredState>,
 }
 
 /// A task's place in a fan-out group.
@@ -149,6 +155,7 @@ impl TaskRecord {
             idempotency: None,
             workspace: None,
             group: None,
+            structured: None,
         }
     }
 
@@ -180,6 +187,10 @@ impl TaskRecord {
         self.error = error;
         self.permission = None;
         self.finished_ms = Some(epoch_ms(SystemTime::now()));
+        // However the turn ended, no check of its answer is pending any more.
+        if let Some(s) = self.structured.as_mut() {
+            s.checking = None;
+        }
     }
 
     /// Remembers a message id of the session if it is the newest seen.

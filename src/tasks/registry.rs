@@ -45,6 +45,10 @@ pub struct Live {
     /// When the pending permission was recorded: a permission list read before that cannot
     /// clear it.
     pub permission_since: Option<Instant>,
+    /// The check of this turn's structured answer runs (`structured::settle`): another
+    /// conclusion of the same turn must not start a second one. Not saved: after a restart the
+    /// check runs again.
+    pub settling: bool,
 }
 
 impl Live {
@@ -62,6 +66,7 @@ impl Live {
             retry: None,
             last_event: Instant::now(),
             permission_since: None,
+            settling: false,
         }
     }
 }
@@ -198,6 +203,8 @@ impl TaskEntry {
                 retry: self.live.retry.clone(),
             }
         });
+        // A structured task's value and errors are the finished round's only.
+        let structured = r.structured.as_ref().filter(|_| r.status.is_terminal());
         TaskSnapshot {
             task_id: r.id.clone(),
             status: r.status,
@@ -210,6 +217,11 @@ impl TaskEntry {
             next_offset: None,
             files_changed: None,
             workspace: r.workspace.as_ref().map(Workspace::from_record),
+            structured: structured.and_then(|s| s.value.clone()),
+            structured_error: structured.and_then(|s| s.error.clone()),
+            structured_attempts: structured
+                .filter(|s| !s.attempts.is_empty())
+                .map(|s| s.attempts.clone()),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),
             directory: Some(r.directory.clone()),
@@ -343,6 +355,14 @@ fn durable(r: &TaskRecord) -> impl PartialEq {
         r.server_id.clone(),
         r.child_sessions.len(),
         r.workspace.clone(),
+        r.structured.as_ref().map(|s| {
+            (
+                s.checking,
+                s.attempts.len(),
+                s.value.is_some(),
+                s.error.is_some(),
+            )
+        }),
     )
 }
 

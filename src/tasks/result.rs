@@ -100,6 +100,10 @@ impl TaskService {
             Some(w) => Some(self.workspace_view(w, &entry.rec.id).await),
             None => None,
         };
+        // A structured task's value and errors are the finished round's only; its attempts show
+        // while it is still being corrected too.
+        let structured = entry.rec.structured.as_ref();
+        let round_over = structured.filter(|_| finished);
         Ok(TaskResult {
             task_id: entry.rec.id.clone(),
             status: entry.rec.status,
@@ -114,6 +118,9 @@ impl TaskService {
             view: None,
             error: entry.rec.error.clone(),
             text_error,
+            structured: round_over.and_then(|s| s.value.clone()),
+            structured_error: round_over.and_then(|s| s.error.clone()),
+            structured_attempts: structured.map(|s| s.attempts.clone()),
             turn: Some(entry.rec.turn),
             model: entry.model(),
             agent: entry.agent(),

@@ -12,6 +12,7 @@ use super::model::{TaskSnapshot, TaskStatus};
 use super::record::{GroupMember, TaskRecord};
 use super::registry::{Registry, TaskEntry};
 use super::store::{self, Store};
+use super::structured::{self, StructuredState};
 use super::tracker::{self, TrackerContext};
 use crate::config::{Config, Isolation};
 use crate::git::Base;
@@ -52,12 +53,16 @@ pub struct StartTask {
     pub base: Base,
     /// The fan-out group this task is one answer of, and its place there.
     pub group: Option<GroupMember>,
+    /// A JSON Schema the answer must end with a matching JSON value of (see `structured.rs`).
+    pub output_schema: Option<serde_json::Value>,
 }
 
 impl StartTask {
     /// A stable fingerprint of everything but the key (FNV-1a: the same across processes and
     /// releases, so a retry after a restart matches).
     fn fingerprint(&self) -> u64 {
+        // serde_json's maps are ordered, so equal schemas serialize alike.
+        let schema = self.output_schema.as_ref().map(|s| s.to_string());
         let fields = [
             Some(self.server_id.as_str()),
             Some(self.prompt.as_str()),
@@ -74,6 +79,7 @@ impl StartTask {
                 Base::WorkingTree => "base:working_tree",
                 Base::Head => "base:head",
             }),
+            schema.as_deref(),
         ];
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for field in fields {
@@ -158,6 +164,8 @@ impl TaskService {
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
             foreign: Default::default(),
+            task_timeout: config.timeouts.task.get(),
+            structured_retries: config.limits.structured_retries,
         };
         let mut pool = ServerPool::new(config.clone());
         if let Some(dir) = &state_dir {
@@ -399,6 +407,10 @@ impl TaskService {
         req: StartTask,
         idempotency: Option<(String, u64)>,
     ) -> Result<TaskSnapshot, TaskError> {
+        if let Some(schema) = &req.output_schema {
+            structured::check_schema(schema)
+                .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
+        }
         let server = self.server(&req.server_id)?;
         self.ensure_capacity()?;
         let directory = match req.directory {
@@ -451,6 +463,11 @@ impl TaskService {
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
         rec.group = req.group.clone();
+        rec.structured = req.output_schema.clone().map(StructuredState::new);
+        let prompt = match &req.output_schema {
+            Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
+            None => req.prompt.clone(),
+        };
         let mut entry = TaskEntry::new(rec);
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
@@ -461,7 +478,7 @@ impl TaskService {
                 &directory,
                 &session_id,
                 &message_id,
-                &req.prompt,
+                &prompt,
                 req.agent.as_deref(),
                 model.as_deref(),
             )
@@ -522,66 +539,33 @@ impl TaskService {
                 entry.rec.model.clone()
             }
         };
-        // Claim the next turn atomically: only a task still at the turn we looked at, finished
-        // and not being aborted, moves on; the previous state is kept for a rollback.
-        let expected_turn = entry.rec.turn;
-        // A worktree task claims its turn under the git lock, so an apply or discard of it is
-        // either done before the agent writes again, or sees it running and is refused.
-        let git_guard = match entry.rec.workspace {
-            Some(_) => Some(self.git_lock.lock().await),
-            None => None,
+        // A structured task's schema still applies: the follow-up asks for the JSON again, and a
+        // new round of checks (with the whole retry budget) begins.
+        let prompt = match &entry.rec.structured {
+            Some(s) => format!("{}{}", req.prompt, structured::instruction(&s.schema)),
+            None => req.prompt.clone(),
         };
-        let claimed = self
-            .registry
-            .update(&entry.rec.id, |e| {
-                if e.rec.turn != expected_turn || !e.rec.status.is_terminal() || e.live.aborting {
-                    return Err(still_running(e));
-                }
-                if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
-                    return Err(TaskError::Conflict(format!(
-                        "task {}'s worktree was discarded meanwhile; start a new task",
-                        e.rec.id
-                    )));
-                }
-                let previous = e.clone();
-                let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
-                e.begin_turn(message_id.clone(), agent.clone(), model.clone());
-                if req.model.is_some() {
+        let own_model = req.model.is_some();
+        open_turn(
+            &self.tracker,
+            &server,
+            &entry.rec.id,
+            entry.rec.turn,
+            Follows::Finished,
+            &prompt,
+            agent,
+            model,
+            |e| {
+                if own_model {
                     // A model of its own: the turn is no longer the tier's work.
                     e.rec.tier = None;
                 }
-                Ok((previous, message_id, e.rec.turn))
-            })
-            .ok_or_else(|| TaskError::UnknownTasks(vec![entry.rec.id.clone()]))?;
-        let (previous, message_id, turn) = claimed?;
-        drop(git_guard);
-        if let Err(e) = server
-            .api
-            .prompt_async(
-                &entry.rec.directory,
-                &entry.rec.session_id,
-                &message_id,
-                &req.prompt,
-                agent.as_deref(),
-                model.as_deref(),
-            )
-            .await
-        {
-            // The follow-up never started: the previous turn's result stays readable. Only our
-            // own turn is undone.
-            self.registry.update(&entry.rec.id, |e| {
-                if e.rec.turn == turn && e.rec.user_message_id == message_id {
-                    *e = previous;
+                if let Some(s) = e.rec.structured.as_mut() {
+                    s.restart();
                 }
-            });
-            return Err(e.into());
-        }
-        self.arm_deadline(
-            &server,
-            &entry.rec.id,
-            turn,
-            self.config().timeouts.task.get(),
-        );
+            },
+        )
+        .await?;
         self.snapshot(&entry.rec.id, false)
     }
 
@@ -654,6 +638,111 @@ impl TaskService {
             }
         }
     }
+}
+
+/// What a new turn follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Follows {
+    /// A finished turn: a host's `continue_task`.
+    Finished,
+    /// A structured answer held for its check: the gateway's automatic correction
+    /// (`structured::settle`).
+    Correction,
+}
+
+/// Opens the next turn of a task, the one path for a host's follow-up and the gateway's
+/// corrections. Claims the turn atomically: only a task still at `expected_turn`, in the state
+/// `follows` names and not being aborted, moves on (of two concurrent continues exactly one
+/// wins; the other gets `conflict`). A worktree task claims under the git lock, so an apply or
+/// discard of it is either done before the agent writes again, or sees it running and is
+/// refused. `prepare` adjusts the entry, under the same lock, before the turn begins. Then the
+/// prompt is sent and the turn's deadline armed; if OpenCode refuses the prompt, the claim is
+/// undone and the previous turn stays as it was. Returns the new turn.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn open_turn(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    expected_turn: u32,
+    follows: Follows,
+    prompt: &str,
+    agent: Option<String>,
+    model: Option<String>,
+    prepare: impl FnOnce(&mut TaskEntry),
+) -> Result<u32, TaskError> {
+    let entry = ctx
+        .registry
+        .get(task_id)
+        .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+    let git_guard = match entry.rec.workspace {
+        Some(_) => Some(ctx.git_lock.lock().await),
+        None => None,
+    };
+    let claimed = ctx
+        .registry
+        .update(task_id, |e| {
+            let ready = match follows {
+                Follows::Finished => e.rec.status.is_terminal(),
+                Follows::Correction => {
+                    !e.rec.status.is_terminal()
+                        && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(e.rec.turn)
+                }
+            };
+            if e.rec.turn != expected_turn || !ready || e.live.aborting {
+                return Err(TaskError::Conflict(format!(
+                    "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
+                    e.rec.id,
+                    e.rec.status.as_str()
+                )));
+            }
+            if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
+                return Err(TaskError::Conflict(format!(
+                    "task {}'s worktree was discarded meanwhile; start a new task",
+                    e.rec.id
+                )));
+            }
+            let previous = e.clone();
+            if follows == Follows::Correction {
+                structured::before_correction(e);
+            }
+            prepare(e);
+            let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
+            e.begin_turn(message_id.clone(), agent.clone(), model.clone());
+            Ok((previous, message_id, e.rec.turn))
+        })
+        .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+    let (previous, message_id, turn) = claimed?;
+    drop(git_guard);
+    if let Err(e) = server
+        .api
+        .prompt_async(
+            &entry.rec.directory,
+            &entry.rec.session_id,
+            &message_id,
+            prompt,
+            agent.as_deref(),
+            model.as_deref(),
+        )
+        .await
+    {
+        // The turn never started: the previous turn's result stays readable. Only our own turn
+        // is undone.
+        ctx.registry.update(task_id, |e| {
+            if e.rec.turn == turn && e.rec.user_message_id == message_id {
+                *e = previous;
+            }
+        });
+        return Err(e.into());
+    }
+    super::abort::arm_deadline(
+        ctx,
+        server,
+        task_id,
+        turn,
+        ctx.task_timeout,
+        ctx.task_timeout,
+    );
+    Ok(turn)
 }
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).

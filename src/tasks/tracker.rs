@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use super::model::{RetryInfo, TaskStatus};
 use super::registry::{Registry, SessionOwner};
+use super::structured::{self, Hold};
 use super::turn::{self, Idle, ReplySeen, TurnState};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
 use crate::opencode::{ErrorInfo, Server, SessionActivity};
@@ -65,6 +66,10 @@ pub struct TrackerContext {
     /// Sessions with pending asks that belong to no task (someone else's work on the same
     /// server): not looked up again on every reconcile.
     pub foreign: Arc<Mutex<HashSet<String>>>,
+    /// `timeouts.task`: the deadline of every turn, also those the gateway opens itself.
+    pub task_timeout: Duration,
+    /// `limits.structured_retries`: automatic corrections of a structured answer.
+    pub structured_retries: u32,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -309,6 +314,8 @@ enum Then {
     ReadOutcome(u32),
     /// The session is gone: stop what OpenCode still runs of it, and read what there is.
     Deleted(u32),
+    /// A structured task's turn completed and is held: check its answer.
+    Settle(u32),
 }
 
 /// Applies one event to the task of its session, if it is ours.
@@ -349,6 +356,7 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
         Then::Nothing => {}
         Then::Check(idle) => spawn_check(ctx, server, owner.task_id, idle, None),
         Then::ReadOutcome(turn) => spawn_outcome(ctx, server, owner.task_id, turn),
+        Then::Settle(turn) => spawn_settle(ctx, server, owner.task_id, turn),
         Then::Deleted(turn) => {
             let (ctx, server, id) = (ctx.clone(), server.clone(), owner.task_id);
             tokio::spawn(async move {
@@ -493,6 +501,13 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
     // round trip; its outcome is read over HTTP off the waiters' path.
     if matches!(then, Then::Check(Idle::Reported)) && !e.live.aborting {
         if let Some(v) = turn::conclude_from_events(e.live.latest_reply.as_ref()) {
+            if v.status == TaskStatus::Completed {
+                match structured::hold(e) {
+                    Hold::Held(turn) => return Then::Settle(turn),
+                    Hold::Already => return Then::Nothing,
+                    Hold::No => {}
+                }
+            }
             e.finish(v.status, v.error);
             return Then::ReadOutcome(e.rec.turn);
         }
@@ -566,7 +581,7 @@ pub fn spawn_check(
 /// is read fresh. `for_turn` is the turn `known` was observed for, if it was read earlier.
 pub async fn check_completion(
     ctx: &TrackerContext,
-    server: &Server,
+    server: &Arc<Server>,
     task_id: &str,
     known: Idle,
     for_turn: Option<u32>,
@@ -618,9 +633,9 @@ pub async fn check_completion(
             }
         }
     };
-    registry.update(task_id, |e| {
+    let held = registry.update(task_id, |e| {
         if e.rec.turn != entry.rec.turn || e.rec.status.is_terminal() || e.live.aborting {
-            return;
+            return None;
         }
         if let Some(newest) = &turn.newest_message_id {
             e.rec.note_message_id(newest);
@@ -629,6 +644,13 @@ pub async fn check_completion(
         match turn::conclude(&turn, idle, e.live.session_error.as_ref(), age) {
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
+                if v.status == TaskStatus::Completed {
+                    match structured::hold(e) {
+                        Hold::Held(turn) => return Some(turn),
+                        Hold::Already => return None,
+                        Hold::No => {}
+                    }
+                }
                 e.finish(v.status, v.error);
             }
             None => {
@@ -638,7 +660,18 @@ pub async fn check_completion(
                 }
             }
         }
+        None
     });
+    if let Some(turn) = held.flatten() {
+        structured::settle(ctx, server, task_id, turn).await;
+    }
+}
+
+/// Checks a held structured answer off the event path.
+fn spawn_settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(async move { structured::settle(&ctx, &server, &task_id, turn).await });
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
@@ -723,7 +756,13 @@ async fn read_turn_once(
         .await
         .map_err(|e| (e.to_string(), e.http_status() == Some(404)))?;
     let state = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
-    if state.user_message_seen && (state.finished || rec.status != TaskStatus::Completed) {
+    // A structured turn held for its check completed, like a `completed` one.
+    let completed = rec.status == TaskStatus::Completed
+        || rec
+            .structured
+            .as_ref()
+            .is_some_and(|s| s.checking == Some(rec.turn));
+    if state.user_message_seen && (state.finished || !completed) {
         Ok(state)
     } else {
         Err((
@@ -778,6 +817,8 @@ mod tests {
             git_lock: Default::default(),
             checks: Default::default(),
             foreign: Default::default(),
+            task_timeout: Duration::from_secs(60),
+            structured_retries: 2,
         }
     }
 

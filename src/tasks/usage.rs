@@ -7,7 +7,8 @@
 //!
 //! What a record holds is its *current turn*: a `continue_task` replaces the previous turn's
 //! outcome, so a task's tokens and cost here are those of its latest turn, exactly what its own
-//! `get_task_result` reports.
+//! `get_task_result` reports. The one exception: a structured task's automatic corrections
+//! (which the host never asked for) are added to the turn the host asked for.
 
 use std::collections::BTreeMap;
 
@@ -54,6 +55,13 @@ impl Usage {
             self.tokens.add(&o.tokens);
             self.cost += o.cost;
             self.reference_cost += reference_cost(&o.tokens, price);
+        }
+        // A structured task's automatic corrections replaced the outcomes of the turns before
+        // them: those turns are counted from what the record kept of them.
+        if let Some(s) = &r.structured {
+            self.tokens.add(&s.earlier_tokens);
+            self.cost += s.earlier_cost;
+            self.reference_cost += reference_cost(&s.earlier_tokens, price);
         }
         let end = r.finished_ms.unwrap_or(now_ms);
         self.wall_ms += end.saturating_sub(r.turn_started_ms);

@@ -36,6 +36,7 @@
 //! | `[[error500:<retry-after-ms>:<n>]]` | the same for the first `<n>` attempts of this turn, then the normal answer |
 //! | `[[error500]]` | HTTP 500 without a retry header, on every attempt |
 //! | `[[usage:<n>]]` | the usage chunk of every answer to this request reports `<n>` prompt tokens (instead of 100): with a small-context model (`fake-small`, see [`OpenCodeEnv::with_small_model`](super::isolation::OpenCodeEnv::with_small_model)) this makes OpenCode auto-compact after the step |
+//! | `[[answers:<a1>;;<a2>;;...]]` | in **any** user message of the request (so it outlives follow-ups the test did not write): the text answer is `<ak>`, where `k` is the number of user messages in the request (the last one for more), in place of the echo; `\n` becomes a newline. For turn-by-turn answers in one session, e.g. a wrong structured answer, then a right one |
 //! | `[[task:<subagent_type>:<prompt>]]` | answer with a `task` tool call `{"description": "<first words of prompt>", "prompt": "<prompt>", "subagent_type": "<subagent_type>"}` (a subagent in a child session); `<prompt>` cannot hold `]]`, so write `{{`/`}}` for `[[`/`]]`: `[[task:general:{{bash:touch x}}]]` makes the child run `[[bash:touch x]]` |
 //!
 //! OpenCode 1.18.33 retries a 500 five times (six requests in all), waiting `retry-after-ms` when
@@ -100,6 +101,8 @@ pub enum Marker {
     Usage {
         prompt_tokens: u64,
     },
+    /// `[[answers:<a1>;;<a2>...]]`: the text answer by the number of user messages.
+    Answers(Vec<String>),
     /// `[[task:<subagent_type>:<prompt>]]`: a `task` tool call (`{{`/`}}` in the prompt already
     /// turned into `[[`/`]]`).
     Task {
@@ -405,6 +408,9 @@ fn parse_marker(inner: &str) -> Option<Marker> {
                 content: content.replace("\\n", "\n"),
             })
         }
+        ("answers", Some(arg)) => Some(Marker::Answers(
+            arg.split(";;").map(|a| a.replace("\\n", "\n")).collect(),
+        )),
         ("slow", Some(arg)) => Some(Marker::Slow { ms: ms(arg)? }),
         ("delay", Some(arg)) => Some(Marker::Delay { ms: ms(arg)? }),
         ("error400", None) => Some(Marker::Error400),
@@ -593,9 +599,26 @@ fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
         _ => None,
     });
     Plan::Text {
-        text: echo_reply(&this.last_user_text),
+        text: scripted_answer(messages).unwrap_or_else(|| echo_reply(&this.last_user_text)),
         slow_ms,
     }
+}
+
+/// The `[[answers:...]]` answer for a request holding `messages`, if a user message scripts one.
+fn scripted_answer(messages: &[Value]) -> Option<String> {
+    let users: Vec<String> = messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+        .collect();
+    let answers = users.iter().find_map(|text| {
+        parse_markers(text).into_iter().find_map(|m| match m {
+            Marker::Answers(a) => Some(a),
+            _ => None,
+        })
+    })?;
+    let k = users.len().clamp(1, answers.len());
+    answers.get(k - 1).cloned()
 }
 
 async fn handle_connection(mut stream: TcpStream, shared: Arc<Shared>) {

@@ -3,6 +3,10 @@
 //!
 //! The service ties completion to the new turn's own message, so status and wait can never report
 //! the previous turn as the answer (a race in the original).
+//!
+//! A task started with `output_schema` keeps it: the follow-up gets the JSON instruction appended,
+//! its answer is validated again, and a new round of automatic corrections may follow (see
+//! `tasks/structured.rs`).
 
 use rmcp::model::{JsonObject, ToolAnnotations};
 use schemars::JsonSchema;

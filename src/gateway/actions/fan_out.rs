@@ -216,6 +216,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
                 id: group.clone(),
                 index,
             }),
+            output_schema: None,
         }
     });
     let started = futures::future::join_all(requests.map(|r| ctx.tasks.start(r))).await;

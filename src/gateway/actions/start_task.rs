@@ -60,6 +60,12 @@ pub struct Args {
     /// same key with other arguments is refused (`conflict`). Use a fresh key per task.
     #[schemars(length(min = 1, max = 128))]
     pub idempotency_key: Option<String>,
+    /// A JSON Schema for a structured answer: the agent is told to end with one matching JSON
+    /// value (in a ```json block), the gateway checks it, sends mismatches back to the same
+    /// session for correction (`limits.structured_retries` times), and the result carries the
+    /// parsed `structured` value or `structured_error`. References to other documents are
+    /// refused (nothing is fetched).
+    pub output_schema: Option<serde_json::Map<String, Value>>,
     /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
     /// directory, agent, model, turn, tokens, cost, tool calls and timings.
     #[serde(default)]
@@ -154,6 +160,11 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
             "`idempotency_key` is longer than 128 characters",
         ));
     }
+    let output_schema = args.output_schema.map(Value::Object);
+    if let Some(schema) = &output_schema {
+        tasks::structured::check_schema(schema)
+            .map_err(|e| ToolError::invalid_argument(e.to_string()))?;
+    }
     let isolation = args.isolation.unwrap_or(ctx.config.isolation.mode);
     if isolation == Isolation::None && args.base.is_some() {
         return Err(ToolError::invalid_argument(
@@ -172,6 +183,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         isolation,
         base: args.base.unwrap_or(ctx.config.isolation.base),
         group: None,
+        output_schema,
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

@@ -1,0 +1,618 @@
+//! Structured answers: a task started with an `output_schema` (a JSON Schema) must end its
+//! answer with one JSON value that matches it, and the gateway holds it to that.
+//!
+//! - **At start** the schema is checked ([`check_schema`]): a JSON object, at most
+//!   [`MAX_SCHEMA_BYTES`], valid against its meta-schema, and compilable without fetching
+//!   anything (jsonschema is built without its http and file resolvers, so a remote `$ref` is an
+//!   error, never a request). The prompt gets [`instruction`] appended: end with the JSON in a
+//!   ```` ```json ```` block, and here is the schema.
+//! - **When a turn completes** the tracker does not report it finished: it marks the record
+//!   `checking` (the task stays `running`, so no waiter ever sees an answer the gateway may still
+//!   send back) and runs [`settle`]: read the answer, [`extract`] the JSON, validate it. A match
+//!   finishes the task with the parsed value; a mismatch with retries left opens a correction
+//!   turn in the same session through the service's one turn-opening path
+//!   ([`super::service::open_turn`]) with the errors ([`correction_prompt`]); otherwise the task
+//!   finishes `completed` with `structured_error`. Every checked answer is one
+//!   [`StructuredAttempt`] in the record, so each retry is visible in the result.
+//! - **Restarts**: `checking` is durable. An adopted task still checking is concluded again by
+//!   the tracker's first completion check, which re-runs the check (attempts are keyed by turn,
+//!   so re-checking one replaces its entry rather than adding one).
+//! - **A host's `continue_task`** on a structured task starts a new round: the schema still
+//!   applies (the instruction is appended to the follow-up again), the attempts and the value are
+//!   reset, and the retry budget is whole again.
+//! - **Usage**: a correction replaces the record's outcome like any turn, so the tokens and cost
+//!   of the round's earlier turns are summed into the state and counted by the usage report.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::model::{StructuredAttempt, TaskStatus};
+use super::registry::TaskEntry;
+use super::service::{open_turn, Follows};
+use super::tracker::{self, Attempts, TrackerContext};
+use crate::opencode::{Server, Tokens};
+
+/// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
+/// and kept in the task's record.
+pub const MAX_SCHEMA_BYTES: usize = 16 * 1024;
+/// Validation errors reported per answer (to the model and in the result); the rest are counted.
+const MAX_ERRORS: usize = 8;
+/// Characters of one error message kept.
+const MAX_ERROR_CHARS: usize = 300;
+/// How far from the end of an answer without a ```` ```json ```` block the last JSON value is
+/// looked for: the search tries each `{` and `[`, so it is bounded.
+const FALLBACK_WINDOW_BYTES: usize = 64 * 1024;
+
+/// Why an `output_schema` is refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    #[error("`output_schema` must be a JSON Schema object, found {0}")]
+    NotAnObject(&'static str),
+    #[error("`output_schema` is {size} bytes as JSON, more than the limit of {max}")]
+    TooLarge { size: usize, max: usize },
+    #[error("`output_schema` is not a valid JSON Schema: {0}")]
+    Invalid(String),
+}
+
+/// What a structured task's record keeps across its turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StructuredState {
+    /// The `output_schema` the task was started with.
+    pub schema: Value,
+    /// The answers of the current round checked so far, oldest first.
+    #[serde(default)]
+    pub attempts: Vec<StructuredAttempt>,
+    /// The parsed value of the accepted answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    /// Why no answer was accepted (the last attempt's errors), once the round is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The turn whose completed answer is being checked: the task is reported running until the
+    /// check accepts it, gives up, or opens a correction turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checking: Option<u32>,
+    /// Tokens and cost of this round's turns before the current one (the corrections'
+    /// predecessors), which the current turn's outcome no longer holds.
+    #[serde(default)]
+    pub earlier_tokens: Tokens,
+    #[serde(default)]
+    pub earlier_cost: f64,
+}
+
+impl StructuredState {
+    pub fn new(schema: Value) -> Self {
+        Self {
+            schema,
+            attempts: Vec::new(),
+            value: None,
+            error: None,
+            checking: None,
+            earlier_tokens: Tokens::default(),
+            earlier_cost: 0.0,
+        }
+    }
+
+    /// A host's follow-up: a new round under the same schema.
+    pub fn restart(&mut self) {
+        *self = Self::new(std::mem::take(&mut self.schema));
+    }
+
+    /// Records the check of `attempt.turn` (replacing an earlier check of the same turn, which a
+    /// restart can repeat).
+    fn record(&mut self, attempt: StructuredAttempt) {
+        self.attempts.retain(|a| a.turn != attempt.turn);
+        self.attempts.push(attempt);
+    }
+}
+
+/// Checks an `output_schema` before a task is started with it.
+pub fn check_schema(schema: &Value) -> Result<(), SchemaError> {
+    let kind = match schema {
+        Value::Object(_) => None,
+        Value::Null => Some("null"),
+        Value::Bool(_) => Some("a boolean"),
+        Value::Number(_) => Some("a number"),
+        Value::String(_) => Some("a string"),
+        Value::Array(_) => Some("an array"),
+    };
+    if let Some(kind) = kind {
+        return Err(SchemaError::NotAnObject(kind));
+    }
+    let size = serde_json::to_string(schema).map_or(usize::MAX, |s| s.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(SchemaError::TooLarge {
+            size,
+            max: MAX_SCHEMA_BYTES,
+        });
+    }
+    if let Err(e) = jsonschema::meta::validate(schema) {
+        return Err(SchemaError::Invalid(error_line(
+            &e.instance_path().to_string(),
+            &e.to_string(),
+        )));
+    }
+    jsonschema::validator_for(schema)
+        .map(drop)
+        .map_err(|e| SchemaError::Invalid(cap(&e.to_string(), MAX_ERROR_CHARS)))
+}
+
+/// What is appended to the prompt of a structured task (and of a host's follow-up to one).
+pub fn instruction(schema: &Value) -> String {
+    let pretty = serde_json::to_string_pretty(schema).unwrap_or_else(|_| schema.to_string());
+    format!(
+        "\n\n---\nEnd your answer with one JSON value that matches the JSON Schema below, in a \
+         ```json fenced code block. That block is your result: it is parsed and checked against \
+         the schema.\n```json\n{pretty}\n```"
+    )
+}
+
+/// The follow-up sent when an answer did not match.
+pub fn correction_prompt(errors: &[String]) -> String {
+    let mut prompt = String::from(
+        "Your answer did not end with a JSON value that matches the required JSON Schema:\n",
+    );
+    for e in errors {
+        prompt.push_str("- ");
+        prompt.push_str(e);
+        prompt.push('\n');
+    }
+    prompt.push_str(
+        "Answer again, ending with the corrected JSON value (matching the same schema as before) \
+         in a ```json fenced code block.",
+    );
+    prompt
+}
+
+/// The JSON value an answer ends with: the content of its last ```` ```json ```` fenced block;
+/// without one, the last top-level JSON object or array in the text; without that, the whole
+/// answer if it is one JSON value. The error says which rule failed.
+pub fn extract(text: &str) -> Result<Value, String> {
+    if let Some(block) = last_json_block(text) {
+        return serde_json::from_str(block.trim())
+            .map_err(|e| format!("the last ```json block is not valid JSON: {e}"));
+    }
+    if let Some(v) = last_top_level_value(text) {
+        return Ok(v);
+    }
+    serde_json::from_str(text.trim()).map_err(|_| {
+        "the answer holds no JSON value: end it with the JSON in a ```json fenced code block"
+            .to_string()
+    })
+}
+
+/// The content of the last fenced block whose info string is `json` (any case), if any. An
+/// unclosed last block runs to the end of the text.
+fn last_json_block(text: &str) -> Option<&str> {
+    let mut last = None;
+    let mut open: Option<(usize, bool)> = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            match open {
+                None => {
+                    open = Some((
+                        offset + line.len(),
+                        info.trim().eq_ignore_ascii_case("json"),
+                    ))
+                }
+                Some((start, is_json)) if info.trim().is_empty() => {
+                    if is_json {
+                        last = Some(&text[start..offset]);
+                    }
+                    open = None;
+                }
+                Some(_) => {}
+            }
+        }
+        offset += line.len();
+    }
+    match open {
+        Some((start, true)) => Some(&text[start.min(text.len())..]),
+        _ => last,
+    }
+}
+
+/// The last JSON object or array that is not inside another, within the text's last
+/// [`FALLBACK_WINDOW_BYTES`].
+fn last_top_level_value(text: &str) -> Option<Value> {
+    let mut from = text.len().saturating_sub(FALLBACK_WINDOW_BYTES);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let window = &text[from..];
+    let mut last = None;
+    let mut i = 0;
+    while i < window.len() {
+        let b = window.as_bytes()[i];
+        if b == b'{' || b == b'[' {
+            let mut values = serde_json::Deserializer::from_str(&window[i..]).into_iter::<Value>();
+            if let Some(Ok(v)) = values.next() {
+                i += values.byte_offset().max(1);
+                last = Some(v);
+                continue;
+            }
+        }
+        i += 1;
+    }
+    last
+}
+
+/// Checks an answer against `schema`: the parsed value, or the errors (capped) to report.
+pub fn check_answer(schema: &Value, text: &str) -> Result<Value, Vec<String>> {
+    let value = extract(text).map_err(|e| vec![e])?;
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| vec![format!("the output_schema cannot be used: {e}")])?;
+    let mut errors = Vec::new();
+    let mut more = 0usize;
+    for e in validator.iter_errors(&value) {
+        if errors.len() < MAX_ERRORS {
+            errors.push(error_line(&e.instance_path().to_string(), &e.to_string()));
+        } else {
+            more += 1;
+        }
+    }
+    if errors.is_empty() {
+        return Ok(value);
+    }
+    if more > 0 {
+        errors.push(format!("… and {more} more"));
+    }
+    Err(errors)
+}
+
+/// One error as `` `<instance path>`: <message> `` (the root is `/`), the message capped.
+fn error_line(path: &str, message: &str) -> String {
+    let path = if path.is_empty() { "/" } else { path };
+    format!("`{path}`: {}", cap(message, MAX_ERROR_CHARS))
+}
+
+fn cap(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+/// What happens after an answer was checked.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// It matched: the task finishes with this value.
+    Accept(Value),
+    /// It did not, and a retry is left: continue the session with this prompt.
+    Correct(String),
+    /// It did not, and no retry is left (or there is nothing to correct): finish with this error.
+    GiveUp(String),
+}
+
+/// Decides what follows the check of an answer, given how many answers of the round were
+/// checked before it.
+fn next(checked: Result<Value, Vec<String>>, earlier: usize, retries: u32) -> Next {
+    match checked {
+        Ok(v) => Next::Accept(v),
+        Err(errors) if earlier < retries as usize => Next::Correct(correction_prompt(&errors)),
+        Err(errors) => Next::GiveUp(format!(
+            "the answer does not match output_schema after {} attempt{}: {}",
+            earlier + 1,
+            if earlier == 0 { "" } else { "s" },
+            errors.join("; ")
+        )),
+    }
+}
+
+/// Called by the tracker, under the registry lock, when a turn's verdict is `completed`: for a
+/// structured task the turn is held (`checking`) instead of finished, and the caller runs
+/// [`settle`]. Returns whether it held the turn. A turn already held is not held twice.
+pub fn hold(e: &mut TaskEntry) -> Hold {
+    let turn = e.rec.turn;
+    let Some(s) = e.rec.structured.as_mut() else {
+        return Hold::No;
+    };
+    if e.live.settling {
+        return Hold::Already;
+    }
+    e.live.settling = true;
+    s.checking = Some(turn);
+    e.rec.status = TaskStatus::Running;
+    Hold::Held(turn)
+}
+
+/// What [`hold`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Not a structured task: finish the turn as usual.
+    No,
+    /// Held now: run [`settle`] for this turn.
+    Held(u32),
+    /// A check of this turn already runs.
+    Already,
+}
+
+/// Whether `e` is still holding `turn` for its check (not cancelled, timed out or moved on).
+fn holding(e: &TaskEntry, turn: u32) -> bool {
+    e.rec.turn == turn
+        && !e.rec.status.is_terminal()
+        && !e.live.aborting
+        && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(turn)
+}
+
+/// Checks the held answer of `turn` and finishes the task, or opens a correction turn.
+pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    tracker::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+    let Some(entry) = ctx.registry.get(task_id).filter(|e| holding(e, turn)) else {
+        return;
+    };
+    let Some(state) = entry.rec.structured.as_ref() else {
+        return;
+    };
+    let (checked, retries) = match &entry.rec.outcome {
+        Some(o) => (check_answer(&state.schema, &o.text), ctx.structured_retries),
+        // Nothing to correct: the agent answered, the gateway could not read it.
+        None => (
+            Err(vec![entry.rec.outcome_error.clone().unwrap_or_else(|| {
+                "the turn's final text could not be read from OpenCode".into()
+            })]),
+            0,
+        ),
+    };
+    let attempt = StructuredAttempt {
+        turn,
+        ok: checked.is_ok(),
+        errors: checked.as_ref().err().cloned().unwrap_or_default(),
+    };
+    let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
+    let next = next(checked, earlier, retries);
+    let correction = ctx
+        .registry
+        .update(task_id, |e| {
+            if !holding(e, turn) {
+                return None;
+            }
+            let s = e.rec.structured.as_mut()?;
+            s.record(attempt);
+            match next {
+                Next::Accept(v) => {
+                    s.value = Some(v);
+                    e.finish(TaskStatus::Completed, None);
+                    None
+                }
+                Next::GiveUp(error) => {
+                    s.error = Some(error);
+                    e.finish(TaskStatus::Completed, None);
+                    None
+                }
+                Next::Correct(prompt) => Some((prompt, e.rec.agent.clone(), e.rec.model.clone())),
+            }
+        })
+        .flatten();
+    if let Some((prompt, agent, model)) = correction {
+        let opened = open_turn(
+            ctx,
+            server,
+            task_id,
+            turn,
+            Follows::Correction,
+            &prompt,
+            agent,
+            model,
+            |_| {},
+        )
+        .await;
+        if let Err(err) = opened {
+            tracing::warn!(task_id, error = %err, "the correction turn could not be sent");
+            ctx.registry.update(task_id, |e| {
+                if holding(e, turn) {
+                    if let Some(s) = e.rec.structured.as_mut() {
+                        s.error = Some(format!(
+                            "the answer does not match output_schema, and the correction could \
+                             not be sent: {err}"
+                        ));
+                    }
+                    e.finish(TaskStatus::Completed, None);
+                }
+            });
+        }
+    }
+    if ctx
+        .registry
+        .get(task_id)
+        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
+    {
+        tracker::read_files(ctx, server, task_id, turn).await;
+    }
+}
+
+/// Prepares a structured task's state for the correction turn that follows `turn`: the checked
+/// turn's tokens and cost join the round's earlier ones.
+pub fn before_correction(e: &mut TaskEntry) {
+    let spent = e.rec.outcome.as_ref().map(|o| (o.tokens, o.cost));
+    if let Some(s) = e.rec.structured.as_mut() {
+        if let Some((tokens, cost)) = spent {
+            s.earlier_tokens.add(&tokens);
+            s.earlier_cost += cost;
+        }
+        s.checking = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn person() -> Value {
+        json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        })
+    }
+
+    #[test]
+    fn the_last_json_block_wins() {
+        let text = "first\n```json\n{\"a\": 1}\n```\nthen\n```JSON\n{\"a\": 2}\n```\nbye";
+        assert_eq!(extract(text), Ok(json!({"a": 2})));
+        // Other fences do not count; an unclosed json block runs to the end.
+        let text = "```rust\nlet x = [1];\n```\n```json\n[1, 2]";
+        assert_eq!(extract(text), Ok(json!([1, 2])));
+    }
+
+    #[test]
+    fn a_broken_json_block_is_reported_not_skipped() {
+        let e = extract("```json\n{\"a\": }\n```\n{\"b\": 1}").expect_err("broken");
+        assert!(
+            e.starts_with("the last ```json block is not valid JSON"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn without_a_block_the_last_top_level_value_is_taken() {
+        let text = "Checked {not json} and [x]. Result: {\"a\": {\"b\": [1]}} done.";
+        assert_eq!(extract(text), Ok(json!({"a": {"b": [1]}})));
+        assert_eq!(extract("  42 "), Ok(json!(42)));
+        let e = extract("no json here").expect_err("none");
+        assert!(e.contains("holds no JSON value"), "{e}");
+    }
+
+    #[test]
+    fn mismatches_name_the_path_and_are_capped() {
+        let errors = check_answer(
+            &person(),
+            "```json\n{\"name\": \"x\", \"age\": \"old\"}\n```",
+        )
+        .expect_err("mismatch");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`/age`: "), "{errors:?}");
+        assert!(errors[0].contains("integer"), "{errors:?}");
+        let errors = check_answer(&person(), "[1]").expect_err("root");
+        assert!(errors[0].starts_with("`/`: "), "{errors:?}");
+        let many = json!({"type": "array", "items": {"type": "string"}});
+        let text = serde_json::to_string(&(0..20).collect::<Vec<_>>()).expect("json");
+        let errors = check_answer(&many, &text).expect_err("many");
+        assert_eq!(errors.len(), MAX_ERRORS + 1);
+        assert_eq!(errors[MAX_ERRORS], "… and 12 more");
+        assert_eq!(
+            check_answer(&person(), "{\"name\": \"x\", \"age\": 3}"),
+            Ok(json!({"name": "x", "age": 3}))
+        );
+    }
+
+    #[test]
+    fn bad_schemas_are_refused_with_the_reason() {
+        assert_eq!(
+            check_schema(&json!([])),
+            Err(SchemaError::NotAnObject("an array"))
+        );
+        let e = check_schema(&json!({"type": "strnig"})).expect_err("bad type");
+        assert!(e.to_string().contains("`/type`"), "{e}");
+        let big = json!({"description": "x".repeat(MAX_SCHEMA_BYTES)});
+        assert!(matches!(
+            check_schema(&big),
+            Err(SchemaError::TooLarge { .. })
+        ));
+        // A remote reference is an error, never a request (nothing listens there anyway).
+        let remote = json!({"$ref": "http://127.0.0.1:9/schema.json"});
+        assert!(matches!(
+            check_schema(&remote),
+            Err(SchemaError::Invalid(_))
+        ));
+        assert_eq!(check_schema(&person()), Ok(()));
+    }
+
+    #[test]
+    fn a_long_answer_is_searched_near_its_end_only() {
+        // 1 MB of prose with braces and brackets that are not JSON, then the value.
+        let mut text = "fn f() { let v = [a, b]; } {\"unclosed\": [1, 2, ".repeat(20_000);
+        text.push_str("\nResult: {\"ok\": true}");
+        assert_eq!(extract(&text), Ok(json!({"ok": true})));
+    }
+
+    #[test]
+    fn a_completed_turn_is_held_once_and_released_by_finishing() {
+        use crate::tasks::record::TaskRecord;
+        let mut e = TaskEntry::new(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        assert_eq!(hold(&mut e), Hold::No, "not a structured task");
+        e.rec.structured = Some(StructuredState::new(person()));
+        assert_eq!(hold(&mut e), Hold::Held(1));
+        assert_eq!(
+            e.rec.status,
+            TaskStatus::Running,
+            "not finished while checked"
+        );
+        assert!(holding(&e, 1));
+        assert_eq!(hold(&mut e), Hold::Already);
+        // The durable record says what is pending, and an older gateway's reader ignores it.
+        let saved = serde_json::to_value(&e.rec).expect("json");
+        assert_eq!(saved["structured"]["checking"], json!(1));
+        let back: TaskRecord = serde_json::from_value(saved).expect("loads");
+        assert_eq!(back.structured.as_ref().and_then(|s| s.checking), Some(1));
+        // A cancel (any finish) releases the hold.
+        e.finish(TaskStatus::Cancelled, None);
+        assert!(!holding(&e, 1));
+        assert_eq!(e.rec.structured.as_ref().and_then(|s| s.checking), None);
+    }
+
+    #[test]
+    fn a_correction_carries_the_earlier_turns_spend() {
+        use crate::tasks::record::TaskRecord;
+        use crate::tasks::turn::TurnState;
+        let mut e = TaskEntry::new(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        e.rec.structured = Some(StructuredState::new(person()));
+        let mut outcome = TurnState::default();
+        outcome.tokens.input = 100;
+        outcome.cost = 0.5;
+        e.rec.outcome = Some(outcome);
+        assert_eq!(hold(&mut e), Hold::Held(1));
+        before_correction(&mut e);
+        let s = e.rec.structured.as_ref().expect("state");
+        assert_eq!(
+            (s.earlier_tokens.input, s.earlier_cost, s.checking),
+            (100, 0.5, None)
+        );
+        // A host's follow-up starts a new round under the same schema.
+        let mut s = s.clone();
+        s.record(StructuredAttempt {
+            turn: 1,
+            ok: false,
+            errors: vec!["x".into()],
+        });
+        s.restart();
+        assert_eq!(s, StructuredState::new(person()));
+    }
+
+    #[test]
+    fn retries_are_bounded() {
+        let bad = || Err(vec!["`/a`: wrong".to_string()]);
+        match next(bad(), 0, 2) {
+            Next::Correct(p) => assert!(p.contains("- `/a`: wrong"), "{p}"),
+            other => panic!("expected a correction, got {other:?}"),
+        }
+        assert!(matches!(next(bad(), 1, 2), Next::Correct(_)));
+        match next(bad(), 2, 2) {
+            Next::GiveUp(e) => assert!(e.contains("after 3 attempts: `/a`: wrong"), "{e}"),
+            other => panic!("expected giving up, got {other:?}"),
+        }
+        assert!(matches!(next(bad(), 0, 0), Next::GiveUp(_)));
+        assert_eq!(next(Ok(json!(1)), 5, 0), Next::Accept(json!(1)));
+    }
+}
