@@ -560,9 +560,13 @@ async fn expired_tasks_take_their_worktrees_along_unless_never_applied() {
     rig.relaunch().await;
     let records = state.join("tasks");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Removal deletes the directory first and the branch after it: settled means both.
     let settled = || {
+        let branches = git(&repo, &["branch", "--list", "opencode-mcp/*"]);
         !paths[0].exists()
             && !paths[1].exists()
+            && !branches.contains(applied.as_str())
+            && !branches.contains(untouched.as_str())
             && state.join(format!("worktrees/{kept}.kept.json")).is_file()
             && ids
                 .iter()
