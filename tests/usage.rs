@@ -189,4 +189,49 @@ async fn usage_and_task_list_match_the_tasks_own_results() {
     assert_eq!(listed["total"], 2, "{listed}");
     assert_eq!(listed["tasks"][0]["task_id"], json!(b_id), "{listed}");
     assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(1));
+
+    // A running task is listed too, first, with its status as stored (the store is written
+    // behind the registry, so the list is polled with a bound).
+    let c = rig.start_task("third [[delay:60000]]").await;
+    let c_id = c["task_id"].as_str().expect("task_id").to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let running = loop {
+        let (ok, stdout, stderr) = cli(&rig, &["tasks", "--status", "running", "--json"]);
+        assert!(ok, "{stderr}");
+        let list: Value = serde_json::from_str(&stdout).expect("tasks --json is JSON");
+        if list.as_array().is_some_and(|l| !l.is_empty()) {
+            break list;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the running task was never listed as running: {stdout}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(running.as_array().map(Vec::len), Some(1), "{running}");
+    assert_eq!(running[0]["task_id"], json!(c_id), "{running}");
+    let (ok, stdout, _) = cli(&rig, &["tasks", "--json"]);
+    assert!(ok);
+    let all: Value = serde_json::from_str(&stdout).expect("tasks --json is JSON");
+    let order: Vec<(&str, &str)> = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            (
+                l["task_id"].as_str().unwrap_or_default(),
+                l["status"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (c_id.as_str(), "running"),
+            (b_id.as_str(), "completed"),
+            (a_id.as_str(), "completed"),
+        ]
+    );
+    rig.ok("opencode_cancel_task", json!({ "task_id": c_id }))
+        .await;
 }
