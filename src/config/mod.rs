@@ -58,6 +58,28 @@ pub use yaml::Yaml;
 use std::path::PathBuf;
 
 /// The embedded default file: the repo's own `delegation.yaml`, compiled in.
+/// The configuration in force, shared by everything that must follow a reload (the task service
+/// and its tracker): swapped whole, and read as one snapshot per operation. The lock is held only
+/// to clone or replace the `Arc`.
+#[derive(Debug, Clone)]
+pub struct LiveConfig(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Config>>>);
+
+impl LiveConfig {
+    pub fn new(config: std::sync::Arc<Config>) -> Self {
+        Self(std::sync::Arc::new(std::sync::RwLock::new(config)))
+    }
+
+    /// The configuration in force now (take it once per operation).
+    pub fn get(&self) -> std::sync::Arc<Config> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts a reloaded configuration in force.
+    pub fn set(&self, config: std::sync::Arc<Config>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+}
+
 pub const DEFAULT_YAML: &str = include_str!("../../delegation.yaml");
 
 /// Where configuration layers come from (lowest first: built-in, user file, `./delegation.yaml`

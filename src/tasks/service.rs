@@ -114,7 +114,7 @@ pub struct TaskService {
     /// never changes a task under way. The keys it cannot take at run time (the state directory,
     /// the server settings the pool and tracker were built with) keep their running value: see
     /// `config::RESTART_KEYS`.
-    config: std::sync::RwLock<Arc<Config>>,
+    config: crate::config::LiveConfig,
     pub(super) pool: ServerPool,
     pub(super) registry: Arc<Registry>,
     pub(super) tracker: TrackerContext,
@@ -153,6 +153,7 @@ impl TaskService {
             }
         };
         let registry = Arc::new(Registry::new(store));
+        let live = crate::config::LiveConfig::new(config.clone());
         let git_lock = Arc::new(tokio::sync::Mutex::new(()));
         let tracker = TrackerContext {
             worktrees: state_dir.as_deref().map(super::gc::worktrees_dir),
@@ -164,8 +165,7 @@ impl TaskService {
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
             foreign: Default::default(),
-            task_timeout: config.timeouts.task.get(),
-            structured_retries: config.limits.structured_retries,
+            config: live.clone(),
         };
         let mut pool = ServerPool::new(config.clone());
         if let Some(dir) = &state_dir {
@@ -179,7 +179,7 @@ impl TaskService {
             keys: Default::default(),
             state_dir,
             git_lock,
-            config: std::sync::RwLock::new(config),
+            config: live,
             started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
         }
     }
@@ -208,15 +208,12 @@ impl TaskService {
 
     /// The configuration in force now (one snapshot: take it once per operation).
     pub fn config(&self) -> Arc<Config> {
-        self.config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.config.get()
     }
 
     /// Puts a reloaded configuration in force for new calls and new tasks.
     pub fn reconfigure(&self, config: Arc<Config>) {
-        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+        self.config.set(config);
     }
 
     pub(super) fn stall(&self) -> Duration {
@@ -734,14 +731,9 @@ pub(super) async fn open_turn(
         });
         return Err(e.into());
     }
-    super::abort::arm_deadline(
-        ctx,
-        server,
-        task_id,
-        turn,
-        ctx.task_timeout,
-        ctx.task_timeout,
-    );
+    // The deadline in force now: a reload applies to the turns opened after it.
+    let limit = ctx.config.get().timeouts.task.get();
+    super::abort::arm_deadline(ctx, server, task_id, turn, limit, limit);
     Ok(turn)
 }
 

@@ -351,7 +351,10 @@ pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
         return;
     };
     let (checked, retries) = match &entry.rec.outcome {
-        Some(o) => (check_answer(&state.schema, &o.text), ctx.structured_retries),
+        Some(o) => (
+            check_answer(&state.schema, &o.text),
+            ctx.config.get().limits.structured_retries,
+        ),
         // Nothing to correct: the agent answered, the gateway could not read it.
         None => (
             Err(vec![entry.rec.outcome_error.clone().unwrap_or_else(|| {

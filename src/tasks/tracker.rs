@@ -66,10 +66,9 @@ pub struct TrackerContext {
     /// Sessions with pending asks that belong to no task (someone else's work on the same
     /// server): not looked up again on every reconcile.
     pub foreign: Arc<Mutex<HashSet<String>>>,
-    /// `timeouts.task`: the deadline of every turn, also those the gateway opens itself.
-    pub task_timeout: Duration,
-    /// `limits.structured_retries`: automatic corrections of a structured answer.
-    pub structured_retries: u32,
+    /// The configuration in force, shared with the service: `timeouts.task` for the turns the
+    /// gateway opens itself, `limits.structured_retries` for a structured answer's corrections.
+    pub config: crate::config::LiveConfig,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -817,8 +816,7 @@ mod tests {
             git_lock: Default::default(),
             checks: Default::default(),
             foreign: Default::default(),
-            task_timeout: Duration::from_secs(60),
-            structured_retries: 2,
+            config: crate::config::LiveConfig::new(Arc::new(crate::gateway::test_config())),
         }
     }
 
