@@ -60,19 +60,34 @@ async fn usage_and_task_list_match_the_tasks_own_results() {
     let a_result = rig.finish(&a_id).await;
     let b = rig.start_task("second [[usage:4321]]").await;
     let b_id = b["task_id"].as_str().expect("task_id").to_string();
+    let b_first = rig.finish(&b_id).await;
+    // A follow-up replaces the task's result with its own turn; the report counts both turns.
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": b_id, "prompt": "and more [[usage:777]]" }),
+    )
+    .await;
     let b_result = rig.finish(&b_id).await;
-    for r in [&a_result, &b_result] {
+    for r in [&a_result, &b_first, &b_result] {
         assert_eq!(r["status"], "completed", "{r}");
     }
+    assert!(
+        u(&b_result["tokens"]["input"]) < 4321,
+        "the second turn's own: {b_result}"
+    );
     // The markers reached OpenCode's accounting: the sums below are not sums of zeros.
     assert!(u(&a_result["tokens"]["input"]) >= 1234, "{a_result}");
-    assert!(u(&b_result["tokens"]["input"]) >= 4321, "{b_result}");
+    assert!(u(&b_first["tokens"]["input"]) >= 4321, "{b_first}");
 
     let mut expected_tokens = json!({});
     for kind in TOKEN_KINDS {
-        expected_tokens[kind] = json!(u(&a_result["tokens"][kind]) + u(&b_result["tokens"][kind]));
+        expected_tokens[kind] = json!(
+            u(&a_result["tokens"][kind])
+                + u(&b_first["tokens"][kind])
+                + u(&b_result["tokens"][kind])
+        );
     }
-    let expected_cost = f(&a_result["cost"]) + f(&b_result["cost"]);
+    let expected_cost = f(&a_result["cost"]) + f(&b_first["cost"]) + f(&b_result["cost"]);
     let t = &expected_tokens;
     let expected_reference = ((u(&t["input"]) + u(&t["cache_read"]) + u(&t["cache_write"])) as f64
         * 2.0
@@ -121,7 +136,11 @@ async fn usage_and_task_list_match_the_tasks_own_results() {
         assert_eq!(
             tiers,
             [
-                ("(none)".to_string(), 1, u(&b_result["tokens"]["input"])),
+                (
+                    "(none)".to_string(),
+                    1,
+                    u(&b_first["tokens"]["input"]) + u(&b_result["tokens"]["input"]),
+                ),
                 ("fast".to_string(), 1, u(&a_result["tokens"]["input"])),
             ],
             "{who}"

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::model::TaskStatus;
 use super::structured::StructuredState;
 use super::turn::TurnState;
-use crate::opencode::{ErrorInfo, FileChange, PermissionAsk};
+use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
 
 /// Format version of a record.
 pub const VERSION: u32 = 1;
@@ -82,10 +82,31 @@ pub struct TaskRecord {
     /// models), so its answer is shown beside the others'; absent for a task started alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupMember>,
+    /// What the task's turns before the current one spent: a new turn replaces `outcome`, so
+    /// their tokens, cost and time are kept here for the usage report.
+    #[serde(default, skip_serializing_if = "Spent::is_empty")]
+    pub earlier: Spent,
     /// The `output_schema` of a structured task, its checked answers and where the check stands
     /// (see `structured.rs`); absent for other tasks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured: Option<StructuredState>,
+}
+
+/// Tokens, cost and wall time of finished turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    #[serde(default)]
+    pub tokens: Tokens,
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default)]
+    pub wall_ms: u64,
+}
+
+impl Spent {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// A task's place in a fan-out group.
@@ -156,22 +177,33 @@ impl TaskRecord {
             workspace: None,
             group: None,
             structured: None,
+            earlier: Spent::default(),
         }
     }
 
-    /// Opens a new turn: everything about the previous one is cleared.
+    /// Opens a new turn: everything about the previous one is cleared, but what it spent is
+    /// added to [`TaskRecord::earlier`].
     pub fn begin_turn(
         &mut self,
         user_message_id: String,
         agent: Option<String>,
         model: Option<String>,
     ) {
+        let now = epoch_ms(SystemTime::now());
+        if self.turn > 0 {
+            if let Some(o) = &self.outcome {
+                self.earlier.tokens.add(&o.tokens);
+                self.earlier.cost += o.cost;
+            }
+            let end = self.finished_ms.unwrap_or(now);
+            self.earlier.wall_ms += end.saturating_sub(self.turn_started_ms);
+        }
         self.turn += 1;
         self.note_message_id(&user_message_id);
         self.user_message_id = user_message_id;
         self.agent = agent;
         self.model = model;
-        self.turn_started_ms = epoch_ms(SystemTime::now());
+        self.turn_started_ms = now;
         self.finished_ms = None;
         self.status = TaskStatus::Pending;
         self.error = None;
@@ -249,8 +281,14 @@ mod tests {
                 message: "y".into(),
             }),
         );
+        let mut outcome = TurnState::default();
+        outcome.tokens.input = 120;
+        outcome.cost = 0.25;
+        r.outcome = Some(outcome);
         r.begin_turn("msg_2".into(), None, None);
         assert_eq!(r.turn, 2);
+        assert!(r.outcome.is_none());
+        assert_eq!((r.earlier.tokens.input, r.earlier.cost), (120, 0.25));
         assert_eq!(r.status, TaskStatus::Pending);
         assert!(r.error.is_none() && r.finished_ms.is_none() && r.outcome_error.is_none());
         assert_eq!(r.newest_message_id.as_deref(), Some("msg_2"));

@@ -20,8 +20,8 @@
 //! - **A host's `continue_task`** on a structured task starts a new round: the schema still
 //!   applies (the instruction is appended to the follow-up again), the attempts and the value are
 //!   reset, and the retry budget is whole again.
-//! - **Usage**: a correction replaces the record's outcome like any turn, so the tokens and cost
-//!   of the round's earlier turns are summed into the state and counted by the usage report.
+//! - **Usage**: a correction is a turn like any other: the record keeps what the turns before it
+//!   spent (`TaskRecord::earlier`), which the usage report counts.
 
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ use super::model::{StructuredAttempt, TaskStatus};
 use super::registry::TaskEntry;
 use super::service::{open_turn, Follows};
 use super::tracker::{self, Attempts, TrackerContext};
-use crate::opencode::{Server, Tokens};
+use crate::opencode::Server;
 
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
 /// and kept in the task's record.
@@ -74,12 +74,6 @@ pub struct StructuredState {
     /// check accepts it, gives up, or opens a correction turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checking: Option<u32>,
-    /// Tokens and cost of this round's turns before the current one (the corrections'
-    /// predecessors), which the current turn's outcome no longer holds.
-    #[serde(default)]
-    pub earlier_tokens: Tokens,
-    #[serde(default)]
-    pub earlier_cost: f64,
 }
 
 impl StructuredState {
@@ -90,8 +84,6 @@ impl StructuredState {
             value: None,
             error: None,
             checking: None,
-            earlier_tokens: Tokens::default(),
-            earlier_cost: 0.0,
         }
     }
 
@@ -433,12 +425,7 @@ pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
 /// Prepares a structured task's state for the correction turn that follows `turn`: the checked
 /// turn's tokens and cost join the round's earlier ones.
 pub fn before_correction(e: &mut TaskEntry) {
-    let spent = e.rec.outcome.as_ref().map(|o| (o.tokens, o.cost));
     if let Some(s) = e.rec.structured.as_mut() {
-        if let Some((tokens, cost)) = spent {
-            s.earlier_tokens.add(&tokens);
-            s.earlier_cost += cost;
-        }
         s.checking = None;
     }
 }
@@ -587,11 +574,10 @@ mod tests {
         e.rec.outcome = Some(outcome);
         assert_eq!(hold(&mut e), Hold::Held(1));
         before_correction(&mut e);
+        e.begin_turn("msg_2".into(), None, None);
         let s = e.rec.structured.as_ref().expect("state");
-        assert_eq!(
-            (s.earlier_tokens.input, s.earlier_cost, s.checking),
-            (100, 0.5, None)
-        );
+        assert_eq!(s.checking, None);
+        assert_eq!((e.rec.earlier.tokens.input, e.rec.earlier.cost), (100, 0.5));
         // A host's follow-up starts a new round under the same schema.
         let mut s = s.clone();
         s.record(StructuredAttempt {

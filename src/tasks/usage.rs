@@ -56,15 +56,13 @@ impl Usage {
             self.cost += o.cost;
             self.reference_cost += reference_cost(&o.tokens, price);
         }
-        // A structured task's automatic corrections replaced the outcomes of the turns before
-        // them: those turns are counted from what the record kept of them.
-        if let Some(s) = &r.structured {
-            self.tokens.add(&s.earlier_tokens);
-            self.cost += s.earlier_cost;
-            self.reference_cost += reference_cost(&s.earlier_tokens, price);
-        }
+        // Follow-ups and automatic corrections replaced the outcomes of the turns before them:
+        // those turns count with what the record kept of them.
+        self.tokens.add(&r.earlier.tokens);
+        self.cost += r.earlier.cost;
+        self.reference_cost += reference_cost(&r.earlier.tokens, price);
         let end = r.finished_ms.unwrap_or(now_ms);
-        self.wall_ms += end.saturating_sub(r.turn_started_ms);
+        self.wall_ms += end.saturating_sub(r.turn_started_ms) + r.earlier.wall_ms;
         self.saving = self.reference_cost - self.cost;
     }
 }
