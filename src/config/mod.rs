@@ -47,8 +47,8 @@ pub use error::{ConfigError, Origin, Problem};
 pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
 pub use restart::{keep_running, NotApplied, RestartKey, RESTART_KEYS};
 pub use template::{
-    placeholders, render, stale_mentions, tool_placeholders, StaleMention, TIERS_PLACEHOLDER,
-    TOOL_PREFIX,
+    placeholders, render, stale_mentions, tool_names, tool_placeholders, StaleMention,
+    TIERS_PLACEHOLDER, TOOL_PREFIX,
 };
 pub use trust::{Withheld, TRUST_KEYS};
 pub use types::*;

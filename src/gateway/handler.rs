@@ -155,7 +155,8 @@ impl ServerHandler for Gateway {
         };
         let result = match outcome {
             Ok(value) => CallToolResult::structured(value),
-            Err(e) => {
+            Err(mut e) => {
+                e.message = surface.tools.name_tools_in(&e.message);
                 // An internal error is the gateway's own fault: the user should see it. The rest
                 // (bad arguments, unknown ids, conflicts) is the host's to handle.
                 if e.code == crate::error::ErrorCode::Internal {

@@ -25,6 +25,9 @@ use crate::config::{Action, Config, ToolConfig};
 pub struct ToolTable {
     tools: Vec<Tool>,
     routes: HashMap<String, Route>,
+    /// Default tool names (`opencode_<action>`) and the enabled tool that now does that action,
+    /// where they differ: error messages written in code name the default tools.
+    renamed: Vec<(String, String)>,
 }
 
 /// Where a call to a tool goes: its action, and for a preset tool the preset that turns the
@@ -52,7 +55,40 @@ impl ToolTable {
                 (name.to_string(), route)
             })
             .collect();
-        Self { tools, routes }
+        let renamed = crate::config::tool_names(config)
+            .into_iter()
+            .map(|(action, name)| (format!("opencode_{}", action.as_str()), name))
+            .filter(|(default, name)| default != name)
+            .collect();
+        Self {
+            tools,
+            routes,
+            renamed,
+        }
+    }
+
+    /// `text` (an error message) with every default tool name that a rename replaced written as
+    /// the tool the host can call, so the text follows the tool table as the descriptions do.
+    pub fn name_tools_in(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (default, name) in &self.renamed {
+            // Whole names only: `opencode_start_task` must not touch `opencode_start_task_x`.
+            let mut result = String::with_capacity(out.len());
+            let mut rest = out.as_str();
+            while let Some(at) = rest.find(default.as_str()) {
+                let end = at + default.len();
+                let whole = !rest[end..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                result.push_str(&rest[..at]);
+                result.push_str(if whole { name } else { default });
+                rest = &rest[end..];
+            }
+            result.push_str(rest);
+            out = result;
+        }
+        out
     }
 
     /// The tools for `tools/list`, sorted by name.
@@ -197,6 +233,34 @@ mod tests {
         assert_eq!(
             start["required"],
             serde_json::json!(["server_id", "prompt"])
+        );
+    }
+
+    #[test]
+    fn error_messages_name_renamed_tools() {
+        let mut config = crate::gateway::test_config();
+        let wait = config
+            .tools
+            .get("opencode_wait_for_task")
+            .cloned()
+            .expect("the built-in wait tool");
+        config.tools.insert("await".into(), wait);
+        if let Some(old) = config.tools.get_mut("opencode_wait_for_task") {
+            old.enabled = false;
+        }
+        let table = ToolTable::new(&config);
+        assert_eq!(
+            table.name_tools_in(
+                "task t is still running; wait for it (opencode_wait_for_task), not \
+                 opencode_wait_for_task_x; opencode_start_server first"
+            ),
+            "task t is still running; wait for it (await), not opencode_wait_for_task_x; \
+             opencode_start_server first"
+        );
+        let default = ToolTable::new(&crate::gateway::test_config());
+        assert_eq!(
+            default.name_tools_in("(opencode_wait_for_task)"),
+            "(opencode_wait_for_task)"
         );
     }
 }
