@@ -243,6 +243,14 @@ async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
     }
 
     let (code, message) = rig
+        .err("opencode_get_task_result", json!({ "task_id": group }))
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    for task in &tasks {
+        let id = task["task_id"].as_str().unwrap_or_default();
+        assert!(message.contains(id), "names the group's tasks: {message}");
+    }
+    let (code, message) = rig
         .err(
             "opencode_wait_for_task",
             json!({ "task_ids": ["grp_nosuchgroup0"] }),

@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
-use crate::config::Config;
+use crate::config::{Config, Isolation};
 use crate::gateway::error::ToolError;
+use crate::git::Base;
 
 /// An id or name: surrounding whitespace is dropped, and nothing may remain empty.
 pub fn required_name(field: &str, value: String) -> Result<String, ToolError> {
@@ -89,6 +90,53 @@ pub fn tier(
         )));
     }
     Ok(Some(tier))
+}
+
+/// Where a task works: `isolation` (default: the config's) and, for a worktree, its `base`
+/// (default: the config's). A `base` without a worktree is refused rather than ignored.
+pub fn isolation(
+    isolation: Option<Isolation>,
+    base: Option<Base>,
+    config: &Config,
+) -> Result<(Isolation, Base), ToolError> {
+    let isolation = isolation.unwrap_or(config.isolation.mode);
+    if isolation == Isolation::None && base.is_some() {
+        return Err(ToolError::invalid_argument(
+            "`base` applies to isolation `worktree` only; pass `isolation: \"worktree\"` with it, or leave `base` out",
+        ));
+    }
+    Ok((isolation, base.unwrap_or(config.isolation.base)))
+}
+
+/// An `output_schema`, checked before any task is started with it.
+pub fn output_schema(
+    schema: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Option<serde_json::Value>, ToolError> {
+    let schema = schema.map(serde_json::Value::Object);
+    if let Some(schema) = &schema {
+        crate::tasks::structured::check_schema(schema)
+            .map_err(|e| ToolError::invalid_argument(e.to_string()))?;
+    }
+    Ok(schema)
+}
+
+/// The id of one task. A fan-out group id in its place is refused with the group's task ids, so
+/// the host can pick the one it means (or wait on the group).
+pub async fn single_task_id(
+    field: &str,
+    value: String,
+    tasks: &crate::tasks::TaskService,
+) -> Result<String, ToolError> {
+    let id = required_name(field, value)?;
+    if !id.starts_with(crate::ids::GROUP_PREFIX) {
+        return Ok(id);
+    }
+    let members = tasks.expand_groups(vec![id.clone()]).await?;
+    Err(ToolError::invalid_argument(format!(
+        "`{field}` `{id}` is a fan-out group, not a task: pass it to the wait tool for every \
+         answer, or name one of its tasks: {}",
+        members.join(", ")
+    )))
 }
 
 /// Milliseconds from a config duration, saturating (for schema bounds and comparisons).

@@ -63,6 +63,9 @@ pub struct Args {
     /// first call started.
     #[schemars(length(min = 1, max = 100))]
     pub idempotency_key: Option<String>,
+    /// A JSON Schema every answer must end with a matching JSON value for (as for start task):
+    /// each task's answer is checked and corrected on its own, and carries `structured`.
+    pub output_schema: Option<serde_json::Map<String, Value>>,
     /// `lean` (default) or `full` (also the OpenCode ids, directory, agent, turn).
     #[serde(default)]
     pub detail: Detail,
@@ -182,12 +185,8 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let directory = checks::directory("directory", args.directory)?;
     let title = checks::optional_name("title", args.title)?;
     let idempotency_key = checks::optional_name("idempotency_key", args.idempotency_key)?;
-    let isolation = args.isolation.unwrap_or(ctx.config.isolation.mode);
-    if isolation == Isolation::None && args.base.is_some() {
-        return Err(ToolError::invalid_argument(
-            "`base` applies to isolation `worktree` only; pass `isolation: \"worktree\"` with it, or leave `base` out",
-        ));
-    }
+    let output_schema = checks::output_schema(args.output_schema)?;
+    let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let server_id = server_id(args.server_id, ctx).await?;
     let group = crate::ids::group_id();
     let requests = targets.iter().zip(0u32..).map(|(target, index)| {
@@ -211,12 +210,12 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
                 .as_ref()
                 .map(|k| format!("{k}/{}", target.name())),
             isolation,
-            base: args.base.unwrap_or(ctx.config.isolation.base),
+            base,
             group: Some(tasks::GroupMember {
                 id: group.clone(),
                 index,
             }),
-            output_schema: None,
+            output_schema: output_schema.clone(),
         }
     });
     let started = futures::future::join_all(requests.map(|r| ctx.tasks.start(r))).await;
@@ -277,6 +276,7 @@ mod tests {
             base: None,
             title: None,
             idempotency_key: None,
+            output_schema: None,
             detail: Detail::Lean,
         }
     }

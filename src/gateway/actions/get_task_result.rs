@@ -50,7 +50,7 @@ impl ActionSpec for GetTaskResult {
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskResult, ToolError> {
-    let task_id = checks::required_name("task_id", args.task_id)?;
+    let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     let result = ctx
         .tasks
         .result_view(&task_id, args.view)

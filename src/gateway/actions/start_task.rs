@@ -160,17 +160,8 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
             "`idempotency_key` is longer than 128 characters",
         ));
     }
-    let output_schema = args.output_schema.map(Value::Object);
-    if let Some(schema) = &output_schema {
-        tasks::structured::check_schema(schema)
-            .map_err(|e| ToolError::invalid_argument(e.to_string()))?;
-    }
-    let isolation = args.isolation.unwrap_or(ctx.config.isolation.mode);
-    if isolation == Isolation::None && args.base.is_some() {
-        return Err(ToolError::invalid_argument(
-            "`base` applies to isolation `worktree` only; pass `isolation: \"worktree\"` with it, or leave `base` out",
-        ));
-    }
+    let output_schema = checks::output_schema(args.output_schema)?;
+    let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let request = tasks::StartTask {
         server_id: server_id(args.server_id, ctx).await?,
         prompt,
@@ -181,7 +172,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         title,
         idempotency_key,
         isolation,
-        base: args.base.unwrap_or(ctx.config.isolation.base),
+        base,
         group: None,
         output_schema,
     };
