@@ -34,6 +34,16 @@ use crate::tasks::{gateway_alive, read_stored, Stored, TaskRecord};
 
 /// The environment variables `opencode attach` reads its basic-auth credentials from.
 pub const PASSWORD_ENV: &str = "OPENCODE_SERVER_PASSWORD";
+
+/// Proxy settings the TUI is not given when its server is on loopback.
+const PROXY_VARS: [&str; 6] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+];
 pub const USERNAME_ENV: &str = "OPENCODE_SERVER_USERNAME";
 
 /// Why `watch` cannot open the task's session. Every message names what is wrong and the way on.
@@ -134,6 +144,15 @@ impl AttachPlan {
             Some(p) => cmd.env(PASSWORD_ENV, p),
             None => cmd.env_remove(PASSWORD_ENV),
         };
+        // The TUI talks to the server only (the server talks to the model providers). A proxy
+        // cannot reach this machine's loopback, and whether the TUI's runtime exempts loopback
+        // IPs through NO_PROXY is not something to rely on (the gateway's own HTTP client did
+        // not), so for a loopback server the proxy settings are not passed on.
+        if crate::opencode::is_loopback_url(&self.url) {
+            for var in PROXY_VARS {
+                cmd.env_remove(var);
+            }
+        }
         cmd
     }
 
@@ -350,6 +369,10 @@ mod tests {
         assert!(envs.contains(&(PASSWORD_ENV.into(), Some("s3cret".into()))));
         assert!(envs.contains(&(USERNAME_ENV.into(), Some(AUTH_USER.into()))));
         assert!(!format!("{plan:?}").contains("s3cret"));
+        // A loopback server is reached without the user's proxy.
+        for var in PROXY_VARS {
+            assert!(envs.contains(&(var.into(), None)), "{var} removed");
+        }
     }
 
     #[test]

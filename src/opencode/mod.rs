@@ -19,7 +19,9 @@ mod types;
 pub use api::{Api, AUTH_USER};
 pub use error::OpencodeError;
 pub use messages::messages_from_json;
-pub use pool::{resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo};
+pub use pool::{
+    is_loopback_url, resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo,
+};
 pub(crate) use process::find_program;
 pub use process::kill_group;
 pub use types::{

@@ -385,7 +385,7 @@ pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeEr
 /// Whether `url` names this machine: an IP loopback address (`127.0.0.0/8`, `::1`) or
 /// `localhost`. Parsed as a URL, so a host that merely starts like one
 /// (`127.0.0.1.evil.example`) is a domain name, not a loopback address.
-pub(super) fn is_loopback_url(url: &str) -> bool {
+pub fn is_loopback_url(url: &str) -> bool {
     let Ok(url) = reqwest::Url::parse(url) else {
         return false;
     };
