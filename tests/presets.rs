@@ -266,4 +266,26 @@ async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
         .await;
     assert_eq!(code, "invalid_argument");
     assert!(message.contains("2 to 8"), "{message}");
+
+    // All or nothing: a target that cannot start fails the call, and the tasks that did start
+    // are cancelled rather than left running unwatched.
+    let before = rig.ok("opencode_list_tasks", json!({})).await["total"].clone();
+    let (code, message) = rig
+        .err(
+            "opencode_fan_out",
+            json!({ "prompt": "p [[delay:20000]]", "models": ["fake/fake-model", "nope/missing"] }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(
+        message.contains("`nope/missing`") && message.contains("cancelled"),
+        "{message}"
+    );
+    let listed = rig.ok("opencode_list_tasks", json!({})).await;
+    assert_eq!(
+        listed["total"].as_u64(),
+        before.as_u64().map(|n| n + 1),
+        "one task started: {listed}"
+    );
+    assert_eq!(listed["tasks"][0]["status"], "cancelled", "{listed}");
 }
