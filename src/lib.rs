@@ -17,6 +17,7 @@
 //! - [`doctor`]: `opencode-mcp doctor`, the first-run checks (binary, providers, tiers, state
 //!   directory) with a fix for each problem.
 //! - [`watch`]: `opencode-mcp watch`, OpenCode's own terminal UI on a task's session.
+//! - [`private_files`]: owner-only files written atomically (task records, server credentials).
 //! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
 
 pub mod config;
@@ -27,6 +28,7 @@ pub mod git;
 pub mod ids;
 pub mod logging;
 pub mod opencode;
+pub mod private_files;
 pub mod tasks;
 pub mod watch;
 

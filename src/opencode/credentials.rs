@@ -22,9 +22,7 @@
 //! `supervisor`), so such a password opens nothing, and the next gateway that starts on the same
 //! state directory sweeps those files ([`sweep`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -77,7 +75,7 @@ impl CredentialsFile {
     /// Writes `credentials` to `<state_dir>/servers/<server_id>.json`, atomically, `0600`.
     pub fn write(state_dir: &Path, credentials: &Credentials) -> std::io::Result<Self> {
         let dir = state_dir.join(SERVERS_DIR);
-        create_private_dir(&dir)?;
+        crate::private_files::create_dir(&dir)?;
         let path = file_path(state_dir, &credentials.server_id).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -85,19 +83,7 @@ impl CredentialsFile {
             )
         })?;
         let bytes = serde_json::to_vec(credentials).map_err(std::io::Error::other)?;
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(
-            ".{}.{}.{n}.tmp",
-            credentials.server_id,
-            std::process::id()
-        ));
-        let written = private_file(&tmp)
-            .and_then(|mut file| file.write_all(&bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        crate::private_files::write_atomic(&dir, &path, &credentials.server_id, &bytes)?;
         Ok(Self { path })
     }
 
@@ -184,41 +170,6 @@ fn file_path(state_dir: &Path, server_id: &str) -> Option<PathBuf> {
             .join(SERVERS_DIR)
             .join(format!("{server_id}.json"))
     })
-}
-
-/// Names temporary files uniquely within the process (the pid makes them unique across).
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A new file, readable by its owner only from the moment it exists; fails if the name is taken.
-fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
-}
-
-/// Creates `dir` (and missing parents) as `0700`, or tightens an existing `dir` others can enter
-/// (as the task store does with its own directory).
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        builder.mode(0o700);
-        builder.create(dir)?;
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
-        Ok(())
-    }
-    #[cfg(not(unix))]
-    builder.create(dir)
 }
 
 #[cfg(test)]

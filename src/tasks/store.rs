@@ -28,9 +28,7 @@
 //! owner is still alive (another gateway's live work) and takes over the rest.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -43,9 +41,6 @@ pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(2);
 /// How long dropping the last handle on a [`Store`] waits for its queue to reach the disk. The
 /// gateway flushes explicitly at shutdown; this only bounds the backstop.
 const DROP_FLUSH: Duration = Duration::from_secs(2);
-/// Attempts at a fresh temporary file name before a write gives up (a name can only be taken by
-/// a leftover of a crashed process that had our pid).
-const TEMP_ATTEMPTS: u32 = 8;
 
 /// Why the store could not confirm that submitted records are on disk.
 #[derive(Debug, thiserror::Error)]
@@ -426,70 +421,19 @@ fn apply(dir: &Path, task_id: &str, op: &Op) -> std::io::Result<()> {
     }
 }
 
-/// Names temporary files: unique within the process, and the pid makes it unique across the
-/// processes that share a state directory.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `record` to `path` atomically: a fresh `0600` temporary file, then a rename.
-///
-/// No fsync: the rename keeps a crash of this process (or of the host model's session) from ever
-/// leaving a torn record, which is the failure this store is for; an fsync per state change
-/// would put a disk flush on every start_task (measured: most of the gateway's overhead over raw
-/// HTTP) to guard only against the machine losing power.
+/// Writes `record` to `path` atomically and owner-only (see `crate::private_files`, which also
+/// says why there is no fsync).
 fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    let mut attempt = 0;
-    let (tmp, mut file) = loop {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".{}.{}.{n}.tmp", record.id, std::process::id()));
-        match private_file(&tmp) {
-            Ok(file) => break (tmp, file),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < TEMP_ATTEMPTS => {
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    let written = file.write_all(&bytes).and_then(|()| {
-        drop(file);
-        std::fs::rename(&tmp, path)
-    });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    crate::private_files::write_atomic(dir, path, &record.id, &bytes)
 }
 
-/// A new file, readable by its owner only from the moment it exists; fails if the name is taken.
-fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
-}
-
-/// Creates `dir` (and missing parents) as `0700`, or tightens an existing `dir` others can enter.
+/// Creates `dir` as `0700` (see `crate::private_files`), saying so when it had to be tightened.
 pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        builder.mode(0o700);
-        builder.create(dir)?;
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            tracing::info!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "restricting the task store to its owner (0700)");
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
-        Ok(())
+    if let Some(mode) = crate::private_files::create_dir(dir)? {
+        tracing::info!(dir = %dir.display(), mode = format!("{mode:o}"), "restricting a state directory to its owner (0700)");
     }
-    #[cfg(not(unix))]
-    builder.create(dir)
+    Ok(())
 }
 
 /// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp`.
@@ -506,6 +450,7 @@ pub fn default_state_dir() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     use crate::tasks::model::TaskStatus;
     use crate::tasks::turn::TurnState;
