@@ -15,6 +15,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::git::git;
 use support::opencode_bin::opencode_bin;
 use support::procs;
 use support::rig::Rig;
@@ -40,23 +41,7 @@ fn make_repo(dir: &Path) {
         &["add", "-A"],
         &["commit", "-q", "-m", "initial"],
     ] {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_AUTHOR_NAME", "user")
-            .env("GIT_AUTHOR_EMAIL", "user@example.invalid")
-            .env("GIT_COMMITTER_NAME", "user")
-            .env("GIT_COMMITTER_EMAIL", "user@example.invalid")
-            .output()
-            .expect("git runs (install git)");
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        git(dir, args);
     }
 }
 

@@ -16,33 +16,9 @@ use std::process::Command;
 
 use futures::future::join_all;
 use serde_json::{json, Value};
+use support::git::git;
 use support::rig::{Rig, TASK_TIMEOUT_MS};
 use support::{FakeLlm, OpenCodeEnv};
-
-/// Runs git in `dir` as a user without any global config would, and returns its stdout.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        // Reads in this test must not refresh the index they are checking.
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .env("GIT_AUTHOR_NAME", "user")
-        .env("GIT_AUTHOR_EMAIL", "user@example.invalid")
-        .env("GIT_COMMITTER_NAME", "user")
-        .env("GIT_COMMITTER_EMAIL", "user@example.invalid")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Ten lines, `line 1` .. `line 10`, with line `n` replaced by `text` when given.
 fn shared(edit: Option<(usize, &str)>) -> String {

@@ -11,6 +11,7 @@
 //! - [`opencode_server`]: [`OpenCodeServer`], a real `opencode serve` in such an env, and
 //!   [`EventStream`], its `GET /event` stream, for tests that drive OpenCode directly.
 //! - [`mcp`]: an MCP host (rmcp client) that spawns the gateway binary.
+//! - [`git`]: real `git` with no user config, for the worktree tests.
 //! - [`npm`]: pinned npm packages (OpenCode, the MCP TypeScript SDK) installed once under the
 //!   target dir.
 //!
@@ -20,6 +21,7 @@
 pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod fake_responses;
+pub mod git;
 pub mod http;
 pub mod isolation;
 pub mod mcp;
