@@ -161,28 +161,7 @@ pub fn parse_tool_arguments(
     action: crate::config::Action,
     args: rmcp::model::JsonObject,
 ) -> Result<(), ToolError> {
-    use crate::config::Action;
-    use actions::ActionSpec;
-    fn parse<A: ActionSpec>(args: rmcp::model::JsonObject) -> Result<(), ToolError> {
-        actions::parse_args::<A::Args>(args).map(drop)
-    }
-    match action {
-        Action::StartServer => parse::<actions::StartServer>(args),
-        Action::StopServer => parse::<actions::StopServer>(args),
-        Action::ListAgents => parse::<actions::ListAgents>(args),
-        Action::StartTask => parse::<actions::StartTask>(args),
-        Action::ContinueTask => parse::<actions::ContinueTask>(args),
-        Action::CancelTask => parse::<actions::CancelTask>(args),
-        Action::GetTaskStatus => parse::<actions::GetTaskStatus>(args),
-        Action::GetTaskResult => parse::<actions::GetTaskResult>(args),
-        Action::WaitForTask => parse::<actions::WaitForTask>(args),
-        Action::ReplyPermission => parse::<actions::ReplyPermission>(args),
-        Action::ApplyTask => parse::<actions::ApplyTask>(args),
-        Action::DiscardTask => parse::<actions::DiscardTask>(args),
-        Action::Usage => parse::<actions::Usage>(args),
-        Action::ListTasks => parse::<actions::ListTasks>(args),
-        Action::FanOut => parse::<actions::FanOut>(args),
-    }
+    actions::parse_only(action, args)
 }
 
 /// The built-in configuration, for unit tests.

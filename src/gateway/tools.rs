@@ -9,15 +9,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use rmcp::model::{JsonObject, Tool};
 
-use super::actions::{
-    ActionSpec, ApplyTask, CancelTask, ContinueTask, DiscardTask, FanOut, GetTaskResult,
-    GetTaskStatus, ListAgents, ListTasks, ReplyPermission, StartServer, StartTask, StopServer,
-    Usage, WaitForTask,
-};
+use super::actions;
 use super::preset::Preset;
-use super::schema;
 use crate::config::{Action, Config, ToolConfig};
 
 /// The enabled tools, as listed to the host and looked up on every call.
@@ -107,53 +102,14 @@ impl ToolTable {
     }
 }
 
-/// What the code says about an action's tool: schemas, default title, annotations.
-struct Parts {
-    input: JsonObject,
-    output: JsonObject,
-    title: &'static str,
-    annotations: ToolAnnotations,
-}
-
-fn parts(action: Action, config: &Config) -> Parts {
-    match action {
-        Action::StartServer => parts_of::<StartServer>(config),
-        Action::StopServer => parts_of::<StopServer>(config),
-        Action::ListAgents => parts_of::<ListAgents>(config),
-        Action::StartTask => parts_of::<StartTask>(config),
-        Action::ContinueTask => parts_of::<ContinueTask>(config),
-        Action::CancelTask => parts_of::<CancelTask>(config),
-        Action::GetTaskStatus => parts_of::<GetTaskStatus>(config),
-        Action::GetTaskResult => parts_of::<GetTaskResult>(config),
-        Action::WaitForTask => parts_of::<WaitForTask>(config),
-        Action::ReplyPermission => parts_of::<ReplyPermission>(config),
-        Action::ApplyTask => parts_of::<ApplyTask>(config),
-        Action::DiscardTask => parts_of::<DiscardTask>(config),
-        Action::Usage => parts_of::<Usage>(config),
-        Action::ListTasks => parts_of::<ListTasks>(config),
-        Action::FanOut => parts_of::<FanOut>(config),
-    }
-}
-
-fn parts_of<A: ActionSpec>(config: &Config) -> Parts {
-    let mut input = schema::input_schema::<A::Args>();
-    A::refine_input_schema(config, &mut input);
-    Parts {
-        input,
-        output: schema::output_schema::<A::Output>(),
-        title: A::TITLE,
-        annotations: A::annotations(),
-    }
-}
-
 /// The input schema of `action` as a plain tool bound to it shows it (config refinements
 /// included): what a preset's fixed values are checked against and starts from.
 pub fn action_input_schema(action: Action, config: &Config) -> JsonObject {
-    parts(action, config).input
+    actions::tool_parts(action, config).input
 }
 
 fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
-    let parts = parts(tool.action, config);
+    let parts = actions::tool_parts(tool.action, config);
     let input = match Preset::of(tool) {
         Some(preset) => preset.input_schema(&parts.input),
         None => parts.input,

@@ -95,24 +95,81 @@ pub(super) fn observing() -> ToolAnnotations {
         .open_world(false)
 }
 
-/// Parses `args` for `action`, runs its handler, and returns the result as JSON.
-pub async fn run(action: Action, args: JsonObject, ctx: &Ctx<'_>) -> Result<Value, ToolError> {
-    match action {
-        Action::StartServer => json(start_server::run(parse_args(args)?, ctx).await),
-        Action::StopServer => json(stop_server::run(parse_args(args)?, ctx).await),
-        Action::ListAgents => json(list_agents::run(parse_args(args)?, ctx).await),
-        Action::StartTask => json(start_task::run(parse_args(args)?, ctx).await),
-        Action::ContinueTask => json(continue_task::run(parse_args(args)?, ctx).await),
-        Action::CancelTask => json(cancel_task::run(parse_args(args)?, ctx).await),
-        Action::GetTaskStatus => json(get_task_status::run(parse_args(args)?, ctx).await),
-        Action::GetTaskResult => json(get_task_result::run(parse_args(args)?, ctx).await),
-        Action::WaitForTask => json(wait_for_task::run(parse_args(args)?, ctx).await),
-        Action::ReplyPermission => json(reply_permission::run(parse_args(args)?, ctx).await),
-        Action::ApplyTask => json(apply_task::run(parse_args(args)?, ctx).await),
-        Action::DiscardTask => json(discard_task::run(parse_args(args)?, ctx).await),
-        Action::Usage => json(usage::run(parse_args(args)?, ctx).await),
-        Action::ListTasks => json(list_tasks::run(parse_args(args)?, ctx).await),
-        Action::FanOut => json(fan_out::run(parse_args(args)?, ctx).await),
+/// Every action once: its [`Action`] variant, the module whose `run` handles it, and its spec
+/// type. What goes by action (running a call, parsing its arguments only, describing its tool)
+/// expands from this one list, so adding an action is a line here and a file beside this one.
+macro_rules! each_action {
+    ($then:ident) => {
+        $then! {
+            StartServer => start_server::StartServer,
+            StopServer => stop_server::StopServer,
+            ListAgents => list_agents::ListAgents,
+            StartTask => start_task::StartTask,
+            ContinueTask => continue_task::ContinueTask,
+            CancelTask => cancel_task::CancelTask,
+            GetTaskStatus => get_task_status::GetTaskStatus,
+            GetTaskResult => get_task_result::GetTaskResult,
+            WaitForTask => wait_for_task::WaitForTask,
+            ReplyPermission => reply_permission::ReplyPermission,
+            ApplyTask => apply_task::ApplyTask,
+            DiscardTask => discard_task::DiscardTask,
+            Usage => usage::Usage,
+            ListTasks => list_tasks::ListTasks,
+            FanOut => fan_out::FanOut,
+        }
+    };
+}
+
+macro_rules! by_action {
+    ($($variant:ident => $module:ident :: $spec:ident),* $(,)?) => {
+        /// Parses `args` for `action`, runs its handler, and returns the result as JSON.
+        pub async fn run(
+            action: Action,
+            args: JsonObject,
+            ctx: &Ctx<'_>,
+        ) -> Result<Value, ToolError> {
+            match action {
+                $(Action::$variant => json($module::run(parse_args(args)?, ctx).await),)*
+            }
+        }
+
+        /// Parses `args` as `action`'s arguments and stops there, exactly as a call would.
+        pub fn parse_only(action: Action, args: JsonObject) -> Result<(), ToolError> {
+            match action {
+                $(Action::$variant => parse_args::<<$spec as ActionSpec>::Args>(args).map(drop),)*
+            }
+        }
+
+        /// What the code says about `action`'s tool (see [`ToolParts`]).
+        pub fn tool_parts(action: Action, config: &Config) -> ToolParts {
+            match action {
+                $(Action::$variant => ToolParts::of::<$spec>(config),)*
+            }
+        }
+    };
+}
+
+each_action!(by_action);
+
+/// What the code says about an action's tool: its input schema (config refinements included),
+/// its output schema, the title used when the config gives none, and its annotations.
+pub struct ToolParts {
+    pub input: JsonObject,
+    pub output: JsonObject,
+    pub title: &'static str,
+    pub annotations: ToolAnnotations,
+}
+
+impl ToolParts {
+    fn of<A: ActionSpec>(config: &Config) -> Self {
+        let mut input = super::schema::input_schema::<A::Args>();
+        A::refine_input_schema(config, &mut input);
+        Self {
+            input,
+            output: super::schema::output_schema::<A::Output>(),
+            title: A::TITLE,
+            annotations: A::annotations(),
+        }
     }
 }
 
