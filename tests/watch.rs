@@ -425,16 +425,42 @@ async fn watch_opens_opencodes_tui_on_the_tasks_session_without_exposing_the_pas
         "{gone_session}"
     );
 
-    // The gateway exits: its server and the credentials file go with it, and `watch` now says
-    // the server is gone and why.
+    // The server is stopped while its gateway runs on: its credentials file goes with it, and
+    // `watch` says which of the two happened.
+    rig.ok(
+        "opencode_stop_server",
+        serde_json::json!({ "server_id": rig.server_id() }),
+    )
+    .await;
+    assert!(
+        !creds_path.exists(),
+        "{} outlived its server",
+        creds_path.display()
+    );
+    let stopped = watch_fails(&env, &task_id, &[]);
+    assert!(
+        stopped.contains("the server was stopped (its gateway, pid ")
+            && stopped.contains("runs on"),
+        "{stopped}"
+    );
+
+    // A server running when the gateway exits takes its credentials file along too.
+    let second = rig.ok("opencode_start_server", serde_json::json!({})).await;
+    let second_creds = state_dir.join(format!(
+        "servers/{}.json",
+        second["server_id"].as_str().expect("server_id")
+    ));
+    assert!(second_creds.is_file(), "{}", second_creds.display());
+
+    // The gateway exits, and `watch` now says the server is gone and why.
     let Rig {
         client, env: home, ..
     } = rig;
     client.close().await.expect("the gateway exits cleanly");
     assert!(
-        !creds_path.exists(),
+        !second_creds.exists(),
         "{} outlived the gateway",
-        creds_path.display()
+        second_creds.display()
     );
     let gone = watch_fails(&Env(&home, fake_url), &task_id, &[]);
     assert!(
