@@ -241,3 +241,69 @@ async fn a_bad_output_schema_is_refused_at_start() {
     let tasks = rig.ok("opencode_list_tasks", json!({})).await;
     assert_eq!(tasks["tasks"], json!([]), "{tasks}");
 }
+
+/// A cancel while the gateway's correction turn runs ends the task `cancelled`: no waiter is
+/// told it completed, no value is reported, and the checked first answer stays visible. The
+/// first answer's wrong value is `[[delay:...]]`, which the validation error quotes back in the
+/// correction prompt, so the fake model holds the correction turn open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
+    let rig = Rig::start(&[]).await;
+    let wrong = r#"```json\n{"name": "Ada", "age": "{{delay:60000}}"}\n```"#;
+    let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!("describe Ada [[answers:{wrong};;{right}]]"),
+            "output_schema": person_schema(),
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("task_id").to_string();
+
+    // The correction turn is under way: turn 2, still running.
+    let deadline = Instant::now() + Duration::from_millis(TASK_TIMEOUT_MS);
+    loop {
+        let s = rig.status(&id).await;
+        assert!(
+            matches!(s["status"].as_str(), Some("pending" | "running")),
+            "never finished before the correction: {s}"
+        );
+        if s["turn"] == 2 && s["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no correction turn: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": id }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let wait = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [id], "timeout_ms": 10_000 }),
+        )
+        .await;
+    assert_eq!(wait["tasks"][0]["status"], "cancelled", "{wait}");
+    assert!(wait["tasks"][0].get("structured").is_none(), "{wait}");
+    let result = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": id, "detail": "full" }),
+        )
+        .await;
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert!(result.get("structured").is_none(), "{result}");
+    let attempts = result["structured_attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 1, "{result}");
+    assert_eq!(attempts[0]["ok"], false, "{result}");
+    // The correction really reached the model, quoting the wrong value (which held it open).
+    let session = started["session_id"].as_str().expect("session_id");
+    let asked: Vec<String> = rig
+        .requests_for(session)
+        .iter()
+        .filter(|r| !r.is_title_request())
+        .map(|r| r.summary())
+        .collect();
+    assert!(asked.len() >= 2, "{asked:?}");
+}

@@ -36,7 +36,7 @@
 //! | `[[error500:<retry-after-ms>:<n>]]` | the same for the first `<n>` attempts of this turn, then the normal answer |
 //! | `[[error500]]` | HTTP 500 without a retry header, on every attempt |
 //! | `[[usage:<n>]]` | the usage chunk of every answer to this request reports `<n>` prompt tokens (instead of 100): with a small-context model (`fake-small`, see [`OpenCodeEnv::with_small_model`](super::isolation::OpenCodeEnv::with_small_model)) this makes OpenCode auto-compact after the step |
-//! | `[[answers:<a1>;;<a2>;;...]]` | in **any** user message of the request (so it outlives follow-ups the test did not write): the text answer is `<ak>`, where `k` is the number of user messages in the request (the last one for more), in place of the echo; `\n` becomes a newline. For turn-by-turn answers in one session, e.g. a wrong structured answer, then a right one |
+//! | `[[answers:<a1>;;<a2>;;...]]` | in **any** user message of the request (so it outlives follow-ups the test did not write): the text answer is `<ak>`, where `k` is the number of user messages in the request (the last one for more), in place of the echo; `\n` becomes a newline and `{{`/`}}` become `[[`/`]]` (so an answer can carry a marker into what the gateway sends back, e.g. a validation error quoting it). For turn-by-turn answers in one session, e.g. a wrong structured answer, then a right one |
 //! | `[[task:<subagent_type>:<prompt>]]` | answer with a `task` tool call `{"description": "<first words of prompt>", "prompt": "<prompt>", "subagent_type": "<subagent_type>"}` (a subagent in a child session); `<prompt>` cannot hold `]]`, so write `{{`/`}}` for `[[`/`]]`: `[[task:general:{{bash:touch x}}]]` makes the child run `[[bash:touch x]]` |
 //!
 //! OpenCode 1.18.33 retries a 500 five times (six requests in all), waiting `retry-after-ms` when
@@ -409,7 +409,13 @@ fn parse_marker(inner: &str) -> Option<Marker> {
             })
         }
         ("answers", Some(arg)) => Some(Marker::Answers(
-            arg.split(";;").map(|a| a.replace("\\n", "\n")).collect(),
+            arg.split(";;")
+                .map(|a| {
+                    a.replace("\\n", "\n")
+                        .replace("{{", "[[")
+                        .replace("}}", "]]")
+                })
+                .collect(),
         )),
         ("slow", Some(arg)) => Some(Marker::Slow { ms: ms(arg)? }),
         ("delay", Some(arg)) => Some(Marker::Delay { ms: ms(arg)? }),
