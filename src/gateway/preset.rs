@@ -57,6 +57,9 @@ pub struct Preset {
     arguments: Vec<PromptArgument>,
     template: Option<String>,
     fixed: JsonObject,
+    /// The argument names of the tool's own schema, for an error that lists what the host may
+    /// pass (the action's parser would list the arguments the preset hides too). Empty: unchecked.
+    accepts: Vec<String>,
 }
 
 impl Preset {
@@ -70,7 +73,14 @@ impl Preset {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            accepts: Vec::new(),
         })
+    }
+
+    /// The preset with the argument names its tool's schema lists (see `input_schema`).
+    pub fn accepting(mut self, names: Vec<String>) -> Self {
+        self.accepts = names;
+        self
     }
 
     /// The tool's input schema, from its action's: fixed arguments removed (with those they
@@ -144,6 +154,17 @@ impl Preset {
             if args.get(name).is_some_and(|v| !v.is_null()) {
                 return Err(ToolError::invalid_argument(format!(
                     "`{name}` is fixed to {value} by the tool `{tool}`; leave it out"
+                )));
+            }
+        }
+        if !self.accepts.is_empty() {
+            if let Some(unknown) = args
+                .keys()
+                .find(|k| !self.accepts.contains(k) && !self.fixed.contains_key(*k))
+            {
+                return Err(ToolError::invalid_argument(format!(
+                    "unknown argument `{unknown}` of the tool `{tool}`; it takes: {}",
+                    self.accepts.join(", ")
                 )));
             }
         }
@@ -479,6 +500,23 @@ mod tests {
         assert!(call(json!({"module": 3})).contains("must be a string"));
         assert!(call(json!({"module": "m", "tier": "strong"})).contains("fixed to \"fast\""));
         assert!(call(json!({"module": "m", "prompt": "x"})).contains("instead of `prompt`"));
+        let strict = preset
+            .clone()
+            .accepting(vec!["module".into(), "notes".into()]);
+        let unknown = strict
+            .arguments_for_action(
+                "write_tests",
+                json!({"module": "m", "modle": "x"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+            .expect_err("refused")
+            .message;
+        assert_eq!(
+            unknown,
+            "unknown argument `modle` of the tool `write_tests`; it takes: module, notes"
+        );
     }
 
     #[test]

@@ -43,9 +43,19 @@ impl ToolTable {
         let routes = config
             .enabled_tools()
             .map(|(name, tool)| {
+                // A preset accepts what its own schema lists (not its action's hidden arguments).
+                let accepts = || {
+                    tools
+                        .iter()
+                        .find(|t| t.name == name)
+                        .and_then(|t| t.input_schema.get("properties"))
+                        .and_then(|p| p.as_object())
+                        .map(|p| p.keys().cloned().collect())
+                        .unwrap_or_default()
+                };
                 let route = Route {
                     action: tool.action,
-                    preset: Preset::of(tool).map(Arc::new),
+                    preset: Preset::of(tool).map(|p| Arc::new(p.accepting(accepts()))),
                 };
                 (name.to_string(), route)
             })
