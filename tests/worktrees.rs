@@ -599,3 +599,38 @@ async fn expired_tasks_take_their_worktrees_along_unless_never_applied() {
     let (ok, _, stderr) = gateway_cli(&rig, &repo, &["check-config"]);
     assert!(ok && !stderr.contains("kept"), "{stderr}");
 }
+
+/// Without git on the gateway's PATH, a worktree task is refused with what to do, and nothing is
+/// started. (OpenCode itself is reached by absolute path, so only git is missing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_git_is_named_with_the_fix() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "a\n").expect("write");
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "initial"]);
+    let no_git = env.root().join("tmp/bin-without-git");
+    std::fs::create_dir_all(&no_git).expect("mkdir");
+    let path = no_git.display().to_string();
+    let rig = Rig::start_in(FakeLlm::start(), env, &[("PATH", path.as_str())]).await;
+
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(
+        message.contains("isolation `worktree` needs git") && message.contains("isolation `none`"),
+        "{message}"
+    );
+    let listed = rig.ok("opencode_list_tasks", json!({})).await;
+    assert_eq!(listed["total"], 0, "nothing was started: {listed}");
+    assert!(
+        !repo.join(".git/worktrees").exists(),
+        "no worktree was made in {}",
+        repo.display()
+    );
+}
