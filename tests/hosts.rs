@@ -510,6 +510,74 @@ fn id_from(results: &[ToolResult], tool: &str, nth: usize, key: &str) -> Value {
     value
 }
 
+/// Hot reload as Claude Code sees it: the repository's `delegation.yaml` gains a tool while a
+/// session runs (written when the fake model's first answer goes out), the gateway sends
+/// `notifications/tools/list_changed`, and Claude Code's next request to its model lists the new
+/// tool, which the model can then call.
+#[test]
+fn claude_code_picks_up_a_tool_added_by_a_reload() {
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let t = claude_code::tool;
+    let repo_file = env.work_dir().join("delegation.yaml");
+    let script = vec![
+        Step::tool(t("opencode_start_task"), move |_| {
+            std::fs::write(
+                &repo_file,
+                "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks, \
+                 newest first, to find one whose start reply was lost.\n",
+            )
+            .expect("write the repository's delegation.yaml");
+            json!({"server_id": "default", "prompt": "hold on [[delay:4000]]"})
+        }),
+        // Spans the reload: the task answers after 4 s, the edit is noticed in about 1.3 s.
+        Step::tool(t("opencode_wait_for_task"), |r| {
+            json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id")],
+                   "timeout_ms": 60000})
+        }),
+        Step::tool_json(t("tasks_now"), json!({})),
+        Step::text("Reloaded."),
+    ];
+    let api = FakeAnthropic::start(&t(""), script);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[("OPENCODE_MCP_LOG", "info")]);
+    let run = claude.run(
+        &api,
+        "Start a task, wait for it, then list the tasks.",
+        Duration::from_secs(240),
+    );
+    run.dump_if_asked(&api);
+    let summary = run.summary(&api);
+    assert_eq!(
+        summary["result"],
+        "Reloaded.",
+        "{summary}\n{}",
+        run.describe()
+    );
+
+    let main = api.main_requests();
+    assert!(main.len() >= 4, "{}", run.describe());
+    assert!(
+        !main[0].tool_names().contains(&t("tasks_now")),
+        "not there before the edit: {:?}",
+        main[0].tool_names()
+    );
+    assert!(
+        main[2].tool_names().contains(&t("tasks_now")),
+        "listed after the reload: {:?}\n--- gateway log ---\n{}",
+        main[2].tool_names(),
+        claude_code::tail(&run.gateway_log, 4000)
+    );
+    let results = api.final_tool_results();
+    let listed = results
+        .iter()
+        .find(|r| r.name == t("tasks_now"))
+        .unwrap_or_else(|| panic!("the new tool was called: {results:#?}"));
+    assert_eq!(listed.json()["total"], 1, "{}", listed.text);
+    if let Err(left) = claude.wait_gateway_gone(Duration::from_secs(10)) {
+        panic!("gateway processes left after Claude Code exited: {left:?}");
+    }
+}
+
 /// Claude Code, headless, delegates through the gateway: start a server, list agents, start two
 /// tasks, wait for both (with progress), read a result, meet an error; and when it exits, the
 /// gateway and its OpenCode are gone. The assertions are on the `tool_result` blocks Claude Code
