@@ -236,6 +236,7 @@ fn codex_delegates_through_the_gateway() {
         &codex::gateway_env(&env, &llm.url()),
         codex::ServerOptions {
             approval_mode: Some("approve"),
+            ..Default::default()
         },
     );
     let run = codex::exec(
@@ -448,8 +449,14 @@ fn codex_runs_destructive_tools_only_when_approved() {
             Step::Text("done".into()),
         ];
         let fake = FakeResponses::start(script);
-        let home =
-            codex::CodexHome::new(&fake, &gateway_env, codex::ServerOptions { approval_mode });
+        let home = codex::CodexHome::new(
+            &fake,
+            &gateway_env,
+            codex::ServerOptions {
+                approval_mode,
+                ..Default::default()
+            },
+        );
         let run = codex::exec(
             &home,
             &env.work_dir(),
@@ -508,6 +515,101 @@ fn id_from(results: &[ToolResult], tool: &str, nth: usize, key: &str) -> Value {
         found.text
     );
     value
+}
+
+/// Hot reload as Codex sees it: the repository's `delegation.yaml` gains a tool while `codex exec`
+/// runs (written when the fake model's first answer goes out). The gateway reloads and notifies,
+/// but Codex keeps offering the tools it listed at start.
+#[test]
+fn codex_keeps_its_tool_list_through_a_reload() {
+    use codex::{shown_json, tool_with};
+    use std::time::Duration;
+    use support::fake_responses::{FakeResponses, Step};
+
+    codex::codex_bin();
+    let llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let repo_file = env.work_dir().join("delegation.yaml");
+    let script = vec![
+        Step::Calls(vec![tool_with("opencode_start_task", move |_| {
+            std::fs::write(
+                &repo_file,
+                "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks, \
+                 newest first, to find one whose start reply was lost.\n",
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(json!({"server_id": "default", "prompt": "hold on [[delay:4000]]"}))
+        })]),
+        Step::Calls(vec![tool_with("opencode_wait_for_task", |o| {
+            let started = o
+                .iter()
+                .find(|o| o.name == "opencode_start_task")
+                .ok_or("no start_task output yet")?;
+            let id = shown_json(started)?["task_id"].clone();
+            Ok(json!({"task_ids": [id], "timeout_ms": 60000}))
+        })]),
+        Step::Calls(vec![codex::tool("tasks_now", json!({}))]),
+        Step::Text("Reloaded.".into()),
+    ];
+    let fake = FakeResponses::start(script);
+    let gateway_log = env.root().join("tmp/gateway.log");
+    let home = codex::CodexHome::new(
+        &fake,
+        &codex::gateway_env(&env, &llm.url()),
+        codex::ServerOptions {
+            approval_mode: Some("approve"),
+            gateway_log: Some(gateway_log.clone()),
+        },
+    );
+    let run = codex::exec(
+        &home,
+        &env.work_dir(),
+        "Start a task and wait for it.",
+        Duration::from_secs(120),
+    );
+    run.assert_scripted(&fake, &run.describe());
+    let log = std::fs::read_to_string(&gateway_log).unwrap_or_default();
+    // The gateway reloaded and told Codex (the notification itself is shown to reach a host in
+    // the Claude Code test and tests/reload.rs).
+    assert!(
+        log.contains("configuration reloaded") && log.contains("tools_changed=true"),
+        "{log}"
+    );
+    let offered = |r: &support::fake_responses::RecordedRequest| -> Vec<String> {
+        r.tools()
+            .iter()
+            .filter(|t| t["name"] == codex::NAMESPACE)
+            .flat_map(|t| t["tools"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let requests: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_responses())
+        .collect();
+    assert!(requests.len() >= 4, "{}", run.describe());
+    // Codex 0.171.0 (`codex exec`) keeps the tool list it read at start: the new tool is never
+    // offered, and a call to it is refused by Codex itself. Its users restart the session after
+    // editing delegation.yaml (README).
+    for r in &requests {
+        let tools = offered(r);
+        assert!(
+            tools.contains(&"opencode_start_task".to_string()),
+            "{tools:?}"
+        );
+        assert!(!tools.contains(&"tasks_now".to_string()), "{tools:?}");
+    }
+    let refused = fake
+        .tool_outputs()
+        .into_iter()
+        .find(|o| o.name == "tasks_now")
+        .unwrap_or_else(|| panic!("the call was answered: {}", run.describe()));
+    assert!(
+        refused.output.to_string().contains("unsupported call"),
+        "{}",
+        refused.output
+    );
 }
 
 /// Hot reload as Claude Code sees it: the repository's `delegation.yaml` gains a tool while a
@@ -1046,6 +1148,7 @@ fn codex_reads_a_large_answer_whole_page_by_page() {
         &codex::gateway_env(&env, &llm.url()),
         codex::ServerOptions {
             approval_mode: Some("approve"),
+            ..Default::default()
         },
     );
     let run = codex::exec(

@@ -97,9 +97,13 @@ fn platform() -> (&'static str, &'static str) {
 }
 
 /// How the `[mcp_servers.opencode]` entry is configured.
+#[derive(Default)]
 pub struct ServerOptions {
     /// `default_tools_approval_mode`, or none to leave Codex's default.
     pub approval_mode: Option<&'static str>,
+    /// A file the gateway's stderr is appended to (Codex keeps an MCP server's stderr to
+    /// itself): the gateway runs under `sh`, which redirects it and `exec`s the gateway.
+    pub gateway_log: Option<PathBuf>,
 }
 
 /// An isolated Codex home: `CODEX_HOME` (the config and everything Codex writes) and `HOME`.
@@ -138,10 +142,20 @@ impl CodexHome {
             url = s(&fake.url()),
             key = s(KEY_VAR),
         ));
-        toml.push_str(&format!(
-            "[mcp_servers.opencode]\ncommand = {}\n",
-            s(env!("CARGO_BIN_EXE_opencode-mcp"))
-        ));
+        let gateway = env!("CARGO_BIN_EXE_opencode-mcp");
+        match &opts.gateway_log {
+            None => toml.push_str(&format!(
+                "[mcp_servers.opencode]\ncommand = {}\n",
+                s(gateway)
+            )),
+            Some(log) => toml.push_str(&format!(
+                "[mcp_servers.opencode]\ncommand = \"/bin/sh\"\nargs = [{}, {}, {}, {}]\n",
+                s("-c"),
+                s("exec \"$0\" 2>>\"$1\""),
+                s(gateway),
+                s(&log.display().to_string())
+            )),
+        }
         if let Some(mode) = opts.approval_mode {
             toml.push_str(&format!("default_tools_approval_mode = {}\n", s(mode)));
         }
