@@ -249,13 +249,20 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         "apply writes the files, never the index"
     );
 
-    // B and E conflict with A: refused, naming the file, and nothing changes.
-    for task_id in [b, e] {
+    // B and E conflict with A: refused, naming the file and quoting both sides of the
+    // conflicting lines, and nothing changes.
+    for (task_id, theirs) in [(b, "line 5 by task B"), (e, "line 5 by task E")] {
         let (code, message) = rig
             .err("opencode_apply_task", json!({ "task_id": task_id }))
             .await;
         assert_eq!(code, "conflict", "{message}");
         assert!(message.contains("shared.txt"), "{message}");
+        assert!(
+            message.contains("<<<<<<< ")
+                && message.contains("line 5 by task A")
+                && message.contains(theirs),
+            "{message}"
+        );
         assert_eq!(read(&repo.join("shared.txt")), after_a);
         assert_eq!(std::fs::read(&index_path).expect("index"), index_before);
     }

@@ -70,7 +70,10 @@ pub async fn apply(
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let merged = match out.code {
         Some(0) => text.lines().next().unwrap_or("").trim().to_string(),
-        Some(1) => return Err(conflict(origin, label, &text)),
+        Some(1) => {
+            let hunks = conflict_hunks(origin, &text).await;
+            return Err(conflict(origin, label, &text, &hunks));
+        }
         _ => {
             return Err(GitError::Failed {
                 dir: origin.to_path_buf(),
@@ -115,9 +118,65 @@ pub async fn apply(
     Ok(Applied { files })
 }
 
+/// Most conflicting files whose regions are quoted, and most lines quoted in all.
+const HUNK_FILES: usize = 3;
+const HUNK_LINES: usize = 60;
+
+/// The conflicting regions as git wrote them into the merged tree (`<<<<<<<` to `>>>>>>>`, both
+/// sides), for the first [`HUNK_FILES`] files and at most [`HUNK_LINES`] lines in all: what the
+/// host needs to word a follow-up that resolves them. A file git cannot show (binary, deleted on
+/// one side) is simply left out; the file list and git's messages still name it.
+async fn conflict_hunks(origin: &Path, output: &str) -> String {
+    let mut lines = output.lines();
+    let tree = lines.next().unwrap_or("").trim().to_string();
+    let files: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
+    let mut quoted = String::new();
+    let mut budget = HUNK_LINES;
+    for file in files.into_iter().take(HUNK_FILES) {
+        if budget == 0 || tree.is_empty() {
+            break;
+        }
+        let Ok(out) = git(origin, &["show", &format!("{tree}:{file}")]).await else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let regions = conflict_regions(&text, budget);
+        if regions.is_empty() {
+            continue;
+        }
+        budget = budget.saturating_sub(regions.len());
+        quoted.push_str(&format!("\n--- {file}\n{}", regions.join("\n")));
+    }
+    quoted
+}
+
+/// The lines of `text` inside conflict markers (markers included), at most `max` of them, with
+/// `…` where the quote is cut.
+fn conflict_regions(text: &str, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("<<<<<<< ") {
+            inside = true;
+        }
+        if inside {
+            if out.len() == max {
+                out.push("…".to_string());
+                return out;
+            }
+            out.push(line.to_string());
+        }
+        if line.starts_with(">>>>>>> ") {
+            inside = false;
+        }
+    }
+    out
+}
+
 /// The conflict error from `merge-tree`'s output: the merged tree's id, the conflicting files
-/// (one a line), an empty line, then git's messages (`CONFLICT (content): Merge conflict in ...`).
-fn conflict(origin: &Path, label: &str, output: &str) -> GitError {
+/// (one a line), an empty line, then git's messages (`CONFLICT (content): Merge conflict in ...`);
+/// `hunks` quotes the conflicting regions (see [`conflict_hunks`]).
+fn conflict(origin: &Path, label: &str, output: &str, hunks: &str) -> GitError {
     let mut sections = output.splitn(2, "\n\n");
     let files: Vec<String> = sections
         .next()
@@ -137,10 +196,15 @@ fn conflict(origin: &Path, label: &str, output: &str) -> GitError {
         message: format!(
             "{label} conflicts with the working tree of {} in {}; nothing was changed. {} \
              Resolve it by continuing the task with what changed meanwhile (or discard it), or \
-             merge its branch yourself.",
+             merge its branch yourself.{}",
             origin.display(),
             files.join(", "),
-            messages.join(" ")
+            messages.join(" "),
+            if hunks.is_empty() {
+                String::new()
+            } else {
+                format!(" The conflicting lines (working tree first, then the task's):{hunks}")
+            }
         ),
         files,
     }
@@ -153,11 +217,38 @@ mod tests {
     #[test]
     fn conflicts_name_the_files_and_gits_messages() {
         let out = "4b825dc\nsrc/a.rs\nb.txt\n\nAuto-merging b.txt\nCONFLICT (content): Merge conflict in b.txt\n";
-        let GitError::Conflict { message, files } = conflict(Path::new("/r"), "task t", out) else {
+        let GitError::Conflict { message, files } = conflict(Path::new("/r"), "task t", out, "")
+        else {
             panic!("not a conflict");
         };
         assert_eq!(files, vec!["src/a.rs".to_string(), "b.txt".to_string()]);
         assert!(message.contains("CONFLICT (content): Merge conflict in b.txt"));
         assert!(message.contains("/r") && message.contains("src/a.rs, b.txt"));
+        assert!(!message.contains("conflicting lines"));
+    }
+
+    #[test]
+    fn conflict_regions_are_quoted_markers_included_and_cut() {
+        let text = "a\n<<<<<<< ours\nmine\n=======\ntheirs\n>>>>>>> task\nb\n<<<<<<< ours\nx\n=======\ny\n>>>>>>> task\n";
+        assert_eq!(
+            conflict_regions(text, 60),
+            [
+                "<<<<<<< ours",
+                "mine",
+                "=======",
+                "theirs",
+                ">>>>>>> task",
+                "<<<<<<< ours",
+                "x",
+                "=======",
+                "y",
+                ">>>>>>> task"
+            ]
+        );
+        assert_eq!(
+            conflict_regions(text, 3),
+            ["<<<<<<< ours", "mine", "=======", "…"]
+        );
+        assert!(conflict_regions("no markers\n", 60).is_empty());
     }
 }
