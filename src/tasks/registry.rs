@@ -663,20 +663,29 @@ impl Registry {
     }
 }
 
+/// For unit tests: task `id` on server `srv`, session `session`, directory `/w`, in its first
+/// turn (user message `msg_1`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(id: &str) -> TaskEntry {
+impl TaskEntry {
+    pub(crate) fn in_first_turn(id: &str, session: &str) -> Self {
         let mut e = TaskEntry::new(TaskRecord::new(
             id.into(),
             "srv".into(),
-            format!("ses_{id}"),
+            session.into(),
             "/w".into(),
             "t".into(),
         ));
         e.begin_turn("msg_1".into(), None, None);
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str) -> TaskEntry {
+        TaskEntry::in_first_turn(id, &format!("ses_{id}"))
     }
 
     #[test]

@@ -526,14 +526,7 @@ mod tests {
     #[test]
     fn a_completed_turn_is_held_once_and_released_by_finishing() {
         use crate::tasks::record::TaskRecord;
-        let mut e = TaskEntry::new(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses_a".into(),
-            "/w".into(),
-            "t".into(),
-        ));
-        e.begin_turn("msg_1".into(), None, None);
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         assert_eq!(hold(&mut e), Hold::No, "not a structured task");
         e.rec.structured = Some(StructuredState::new(person()));
         assert_eq!(hold(&mut e), Hold::Held(1));
@@ -557,16 +550,8 @@ mod tests {
 
     #[test]
     fn a_correction_carries_the_earlier_turns_spend() {
-        use crate::tasks::record::TaskRecord;
         use crate::tasks::turn::TurnState;
-        let mut e = TaskEntry::new(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses_a".into(),
-            "/w".into(),
-            "t".into(),
-        ));
-        e.begin_turn("msg_1".into(), None, None);
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         e.rec.structured = Some(StructuredState::new(person()));
         let mut outcome = TurnState::default();
         outcome.tokens.input = 100;

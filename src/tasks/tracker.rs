@@ -802,7 +802,6 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
 mod tests {
     use super::*;
     use crate::opencode::{Api, PermissionAsk};
-    use crate::tasks::record::TaskRecord;
     use crate::tasks::registry::TaskEntry;
 
     fn context(registry: Arc<Registry>) -> TrackerContext {
@@ -823,14 +822,7 @@ mod tests {
     /// A registry holding task `tsk_a` (session `ses_a`) in its first turn, then `f` applied.
     fn registry_with(f: impl FnOnce(&mut TaskEntry)) -> Arc<Registry> {
         let registry = Arc::new(Registry::default());
-        let mut e = TaskEntry::new(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses_a".into(),
-            "/w".into(),
-            "t".into(),
-        ));
-        e.begin_turn("msg_1".into(), None, None);
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         f(&mut e);
         registry.insert(e);
         registry
