@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::start_task::{refine_prompt, server_id};
+use super::start_task::{refine_prompt, server_id, StartTask};
 use super::{checks, ActionSpec, Ctx};
 use crate::config::{Config, Isolation};
 use crate::gateway::error::ToolError;
@@ -91,11 +91,7 @@ impl ActionSpec for FanOut {
 
     /// As `start_task`, several times over.
     fn annotations() -> ToolAnnotations {
-        ToolAnnotations::new()
-            .read_only(false)
-            .destructive(true)
-            .idempotent(false)
-            .open_world(true)
+        <StartTask as ActionSpec>::annotations()
     }
 
     fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
