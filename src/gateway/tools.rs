@@ -35,31 +35,14 @@ pub struct Route {
 
 impl ToolTable {
     pub fn new(config: &Config) -> Self {
-        let mut tools: Vec<Tool> = config
-            .enabled_tools()
-            .map(|(name, tool)| describe(name, tool, config))
-            .collect();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        let routes = config
+        let (mut tools, routes): (Vec<Tool>, HashMap<String, Route>) = config
             .enabled_tools()
             .map(|(name, tool)| {
-                // A preset accepts what its own schema lists (not its action's hidden arguments).
-                let accepts = || {
-                    tools
-                        .iter()
-                        .find(|t| t.name == name)
-                        .and_then(|t| t.input_schema.get("properties"))
-                        .and_then(|p| p.as_object())
-                        .map(|p| p.keys().cloned().collect())
-                        .unwrap_or_default()
-                };
-                let route = Route {
-                    action: tool.action,
-                    preset: Preset::of(tool).map(|p| Arc::new(p.accepting(accepts()))),
-                };
-                (name.to_string(), route)
+                let (described, route) = describe(name, tool, config);
+                (described, (name.to_string(), route))
             })
-            .collect();
+            .unzip();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
         let renamed = crate::config::tool_names(config)
             .into_iter()
             .map(|(action, name)| (format!("opencode_{}", action.as_str()), name))
@@ -118,20 +101,36 @@ pub fn action_input_schema(action: Action, config: &Config) -> JsonObject {
     actions::tool_parts(action, config).input
 }
 
-fn describe(name: &str, tool: &ToolConfig, config: &Config) -> Tool {
+/// The tool a config entry describes, and where its calls go.
+fn describe(name: &str, tool: &ToolConfig, config: &Config) -> (Tool, Route) {
     let parts = actions::tool_parts(tool.action, config);
-    let input = match Preset::of(tool) {
+    let preset = Preset::of(tool);
+    let input = match &preset {
         Some(preset) => preset.input_schema(&parts.input),
         None => parts.input,
     };
+    // A preset accepts what its own schema lists (not its action's hidden arguments).
+    let preset = preset.map(|p| {
+        let accepts = input
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default();
+        Arc::new(p.accepting(accepts))
+    });
     let title = tool
         .title
         .clone()
         .unwrap_or_else(|| parts.title.to_string());
-    Tool::new(name.to_string(), tool.description.clone(), input)
+    let described = Tool::new(name.to_string(), tool.description.clone(), input)
         .with_title(title)
         .with_raw_output_schema(parts.output.into())
-        .with_annotations(parts.annotations)
+        .with_annotations(parts.annotations);
+    let route = Route {
+        action: tool.action,
+        preset,
+    };
+    (described, route)
 }
 
 #[cfg(test)]
