@@ -342,7 +342,7 @@ impl ToolReply {
 }
 
 /// A `notifications/*/list_changed` the server sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ListChanged {
     Tools,
     Prompts,
