@@ -134,3 +134,70 @@ async fn two_gateways_share_the_state_directory_without_stepping_on_each_other()
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_correction_under_way_is_adopted_and_checked_after_a_restart() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let opencode = OpenCodeServer::start(&env, &fake.url()).await;
+    let mut rig = Rig::start_in(
+        fake,
+        env,
+        &[
+            ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
+            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
+        ],
+    )
+    .await;
+    // The wrong first value holds the correction turn open for 4 s: the correction quotes it,
+    // and the fake reads `{{delay:…}}` in a user turn as its delay marker.
+    let wrong = r#"```json\n{"name": "Ada", "age": "{{delay:4000}}"}\n```"#;
+    let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!("describe Ada [[answers:{wrong};;{right}]]"),
+            "output_schema": {
+                "type": "object",
+                "properties": { "name": { "type": "string" }, "age": { "type": "integer" } },
+                "required": ["name", "age"]
+            },
+        }))
+        .await;
+    let task = id(&started);
+    let session = started["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.session_id() == Some(session.as_str())
+                && r.last_user_text
+                    .starts_with("Your answer did not end with a JSON value")
+        })
+        .await;
+    let during = rig.status(&task).await;
+    assert!(
+        matches!(during["status"].as_str(), Some("pending" | "running")) && during["turn"] == 2,
+        "killed during the correction: {during}"
+    );
+
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+
+    // The new gateway adopts turn 2 and checks its answer, as the old one would have.
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["turn"], 2, "{r}");
+    assert_eq!(r["structured"], json!({ "name": "Ada", "age": 36 }), "{r}");
+    let attempts = r["structured_attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{r}");
+    assert_eq!(attempts[0]["ok"], false, "{r}");
+    assert_eq!(attempts[1], json!({ "turn": 2, "ok": true }), "{r}");
+    // Neither turn was sent twice: one model call for the answer, one for the correction.
+    let calls = rig
+        .requests_for(&session)
+        .iter()
+        .filter(|r| !r.is_title_request())
+        .count();
+    assert_eq!(calls, 2, "{r}");
+}
