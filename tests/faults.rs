@@ -473,7 +473,7 @@ async fn attached_server_stream_cut_outage_and_wrong_password() {
     // 2b: OpenCode unreachable (connections refused) while the tasks finish, then back.
     let mut truth = server.events(&env.work_dir()).await;
     let prompts: Vec<String> = (0..3)
-        .map(|i| format!("outage {i} [[delay:1500]]"))
+        .map(|i| format!("outage {i} [[delay:5000]]"))
         .collect();
     let starts = rig.start_all_replies(&prompts).await;
     let ids: Vec<String> = starts.iter().map(id).collect();
@@ -783,11 +783,13 @@ async fn start_errors_name_the_cause_and_the_fix() {
         &[&html.url(), "web page", "opencode.url"],
     );
 
-    // Nothing listens there.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    // Nothing listens there: a socket bound but not listening holds the port (so nothing else
+    // can take it meanwhile) and connecting to it is refused.
+    let holder = tokio::net::TcpSocket::new_v4().expect("socket");
+    holder
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let closed = holder.local_addr().expect("addr").port();
     let r = start_error(
         sandbox.launch().env(
             "OPENCODE_MCP_OPENCODE__URL",
@@ -801,6 +803,7 @@ async fn start_errors_name_the_cause_and_the_fix() {
         r,
         &["unreachable", "opencode serve", "opencode.url"],
     );
+    drop(holder);
 
     // Drill 6: a non-loopback URL without a password is refused before any connection is made
     // (192.0.2.1 is TEST-NET-1: nothing answers there, and nothing is sent).

@@ -538,7 +538,7 @@ fn codex_keeps_its_tool_list_through_a_reload() {
                  newest first, to find one whose start reply was lost.\n",
             )
             .map_err(|e| e.to_string())?;
-            Ok(json!({"server_id": "default", "prompt": "hold on [[delay:4000]]"}))
+            Ok(json!({"server_id": "default", "prompt": "hold on [[delay:10000]]"}))
         })]),
         Step::Calls(vec![tool_with("opencode_wait_for_task", |o| {
             let started = o
@@ -630,9 +630,9 @@ fn claude_code_picks_up_a_tool_added_by_a_reload() {
                  newest first, to find one whose start reply was lost.\n",
             )
             .expect("write the repository's delegation.yaml");
-            json!({"server_id": "default", "prompt": "hold on [[delay:4000]]"})
+            json!({"server_id": "default", "prompt": "hold on [[delay:10000]]"})
         }),
-        // Spans the reload: the task answers after 4 s, the edit is noticed in about 1.3 s.
+        // Spans the reload: the task answers after 10 s, the edit is noticed in about 1.3 s.
         Step::tool(t("opencode_wait_for_task"), |r| {
             json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id")],
                    "timeout_ms": 60000})
@@ -697,11 +697,11 @@ fn claude_code_delegates_through_the_gateway() {
         ),
         Step::tool(t("opencode_start_task"), |r| {
             json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
-                   "prompt": "first task from claude code [[delay:1500]]"})
+                   "prompt": "first task from claude code [[delay:5000]]"})
         }),
         Step::tool(t("opencode_start_task"), |r| {
             json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
-                   "prompt": "second task from claude code [[delay:1500]]"})
+                   "prompt": "second task from claude code [[delay:5000]]"})
         }),
         Step::tool(t("opencode_wait_for_task"), |r| {
             json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id"),
@@ -798,7 +798,7 @@ fn claude_code_delegates_through_the_gateway() {
     let result = ok[5].json();
     assert_eq!(result["status"], "completed", "{result}");
     assert_eq!(
-        result["text"], "ECHO: first task from claude code [[delay:1500]]",
+        result["text"], "ECHO: first task from claude code [[delay:5000]]",
         "{result}"
     );
     // The error reaches the model as the gateway's JSON error text, flagged as an error.
@@ -814,7 +814,7 @@ fn claude_code_delegates_through_the_gateway() {
     );
 
     // Claude Code identified itself, sent a progress token with the wait, and took the progress
-    // notifications (the tasks took 1.5 s, the interval is 200 ms) without complaint.
+    // notifications (the tasks take 5 s, the interval is 200 ms) without complaint.
     let log = &run.gateway_log;
     assert!(
         log.contains(&format!(

@@ -101,7 +101,7 @@ async fn two_gateways_share_the_state_directory_without_stepping_on_each_other()
     let rig = Rig::start(&[]).await;
     let done = id(&rig.start_task("finished by the first gateway").await);
     rig.finish(&done).await;
-    let prompt = "still running in the first gateway [[delay:3000]]";
+    let prompt = "still running in the first gateway [[delay:8000]]";
     let running = id(&rig.start_task(prompt).await);
 
     // A second gateway on the same state directory, while the first one lives.

@@ -274,6 +274,20 @@ async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // `running` comes with OpenCode's `busy`, before it sends the correction to the model: wait
+    // until the model has it, so the cancel falls while the correction holds the turn open.
+    let session = started["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    rig.fake
+        .wait_for_request(Duration::from_secs(30), |r| {
+            r.session_id() == Some(session.as_str())
+                && r.last_user_text
+                    .starts_with("Your answer did not end with a JSON value")
+        })
+        .await;
+
     let cancelled = rig
         .ok("opencode_cancel_task", json!({ "task_id": id }))
         .await;
@@ -298,9 +312,8 @@ async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
     assert_eq!(attempts.len(), 1, "{result}");
     assert_eq!(attempts[0]["ok"], false, "{result}");
     // The correction really reached the model, quoting the wrong value (which held it open).
-    let session = started["session_id"].as_str().expect("session_id");
     let asked: Vec<String> = rig
-        .requests_for(session)
+        .requests_for(&session)
         .iter()
         .filter(|r| !r.is_title_request())
         .map(|r| r.summary())

@@ -159,10 +159,18 @@ async fn usage_and_task_list_match_the_tasks_own_results() {
         "{message}"
     );
 
-    // The subcommand reads the state directory beside the running gateway.
-    let (ok, stdout, stderr) = cli(&rig, &["usage", "--json"]);
-    assert!(ok, "{stderr}");
-    let cli_report: Value = serde_json::from_str(&stdout).expect("usage --json is JSON");
+    // The subcommand reads the state directory beside the running gateway. The store is written
+    // behind the registry, so it is read again (bounded) until the last turn's record is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let cli_report = loop {
+        let (ok, stdout, stderr) = cli(&rig, &["usage", "--json"]);
+        assert!(ok, "{stderr}");
+        let report: Value = serde_json::from_str(&stdout).expect("usage --json is JSON");
+        if report["total"]["tokens"] == expected_tokens || std::time::Instant::now() >= deadline {
+            break report;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     check("opencode-mcp usage --json", &cli_report);
     let (ok, stdout, stderr) = cli(&rig, &["usage", "--since", "1h"]);
     assert!(ok, "{stderr}");

@@ -514,9 +514,17 @@ async fn expired_tasks_take_their_worktrees_along_unless_never_applied() {
         .await;
     let status_after_apply = git(&repo, &["status", "--porcelain"]);
 
-    // While the records exist, gc lists the worktrees as the gateway's and removes none.
-    let (ok, listing, stderr) = gateway_cli(&rig, &repo, &["gc", "--remove-orphans"]);
-    assert!(ok, "{stderr}");
+    // While the records exist, gc lists the worktrees as the gateway's and removes none. The
+    // store is written behind the registry: gc runs again (bounded) until it reads the apply.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let listing = loop {
+        let (ok, listing, stderr) = gateway_cli(&rig, &repo, &["gc", "--remove-orphans"]);
+        assert!(ok, "{stderr}");
+        if gc_line(&listing, applied).contains("applied") || std::time::Instant::now() >= deadline {
+            break listing;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(
         gc_line(&listing, applied)
             .contains("record present  applied  1 changed file(s)  nothing unapplied"),

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
-use super::registry::Registry;
 use super::service::TaskService;
 use super::tracker::{self, Attempts, TrackerContext};
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
@@ -33,7 +32,7 @@ impl TaskService {
         }
         let server = self.server(&entry.rec.server_id)?;
         let finished = abort_turn(
-            &self.registry,
+            &self.tracker,
             &server,
             task_id,
             Some(entry.rec.turn),
@@ -87,7 +86,7 @@ pub(super) fn arm_deadline(
                     ),
                 };
                 if let Ok(Some(turn)) = abort_turn(
-                    &ctx.registry,
+                    &ctx,
                     &server,
                     &task_id,
                     Some(turn),
@@ -114,10 +113,12 @@ fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn
 /// Aborts a task's turn (`turn`, or whatever turn is current when `None`): claims it (so events
 /// cannot decide its status meanwhile, and a second abort is a no-op), rejects a permission it
 /// waits on (OpenCode's abort leaves the ask listed), aborts the session (OpenCode passes the
-/// abort on to subagents' child sessions), and finishes the task with `status`. Returns the turn
+/// abort on to subagents' child sessions), rejects any other ask of the task still listed (one
+/// raised just before the abort whose event had not arrived), and finishes the task with
+/// `status`. Returns the turn
 /// it finished, if it did.
 pub(super) async fn abort_turn(
-    registry: &Registry,
+    ctx: &TrackerContext,
     server: &Server,
     task_id: &str,
     turn: Option<u32>,
@@ -125,6 +126,7 @@ pub(super) async fn abort_turn(
     error: Option<ErrorInfo>,
     if_fails: IfAbortFails,
 ) -> Result<Option<u32>, OpencodeError> {
+    let registry = &ctx.registry;
     let claimed = registry.update(task_id, |e| {
         let other_turn = turn.is_some_and(|t| t != e.rec.turn);
         if other_turn || e.rec.status.is_terminal() || e.live.aborting {
@@ -153,8 +155,15 @@ pub(super) async fn abort_turn(
             Err(e)
         }
         outcome => {
-            if let Err(e) = outcome {
-                tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway");
+            match outcome {
+                Err(e) => {
+                    tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway")
+                }
+                Ok(_) => {
+                    let answered = rec.permission.as_ref().map(|p| p.id.as_str());
+                    tracker::reject_pending_asks(ctx, server, &rec.directory, task_id, answered)
+                        .await
+                }
             }
             let finished = registry.update(task_id, |e| {
                 (e.rec.turn == rec.turn && !e.rec.status.is_terminal()).then(|| {

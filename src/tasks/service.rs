@@ -284,7 +284,7 @@ impl TaskService {
         if server.exited().is_none() {
             let aborts = live.iter().map(|id| {
                 super::abort::abort_turn(
-                    &self.registry,
+                    &self.tracker,
                     &server,
                     id,
                     None,

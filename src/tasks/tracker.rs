@@ -27,7 +27,7 @@ use super::registry::{Registry, SessionOwner};
 use super::structured::{self, Hold};
 use super::turn::{self, Idle, ReplySeen, TurnState};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
-use crate::opencode::{ErrorInfo, Server, SessionActivity};
+use crate::opencode::{ErrorInfo, PermissionReply, Server, SessionActivity};
 
 /// How often unfinished tasks are re-checked over HTTP even without events (covers a stream
 /// that silently stopped delivering).
@@ -224,6 +224,41 @@ async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &st
                 e.permission_answered(&stale);
             }
         });
+    }
+}
+
+/// Rejects every ask OpenCode still lists for `task_id` (its own session's or a subagent's),
+/// except `answered` (rejected already). Called after an abort: OpenCode leaves a pending ask
+/// listed when it aborts the session, and an ask raised just before the abort may not have
+/// reached the task through the event stream yet, so only OpenCode's own list finds it.
+pub(super) async fn reject_pending_asks(
+    ctx: &TrackerContext,
+    server: &Server,
+    directory: &str,
+    task_id: &str,
+    answered: Option<&str>,
+) {
+    let asks = match server.api.permissions(directory).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(task_id, error = %e, "after an abort: the permission list failed");
+            return;
+        }
+    };
+    for ask in asks {
+        if Some(ask.id.as_str()) == answered {
+            continue;
+        }
+        let owner = resolve_owner(ctx, server, directory, &ask.session_id).await;
+        if owner.is_some_and(|o| o.task_id == task_id) {
+            if let Err(e) = server
+                .api
+                .reply_permission(directory, &ask.id, PermissionReply::Reject)
+                .await
+            {
+                tracing::warn!(task_id, error = %e, "rejecting a pending permission after the abort failed");
+            }
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The bound on every single request and on startup and shutdown.
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The gateway binary under test.
 pub fn gateway_bin() -> PathBuf {

@@ -9,6 +9,9 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// How often a failing `npm install` is tried in all.
+const INSTALL_ATTEMPTS: u32 = 3;
+
 /// One pinned package and where it goes.
 pub struct Install<'a> {
     pub package: &'a str,
@@ -38,31 +41,45 @@ impl Install<'_> {
             "installing {package}@{version} into {} (once)",
             dir.display()
         );
-        let output = Command::new("npm")
-            .arg("install")
-            .arg("--prefix")
-            .arg(&dir)
-            .args(["--no-audit", "--no-fund"])
-            .arg(format!("{package}@{version}"))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run npm to install {package}@{version}: {e}. Install Node.js with npm \
-                     (https://nodejs.org), or {}.",
-                    self.skip_hint
-                )
-            });
-        if !output.status.success() {
-            panic!(
-                "`npm install --prefix {} {package}@{version}` failed ({}):\n{}\n{}\nFix npm's \
-                 access to its registry, or {}.",
+        // npm retries single fetches itself; a whole install is tried up to three times more
+        // for a registry that fails for longer (a clean CI machine fetches everything here).
+        let mut attempt = 1;
+        loop {
+            let output = Command::new("npm")
+                .arg("install")
+                .arg("--prefix")
+                .arg(&dir)
+                .args(["--no-audit", "--no-fund"])
+                .arg(format!("{package}@{version}"))
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot run npm to install {package}@{version}: {e}. Install Node.js \
+                         with npm (https://nodejs.org), or {}.",
+                        self.skip_hint
+                    )
+                });
+            if output.status.success() {
+                break;
+            }
+            let failure = format!(
+                "`npm install --prefix {} {package}@{version}` failed ({}):\n{}\n{}",
                 dir.display(),
                 output.status,
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr),
-                self.skip_hint
             );
+            if attempt == INSTALL_ATTEMPTS {
+                panic!(
+                    "{failure}\nTried {attempt} times. Fix npm's access to its registry, or {}.",
+                    self.skip_hint
+                );
+            }
+            eprintln!("{failure}\ntrying again in {}s", 5 * attempt);
+            // A pause before the next try, not a wait for anything the test could observe.
+            std::thread::sleep(std::time::Duration::from_secs(5 * attempt as u64));
+            attempt += 1;
         }
         ready(&dir).unwrap_or_else(|e| {
             panic!(

@@ -232,7 +232,7 @@ impl OpenCodeServer {
             "GET {path}: content type {content_type}"
         );
         let mut events = EventStream::new(response);
-        events.wait_for(Duration::from_secs(10), connected).await;
+        events.wait_for(Duration::from_secs(60), connected).await;
         events
     }
 }
