@@ -814,7 +814,9 @@ async fn start_errors_name_the_cause_and_the_fix() {
         json!({}),
     )
     .await;
-    assert!(r.2 < Duration::from_secs(2), "refused without connecting");
+    // A connection attempt would hang until the request timeout (15 s); this bound also covers
+    // starting a debug gateway on a loaded machine.
+    assert!(r.2 < Duration::from_secs(6), "refused without connecting");
     check(
         "non-loopback without password",
         r,
