@@ -8,6 +8,7 @@ mod support;
 
 use serde_json::{json, Value};
 use support::fake_llm::{content_text, FakeLlm};
+use support::git::{git, init_repo};
 use support::isolation::OpenCodeEnv;
 use support::rig::Rig;
 
@@ -34,6 +35,23 @@ tools:
       - {name: notes, description: Cases that matter, required: false}
     prompt: |-
       Write unit tests for {{module}}.{% if notes %} {{notes}}{% endif %}
+      Run the test command; they must pass. Do not change non-test code.
+"#;
+
+/// The issue's example exactly as written: `isolation: worktree`, and an optional `{{notes}}`
+/// with no conditional around it.
+const ISSUE_EXAMPLE: &str = r#"
+tools:
+  write_tests:
+    action: start_task
+    tier: fast
+    isolation: worktree        # if available
+    description: Write unit tests for one module and run them.
+    arguments:
+      - {name: module, description: Path of the module to test, required: true}
+      - {name: notes, description: Cases that matter, required: false}
+    prompt: |-
+      Write unit tests for {{module}}. {{notes}}
       Run the test command; they must pass. Do not change non-test code.
 "#;
 
@@ -288,4 +306,69 @@ async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
         "one task started: {listed}"
     );
     assert_eq!(listed["tasks"][0]["status"], "cancelled", "{listed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issues_preset_works_in_its_own_worktree() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    init_repo(
+        &repo,
+        &[
+            ("src/lib.rs", "pub fn f() {}\n"),
+            ("delegation.yaml", ISSUE_EXAMPLE),
+        ],
+    );
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    // The agent writes a test file (the fake model takes the marker from the notes).
+    let start = rig
+        .ok(
+            "write_tests",
+            json!({ "module": "src/lib.rs", "notes": "[[write:tests/lib_test.rs:one case]]" }),
+        )
+        .await;
+    let id = start["task_id"].as_str().expect("task_id").to_string();
+    let ws = &start["workspace"];
+    assert_eq!(ws["branch"], format!("opencode-mcp/{id}"), "{start}");
+    let worktree = std::path::PathBuf::from(ws["path"].as_str().expect("workspace.path"));
+    assert_ne!(worktree, repo);
+    let result = rig.finish(&id).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    let changed: Vec<&str> = result["workspace"]["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("workspace.changes: {result}"))
+        .iter()
+        .filter_map(|c| c["file"].as_str())
+        .collect();
+    assert_eq!(changed, ["tests/lib_test.rs"], "{result}");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("tests/lib_test.rs"))
+            .ok()
+            .as_deref(),
+        Some("one case")
+    );
+    assert!(
+        !repo.join("tests/lib_test.rs").exists(),
+        "the user's checkout is untouched until applied"
+    );
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+
+    // Without the optional argument, `{{notes}}` renders as nothing.
+    let start = rig
+        .ok(
+            "write_tests",
+            json!({ "module": "src/lib.rs", "detail": "full" }),
+        )
+        .await;
+    let id = start["task_id"].as_str().expect("task_id");
+    assert_eq!(rig.finish(id).await["status"], "completed");
+    let sent = user_text(&rig, start["session_id"].as_str().expect("session_id"));
+    assert!(
+        sent.contains(
+            "Write unit tests for src/lib.rs. \nRun the test command; they must pass. Do not \
+             change non-test code."
+        ),
+        "{sent}"
+    );
 }

@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::git::git;
+use support::git::init_repo;
 use support::opencode_bin::opencode_bin;
 use support::procs;
 use support::rig::Rig;
@@ -32,18 +32,6 @@ const TITLE: &str = "watched pantry task";
 /// The rig's isolated environment and its fake LLM's URL: what a subcommand needs to find the
 /// gateway's state directory, also once the gateway is gone.
 struct Env<'a>(&'a OpenCodeEnv, String);
-
-/// Makes `dir` a git repository with one commit (as a user without any git config would).
-fn make_repo(dir: &Path) {
-    std::fs::write(dir.join("pantry.txt"), "jars: ?\n").expect("write");
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &["commit", "-q", "-m", "initial"],
-    ] {
-        git(dir, args);
-    }
-}
 
 /// The gateway binary's subcommand `args` in the rig's environment (the gateway's state
 /// directory and `opencode.command`), plus `extra` variables.
@@ -266,7 +254,7 @@ async fn wait_running(rig: &Rig, task_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_opens_opencodes_tui_on_the_tasks_session_without_exposing_the_password() {
     let home = OpenCodeEnv::new();
-    make_repo(&home.work_dir());
+    init_repo(&home.work_dir(), &[("pantry.txt", "jars: ?\n")]);
     let rig = Rig::start_in(FakeLlm::start(), home, &[]).await;
     let server_id = rig.server_id();
     let fake_url = rig.fake.url();

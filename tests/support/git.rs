@@ -29,3 +29,23 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Makes `dir` a git repository on `main` whose one commit holds `files` (path, content; missing
+/// directories are created).
+pub fn init_repo(dir: &Path, files: &[(&str, &str)]) {
+    for (path, content) in files {
+        let file = dir.join(path);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)
+                .unwrap_or_else(|e| panic!("create {}: {e}", parent.display()));
+        }
+        std::fs::write(&file, content).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+    }
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &["commit", "-q", "-m", "initial"],
+    ] {
+        git(dir, args);
+    }
+}
