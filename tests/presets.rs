@@ -40,20 +40,7 @@ tools:
 
 /// The issue's example exactly as written: `isolation: worktree`, and an optional `{{notes}}`
 /// with no conditional around it.
-const ISSUE_EXAMPLE: &str = r#"
-tools:
-  write_tests:
-    action: start_task
-    tier: fast
-    isolation: worktree        # if available
-    description: Write unit tests for one module and run them.
-    arguments:
-      - {name: module, description: Path of the module to test, required: true}
-      - {name: notes, description: Cases that matter, required: false}
-    prompt: |-
-      Write unit tests for {{module}}. {{notes}}
-      Run the test command; they must pass. Do not change non-test code.
-"#;
+const ISSUE_EXAMPLE: &str = include_str!("fixtures/presets/write_tests.yaml");
 
 async fn rig_with(yaml: &str) -> Rig {
     let env = OpenCodeEnv::new();

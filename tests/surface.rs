@@ -124,22 +124,8 @@ async fn snapshots_of_the_default_surface() -> Result<(), BoxError> {
 #[tokio::test]
 async fn snapshot_of_a_preset_tool() -> Result<(), BoxError> {
     let sandbox = Sandbox::new()?;
-    sandbox.write_repo_config(
-        r#"
-tools:
-  write_tests:
-    action: start_task
-    tier: fast
-    isolation: worktree
-    description: Write unit tests for one module and run them.
-    arguments:
-      - {name: module, description: Path of the module to test, required: true}
-      - {name: notes, description: Cases that matter, required: false}
-    prompt: |-
-      Write unit tests for {{module}}. {{notes}}
-      Run the test command; they must pass. Do not change non-test code.
-"#,
-    )?;
+    // The issue's own example.
+    sandbox.write_repo_config(include_str!("fixtures/presets/write_tests.yaml"))?;
     let client = sandbox.launch().connect().await?;
     let s = surface(&client).await?;
     client.close().await?;
