@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::fake_llm::echo_reply;
 use support::rig::Rig;
-use support::{FakeLlm, OpenCodeEnv, OpenCodeServer};
+use support::OpenCodeEnv;
 
 fn id(v: &serde_json::Value) -> String {
     v["task_id"].as_str().expect("task_id").to_string()
@@ -35,18 +35,8 @@ async fn until_asked(rig: &Rig, task: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_asks_are_shown_and_answered() {
-    let fake = FakeLlm::start();
     let env = OpenCodeEnv::new().with_config(json!({ "permission": "ask" }));
-    let opencode = OpenCodeServer::start(&env, &fake.url()).await;
-    let rig = Rig::start_in(
-        fake,
-        env,
-        &[
-            ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
-            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
-        ],
-    )
-    .await;
+    let (rig, opencode) = Rig::attached(env, &[]).await;
 
     // Answered once: the tool runs and the task completes.
     let prompt = "needs a shell [[bash:echo permitted-$((6*7))]]";

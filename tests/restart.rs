@@ -8,27 +8,10 @@ mod support;
 use serde_json::json;
 use support::fake_llm::echo_reply;
 use support::rig::{wait_gone, Rig, TASK_TIMEOUT_MS};
-use support::{FakeLlm, OpenCodeEnv, OpenCodeServer};
+use support::OpenCodeEnv;
 
 fn id(v: &serde_json::Value) -> String {
     v["task_id"].as_str().expect("task_id").to_string()
-}
-
-/// A gateway attached to an OpenCode it did not start (which outlives the gateway's restarts).
-async fn attached_rig() -> (Rig, OpenCodeServer) {
-    let fake = FakeLlm::start();
-    let env = OpenCodeEnv::new();
-    let opencode = OpenCodeServer::start(&env, &fake.url()).await;
-    let rig = Rig::start_in(
-        fake,
-        env,
-        &[
-            ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
-            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
-        ],
-    )
-    .await;
-    (rig, opencode)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,8 +54,7 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
-    let (mut rig, _opencode) = attached_rig().await;
-    assert_eq!(rig.server["managed"], false);
+    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
     let prompt = "outlives its gateway [[delay:4000]]";
     let task = id(&rig.start_task(prompt).await);
     rig.fake
@@ -143,7 +125,7 @@ async fn two_gateways_share_the_state_directory_without_stepping_on_each_other()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_structured_correction_under_way_is_adopted_and_checked_after_a_restart() {
-    let (mut rig, _opencode) = attached_rig().await;
+    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
     // The wrong first value holds the correction turn open for 4 s: the correction quotes it,
     // and the fake reads `{{delay:…}}` in a user turn as its delay marker.
     let wrong = r#"```json\n{"name": "Ada", "age": "{{delay:4000}}"}\n```"#;

@@ -581,21 +581,6 @@ fn session_of(v: &Value) -> String {
     v["session_id"].as_str().expect("session_id").to_owned()
 }
 
-/// An OpenCode the test starts itself (known password), and a gateway attached to it
-/// (`opencode.url`). Drop order: the gateway first, then OpenCode.
-async fn attached_rig(env: OpenCodeEnv, extra_env: &[(&str, &str)]) -> (Rig, OpenCodeServer) {
-    let fake = FakeLlm::start();
-    let opencode = OpenCodeServer::start(&env, &fake.url()).await;
-    let mut vars: Vec<(&str, &str)> = vec![
-        ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
-        ("OPENCODE_SERVER_PASSWORD", opencode.password()),
-    ];
-    vars.extend_from_slice(extra_env);
-    let rig = Rig::start_in(fake, env, &vars).await;
-    assert_eq!(rig.server["managed"], false, "{}", rig.server);
-    (rig, opencode)
-}
-
 /// `?directory=<dir>` for direct OpenCode calls.
 fn dir_q(dir: &Path) -> String {
     format!("directory={}", encode(&dir.display().to_string()))
@@ -845,7 +830,7 @@ struct SubagentAsking {
 
 impl SubagentAsking {
     async fn start() -> Self {
-        let (rig, opencode) = attached_rig(
+        let (rig, opencode) = Rig::attached(
             subagent_env(),
             &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")],
         )
@@ -1014,7 +999,7 @@ async fn two_concurrent_continues_start_exactly_one_turn() {
 /// deleted (not a database error, not running until the 30-minute deadline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_deleted_out_of_band_fails_the_task_naming_the_deletion() {
-    let (rig, opencode) = attached_rig(OpenCodeEnv::new(), &[]).await;
+    let (rig, opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
     let dir = rig.env.work_dir();
     let start = rig.start_task("deleted under it [[slow:20000]]").await;
     let task = task_id(&start);
@@ -1064,7 +1049,7 @@ async fn a_session_deleted_out_of_band_fails_the_task_naming_the_deletion() {
 /// lands in B, not in A nor in the gateway's own directory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attached_server_keeps_each_directory_apart() {
-    let (rig, _opencode) = attached_rig(OpenCodeEnv::new(), &[]).await;
+    let (rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
     let a = rig.env.root().join("project-a");
     let b = rig.env.root().join("project-b");
     std::fs::create_dir_all(&a).expect("mkdir a");
@@ -1115,7 +1100,7 @@ async fn an_attached_server_keeps_each_directory_apart() {
 /// client hang up, the session goes idle on OpenCode, and no later LLM request comes for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_an_attached_server_aborts_its_running_sessions() {
-    let (rig, opencode) = attached_rig(OpenCodeEnv::new(), &[]).await;
+    let (rig, opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
     let dir = rig.env.work_dir();
     let start = rig
         .start_task("outlived by its server [[slow:20000]]")

@@ -10,6 +10,7 @@ use super::fake_llm::{FakeLlm, RecordedRequest};
 use super::isolation::OpenCodeEnv;
 use super::mcp::{Launch, McpClient};
 use super::opencode_bin::opencode_bin;
+use super::opencode_server::OpenCodeServer;
 
 /// Generous bound for a task that should finish quickly (OpenCode's first turn loads plugins).
 pub const TASK_TIMEOUT_MS: u64 = 60_000;
@@ -31,6 +32,22 @@ impl Rig {
     }
 
     /// Starts a gateway in `env` (whose fake LLM is `fake`), then a server through it.
+    /// An OpenCode the test starts itself in `env` (known password, outliving gateway restarts),
+    /// and a gateway attached to it (`opencode.url`) with `extra_env`. Drop order: the gateway
+    /// first, then OpenCode.
+    pub async fn attached(env: OpenCodeEnv, extra_env: &[(&str, &str)]) -> (Self, OpenCodeServer) {
+        let fake = FakeLlm::start();
+        let opencode = OpenCodeServer::start(&env, &fake.url()).await;
+        let mut vars: Vec<(&str, &str)> = vec![
+            ("OPENCODE_MCP_OPENCODE__URL", opencode.url()),
+            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
+        ];
+        vars.extend_from_slice(extra_env);
+        let rig = Rig::start_in(fake, env, &vars).await;
+        assert_eq!(rig.server["managed"], false, "{}", rig.server);
+        (rig, opencode)
+    }
+
     pub async fn start_in(fake: FakeLlm, env: OpenCodeEnv, extra_env: &[(&str, &str)]) -> Self {
         let mut launch = Launch::new(env.work_dir(), &env.home_dir())
             .envs(env.vars(&fake.url()))
