@@ -103,7 +103,11 @@ fn main() -> ExitCode {
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
         user_dir: user_config_dir(),
     };
-    match cli.command.unwrap_or(Command::Serve) {
+    let command = cli.command.unwrap_or(Command::Serve);
+    if !matches!(command, Command::Serve) {
+        restore_sigpipe();
+    }
+    match command {
         Command::ConfigSchema => {
             match serde_json::to_string_pretty(&config::json_schema()) {
                 Ok(text) => println!("{text}"),
@@ -189,6 +193,18 @@ fn main() -> ExitCode {
         Command::Usage { since, json } => usage(&sources, since.as_deref(), json),
         Command::Tasks { status, json } => tasks(&sources, status.as_deref(), json),
         Command::Watch { task_id } => watch(&sources, &task_id),
+    }
+}
+
+/// The subcommands print for people and pipes: `opencode-mcp tasks | head` must end quietly
+/// when `head` closes the pipe, as other command-line tools do, not panic in `println!` (Rust
+/// ignores SIGPIPE, so the write fails instead). `serve` keeps ignoring it: a host that goes
+/// away is noticed on stdin, and the managed servers are stopped on the way out.
+fn restore_sigpipe() {
+    // SAFETY: signal(2) only sets the disposition of SIGPIPE back to the default; no handler
+    // of ours is installed, so nothing runs in signal context.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -1229,3 +1229,39 @@ fn check_config_fails_on_withheld_keys_and_print_config_shows_what_is_in_force()
         ],
     );
 }
+
+/// `opencode-mcp print-config | head -1`: when the reader has gone, a subcommand ends quietly
+/// (SIGPIPE, as other command-line tools do) and does not panic in its print. The pipe's read
+/// end is closed before the binary starts, so its first write meets no reader.
+#[test]
+fn a_subcommand_whose_reader_has_gone_ends_without_a_panic() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    let dir = TempDir::new().expect("temp dir");
+    for args in [&["print-config"][..], &["config-schema"], &["tasks"]] {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills both descriptors, which are owned from here on.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        // SAFETY: the descriptors were just created and nothing else owns them.
+        let (reader, writer) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("XDG_CONFIG_HOME", dir.path().join("xdg-config"))
+            .env("XDG_STATE_HOME", dir.path().join("state"))
+            .env("HOME", dir.path().join("home"))
+            .stdout(std::process::Stdio::from(writer))
+            .output()
+            .expect("run opencode-mcp");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?} ends by SIGPIPE: {:?} {stderr}",
+            out.status
+        );
+    }
+}
