@@ -4,7 +4,8 @@
 //! terminal UI on that task's session (its prompt), while no process on the machine has the
 //! server's password on its command line. Also: the credentials file the gateway keeps for
 //! `watch` is private and goes with the gateway, and each dead end (unknown task, missing
-//! binary, server gone) is one clear line.
+//! binary, server gone) is one clear line. For a task on an attached server, the password comes
+//! from `opencode.password_env`'s variable.
 
 mod support;
 
@@ -457,4 +458,80 @@ async fn watch_opens_opencodes_tui_on_the_tasks_session_without_exposing_the_pas
             && gone.contains("must still be running"),
         "{gone}"
     );
+}
+
+/// A task on an attached server (`opencode.url`, a server the gateway did not start): `watch`
+/// takes the password from the variable `opencode.password_env` names, as the gateway does, and
+/// says which variable to set when it is missing or wrong. The exec is checked with a stand-in
+/// for `opencode` that records its arguments and environment (the TUI itself is the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_on_an_attached_server_is_watched_with_the_password_from_its_variable() {
+    let (rig, opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
+    let env = Env(&rig.env, rig.fake.url());
+    let started = rig
+        .start_task_with(serde_json::json!({ "prompt": "watched from afar [[delay:300000]]" }))
+        .await;
+    let task_id = started["task_id"].as_str().expect("task_id").to_string();
+    wait_running(&rig, &task_id).await;
+
+    for password in [None, Some("not-the-password")] {
+        let extra: Vec<(&str, &str)> = password
+            .map(|p| ("OPENCODE_SERVER_PASSWORD", p))
+            .into_iter()
+            .collect();
+        let message = watch_fails(&env, &task_id, &extra);
+        assert!(
+            message.contains("OPENCODE_SERVER_PASSWORD")
+                && message.contains("opencode.password_env")
+                && message.contains(opencode.url()),
+            "{password:?}: {message}"
+        );
+    }
+
+    let record = rig.env.root().join("watched.txt");
+    let stand_in = rig.env.root().join("opencode-stand-in.sh");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\n{{ printf '%s\\n' \"$@\"; echo \"password=$OPENCODE_SERVER_PASSWORD\"; }} > '{}'\n",
+            record.display()
+        ),
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the stand-in");
+    let out = cli_command(
+        &env,
+        &["watch", &task_id],
+        &[
+            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
+            (
+                "OPENCODE_MCP_OPENCODE__COMMAND",
+                stand_in.to_str().expect("a UTF-8 path"),
+            ),
+        ],
+    )
+    .stdin(std::process::Stdio::null())
+    .output()
+    .expect("the gateway binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = std::fs::read_to_string(&record).expect("the stand-in ran");
+    let session = started["session_id"].as_str().unwrap_or_default();
+    let directory = rig.env.work_dir();
+    let expected = format!(
+        "attach\n{}\n--session\n{session}\n--dir\n{}\npassword={}\n",
+        opencode.url(),
+        directory.display(),
+        opencode.password()
+    );
+    assert_eq!(seen, expected);
+    rig.ok(
+        "opencode_cancel_task",
+        serde_json::json!({ "task_id": task_id }),
+    )
+    .await;
 }
