@@ -9,7 +9,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::git::init_repo;
 use support::rig::{Rig, TASK_TIMEOUT_MS};
+use support::{FakeLlm, OpenCodeEnv};
 
 fn person_schema() -> Value {
     json!({
@@ -319,4 +321,41 @@ async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
         .map(|r| r.summary())
         .collect();
     assert!(asked.len() >= 2, "{asked:?}");
+}
+
+/// A first answer that edited a file and got the JSON wrong, then a correction that fixes only
+/// the JSON: the result's changed files are the round's, not just the correction turn's (which
+/// changed nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrected_tasks_changed_files_include_the_first_answers() {
+    // OpenCode tracks a turn's files in a git repository.
+    let env = OpenCodeEnv::new();
+    init_repo(&env.work_dir(), &[("README", "people\n")]);
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+    let wrong = r#"```json\n{"name": "Ada"}\n```"#;
+    let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!(
+                "note Ada down [[write:ada.txt:Ada Lovelace]] [[answers:{wrong};;{right}]]"
+            ),
+            "output_schema": person_schema(),
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("task_id").to_string();
+    let result = rig.finish(&id).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["turn"], 2, "a correction ran: {result}");
+    assert_eq!(
+        result["structured"],
+        json!({ "name": "Ada", "age": 36 }),
+        "{result}"
+    );
+    let files: Vec<&str> = result["files_changed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("files_changed: {result}"))
+        .iter()
+        .filter_map(|f| f["file"].as_str())
+        .collect();
+    assert_eq!(files, ["ada.txt"], "{result}");
 }

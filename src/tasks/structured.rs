@@ -32,7 +32,7 @@ use super::model::{StructuredAttempt, TaskStatus};
 use super::registry::TaskEntry;
 use super::service::{open_turn, Follows};
 use super::tracker::{self, Attempts, TrackerContext};
-use crate::opencode::Server;
+use crate::opencode::{FileChange, Server};
 
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
 /// and kept in the task's record.
@@ -74,6 +74,12 @@ pub struct StructuredState {
     /// check accepts it, gives up, or opens a correction turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checking: Option<u32>,
+    /// Our user messages of the round's turns before the current one (the answers that were
+    /// corrected). OpenCode reports changed files per turn, and a correction usually rewrites
+    /// only the JSON: the round's files are those of all its turns, or a task whose first answer
+    /// edited files would report none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrected_messages: Vec<String>,
 }
 
 impl StructuredState {
@@ -84,6 +90,7 @@ impl StructuredState {
             value: None,
             error: None,
             checking: None,
+            corrected_messages: Vec::new(),
         }
     }
 
@@ -427,7 +434,28 @@ pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
 pub fn before_correction(e: &mut TaskEntry) {
     if let Some(s) = e.rec.structured.as_mut() {
         s.checking = None;
+        s.corrected_messages.push(e.rec.user_message_id.clone());
     }
+}
+
+/// The files a structured round changed, from each of its turns' own lists (oldest first): one
+/// entry per file, with the status it first had (a file the round added stays `added`) and the
+/// lines added and removed summed over the turns.
+pub fn round_files(turns: Vec<Vec<FileChange>>) -> Vec<FileChange> {
+    let mut merged: Vec<FileChange> = Vec::new();
+    for change in turns.into_iter().flatten() {
+        match merged.iter_mut().find(|m| m.file == change.file) {
+            Some(m) => {
+                m.additions += change.additions;
+                m.deletions += change.deletions;
+                if m.status.is_none() {
+                    m.status = change.status;
+                }
+            }
+            None => merged.push(change),
+        }
+    }
+    merged
 }
 
 #[cfg(test)]
@@ -441,6 +469,35 @@ mod tests {
             "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
             "required": ["name", "age"],
         })
+    }
+
+    #[test]
+    fn a_rounds_files_are_those_of_all_its_turns() {
+        let change = |file: &str, status: Option<&str>, additions, deletions| FileChange {
+            file: file.into(),
+            status: status.map(Into::into),
+            additions,
+            deletions,
+        };
+        let merged = round_files(vec![
+            vec![
+                change("a.rs", Some("added"), 10, 0),
+                change("b.rs", None, 1, 1),
+            ],
+            vec![],
+            vec![
+                change("a.rs", Some("modified"), 2, 3),
+                change("c.rs", Some("deleted"), 0, 4),
+            ],
+        ]);
+        assert_eq!(
+            merged,
+            [
+                change("a.rs", Some("added"), 12, 3),
+                change("b.rs", None, 1, 1),
+                change("c.rs", Some("deleted"), 0, 4),
+            ]
+        );
     }
 
     #[test]

@@ -806,9 +806,10 @@ async fn read_turn_once(
     }
 }
 
-/// The files the turn changed (OpenCode's diff since our user message), once. Read when a result
-/// is asked for or the server is about to go, not at every completion: the diff is work for
-/// OpenCode that most turns' callers never look at.
+/// The files the turn changed (OpenCode's diff since our user message), once; for a structured
+/// task, those of every turn of the round, corrections included. Read when a result is asked for
+/// or the server is about to go, not at every completion: the diff is work for OpenCode that
+/// most turns' callers never look at.
 pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
     let Some(entry) = ctx.registry.get(task_id) else {
         return;
@@ -817,20 +818,32 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
     if rec.turn != turn_no || rec.files_changed.is_some() {
         return;
     }
-    match server
-        .api
-        .changed_files(&rec.directory, &rec.session_id, Some(&rec.user_message_id))
-        .await
-    {
-        Ok(files) => {
-            ctx.registry.update(task_id, |e| {
-                if e.rec.turn == turn_no {
-                    e.rec.files_changed = Some(files);
-                }
-            });
+    let mut messages: Vec<&str> = rec
+        .structured
+        .as_ref()
+        .map(|s| s.corrected_messages.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    messages.push(&rec.user_message_id);
+    let mut turns = Vec::with_capacity(messages.len());
+    for message in messages {
+        match server
+            .api
+            .changed_files(&rec.directory, &rec.session_id, Some(message))
+            .await
+        {
+            Ok(files) => turns.push(files),
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
+                return;
+            }
         }
-        Err(e) => tracing::debug!(task_id, error = %e, "reading the turn's changed files failed"),
     }
+    let files = structured::round_files(turns);
+    ctx.registry.update(task_id, |e| {
+        if e.rec.turn == turn_no {
+            e.rec.files_changed = Some(files);
+        }
+    });
 }
 
 #[cfg(test)]
