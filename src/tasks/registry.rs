@@ -273,10 +273,20 @@ struct Tables {
     /// records are deleted from disk when they expire, and their worktrees handed back for
     /// cleaning, without reading the state directory again.
     on_disk: HashMap<String, (Instant, Option<Expired>)>,
+    /// Fan-out groups: id -> (target index, task id) of every member whose record exists, in
+    /// memory or only on disk. A group outlives its members' stay in memory (a finished answer
+    /// leaves memory long before a slower sibling finishes), and goes with their records.
+    groups: HashMap<String, Vec<(u32, String)>>,
 }
 
 impl Tables {
     fn index(&mut self, e: &TaskEntry) {
+        if let Some(g) = &e.rec.group {
+            let members = self.groups.entry(g.id.clone()).or_default();
+            if !members.iter().any(|(_, id)| *id == e.rec.id) {
+                members.push((g.index, e.rec.id.clone()));
+            }
+        }
         self.by_session.insert(
             e.rec.session_id.clone(),
             SessionOwner {
@@ -293,6 +303,14 @@ impl Tables {
                 },
             );
         }
+    }
+
+    /// The task's record is gone: it is no longer a member of its group.
+    fn forget_member(&mut self, task_id: &str) {
+        self.groups.retain(|_, members| {
+            members.retain(|(_, id)| id != task_id);
+            !members.is_empty()
+        });
     }
 
     fn unindex(&mut self, e: &TaskEntry) {
@@ -451,6 +469,7 @@ impl Registry {
             if let Some(e) = t.tasks.remove(task_id) {
                 t.unindex(&e);
             }
+            t.forget_member(task_id);
             if let Some(store) = &self.store {
                 store.submit_remove(task_id);
             }
@@ -545,19 +564,12 @@ impl Registry {
         Some(r)
     }
 
-    /// The tasks of a fan-out group, in the order of its targets.
+    /// The tasks of a fan-out group, in the order of its targets: also those that left memory
+    /// (they are read back by id), as long as their records exist.
     pub fn group_members(&self, group: &str) -> Vec<String> {
-        let inner = self.lock();
-        let mut members: Vec<(u32, &str)> = inner
-            .tasks
-            .values()
-            .filter_map(|e| {
-                let member = e.rec.group.as_ref().filter(|g| g.id == group)?;
-                Some((member.index, e.rec.id.as_str()))
-            })
-            .collect();
+        let mut members = self.lock().groups.get(group).cloned().unwrap_or_default();
         members.sort_unstable();
-        members.into_iter().map(|(_, id)| id.to_string()).collect()
+        members.into_iter().map(|(_, id)| id).collect()
     }
 
     /// Ids of tasks in memory matching `pred`.
@@ -637,6 +649,7 @@ impl Registry {
                 Expired::of(&e)
             });
             if *expired {
+                t.forget_member(id);
                 if let Some(store) = &self.store {
                     store.submit_remove(id);
                 }
@@ -655,6 +668,7 @@ impl Registry {
             if let Some((_, worktree)) = t.on_disk.remove(&id) {
                 out.worktrees.extend(worktree);
             }
+            t.forget_member(&id);
             if let Some(store) = &self.store {
                 store.submit_remove(&id);
             }
@@ -683,6 +697,7 @@ impl TaskEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::record::GroupMember;
 
     fn entry(id: &str) -> TaskEntry {
         TaskEntry::in_first_turn(id, &format!("ses_{id}"))
@@ -812,6 +827,40 @@ mod tests {
             .evict_finished(Duration::ZERO, Duration::ZERO)
             .worktrees
             .is_empty());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_group_keeps_its_members_that_left_memory_until_their_records_go() {
+        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let r = Registry::new(Some(store.clone()));
+        for (id, index, finished) in [("slow", 1, false), ("fast", 0, true)] {
+            let mut e = entry(id);
+            e.rec.group = Some(GroupMember {
+                id: "grp_1".into(),
+                index,
+            });
+            if finished {
+                e.finish(TaskStatus::Completed, None);
+            }
+            r.insert(e);
+        }
+        assert_eq!(r.group_members("grp_1"), ["fast", "slow"]);
+        let hour = Duration::from_secs(3600);
+        // The fast answer leaves memory while its sibling still runs: still a member.
+        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.group_members("grp_1"), ["fast", "slow"]);
+        assert!(r.snapshots(&r.group_members("grp_1"), false, hour).is_ok());
+        // Its record expires: it is no longer listed, the running one is.
+        r.evict_finished(Duration::ZERO, hour);
+        r.evict_finished(Duration::ZERO, Duration::ZERO);
+        assert_eq!(r.group_members("grp_1"), ["slow"]);
+        r.remove("slow");
+        assert!(r.group_members("grp_1").is_empty());
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("flushed");
         let _ = std::fs::remove_dir_all(dir);
     }
 
