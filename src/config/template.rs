@@ -86,12 +86,19 @@ pub fn action_named(name: &str) -> Option<Action> {
     Action::ALL.into_iter().find(|a| a.as_str() == name)
 }
 
-/// For each action with an enabled tool, that tool's name: the first by name when several share
-/// the action (the tool map is ordered by name), so the choice does not depend on file order.
+/// For each action with an enabled tool, that tool's name: a plain tool (an alias that only names
+/// the action) before a preset, since text that says "call X with `tier`" or "wait on the group
+/// with X" means the action with all its arguments, which a preset may fix or change (a
+/// `mode: any` wait, a preset with its own template); among equals the first by name (the tool
+/// map is ordered by name), so the choice does not depend on file order.
 pub fn tool_names(config: &Config) -> BTreeMap<Action, String> {
     let mut names = BTreeMap::new();
-    for (name, tool) in config.enabled_tools() {
-        names.entry(tool.action).or_insert_with(|| name.to_string());
+    for preset in [false, true] {
+        for (name, tool) in config.enabled_tools() {
+            if tool.is_preset() == preset {
+                names.entry(tool.action).or_insert_with(|| name.to_string());
+            }
+        }
     }
     names
 }
@@ -357,7 +364,7 @@ mod tests {
     }
 
     #[test]
-    fn renders_the_first_enabled_tool_by_name() {
+    fn renders_the_first_enabled_plain_tool_by_name() {
         let mut config = crate::gateway::test_config();
         let start = |name: &str, enabled: bool| super::super::ToolConfig {
             action: Action::StartTask,
@@ -390,6 +397,20 @@ mod tests {
             ),
             "zz_start / zz_start / {{tool:nope}} / {{task}}"
         );
+        // A preset sorted first is not the action's name while a plain tool is enabled: it may
+        // fix the very arguments the text tells the host to pass.
+        let mut preset = start("aa_preset", true);
+        preset
+            .fixed
+            .insert("tier".into(), serde_json::Value::from("fast"));
+        config.tools.insert("aa_preset".into(), preset);
+        assert_eq!(tool_names(&config)[&Action::StartTask], "zz_start");
+        config
+            .tools
+            .get_mut("zz_start")
+            .unwrap_or_else(|| panic!("zz_start"))
+            .enabled = false;
+        assert_eq!(tool_names(&config)[&Action::StartTask], "aa_preset");
     }
 
     #[test]
