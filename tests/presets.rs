@@ -274,25 +274,31 @@ async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
 
     // All or nothing: a target that cannot start fails the call, and the tasks that did start
     // are cancelled rather than left running unwatched.
-    let before = rig.ok("opencode_list_tasks", json!({})).await["total"].clone();
-    let (code, message) = rig
-        .err(
-            "opencode_fan_out",
-            json!({ "prompt": "p [[delay:20000]]", "models": ["fake/fake-model", "nope/missing"] }),
-        )
-        .await;
-    assert_eq!(code, "invalid_argument", "{message}");
-    assert!(
-        message.contains("`nope/missing`") && message.contains("cancelled"),
-        "{message}"
-    );
-    let listed = rig.ok("opencode_list_tasks", json!({})).await;
-    assert_eq!(
-        listed["total"].as_u64(),
-        before.as_u64().map(|n| n + 1),
-        "one task started: {listed}"
-    );
-    assert_eq!(listed["tasks"][0]["status"], "cancelled", "{listed}");
+    let before = rig.ok("opencode_list_tasks", json!({})).await["total"]
+        .as_u64()
+        .unwrap_or_default();
+    let failing = json!({
+        "prompt": "p [[delay:20000]]",
+        "models": ["fake/fake-model", "nope/missing"],
+        "idempotency_key": "second-opinion-1",
+    });
+    for attempt in 1..=2 {
+        let (code, message) = rig.err("opencode_fan_out", failing.clone()).await;
+        assert_eq!(code, "invalid_argument", "{message}");
+        assert!(
+            message.contains("`nope/missing`") && message.contains("cancelled"),
+            "{message}"
+        );
+        // The retry with the same key starts the group again: a failed call binds no key, so
+        // it is not handed back the task it cancelled.
+        let listed = rig.ok("opencode_list_tasks", json!({})).await;
+        assert_eq!(
+            listed["total"].as_u64(),
+            Some(before + attempt),
+            "one task started per attempt: {listed}"
+        );
+        assert_eq!(listed["tasks"][0]["status"], "cancelled", "{listed}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -390,6 +390,22 @@ impl TaskService {
             .clone()
     }
 
+    /// Unbinds the task's `idempotency_key` (in memory and in its record, so a restart does not
+    /// bind it again): for a task started and then cancelled because the call it belonged to
+    /// failed as a whole (`fan_out`'s all or nothing), whose retry must start anew rather than
+    /// be handed back the cancelled task.
+    pub async fn release_key(&self, task_id: &str) {
+        let Some((key, _)) = self.registry.get(task_id).and_then(|e| e.rec.idempotency) else {
+            return;
+        };
+        let slot = self.key_slot(&key);
+        let mut bound = slot.lock().await;
+        if bound.as_ref().is_some_and(|(_, id)| id == task_id) {
+            *bound = None;
+        }
+        self.registry.update(task_id, |e| e.rec.idempotency = None);
+    }
+
     /// Binds keys of restored tasks again, so a retry after a restart finds its task.
     pub(super) fn bind_key(&self, key: String, fingerprint: u64, task_id: String) {
         let slot = self.key_slot(&key);

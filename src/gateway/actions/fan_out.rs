@@ -230,6 +230,8 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
             if let Err(e) = ctx.tasks.cancel(&task.task_id).await {
                 tracing::warn!(task = %task.task_id, "cannot cancel a fan-out task: {e}");
             }
+            // A retry with the same key must start the whole group again.
+            ctx.tasks.release_key(&task.task_id).await;
         }
         return Err(ToolError::new(
             error.code,
