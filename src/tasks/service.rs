@@ -341,13 +341,20 @@ impl TaskService {
         }
     }
 
-    /// Refuses a new task when `limits.max_tasks` tasks are unfinished. Finished tasks never
-    /// count: they leave memory and stay readable from disk.
-    fn ensure_capacity(&self) -> Result<(), TaskError> {
+    /// Refuses `new` more tasks when they would make more than `limits.max_tasks` unfinished.
+    /// Finished tasks never count: they leave memory and stay readable from disk. `fan_out`
+    /// asks for all its targets at once, before its concurrent starts each check for one.
+    pub fn ensure_capacity(&self, new: usize) -> Result<(), TaskError> {
         let max = self.config().limits.max_tasks as usize;
-        if self.registry.live_count() >= max {
+        let live = self.registry.live_count();
+        if live + new > max {
+            let what = if new == 1 {
+                String::new()
+            } else {
+                format!(" and {new} more were asked for at once")
+            };
             return Err(TaskError::LimitExceeded(format!(
-                "{max} tasks are unfinished (limits.max_tasks); wait for some to finish, or raise the limit"
+                "{live} tasks are unfinished{what}, and limits.max_tasks is {max}; wait for some to finish, or raise the limit"
             )));
         }
         Ok(())
@@ -425,7 +432,7 @@ impl TaskService {
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
         let server = self.server(&req.server_id)?;
-        self.ensure_capacity()?;
+        self.ensure_capacity(1)?;
         let directory = match req.directory {
             Some(d) => resolve_directory(Some(d))?,
             None => server.directory.clone(),

@@ -184,6 +184,13 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let output_schema = checks::output_schema(args.output_schema)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let server_id = server_id(args.server_id, ctx).await?;
+    // The starts run at once and each checks the limit for itself, so all of them would pass it
+    // together: the group asks for its room first. (A retry with a key may start nothing new.)
+    if idempotency_key.is_none() {
+        ctx.tasks
+            .ensure_capacity(targets.len())
+            .map_err(ToolError::from)?;
+    }
     let group = crate::ids::group_id();
     let requests = targets.iter().zip(0u32..).map(|(target, index)| {
         let (model, tier) = match target {
