@@ -1,5 +1,5 @@
 //! Fault drill: a permission ask nobody answers. With policy `ask` the task shows
-//! `waiting_permission` with what is asked; `opencode_reply_permission` answers once, always or
+//! `waiting_permission` with what is asked, and a wait under way returns for it at once; `opencode_reply_permission` answers once, always or
 //! reject; cancelling a task rejects its pending ask. Also: a stalled task is reported, not killed,
 //! and the cap on tracked tasks is a clear error.
 
@@ -38,11 +38,26 @@ async fn permission_asks_are_shown_and_answered() {
     let env = OpenCodeEnv::new().with_config(json!({ "permission": "ask" }));
     let (rig, opencode) = Rig::attached(env, &[]).await;
 
-    // Answered once: the tool runs and the task completes.
-    let prompt = "needs a shell [[bash:echo permitted-$((6*7))]]";
+    // Answered once: the tool runs and the task completes. The model holds its tool call back
+    // for 1.5 s, so the ask comes while the wait below runs, and ends it early: a task that
+    // cannot go on until someone answers is news now, not at the wait's timeout.
+    let prompt = "needs a shell [[delay:1500]] [[bash:echo permitted-$((6*7))]]";
     let allowed = id(&rig.start_task(prompt).await);
-    let asked = until_asked(&rig, &allowed).await;
+    let w = rig.wait(&[&allowed], "all", 60_000).await;
+    assert_eq!(w["asking"], json!([allowed]), "{w}");
+    assert_eq!(
+        (&w["done"], &w["timed_out"]),
+        (&json!(false), &json!(false)),
+        "{w}"
+    );
+    let asked = w["tasks"][0].clone();
+    assert_eq!(asked["status"], "waiting_permission", "{asked}");
     assert_eq!(asked["permission"]["permission"], "bash", "{asked}");
+    // Once said, the same ask does not end the next wait early.
+    let again = rig.wait(&[&allowed], "all", 300).await;
+    assert!(again.get("asking").is_none(), "{again}");
+    assert_eq!(again["timed_out"], true, "{again}");
+    assert_eq!(again["tasks"][0]["status"], "waiting_permission", "{again}");
     assert!(asked["permission"]["patterns"]
         .to_string()
         .contains("echo permitted"));

@@ -249,6 +249,7 @@ mod tests {
     #[test]
     fn answers_share_the_budget_short_ones_whole() {
         let mut outcome = WaitOutcome {
+            asking: Vec::new(),
             done: true,
             timed_out: false,
             mode: WaitMode::All,

@@ -2,6 +2,7 @@
 //! changes they can observe (a status, a turn, a permission), so a wait on fifty streaming tasks
 //! sleeps until one of them really moves.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use super::error::TaskError;
@@ -9,8 +10,6 @@ use super::model::{WaitMode, WaitOutcome};
 use super::service::TaskService;
 
 impl TaskService {
-    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`. Never
-    /// cancels a task; dropping the future ends only the wait.
     /// `ids` with each fan-out group id replaced by its tasks (in target order), repeats
     /// dropped. A group with no known task is reported like an unknown task id.
     pub async fn expand_groups(&self, ids: Vec<String>) -> Result<Vec<String>, TaskError> {
@@ -42,12 +41,18 @@ impl TaskService {
         Ok(out)
     }
 
+    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`, or, given
+    /// `known_asks` (the permission asks pending when the caller's wait began), until a task
+    /// asks something not among them: nothing moves until someone answers it, so the caller
+    /// should hear of it now rather than at the timeout. Never cancels a task; dropping the
+    /// future ends only the wait.
     pub async fn wait(
         &self,
         task_ids: &[String],
         mode: WaitMode,
         timeout: Duration,
         include_progress: bool,
+        known_asks: Option<&HashSet<String>>,
     ) -> Result<WaitOutcome, TaskError> {
         self.restored().await;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -64,11 +69,24 @@ impl TaskService {
                 WaitMode::All => unfinished.is_empty(),
                 WaitMode::Any => !finished.is_empty(),
             };
+            let asking: Vec<String> = match known_asks {
+                Some(known) => unfinished
+                    .iter()
+                    .filter(|t| {
+                        t.permission
+                            .as_ref()
+                            .is_some_and(|p| !known.contains(&p.id))
+                    })
+                    .map(|t| t.task_id.clone())
+                    .collect(),
+                None => Vec::new(),
+            };
             let expired = tokio::time::Instant::now() >= deadline;
-            if done || expired {
+            if done || expired || !asking.is_empty() {
                 return Ok(WaitOutcome {
                     done,
-                    timed_out: !done,
+                    timed_out: !done && asking.is_empty(),
+                    asking,
                     mode,
                     finished: finished.iter().map(|t| t.task_id.clone()).collect(),
                     unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),

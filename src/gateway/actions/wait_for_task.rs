@@ -162,18 +162,32 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
         WaitMode::All => request.ids.len(),
         WaitMode::Any => 1,
     };
+    // Asks already pending when this call began: the host has seen them (or can, in the
+    // statuses); a new one ends the wait early, once.
+    let known_asks: HashSet<String> = ctx
+        .tasks
+        .wait(&request.ids, request.mode, Duration::ZERO, false, None)
+        .await?
+        .tasks
+        .iter()
+        .filter_map(|t| t.permission.as_ref().map(|p| p.id.clone()))
+        .collect();
     loop {
         let slice_end = deadline.min(Instant::now() + interval);
         let slice = slice_end.saturating_duration_since(Instant::now());
-        let wait = ctx
-            .tasks
-            .wait(&request.ids, request.mode, slice, with_progress);
+        let wait = ctx.tasks.wait(
+            &request.ids,
+            request.mode,
+            slice,
+            with_progress,
+            Some(&known_asks),
+        );
         let outcome = tokio::select! {
             biased;
             _ = ctx.request.ct.cancelled() => return Err(cancelled()),
             outcome = wait => outcome?,
         };
-        if outcome.done || slice_end >= deadline {
+        if outcome.done || !outcome.asking.is_empty() || slice_end >= deadline {
             let outcome = finish(outcome, request.include_progress, detail);
             return Ok(with_answers(outcome, detail, ctx).await);
         }
@@ -223,11 +237,12 @@ async fn notify(ctx: &Ctx<'_>, note: ProgressNotificationParam) {
     }
 }
 
-/// The result the host sees: `timed_out` is exactly "the condition was not met", progress is
+/// The result the host sees: `timed_out` is exactly "the condition was not met, and no new ask
+/// ended the wait early", progress is
 /// shown only when asked for (it may have been fetched for the notifications), and the ids and
 /// the rest only with detail `full`.
 fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> WaitOutcome {
-    outcome.timed_out = !outcome.done;
+    outcome.timed_out = !outcome.done && outcome.asking.is_empty();
     outcome.tasks = std::mem::take(&mut outcome.tasks)
         .into_iter()
         .map(|mut task| {
@@ -459,6 +474,7 @@ mod tests {
         tool.title = "Fix the lints".into();
         tool.elapsed_ms = 35_000;
         let outcome = WaitOutcome {
+            asking: Vec::new(),
             done: false,
             timed_out: true,
             mode: WaitMode::All,
