@@ -469,9 +469,24 @@ async fn no_opencode_process_outlives_stop_server_or_the_gateway() {
         .await;
     assert_eq!(r["status"], "failed");
 
-    // A fresh server; then the host closes stdin: the gateway stops it and exits.
+    // A fresh server, stopped by the name the start tools accept for it: `default`. Once it is
+    // gone, `default` names nothing to stop.
     let fresh = rig.ok("opencode_start_server", json!({})).await;
     assert_ne!(fresh["server_id"], rig.server["server_id"]);
+    let fresh_pid = fresh["pid"].as_u64().expect("pid") as u32;
+    let stopped = rig
+        .ok("opencode_stop_server", json!({ "server_id": "default" }))
+        .await;
+    assert_eq!(stopped["server_id"], fresh["server_id"], "{stopped}");
+    assert!(wait_gone(fresh_pid, Duration::from_secs(10)).await);
+    let (code, message) = rig
+        .err("opencode_stop_server", json!({ "server_id": "default" }))
+        .await;
+    assert_eq!(code, "not_found", "{message}");
+    assert!(message.contains("`default`"), "{message}");
+
+    // Another; then the host closes stdin: the gateway stops it and exits.
+    let fresh = rig.ok("opencode_start_server", json!({})).await;
     let second_pid = fresh["pid"].as_u64().expect("pid") as u32;
     assert!(alive(second_pid));
     let gateway_pid = rig.client.pid().expect("gateway pid");

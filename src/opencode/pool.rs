@@ -154,16 +154,10 @@ impl ServerPool {
     /// Starts a managed server for `directory` (default: the gateway's working directory), or
     /// attaches to `opencode.url` when configured. Returns `Ok((info, None))` when a running
     /// server for that directory (attached to that URL, in attach mode) already exists.
-    pub async fn start(
-        &self,
-        port: Option<u16>,
-        directory: Option<String>,
-    ) -> Result<(ServerInfo, Option<Started>), OpencodeError> {
-        let directory = resolve_directory(directory)?;
-        let _guard = self.starting.lock().await;
+    /// The live server a start for `directory` would return rather than start another.
+    fn running_for(&self, directory: &str) -> Option<Arc<Server>> {
         let attach_url = self.config.opencode.url.as_deref();
-        let existing = self
-            .lock()
+        self.lock()
             .values()
             .find(|s| {
                 s.exited().is_none()
@@ -172,11 +166,27 @@ impl ServerPool {
                         s.process.is_some(),
                         &s.directory,
                         attach_url,
-                        &directory,
+                        directory,
                     )
             })
-            .cloned();
-        if let Some(server) = existing {
+            .cloned()
+    }
+
+    /// The id of the server `server_id: "default"` stands for (the one a start with no
+    /// directory returns), if it is running; nothing is started.
+    pub fn default_id(&self) -> Option<String> {
+        let directory = resolve_directory(None).ok()?;
+        self.running_for(&directory).map(|s| s.id.clone())
+    }
+
+    pub async fn start(
+        &self,
+        port: Option<u16>,
+        directory: Option<String>,
+    ) -> Result<(ServerInfo, Option<Started>), OpencodeError> {
+        let directory = resolve_directory(directory)?;
+        let _guard = self.starting.lock().await;
+        if let Some(server) = self.running_for(&directory) {
             return Ok((server.info(true), None));
         }
         // Forget servers whose process died: a fresh start replaces them.

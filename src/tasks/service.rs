@@ -257,6 +257,11 @@ impl TaskService {
         Ok(info)
     }
 
+    /// The id of the running server `server_id: "default"` stands for, if any.
+    pub fn default_server_id(&self) -> Option<String> {
+        self.pool.default_id()
+    }
+
     /// Stops a server. Its unfinished tasks are aborted first (an attached server keeps
     /// running, so without the abort its agents would go on editing and spending), then
     /// reported `failed` (`ServerStopped`); outcomes still being read are read before the

@@ -15,7 +15,8 @@ use crate::opencode::StopInfo;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool.
+    /// The `server_id` returned by the start server tool, or `default` for the server the
+    /// start tools' `default` stands for.
     #[schemars(length(min = 1))]
     pub server_id: String,
 }
@@ -43,5 +44,17 @@ impl ActionSpec for StopServer {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<StopInfo, ToolError> {
     let server_id = checks::required_name("server_id", args.server_id)?;
+    // `default` names the same server here as in the start tools, where it is accepted.
+    let server_id = if server_id == super::start_task::DEFAULT_SERVER {
+        ctx.tasks.default_server_id().ok_or_else(|| {
+            ToolError::new(
+                crate::error::ErrorCode::NotFound,
+                "no `default` server is running: it starts with the first task (or the start \
+                 server tool), so there is nothing to stop",
+            )
+        })?
+    } else {
+        server_id
+    };
     Ok(ctx.tasks.stop_server(&server_id).await?)
 }
