@@ -1,7 +1,8 @@
 //! Fault drill: the gateway restarts (SIGKILL, then the same config again). Finished tasks stay
 //! answerable by `task_id`; unfinished tasks on a managed server that died with the gateway are
 //! reported as interrupted, never as running; unfinished tasks on an attached server are adopted
-//! and finish normally.
+//! and finish normally; a finished task whose server went with the old gateway is continued on
+//! the new one's server, in the same session.
 
 mod support;
 
@@ -50,6 +51,45 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
     // A wait on it returns at once: it is finished, not running.
     let w = rig.wait(&[&running], "all", TASK_TIMEOUT_MS).await;
     assert_eq!(w["done"], true);
+
+    // A follow-up of the finished task: its server went with the old gateway, and the new
+    // gateway's server carries the session on (OpenCode keeps it in its own storage), with the
+    // history of the first turn.
+    let follow_up = "and after the restart";
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": done, "prompt": follow_up }),
+    )
+    .await;
+    let r = rig.finish(&done).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(follow_up), "{r}");
+    let full = rig
+        .ok(
+            "opencode_get_task_status",
+            json!({ "task_id": done, "detail": "full" }),
+        )
+        .await;
+    assert_eq!(full["turn"], 2, "{full}");
+    let now = rig.ok("opencode_start_server", json!({})).await;
+    assert_eq!(now["reused"], true, "{now}");
+    assert_eq!(
+        full["server_id"], now["server_id"],
+        "moved to the new server: {full}"
+    );
+    assert_ne!(full["server_id"], rig.server["server_id"], "{full}");
+    let session = full["session_id"].as_str().expect("session_id");
+    let last = rig
+        .requests_for(session)
+        .into_iter()
+        .filter(|r| !r.is_title_request())
+        .last()
+        .expect("the follow-up reached the model");
+    let history = serde_json::to_string(&last.messages).unwrap_or_default();
+    assert!(
+        history.contains("finished before the crash") && last.last_user_text.contains(follow_up),
+        "{history}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

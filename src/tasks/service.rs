@@ -4,6 +4,7 @@
 //! `resolve.rs` (agents, models and tiers against the live server), `abort.rs` (cancel and the
 //! task deadline), `result.rs` (the result of a turn), `wait.rs` (all/any waits).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -232,6 +233,52 @@ impl TaskService {
             }
             .into());
         }
+        Ok(server)
+    }
+
+    /// The server a follow-up of a finished task runs on: its own, or, when that one is gone
+    /// (stopped, or it went with a gateway that restarted), the server the gateway uses now,
+    /// which the task moves to. OpenCode keeps sessions in its own storage, not in a server
+    /// process, so another server on this machine carries the session on; one that does not
+    /// have it (other storage) is a clear conflict rather than a new, empty session.
+    async fn server_for_follow_up(&self, entry: &TaskEntry) -> Result<Arc<Server>, TaskError> {
+        let rec = &entry.rec;
+        match self.server(&rec.server_id) {
+            Err(TaskError::UnknownServer(_) | TaskError::Opencode(OpencodeError::Gone { .. })) => {}
+            found => return found,
+        }
+        if !Path::new(&rec.directory).is_dir() {
+            return Err(TaskError::Conflict(format!(
+                "task {}'s server is gone and so is its directory {}; start a new task",
+                rec.id, rec.directory
+            )));
+        }
+        let info = self.start_server(None, None).await?;
+        let server = self.server(&info.server_id)?;
+        match server
+            .api
+            .session_parent(&rec.directory, &rec.session_id)
+            .await
+        {
+            Ok(_) => {}
+            Err(OpencodeError::Http { status: 404, .. }) => {
+                return Err(TaskError::Conflict(format!(
+                    "task {}'s server {} is gone, and the server in use now ({}) does not have \
+                     its session {}; start a new task",
+                    rec.id,
+                    rec.server_id,
+                    server.api.base_url(),
+                    rec.session_id
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(task_id = %rec.id, from = %rec.server_id, to = %server.id, "the task's server is gone; its follow-up runs on the server in use now");
+        self.registry.update(&rec.id, |e| {
+            e.rec.server_id = server.id.clone();
+            e.rec.server_url = server.api.base_url().to_string();
+            e.rec.managed = server.process.is_some();
+        });
         Ok(server)
     }
 
@@ -543,7 +590,7 @@ impl TaskService {
                 entry.rec.id
             )));
         }
-        let server = self.server(&entry.rec.server_id)?;
+        let server = self.server_for_follow_up(&entry).await?;
         let agent = req.agent.clone().or(entry.rec.agent.clone());
         let model = match req.model.as_deref() {
             Some(_) => {
