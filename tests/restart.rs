@@ -82,8 +82,7 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
     let last = rig
         .requests_for(session)
         .into_iter()
-        .filter(|r| !r.is_title_request())
-        .last()
+        .rfind(|r| !r.is_title_request())
         .expect("the follow-up reached the model");
     let history = serde_json::to_string(&last.messages).unwrap_or_default();
     assert!(
