@@ -247,13 +247,18 @@ async fn fan_out_to_two_tiers_returns_both_answers_side_by_side() {
         );
     }
 
-    let (code, message) = rig
-        .err("opencode_get_task_result", json!({ "task_id": group }))
-        .await;
-    assert_eq!(code, "invalid_argument", "{message}");
-    for task in &tasks {
-        let id = task["task_id"].as_str().unwrap_or_default();
-        assert!(message.contains(id), "names the group's tasks: {message}");
+    // A tool that takes one task refuses the group id and names its tasks (cancelling the group
+    // is not done by accident: each is cancelled by its own id).
+    for tool in ["opencode_get_task_result", "opencode_cancel_task"] {
+        let (code, message) = rig.err(tool, json!({ "task_id": group })).await;
+        assert_eq!(code, "invalid_argument", "{tool}: {message}");
+        for task in &tasks {
+            let id = task["task_id"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(id),
+                "{tool} names the group's tasks: {message}"
+            );
+        }
     }
     let (code, message) = rig
         .err(

@@ -39,6 +39,6 @@ impl ActionSpec for ApplyTask {
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<ApplyOutcome, ToolError> {
-    let task_id = checks::required_name("task_id", args.task_id)?;
+    let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     Ok(ctx.tasks.apply(&task_id).await?)
 }

@@ -43,6 +43,6 @@ impl ActionSpec for CancelTask {
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
-    let task_id = checks::required_name("task_id", args.task_id)?;
+    let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     Ok(ctx.tasks.cancel(&task_id).await?)
 }

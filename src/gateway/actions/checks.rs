@@ -133,8 +133,8 @@ pub async fn single_task_id(
     }
     let members = tasks.expand_groups(vec![id.clone()]).await?;
     Err(ToolError::invalid_argument(format!(
-        "`{field}` `{id}` is a fan-out group, not a task: pass it to the wait tool for every \
-         answer, or name one of its tasks: {}",
+        "`{field}` `{id}` is a fan-out group, not a task: this tool takes one of its tasks: {} \
+         (the wait tool takes the group id, for every answer)",
         members.join(", ")
     )))
 }

@@ -64,7 +64,7 @@ impl ActionSpec for ContinueTask {
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
     let request = tasks::ContinueTask {
-        task_id: checks::required_name("task_id", args.task_id)?,
+        task_id: checks::single_task_id("task_id", args.task_id, ctx.tasks).await?,
         prompt: checks::prompt("prompt", args.prompt, ctx.config)?,
         agent: checks::optional_name("agent", args.agent)?,
         model: checks::model("model", args.model)?,

@@ -38,6 +38,6 @@ impl ActionSpec for DiscardTask {
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<DiscardOutcome, ToolError> {
-    let task_id = checks::required_name("task_id", args.task_id)?;
+    let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     Ok(ctx.tasks.discard(&task_id).await?)
 }

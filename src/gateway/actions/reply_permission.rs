@@ -56,7 +56,7 @@ impl ActionSpec for ReplyPermission {
 }
 
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
-    let task_id = checks::required_name("task_id", args.task_id)?;
+    let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     let reply = match args.reply {
         Reply::Once => PermissionReply::Once,
         Reply::Always => PermissionReply::Always,
