@@ -340,8 +340,23 @@ fn holding(e: &TaskEntry, turn: u32) -> bool {
         && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(turn)
 }
 
-/// Checks the held answer of `turn` and finishes the task, or opens a correction turn.
+/// Checks the held answer of `turn` and finishes the task, or opens a correction turn. A check
+/// that did neither (an abort claimed the task meanwhile, then failed, so it runs on) lets the
+/// turn be held again: otherwise every later completion check would find it `Already` held
+/// and the task would sit `running` until its deadline with a valid answer.
 pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    check_held(ctx, server, task_id, turn).await;
+    ctx.registry.update(task_id, |e| {
+        let still_held = e.rec.turn == turn
+            && !e.rec.status.is_terminal()
+            && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(turn);
+        if still_held {
+            e.live.settling = false;
+        }
+    });
+}
+
+async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     tracker::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
     let Some(entry) = ctx.registry.get(task_id).filter(|e| holding(e, turn)) else {
         return;

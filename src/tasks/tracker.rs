@@ -898,6 +898,42 @@ mod tests {
         }
     }
 
+    /// A structured answer held for its check while a cancel claims the task: the check gives
+    /// way to the abort. If the abort then fails (the task runs on), the turn can be held and
+    /// checked again, rather than every later check finding it `Already` held.
+    #[tokio::test]
+    async fn a_check_that_gave_way_to_a_failed_abort_lets_the_turn_be_held_again() {
+        let registry = registry_with(|e| {
+            e.rec.structured = Some(structured::StructuredState::new(
+                serde_json::json!({ "type": "object" }),
+            ));
+            e.rec.outcome = Some(TurnState {
+                text: "{}".into(),
+                ..Default::default()
+            });
+        });
+        let ctx = context(registry.clone());
+        let server = Arc::new(unreachable_server());
+        assert_eq!(
+            registry.update("tsk_a", structured::hold),
+            Some(Hold::Held(1))
+        );
+        registry.update("tsk_a", |e| e.live.aborting = true);
+        structured::settle(&ctx, &server, "tsk_a", 1).await;
+        registry.update("tsk_a", |e| e.live.aborting = false);
+        assert_eq!(
+            registry.update("tsk_a", structured::hold),
+            Some(Hold::Held(1))
+        );
+        structured::settle(&ctx, &server, "tsk_a", 1).await;
+        let e = registry.get("tsk_a").expect("task");
+        assert_eq!(e.rec.status, TaskStatus::Completed);
+        assert_eq!(
+            e.rec.structured.and_then(|s| s.value),
+            Some(serde_json::json!({}))
+        );
+    }
+
     #[tokio::test]
     async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
         let registry = registry_with(|e| e.finish(TaskStatus::Completed, None));
