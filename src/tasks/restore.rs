@@ -137,13 +137,20 @@ impl TaskService {
         };
         let limit = self.config().timeouts.task.get();
         for id in adopt {
-            let Some((turn, elapsed)) = self.registry.update(&id, |e| {
+            let Some((turn, elapsed, checking)) = self.registry.update(&id, |e| {
                 e.rec.server_id = server.id.clone();
-                (e.rec.turn, e.live.turn_started.elapsed())
+                let checking =
+                    e.rec.structured.as_ref().and_then(|s| s.checking) == Some(e.rec.turn);
+                (e.rec.turn, e.live.turn_started.elapsed(), checking)
             }) else {
                 continue;
             };
-            self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
+            // A turn whose answer was being checked had finished within its deadline; after a
+            // long downtime an armed deadline would fire before the check and throw the answer
+            // away. A correction it opens gets a deadline of its own.
+            if !checking {
+                self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
+            }
             tracker::spawn_check(&self.tracker, &server, id, Idle::No, None);
         }
     }
