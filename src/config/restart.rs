@@ -71,6 +71,9 @@ pub struct NotApplied {
     pub key: &'static str,
     /// The files whose edit brought the change.
     pub files: Vec<PathBuf>,
+    /// `instructions` only: the text as written is the same, and what changed is the tool
+    /// names filled into it (a tool renamed, enabled or disabled).
+    pub only_tool_names: bool,
 }
 
 impl fmt::Display for NotApplied {
@@ -80,7 +83,13 @@ impl fmt::Display for NotApplied {
             [] => "the configuration".to_string(),
             _ => files.join(", "),
         };
-        if self.key == "instructions" {
+        if self.key == "instructions" && self.only_tool_names {
+            write!(
+                f,
+                "the tools changed in {files}, and the instructions name tools: the host \
+                 received them at initialize and keeps the old names until the gateway restarts"
+            )
+        } else if self.key == "instructions" {
             write!(
                 f,
                 "`instructions` changed in {files}; the host received them at initialize, so \
@@ -107,7 +116,14 @@ pub fn keep_running(new: &mut Config, running: &Config, files: &[PathBuf]) -> Ve
             kept.push(NotApplied {
                 key: k.key,
                 files: files.to_vec(),
+                only_tool_names: k.key == "instructions"
+                    && new.instructions_source == running.instructions_source,
             });
+            if k.key == "instructions" {
+                // The text in force is the running one, as written too.
+                new.instructions_source
+                    .clone_from(&running.instructions_source);
+            }
         }
     }
     kept
@@ -125,6 +141,37 @@ mod tests {
             user_dir: None,
         };
         crate::config::load_with_env(&sources, Vec::new()).expect("the built-in config loads")
+    }
+
+    #[test]
+    fn instructions_that_only_name_other_tools_say_so() {
+        let running = built_in();
+        let mut new = running.clone();
+        // The same text as written, rendered with a renamed tool.
+        new.instructions = running
+            .instructions
+            .replace("opencode_start_task", "delegate");
+        let kept = keep_running(&mut new, &running, &[PathBuf::from("/p/delegation.yaml")]);
+        assert_eq!(kept.len(), 1);
+        assert!(kept[0].only_tool_names);
+        let said = kept[0].to_string();
+        assert!(
+            said.starts_with("the tools changed in /p/delegation.yaml")
+                && !said.contains("`instructions` changed"),
+            "{said}"
+        );
+        // A text edit is said as one.
+        let mut edited = running.clone();
+        edited.instructions = "other".into();
+        edited.instructions_source = "other".into();
+        let kept = keep_running(
+            &mut edited,
+            &running,
+            &[PathBuf::from("/p/delegation.yaml")],
+        );
+        assert!(!kept[0].only_tool_names);
+        assert!(kept[0].to_string().starts_with("`instructions` changed"));
+        assert_eq!(edited.instructions_source, running.instructions_source);
     }
 
     #[test]

@@ -85,6 +85,11 @@ pub struct Config {
     #[serde(skip)]
     #[schemars(skip)]
     pub withheld: Vec<super::trust::Withheld>,
+    /// `instructions` as written, before tool names were filled in (not part of the file
+    /// format): tells a reload whether the text changed or only the tools it names.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub instructions_source: String,
 }
 
 /// `reload` when no layer sets it: on.
