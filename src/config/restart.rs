@@ -117,7 +117,7 @@ pub fn keep_running(new: &mut Config, running: &Config, files: &[PathBuf]) -> Ve
                 key: k.key,
                 files: files.to_vec(),
                 only_tool_names: k.key == "instructions"
-                    && new.instructions_source == running.instructions_source,
+                    && new.instructions_source.0 == running.instructions_source.0,
             });
             if k.key == "instructions" {
                 // The text in force is the running one, as written too.
@@ -163,7 +163,7 @@ mod tests {
         // A text edit is said as one.
         let mut edited = running.clone();
         edited.instructions = "other".into();
-        edited.instructions_source = "other".into();
+        edited.instructions_source = crate::config::Provenance("other".into());
         let kept = keep_running(
             &mut edited,
             &running,
@@ -171,7 +171,7 @@ mod tests {
         );
         assert!(!kept[0].only_tool_names);
         assert!(kept[0].to_string().starts_with("`instructions` changed"));
-        assert_eq!(edited.instructions_source, running.instructions_source);
+        assert_eq!(edited.instructions_source.0, running.instructions_source.0);
     }
 
     #[test]

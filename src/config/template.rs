@@ -168,7 +168,7 @@ pub(crate) fn texts(config: &Config) -> Vec<Text<'_>> {
 /// once on a validated config, so every placeholder has a tool.
 pub(crate) fn render_tool_names(config: &mut Config) {
     let names = tool_names(config);
-    config.instructions_source = config.instructions.clone();
+    config.instructions_source = super::Provenance(config.instructions.clone());
     let fill = |text: &mut String| {
         if text.contains("{{") {
             *text = render_tools(text, &names);
