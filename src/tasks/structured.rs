@@ -364,26 +364,33 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
     let Some(state) = entry.rec.structured.as_ref() else {
         return;
     };
-    let (checked, retries) = match &entry.rec.outcome {
-        Some(o) => (
-            check_answer(&state.schema, &o.text),
-            ctx.config.get().limits.structured_retries,
-        ),
-        // Nothing to correct: the agent answered, the gateway could not read it.
-        None => (
-            Err(vec![entry.rec.outcome_error.clone().unwrap_or_else(|| {
-                "the turn's final text could not be read from OpenCode".into()
-            })]),
-            0,
-        ),
+    let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
+    let (checked, next) = match &entry.rec.outcome {
+        Some(o) => {
+            let checked = check_answer(&state.schema, &o.text);
+            let next = next(
+                checked.clone(),
+                earlier,
+                ctx.config.get().limits.structured_retries,
+            );
+            (checked, next)
+        }
+        // Nothing to correct: the agent answered, the gateway could not read it. That is not
+        // an answer that fails the schema, and is not said as one.
+        None => {
+            let why =
+                entry.rec.outcome_error.clone().unwrap_or_else(|| {
+                    "the turn's final text could not be read from OpenCode".into()
+                });
+            let error = format!("the answer could not be checked against output_schema: {why}");
+            (Err(vec![why]), Next::GiveUp(error))
+        }
     };
     let attempt = StructuredAttempt {
         turn,
         ok: checked.is_ok(),
         errors: checked.as_ref().err().cloned().unwrap_or_default(),
     };
-    let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
-    let next = next(checked, earlier, retries);
     let correction = ctx
         .registry
         .update(task_id, |e| {
