@@ -132,6 +132,18 @@ async fn a_preset_tool_starts_its_rendered_prompt_on_its_tier() {
         .await;
     assert_eq!(code, "invalid_argument");
     assert!(message.contains("`tier` is fixed"), "{message}");
+    // A host that passes a `prompt` out of habit is told what to pass instead.
+    let (code, message) = rig
+        .err(
+            "write_tests",
+            json!({ "module": "m", "prompt": "write tests" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument");
+    assert!(
+        message.contains("instead of `prompt`") && message.contains("module"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

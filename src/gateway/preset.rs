@@ -157,6 +157,18 @@ impl Preset {
                 )));
             }
         }
+        // Before the unknown-argument check: `prompt` is the one a host passes out of habit,
+        // and this says what to do instead.
+        if self.template.is_some()
+            && args.contains_key(PROMPT)
+            && !self.arguments.iter().any(|a| a.name == PROMPT)
+        {
+            return Err(ToolError::invalid_argument(format!(
+                "the tool `{tool}` writes the prompt from its template; pass its arguments \
+                 ({}) instead of `prompt`",
+                self.argument_names()
+            )));
+        }
         if !self.accepts.is_empty() {
             if let Some(unknown) = args
                 .keys()
@@ -169,13 +181,6 @@ impl Preset {
             }
         }
         if let Some(template) = &self.template {
-            if args.contains_key(PROMPT) && !self.arguments.iter().any(|a| a.name == PROMPT) {
-                return Err(ToolError::invalid_argument(format!(
-                    "the tool `{tool}` writes the prompt from its template; pass its arguments \
-                     ({}) instead of `prompt`",
-                    self.argument_names()
-                )));
-            }
             let mut values = std::collections::BTreeMap::new();
             for arg in &self.arguments {
                 match args.remove(&arg.name) {
