@@ -304,6 +304,12 @@ fn check(
                 format!("tools.{name}.{key}"),
                 format!("{value} is not a valid `{key}` for action {action}: {problem}"),
             ));
+        } else if key == "output_schema" {
+            // Its schema says only "an object"; the rest is what a call checks, and a host
+            // could not fix a schema it cannot see.
+            if let Err(problem) = crate::tasks::structured::check_schema(value) {
+                issues.push(issue(format!("tools.{name}.{key}"), problem.to_string()));
+            }
         }
     }
     match &preset.template {
@@ -580,5 +586,10 @@ mod tests {
         assert!(found[0].contains("takes no prompt"), "{found:?}");
         let found = keys(json!({"action": "wait_for_task", "description": "d", "mode": "any"}));
         assert!(found.is_empty(), "{found:?}");
+        // A fixed output_schema is checked as a call would check it.
+        let found = keys(base(json!({"output_schema": {"type": "object"}})));
+        assert!(found.is_empty(), "{found:?}");
+        let found = keys(base(json!({"output_schema": {"type": "no-such-type"}})));
+        assert!(found[0].starts_with("tools.p.output_schema: "), "{found:?}");
     }
 }
