@@ -133,9 +133,39 @@ pub fn check_schema(schema: &Value) -> Result<(), SchemaError> {
             &e.to_string(),
         )));
     }
+    if let Some((at, target)) = outside_ref(schema, String::new()) {
+        return Err(SchemaError::Invalid(error_line(
+            &at,
+            &format!(
+                "`$ref` `{target}` points outside the schema; only references within it \
+                 (`#/...`) are followed, so put what it names under `$defs`"
+            ),
+        )));
+    }
     jsonschema::validator_for(schema)
         .map(drop)
         .map_err(|e| SchemaError::Invalid(cap(&e.to_string(), MAX_ERROR_CHARS)))
+}
+
+/// The first `$ref` (its JSON pointer and target) that does not point within the schema. Such
+/// references are never fetched; saying so beats the validator's word for it.
+fn outside_ref(value: &Value, at: String) -> Option<(String, String)> {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(target)) = map.get("$ref") {
+                if !target.starts_with('#') {
+                    return Some((format!("{at}/$ref"), target.clone()));
+                }
+            }
+            map.iter()
+                .find_map(|(k, v)| outside_ref(v, format!("{at}/{k}")))
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| outside_ref(v, format!("{at}/{i}"))),
+        _ => None,
+    }
 }
 
 /// What is appended to the prompt of a structured task (and of a host's follow-up to one).
@@ -586,11 +616,14 @@ mod tests {
             Err(SchemaError::TooLarge { .. })
         ));
         // A remote reference is an error, never a request (nothing listens there anyway).
-        let remote = json!({"$ref": "http://127.0.0.1:9/schema.json"});
-        assert!(matches!(
-            check_schema(&remote),
-            Err(SchemaError::Invalid(_))
-        ));
+        let remote = json!({"properties": {"a": {"$ref": "http://127.0.0.1:9/schema.json"}}});
+        let e = check_schema(&remote).expect_err("a remote reference");
+        assert!(
+            e.to_string().contains("/properties/a/$ref") && e.to_string().contains("`#/...`"),
+            "{e}"
+        );
+        let local = json!({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}});
+        assert_eq!(check_schema(&local), Ok(()));
         assert_eq!(check_schema(&person()), Ok(()));
     }
 
