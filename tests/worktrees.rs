@@ -258,7 +258,8 @@ async fn parallel_worktree_tasks_keep_their_changes_apart_until_applied() {
         assert_eq!(code, "conflict", "{message}");
         assert!(message.contains("shared.txt"), "{message}");
         assert!(
-            message.contains("<<<<<<< ")
+            message.contains("<<<<<<< working tree")
+                && message.contains(&format!(">>>>>>> task {task_id}"))
                 && message.contains("line 5 by task A")
                 && message.contains(theirs),
             "{message}"

@@ -71,7 +71,7 @@ pub async fn apply(
     let merged = match out.code {
         Some(0) => text.lines().next().unwrap_or("").trim().to_string(),
         Some(1) => {
-            let hunks = conflict_hunks(origin, &text).await;
+            let hunks = conflict_hunks(origin, &text, label).await;
             return Err(conflict(origin, label, &text, &hunks));
         }
         _ => {
@@ -126,7 +126,7 @@ const HUNK_LINES: usize = 60;
 /// sides), for the first [`HUNK_FILES`] files and at most [`HUNK_LINES`] lines in all: what the
 /// host needs to word a follow-up that resolves them. A file git cannot show (binary, deleted on
 /// one side) is simply left out; the file list and git's messages still name it.
-async fn conflict_hunks(origin: &Path, output: &str) -> String {
+async fn conflict_hunks(origin: &Path, output: &str, label: &str) -> String {
     let mut lines = output.lines();
     let tree = lines.next().unwrap_or("").trim().to_string();
     let files: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
@@ -140,7 +140,7 @@ async fn conflict_hunks(origin: &Path, output: &str) -> String {
             continue;
         };
         let text = String::from_utf8_lossy(&out.stdout);
-        let regions = conflict_regions(&text, budget);
+        let regions = conflict_regions(&text, budget, label);
         if regions.is_empty() {
             continue;
         }
@@ -151,8 +151,9 @@ async fn conflict_hunks(origin: &Path, output: &str) -> String {
 }
 
 /// The lines of `text` inside conflict markers (markers included), at most `max` of them, with
-/// `…` where the quote is cut.
-fn conflict_regions(text: &str, max: usize) -> Vec<String> {
+/// `…` where the quote is cut. The markers name the sides in words (`working tree`, and
+/// `label` for the task's), not by the temporary commits git merged.
+fn conflict_regions(text: &str, max: usize, label: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut inside = false;
     for line in text.lines() {
@@ -164,7 +165,14 @@ fn conflict_regions(text: &str, max: usize) -> Vec<String> {
                 out.push("…".to_string());
                 return out;
             }
-            out.push(line.to_string());
+            let line = if line.starts_with("<<<<<<< ") {
+                "<<<<<<< working tree".to_string()
+            } else if line.starts_with(">>>>>>> ") {
+                format!(">>>>>>> {label}")
+            } else {
+                line.to_string()
+            };
+            out.push(line);
         }
         if line.starts_with(">>>>>>> ") {
             inside = false;
@@ -194,12 +202,16 @@ fn conflict(origin: &Path, label: &str, output: &str, hunks: &str) -> GitError {
         .collect();
     GitError::Conflict {
         message: format!(
-            "{label} conflicts with the working tree of {} in {}; nothing was changed. {} \
+            "{label} conflicts with the working tree of {} in {}; nothing was changed. {}\
              Resolve it by continuing the task with what changed meanwhile (or discard it), or \
              merge its branch yourself.{}",
             origin.display(),
             files.join(", "),
-            messages.join(" "),
+            if messages.is_empty() {
+                String::new()
+            } else {
+                format!("Git says: {}. ", messages.join("; "))
+            },
             if hunks.is_empty() {
                 String::new()
             } else {
@@ -229,26 +241,26 @@ mod tests {
 
     #[test]
     fn conflict_regions_are_quoted_markers_included_and_cut() {
-        let text = "a\n<<<<<<< ours\nmine\n=======\ntheirs\n>>>>>>> task\nb\n<<<<<<< ours\nx\n=======\ny\n>>>>>>> task\n";
+        let text = "a\n<<<<<<< 4b825dc\nmine\n=======\ntheirs\n>>>>>>> 9f3e1aa\nb\n<<<<<<< 4b825dc\nx\n=======\ny\n>>>>>>> 9f3e1aa\n";
         assert_eq!(
-            conflict_regions(text, 60),
+            conflict_regions(text, 60, "task tsk_1"),
             [
-                "<<<<<<< ours",
+                "<<<<<<< working tree",
                 "mine",
                 "=======",
                 "theirs",
-                ">>>>>>> task",
-                "<<<<<<< ours",
+                ">>>>>>> task tsk_1",
+                "<<<<<<< working tree",
                 "x",
                 "=======",
                 "y",
-                ">>>>>>> task"
+                ">>>>>>> task tsk_1"
             ]
         );
         assert_eq!(
-            conflict_regions(text, 3),
-            ["<<<<<<< ours", "mine", "=======", "…"]
+            conflict_regions(text, 3, "task tsk_1"),
+            ["<<<<<<< working tree", "mine", "=======", "…"]
         );
-        assert!(conflict_regions("no markers\n", 60).is_empty());
+        assert!(conflict_regions("no markers\n", 60, "task tsk_1").is_empty());
     }
 }
