@@ -295,10 +295,20 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
             }
         },
     };
-    let Some((_, records)) = stored_records(sources, WHO) else {
+    let Some((cfg, records)) = stored_records(sources, WHO) else {
         return ExitCode::FAILURE;
     };
-    let lines = usage::list(&records, status, epoch_ms(std::time::SystemTime::now()));
+    let dir = state_dir(&cfg);
+    let alive = |pid: u32| {
+        dir.as_deref()
+            .is_some_and(|d| opencode_mcp::tasks::gateway_alive(d, pid))
+    };
+    let lines = usage::list(
+        &records,
+        status,
+        epoch_ms(std::time::SystemTime::now()),
+        &alive,
+    );
     if json {
         return print_json(WHO, &lines);
     }

@@ -304,6 +304,14 @@ impl TaskService {
         Ok(info)
     }
 
+    /// Whether the gateway with process id `pid` (a task record's owner) still runs; this one
+    /// does.
+    pub fn gateway_alive(&self, pid: u32) -> bool {
+        self.registry
+            .store()
+            .is_none_or(|store| store.owner_alive(pid))
+    }
+
     /// The id of the running server `server_id: "default"` stands for, if any.
     pub fn default_server_id(&self) -> Option<String> {
         self.pool.default_id()

@@ -219,10 +219,21 @@ pub struct TaskLine {
     /// Milliseconds the latest turn took; absent while it runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Unfinished, but the gateway that ran it has exited: the status is the last it recorded.
+    /// The next gateway to start reports it interrupted (or, on an attached server, picks it
+    /// up again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gateway_gone: bool,
 }
 
-/// The tasks among `records` with `status` (all when `None`), newest first.
-pub fn list(records: &[TaskRecord], status: Option<TaskStatus>, now_ms: u64) -> Vec<TaskLine> {
+/// The tasks among `records` with `status` (all when `None`), newest first. `gateway_alive`
+/// says whether the gateway with a pid still runs (for unfinished tasks).
+pub fn list(
+    records: &[TaskRecord],
+    status: Option<TaskStatus>,
+    now_ms: u64,
+    gateway_alive: &dyn Fn(u32) -> bool,
+) -> Vec<TaskLine> {
     let mut chosen: Vec<&TaskRecord> = records
         .iter()
         .filter(|r| status.is_none_or(|s| r.status == s))
@@ -247,6 +258,7 @@ pub fn list(records: &[TaskRecord], status: Option<TaskStatus>, now_ms: u64) -> 
             title: r.title.clone(),
             age_ms: now_ms.saturating_sub(r.started_ms()),
             duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
+            gateway_gone: !r.status.is_terminal() && !gateway_alive(r.owner_pid),
         })
         .collect()
 }
@@ -258,16 +270,27 @@ pub fn list_text(lines: &[TaskLine]) -> String {
         "task", "status", "tier", "model", "age", "duration", "title"
     );
     for l in lines {
+        let status = if l.gateway_gone {
+            format!("{} (gone)", l.status.as_str())
+        } else {
+            l.status.as_str().to_string()
+        };
         out.push_str(&format!(
             "{:<21} {:<18} {:<10} {:<32} {:>8} {:>8}  {}\n",
             l.task_id,
-            l.status.as_str(),
+            status,
             l.tier.as_deref().unwrap_or("-"),
             l.model.as_deref().unwrap_or(DEFAULT_MODEL),
             format_ms(l.age_ms),
             l.duration_ms.map_or_else(|| "-".to_string(), format_ms),
             l.title
         ));
+    }
+    if lines.iter().any(|l| l.gateway_gone) {
+        out.push_str(
+            "(gone): the gateway running it has exited; the next gateway to start reports it \
+             interrupted\n",
+        );
     }
     out
 }
@@ -432,18 +455,34 @@ mod tests {
 
     #[test]
     fn the_list_is_newest_first_and_filters_by_status() {
-        let lines = list(&sample(), None, 6_000);
+        let alive = |_| true;
+        let lines = list(&sample(), None, 6_000, &alive);
         let ids: Vec<&str> = lines.iter().map(|l| l.task_id.as_str()).collect();
         assert_eq!(ids, ["c", "b", "a"]);
         assert_eq!(lines[0].duration_ms, None);
         assert_eq!(lines[0].age_ms, 1_000);
         assert_eq!(lines[2].duration_ms, Some(3_000));
         assert_eq!(lines[2].tier.as_deref(), Some("fast"));
-        let failed = list(&sample(), Some(TaskStatus::Failed), 6_000);
+        let failed = list(&sample(), Some(TaskStatus::Failed), 6_000, &alive);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].task_id, "b");
         let text = list_text(&lines);
         assert!(text.lines().nth(1).is_some_and(|l| l.starts_with("c ")));
+        assert!(!text.contains("(gone)"), "{text}");
+        // The gateway that ran the unfinished task has exited: said, for it alone.
+        let gone = list(&sample(), None, 6_000, &|_| false);
+        let flagged: Vec<&str> = gone
+            .iter()
+            .filter(|l| l.gateway_gone)
+            .map(|l| l.task_id.as_str())
+            .collect();
+        assert_eq!(flagged, ["c"]);
+        let text = list_text(&gone);
+        assert!(
+            text.lines().nth(1).is_some_and(|l| l.contains("(gone)")),
+            "{text}"
+        );
+        assert!(text.contains("exited"), "{text}");
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskList, ToolError
         &records,
         args.status,
         epoch_ms(std::time::SystemTime::now()),
+        &|pid| ctx.tasks.gateway_alive(pid),
     );
     let total = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
     tasks.truncate(args.limit as usize);
