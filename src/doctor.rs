@@ -431,7 +431,8 @@ fn providers_check(catalog: &ModelCatalog) -> Check {
         "providers",
         Status::Ok,
         format!(
-            "{} model(s) from {} provider(s): {}; provider defaults: {}",
+            "{} model(s) from {} provider(s): {}; each provider's default: {} (a task with no \
+             model runs on opencode.json `model` if set, else on OpenCode's own pick)",
             catalog.models.len(),
             providers.len(),
             providers.join(", "),
@@ -458,7 +459,12 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
                     Check::new(name, Status::Fail, "uses the server's default model, and it has none")
                         .fix("set `model` in opencode.json, or list models for this tier in delegation.yaml")
                 } else {
-                    Check::new(name, Status::Ok, "uses the server's default model")
+                    Check::new(
+                        name,
+                        Status::Ok,
+                        "uses the server's default model (opencode.json `model`, else OpenCode's \
+                         own pick); list models for this tier in delegation.yaml to choose",
+                    )
                 };
             }
             match resolved.model {
