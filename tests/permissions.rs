@@ -87,9 +87,18 @@ async fn permission_asks_are_shown_and_answered() {
         .await;
     assert_eq!(code, "conflict", "{message}");
 
-    // Rejected: the agent stops; the task ends failed with a clear reason.
+    // Rejected: the agent stops; the task ends failed with a clear reason. This ask is pending
+    // before the host waits (seen on OpenCode, not through the gateway): still news, so the wait
+    // returns with it at once rather than at its timeout.
     let rejected = id(&rig.start_task("refused [[bash:echo nope]]").await);
-    until_asked(&rig, &rejected).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while opencode.get_json("/permission").await.1 == json!([]) {
+        assert!(std::time::Instant::now() < deadline, "no ask on OpenCode");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let w = rig.wait(&[&rejected], "all", 60_000).await;
+    assert_eq!(w["asking"], json!([rejected]), "{w}");
+    assert_eq!(w["tasks"][0]["status"], "waiting_permission", "{w}");
     rig.ok(
         "opencode_reply_permission",
         json!({ "task_id": rejected, "reply": "reject" }),

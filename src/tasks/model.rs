@@ -384,10 +384,10 @@ pub struct WaitOutcome {
     pub done: bool,
     /// The wait ended at its timeout with the condition unmet (call again to keep waiting).
     pub timed_out: bool,
-    /// Tasks that began waiting for a permission answer during this wait, which returned early
-    /// for them: they cannot go on until their permission ask is answered (or they are
-    /// cancelled). The ask is in each one's `permission`; a later wait does not return early
-    /// for the same ask again.
+    /// Tasks waiting for a permission answer that had not been shown before (by a wait or a
+    /// status): the wait returned early for them, since they cannot go on until the ask is
+    /// answered (or they are cancelled). The ask is in each one's `permission`; a later wait
+    /// does not return early for the same ask again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asking: Vec<String>,
     pub mode: WaitMode,

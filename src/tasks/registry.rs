@@ -45,6 +45,10 @@ pub struct Live {
     /// When the pending permission was recorded: a permission list read before that cannot
     /// clear it.
     pub permission_since: Option<Instant>,
+    /// The pending permission was shown to the host (in a status or the return of a wait): a
+    /// wait returns early only for an ask the host has not been shown yet. Not saved: after a
+    /// restart an ask is news again.
+    pub ask_shown: bool,
     /// The check of this turn's structured answer runs (`structured::settle`): another
     /// conclusion of the same turn must not start a second one. Not saved: after a restart the
     /// check runs again.
@@ -66,6 +70,7 @@ impl Live {
             retry: None,
             last_event: Instant::now(),
             permission_since: None,
+            ask_shown: false,
             settling: false,
         }
     }
@@ -117,6 +122,7 @@ impl TaskEntry {
         self.rec.status = TaskStatus::WaitingPermission;
         self.rec.permission = Some(ask);
         self.live.permission_since = Some(Instant::now());
+        self.live.ask_shown = false;
     }
 
     /// The ask `request_id` was answered: if it is the one the task shows, the task runs again.
@@ -562,6 +568,32 @@ impl Registry {
             self.bump();
         }
         Some(r)
+    }
+
+    /// The unfinished tasks among `ids` with a pending permission the host has not been shown.
+    pub fn unshown_asks(&self, ids: &[String]) -> Vec<String> {
+        let t = self.lock();
+        ids.iter()
+            .filter(|id| {
+                t.tasks.get(*id).is_some_and(|e| {
+                    !e.rec.status.is_terminal() && e.rec.permission.is_some() && !e.live.ask_shown
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// These asks (task id, ask id) have been shown to the host; one a task no longer waits on
+    /// (answered, or replaced by a newer ask) is left alone.
+    pub fn asks_shown<'a>(&self, asks: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let mut t = self.lock();
+        for (task_id, ask_id) in asks {
+            if let Some(e) = t.tasks.get_mut(task_id) {
+                if e.rec.permission.as_ref().is_some_and(|p| p.id == ask_id) {
+                    e.live.ask_shown = true;
+                }
+            }
+        }
     }
 
     /// The tasks of a fan-out group, in the order of its targets: also those that left memory

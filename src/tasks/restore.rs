@@ -93,7 +93,7 @@ impl TaskService {
                 self.registry.insert(entry);
             } else {
                 let reason = if entry.rec.managed {
-                    "the gateway running this task exited, and its managed OpenCode server with it; start the task again"
+                    "the gateway running this task exited, and its managed OpenCode server with it; continue the task (its session is kept) or start it again"
                 } else {
                     "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
                 };

@@ -2,14 +2,23 @@
 //! changes they can observe (a status, a turn, a permission), so a wait on fifty streaming tasks
 //! sleeps until one of them really moves.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use super::error::TaskError;
-use super::model::{WaitMode, WaitOutcome};
+use super::model::{TaskSnapshot, WaitMode, WaitOutcome};
 use super::service::TaskService;
 
 impl TaskService {
+    /// The permission asks in these snapshots have been shown to the host (a status, or the
+    /// return of a wait): a later wait does not return early for them.
+    pub fn asks_shown<'a>(&self, shown: impl IntoIterator<Item = &'a TaskSnapshot>) {
+        self.registry.asks_shown(shown.into_iter().filter_map(|t| {
+            t.permission
+                .as_ref()
+                .map(|p| (t.task_id.as_str(), p.id.as_str()))
+        }));
+    }
+
     /// `ids` with each fan-out group id replaced by its tasks (in target order), repeats
     /// dropped. A group with no known task is reported like an unknown task id.
     pub async fn expand_groups(&self, ids: Vec<String>) -> Result<Vec<String>, TaskError> {
@@ -41,18 +50,18 @@ impl TaskService {
         Ok(out)
     }
 
-    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`, or, given
-    /// `known_asks` (the permission asks pending when the caller's wait began), until a task
-    /// asks something not among them: nothing moves until someone answers it, so the caller
-    /// should hear of it now rather than at the timeout. Never cancels a task; dropping the
-    /// future ends only the wait.
+    /// Waits up to `timeout` for the ids (already de-duplicated) to satisfy `mode`, or, with
+    /// `on_asks`, until a task has a permission ask the host has not been shown: nothing moves
+    /// until someone answers it, so the host should hear of it now rather than at the timeout.
+    /// Never cancels a task; dropping the future ends only the wait. The caller marks the asks
+    /// it shows the host ([`TaskService::asks_shown`]).
     pub async fn wait(
         &self,
         task_ids: &[String],
         mode: WaitMode,
         timeout: Duration,
         include_progress: bool,
-        known_asks: Option<&HashSet<String>>,
+        on_asks: bool,
     ) -> Result<WaitOutcome, TaskError> {
         self.restored().await;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -69,17 +78,10 @@ impl TaskService {
                 WaitMode::All => unfinished.is_empty(),
                 WaitMode::Any => !finished.is_empty(),
             };
-            let asking: Vec<String> = match known_asks {
-                Some(known) => unfinished
-                    .iter()
-                    .filter(|t| {
-                        t.permission
-                            .as_ref()
-                            .is_some_and(|p| !known.contains(&p.id))
-                    })
-                    .map(|t| t.task_id.clone())
-                    .collect(),
-                None => Vec::new(),
+            let asking = if on_asks {
+                self.registry.unshown_asks(task_ids)
+            } else {
+                Vec::new()
             };
             let expired = tokio::time::Instant::now() >= deadline;
             if done || expired || !asking.is_empty() {

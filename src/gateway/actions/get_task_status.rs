@@ -44,5 +44,7 @@ impl ActionSpec for GetTaskStatus {
 pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolError> {
     let task_id = checks::single_task_id("task_id", args.task_id, ctx.tasks).await?;
     let snapshot = ctx.tasks.status(&task_id, args.include_progress).await?;
+    // The host now sees the pending ask: a wait does not return early for it again.
+    ctx.tasks.asks_shown([&snapshot]);
     Ok(snapshot.with_detail(args.detail))
 }

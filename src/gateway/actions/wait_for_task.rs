@@ -162,32 +162,20 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
         WaitMode::All => request.ids.len(),
         WaitMode::Any => 1,
     };
-    // Asks already pending when this call began: the host has seen them (or can, in the
-    // statuses); a new one ends the wait early, once.
-    let known_asks: HashSet<String> = ctx
-        .tasks
-        .wait(&request.ids, request.mode, Duration::ZERO, false, None)
-        .await?
-        .tasks
-        .iter()
-        .filter_map(|t| t.permission.as_ref().map(|p| p.id.clone()))
-        .collect();
     loop {
         let slice_end = deadline.min(Instant::now() + interval);
         let slice = slice_end.saturating_duration_since(Instant::now());
-        let wait = ctx.tasks.wait(
-            &request.ids,
-            request.mode,
-            slice,
-            with_progress,
-            Some(&known_asks),
-        );
+        let wait = ctx
+            .tasks
+            .wait(&request.ids, request.mode, slice, with_progress, true);
         let outcome = tokio::select! {
             biased;
             _ = ctx.request.ct.cancelled() => return Err(cancelled()),
             outcome = wait => outcome?,
         };
         if outcome.done || !outcome.asking.is_empty() || slice_end >= deadline {
+            // Every pending ask in this result is the host's to see now, not only the new ones.
+            ctx.tasks.asks_shown(&outcome.tasks);
             let outcome = finish(outcome, request.include_progress, detail);
             return Ok(with_answers(outcome, detail, ctx).await);
         }
