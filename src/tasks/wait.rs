@@ -78,11 +78,18 @@ impl TaskService {
                 WaitMode::All => unfinished.is_empty(),
                 WaitMode::Any => !finished.is_empty(),
             };
-            let asking = if on_asks {
+            // From the snapshots, so that each task listed shows its ask in this result (one
+            // that came after them wakes this loop again).
+            let unshown = if on_asks {
                 self.registry.unshown_asks(task_ids)
             } else {
                 Vec::new()
             };
+            let asking: Vec<String> = unfinished
+                .iter()
+                .filter(|t| t.permission.is_some() && unshown.contains(&t.task_id))
+                .map(|t| t.task_id.clone())
+                .collect();
             let expired = tokio::time::Instant::now() >= deadline;
             if done || expired || !asking.is_empty() {
                 return Ok(WaitOutcome {

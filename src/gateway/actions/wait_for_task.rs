@@ -225,10 +225,9 @@ async fn notify(ctx: &Ctx<'_>, note: ProgressNotificationParam) {
     }
 }
 
-/// The result the host sees: `timed_out` is exactly "the condition was not met, and no new ask
-/// ended the wait early", progress is
-/// shown only when asked for (it may have been fetched for the notifications), and the ids and
-/// the rest only with detail `full`.
+/// The result the host sees: `timed_out` is exactly "the condition was not met, and no unseen
+/// permission ask ended the wait early", progress is shown only when asked for (it may have been
+/// fetched for the notifications), and the ids and the rest only with detail `full`.
 fn finish(mut outcome: WaitOutcome, include_progress: bool, detail: Detail) -> WaitOutcome {
     outcome.timed_out = !outcome.done && outcome.asking.is_empty();
     outcome.tasks = std::mem::take(&mut outcome.tasks)
