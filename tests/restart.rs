@@ -8,7 +8,7 @@ mod support;
 
 use serde_json::json;
 use support::fake_llm::echo_reply;
-use support::rig::{wait_gone, Rig, TASK_TIMEOUT_MS};
+use support::rig::{person_schema, wait_gone, Rig, TASK_TIMEOUT_MS};
 use support::OpenCodeEnv;
 
 fn id(v: &serde_json::Value) -> String {
@@ -170,27 +170,14 @@ async fn a_structured_correction_under_way_is_adopted_and_checked_after_a_restar
     let wrong = r#"```json\n{"name": "Ada", "age": "{{delay:4000}}"}\n```"#;
     let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
     let started = rig
-        .start_task_with(json!({
-            "prompt": format!("describe Ada [[answers:{wrong};;{right}]]"),
-            "output_schema": {
-                "type": "object",
-                "properties": { "name": { "type": "string" }, "age": { "type": "integer" } },
-                "required": ["name", "age"]
-            },
-        }))
+        .start_answering("describe Ada", &[wrong, right], person_schema())
         .await;
     let task = id(&started);
     let session = started["session_id"]
         .as_str()
         .expect("session_id")
         .to_string();
-    rig.fake
-        .wait_for_request(std::time::Duration::from_secs(30), |r| {
-            r.session_id() == Some(session.as_str())
-                && r.last_user_text
-                    .starts_with("Your answer did not end with a JSON value")
-        })
-        .await;
+    rig.wait_for_correction(&session).await;
     let during = rig.status(&task).await;
     assert!(
         matches!(during["status"].as_str(), Some("pending" | "running")) && during["turn"] == 2,

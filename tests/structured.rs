@@ -8,18 +8,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::git::init_repo;
-use support::rig::{Rig, TASK_TIMEOUT_MS};
+use support::rig::{person_schema, Rig, TASK_TIMEOUT_MS};
 use support::{FakeLlm, OpenCodeEnv};
-
-fn person_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": { "name": { "type": "string" }, "age": { "type": "integer" } },
-        "required": ["name", "age"]
-    })
-}
 
 /// Polls the task's status until it is finished (bounded), and returns every status seen as
 /// (status, turn).
@@ -53,10 +45,7 @@ async fn a_wrong_first_answer_is_corrected_in_the_same_session() {
     let wrong = r#"Here you are:\n```json\n{"name": "Ada", "age": "thirty-six"}\n```"#;
     let right = r#"Corrected:\n```json\n{"name": "Ada", "age": 36}\n```"#;
     let started = rig
-        .start_task_with(json!({
-            "prompt": format!("describe Ada [[answers:{wrong};;{right}]]"),
-            "output_schema": person_schema(),
-        }))
+        .start_answering("describe Ada", &[wrong, right], person_schema())
         .await;
     let id = started["task_id"].as_str().expect("task_id").to_string();
     let session = started["session_id"]
@@ -254,10 +243,7 @@ async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
     let wrong = r#"```json\n{"name": "Ada", "age": "{{delay:60000}}"}\n```"#;
     let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
     let started = rig
-        .start_task_with(json!({
-            "prompt": format!("describe Ada [[answers:{wrong};;{right}]]"),
-            "output_schema": person_schema(),
-        }))
+        .start_answering("describe Ada", &[wrong, right], person_schema())
         .await;
     let id = started["task_id"].as_str().expect("task_id").to_string();
 
@@ -282,13 +268,7 @@ async fn a_cancel_during_a_correction_ends_the_task_cancelled() {
         .as_str()
         .expect("session_id")
         .to_string();
-    rig.fake
-        .wait_for_request(Duration::from_secs(30), |r| {
-            r.session_id() == Some(session.as_str())
-                && r.last_user_text
-                    .starts_with("Your answer did not end with a JSON value")
-        })
-        .await;
+    rig.wait_for_correction(&session).await;
 
     let cancelled = rig
         .ok("opencode_cancel_task", json!({ "task_id": id }))
@@ -335,12 +315,11 @@ async fn a_corrected_tasks_changed_files_include_the_first_answers() {
     let wrong = r#"```json\n{"name": "Ada"}\n```"#;
     let right = r#"```json\n{"name": "Ada", "age": 36}\n```"#;
     let started = rig
-        .start_task_with(json!({
-            "prompt": format!(
-                "note Ada down [[write:ada.txt:Ada Lovelace]] [[answers:{wrong};;{right}]]"
-            ),
-            "output_schema": person_schema(),
-        }))
+        .start_answering(
+            "note Ada down [[write:ada.txt:Ada Lovelace]]",
+            &[wrong, right],
+            person_schema(),
+        )
         .await;
     let id = started["task_id"].as_str().expect("task_id").to_string();
     let result = rig.finish(&id).await;

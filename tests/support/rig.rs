@@ -163,6 +163,28 @@ impl Rig {
         self.ok("opencode_start_task", args).await
     }
 
+    /// Starts a task with `output_schema` (detail `full`) whose turns the fake model answers
+    /// with `answers` in order (its `[[answers:…]]` marker, after `prompt`).
+    pub async fn start_answering(&self, prompt: &str, answers: &[&str], schema: Value) -> Value {
+        self.start_task_with(json!({
+            "prompt": format!("{prompt} [[answers:{}]]", answers.join(";;")),
+            "output_schema": schema,
+        }))
+        .await
+    }
+
+    /// Waits (bounded) until the gateway's automatic correction of a structured answer has
+    /// reached the model in `session`.
+    pub async fn wait_for_correction(&self, session: &str) {
+        self.fake
+            .wait_for_request(Duration::from_secs(30), |r| {
+                r.session_id() == Some(session)
+                    && r.last_user_text
+                        .starts_with("Your answer did not end with a JSON value")
+            })
+            .await;
+    }
+
     /// Waits for `ids` in `mode` for at most `timeout_ms`, with detail `full`.
     pub async fn wait(&self, ids: &[&str], mode: &str, timeout_ms: u64) -> Value {
         self.ok(
@@ -205,6 +227,15 @@ impl Rig {
             .filter(|r| r.session_id() == Some(session_id))
             .collect()
     }
+}
+
+/// The `output_schema` of the structured-answer tests: a person with a name and an integer age.
+pub fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": { "name": { "type": "string" }, "age": { "type": "integer" } },
+        "required": ["name", "age"]
+    })
 }
 
 /// `true` while a process with this pid exists and is not a zombie.
