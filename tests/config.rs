@@ -1230,6 +1230,46 @@ fn check_config_fails_on_withheld_keys_and_print_config_shows_what_is_in_force()
     );
 }
 
+/// The permission policy from a repository is judged whatever YAML shape it has: the map
+/// `{allow: ~}` (which serde alone reads as `allow`) must not loosen the user's `deny`, through
+/// the real binary's `print-config` and `check-config`.
+#[test]
+fn a_repository_cannot_loosen_the_permission_policy_with_any_yaml_shape() {
+    for shape in [
+        "{allow: ~}",
+        "\n    allow: null",
+        "{ask: ~}",
+        "~",
+        "1",
+        "[allow]",
+    ] {
+        let dir = workdir();
+        write(
+            &dir.path().join("xdg-config/opencode-mcp"),
+            "delegation.yaml",
+            "opencode:\n  permission: deny\n",
+        );
+        write(
+            dir.path(),
+            "delegation.yaml",
+            &format!("opencode:\n  permission: {shape}\n"),
+        );
+        let (ok, stdout, stderr) = run(dir.path(), &["print-config"], &[]);
+        assert!(ok, "{shape}: print-config fails: {stderr}");
+        assert!(
+            stdout.contains("\n  permission: deny\n"),
+            "{shape}: the user's `deny` stays in force:\n{stdout}"
+        );
+        assert!(
+            !stdout.contains("permission: allow") && !stdout.contains("permission: ask"),
+            "{shape}:\n{stdout}"
+        );
+        let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+        assert!(!ok, "{shape}: check-config must not call this file valid");
+        assert_mentions(&stderr, &["`opencode.permission`", "not applied"]);
+    }
+}
+
 /// `opencode-mcp print-config | head -1`: when the reader has gone, a subcommand ends quietly
 /// (SIGPIPE, as other command-line tools do) and does not panic in its print. The pipe's read
 /// end is closed before the binary starts, so its first write meets no reader.

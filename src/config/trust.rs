@@ -76,12 +76,13 @@ pub fn env_name(key: &str) -> String {
     )
 }
 
-/// How strict a permission policy is; unknown values rank as the loosest, so they are withheld.
-fn strictness(policy: &str) -> u8 {
+/// How strict a permission policy is (`allow` < `ask` < `deny`); anything else has no rank.
+fn strictness(policy: &str) -> Option<u8> {
     match policy {
-        "deny" => 2,
-        "ask" => 1,
-        _ => 0,
+        "allow" => Some(0),
+        "ask" => Some(1),
+        "deny" => Some(2),
+        _ => None,
     }
 }
 
@@ -95,10 +96,13 @@ pub fn filter(dict: &mut Dict, permission_below: Option<&str>) -> Vec<(String, S
             withheld.push((key.to_string(), show(&value)));
         }
     }
-    let loosens = lookup(dict, PERMISSION_KEY)
-        .and_then(|v| v.as_str().map(str::to_string))
-        .is_some_and(|p| strictness(&p) < strictness(permission_below.unwrap_or("allow")));
-    if loosens {
+    // Judged on the raw value, whatever its shape: only a string naming a policy at least as
+    // strict as the one below is taken. A map (`{allow: ~}`), a null, a number, a list or an
+    // unknown word is withheld, never left for the typed extraction to read as a policy.
+    let floor = permission_below.and_then(strictness).unwrap_or(0);
+    let taken = lookup(dict, PERMISSION_KEY)
+        .map(|v| v.as_str().and_then(strictness).is_some_and(|rank| rank >= floor));
+    if taken == Some(false) {
         if let Some(value) = take(dict, PERMISSION_KEY) {
             withheld.push((PERMISSION_KEY.to_string(), show(&value)));
         }
@@ -178,6 +182,57 @@ mod tests {
         );
         let mut same = dict("opencode:\n  permission: ask\n");
         assert!(filter(&mut same, Some("ask")).is_empty());
+    }
+
+    /// Every YAML shape a repository could write under `permission`: only a policy word at least
+    /// as strict as the one below is taken; a map, a null, a number, a list or an unknown word is
+    /// withheld (serde would read `{allow: ~}` as `allow`).
+    #[test]
+    fn only_a_word_at_least_as_strict_is_taken_whatever_the_shape() {
+        let shapes = [
+            "{allow: ~}",
+            "\n    allow: null",
+            "{deny: ~}",
+            "~",
+            "0",
+            "2",
+            "[deny]",
+            "true",
+            "DENY",
+        ];
+        for below in [None, Some("allow"), Some("ask"), Some("deny")] {
+            for shape in shapes {
+                let mut d = dict(&format!("opencode:\n  permission: {shape}\n  other: 1\n"));
+                let withheld = filter(&mut d, below);
+                assert_eq!(
+                    withheld.iter().filter(|(k, _)| k == PERMISSION_KEY).count(),
+                    1,
+                    "shape `{shape}` over {below:?}: {withheld:?}"
+                );
+                assert!(
+                    lookup(&d, PERMISSION_KEY).is_none(),
+                    "shape `{shape}` over {below:?} is not left in the layer"
+                );
+            }
+        }
+        for (word, below, taken) in [
+            ("allow", None, true),
+            ("allow", Some("allow"), true),
+            ("allow", Some("ask"), false),
+            ("ask", Some("deny"), false),
+            ("ask", Some("ask"), true),
+            ("deny", Some("deny"), true),
+            ("deny", None, true),
+        ] {
+            let mut d = dict(&format!("opencode:\n  permission: {word}\n"));
+            let withheld = filter(&mut d, below);
+            assert_eq!(withheld.is_empty(), taken, "{word} over {below:?}");
+            assert_eq!(
+                lookup(&d, PERMISSION_KEY).and_then(|v| v.as_str()),
+                taken.then_some(word),
+                "{word} over {below:?}"
+            );
+        }
     }
 
     #[test]

@@ -229,7 +229,11 @@ pub struct OpenCodeConfig {
 }
 
 /// The permission policy given to managed OpenCode servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+///
+/// Deserialized from its three words only (see the `Deserialize` impl below): serde's derive
+/// would also read the map `{allow: ~}` as `allow`, a shape no one writes on purpose and one the
+/// trust filter must never have to guess about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PermissionPolicy {
     /// Every tool runs without asking (OpenCode's `"permission": "allow"`).
@@ -238,6 +242,22 @@ pub enum PermissionPolicy {
     Ask,
     /// Every ask is refused.
     Deny,
+}
+
+impl PermissionPolicy {
+    const WORDS: &'static [&'static str] = &["allow", "ask", "deny"];
+}
+
+impl<'de> Deserialize<'de> for PermissionPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let word = String::deserialize(deserializer)?;
+        match word.as_str() {
+            "allow" => Ok(Self::Allow),
+            "ask" => Ok(Self::Ask),
+            "deny" => Ok(Self::Deny),
+            _ => Err(serde::de::Error::unknown_variant(&word, Self::WORDS)),
+        }
+    }
 }
 
 /// Timeouts. All are human durations (`500ms`, `45s`, `10m`); none may be zero, and
