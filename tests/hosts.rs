@@ -686,6 +686,17 @@ fn claude_code_picks_up_a_tool_added_by_a_reload() {
 /// sent back to its (fake) model: what a real model would have read.
 #[test]
 fn claude_code_delegates_through_the_gateway() {
+    claude_code_delegates(claude_code::CLAUDE_CODE);
+}
+
+/// The same two-call cycle in headless Claude Code of the 2026-07-28 era (`server/discover`,
+/// the host named in each request's `_meta`): headless runs never offer native tasks.
+#[test]
+fn claude_code_2026_delegates_through_the_gateway() {
+    claude_code_delegates(&claude_code::current_release());
+}
+
+fn claude_code_delegates(version: &str) {
     let fake_llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let t = claude_code::tool;
@@ -726,7 +737,8 @@ fn claude_code_delegates_through_the_gateway() {
             ("OPENCODE_MCP_TIMEOUTS__PROGRESS_INTERVAL", "200ms"),
             ("OPENCODE_MCP_LOG", "debug"),
         ],
-    );
+    )
+    .with_version(version);
     let run = claude.run(
         &api,
         "Delegate the two tasks to OpenCode.",
@@ -815,13 +827,13 @@ fn claude_code_delegates_through_the_gateway() {
 
     // Claude Code identified itself, sent a progress token with the wait, and took the progress
     // notifications (the tasks take 5 s, the interval is 200 ms) without complaint.
+    // In either era (clientInfo at `initialize`, or in each request's `_meta`).
     let log = &run.gateway_log;
     assert!(
         log.contains(&format!(
-            "name: \"claude-code\", title: Some(\"Claude Code\"), version: \"{}\"",
-            claude_code::CLAUDE_CODE
+            "the host is claude-code {version} (limits of `hosts.claude-code`)"
         )),
-        "no initialize from claude-code in the gateway log:\n{log}"
+        "the gateway did not recognise claude-code {version}:\n{log}"
     );
     let progress = log.lines().filter(|l| l.contains("wait progress")).count();
     assert!(progress >= 2, "{progress} progress notifications:\n{log}");
@@ -838,6 +850,20 @@ fn claude_code_delegates_through_the_gateway() {
         mcp_errors.len() == 1 && mcp_errors[0].contains("tsk_nope"),
         "Claude Code logged MCP errors other than the scripted one: {mcp_errors:#?}"
     );
+    // Nothing the host sent went unanswered (`subscriptions/listen` was, before 2.1.332 was
+    // served), and the gateway had nothing to warn about.
+    for needle in ["-32601", "Method not found", "method not found"] {
+        assert!(
+            !run.debug_log.contains(needle) && !log.contains(needle),
+            "{needle} in the logs:\n{}\n--- gateway ---\n{log}",
+            claude_code::tail(&run.debug_log, 6000)
+        );
+    }
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(warnings.is_empty(), "the gateway warned: {warnings:#?}");
 
     // A clean exit: the gateway and its OpenCode ran during the session and are gone after it.
     assert!(
@@ -1036,6 +1062,18 @@ fn check_large_answer(shown: &[(String, String, Value)], expected: &str) -> Vec<
 /// Code does past 50,000 characters), and the pieces join to the exact answer.
 #[test]
 fn claude_code_reads_a_large_answer_whole_page_by_page() {
+    claude_code_reads_a_large_answer(claude_code::CLAUDE_CODE);
+}
+
+/// The same in Claude Code of the 2026-07-28 era, which names itself only in each request's
+/// `_meta`: recognised, it gets Claude Code's pages (about 45,000 characters), not the 20,000
+/// of an unknown host.
+#[test]
+fn claude_code_2026_reads_a_large_answer_whole_page_by_page() {
+    claude_code_reads_a_large_answer(&claude_code::current_release());
+}
+
+fn claude_code_reads_a_large_answer(version: &str) {
     let fake_llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let t = claude_code::tool;
@@ -1065,7 +1103,7 @@ fn claude_code_reads_a_large_answer_whole_page_by_page() {
         ));
     }
     let api = FakeAnthropic::start(&t(""), script);
-    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[]);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[]).with_version(version);
     let run = claude.run(
         &api,
         "Delegate the work to OpenCode.",
@@ -1093,8 +1131,20 @@ fn claude_code_reads_a_large_answer_whole_page_by_page() {
         })
         .collect();
     for line in check_large_answer(&shown, &expected) {
-        eprintln!("claude code {line}");
+        eprintln!("claude code {version}: {line}");
     }
+    // Pages as large as Claude Code takes inline: every result that carries a piece of the
+    // answer, but the last, is at least 40,000 characters as the model reads it (this answer's
+    // quotes and backslashes are escaped in that JSON, so its pieces of the answer are smaller).
+    let pieces: Vec<usize> = shown
+        .iter()
+        .filter(|(name, _, _)| name != "opencode_start_task")
+        .map(|(_, text, _)| text.chars().count())
+        .collect();
+    assert!(
+        pieces.iter().rev().skip(1).all(|&n| n >= 40_000),
+        "claude code {version} read the answer in results of {pieces:?} characters"
+    );
     if let Err(left) = claude.wait_gateway_gone(Duration::from_secs(10)) {
         panic!(
             "left running after claude exited: {}",

@@ -100,8 +100,11 @@ pub fn filter(dict: &mut Dict, permission_below: Option<&str>) -> Vec<(String, S
     // strict as the one below is taken. A map (`{allow: ~}`), a null, a number, a list or an
     // unknown word is withheld, never left for the typed extraction to read as a policy.
     let floor = permission_below.and_then(strictness).unwrap_or(0);
-    let taken = lookup(dict, PERMISSION_KEY)
-        .map(|v| v.as_str().and_then(strictness).is_some_and(|rank| rank >= floor));
+    let taken = lookup(dict, PERMISSION_KEY).map(|v| {
+        v.as_str()
+            .and_then(strictness)
+            .is_some_and(|rank| rank >= floor)
+    });
     if taken == Some(false) {
         if let Some(value) = take(dict, PERMISSION_KEY) {
             withheld.push((PERMISSION_KEY.to_string(), show(&value)));

@@ -132,9 +132,23 @@ impl Config {
             .and_then(|h| h.wait_max)
             .or_else(|| default.and_then(|h| h.wait_max))
             .map_or(self.timeouts.wait_max.get(), |w| w.get());
+        let count = own
+            .and_then(|h| h.count)
+            .or_else(|| default.and_then(|h| h.count))
+            .unwrap_or_default();
         HostLimits {
             result_chars: pick(|h| h.result_chars),
+            count,
             wait_max: wait.min(self.timeouts.wait_max.get()),
+        }
+    }
+
+    /// The `hosts:` entry whose limits apply to the host called `client`: its own, or `default`.
+    pub fn host_name<'a>(&self, client: &'a str) -> &'a str {
+        if self.hosts.contains_key(client) {
+            client
+        } else {
+            DEFAULT_HOST
         }
     }
 
@@ -339,16 +353,52 @@ pub struct HostConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_RESULT_CHARS))]
     pub result_chars: Option<u32>,
+    /// How the host measures `result_chars`: `bytes` (UTF-8, as Codex cuts; never more than
+    /// the other, so safe for any host) or `utf16` (a JavaScript string's length, as Claude
+    /// Code measures: non-ASCII answers then get pages up to three times larger).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<LengthUnit>,
     /// The longest `wait_for_task` call the host lets run (its tool-call timeout, less a
     /// margin); a longer `timeout_ms` is shortened to it. At most `timeouts.wait_max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_max: Option<HumanDuration>,
 }
 
+/// How a host measures the length of a tool result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LengthUnit {
+    /// UTF-8 bytes.
+    #[default]
+    Bytes,
+    /// UTF-16 code units (JavaScript's `string.length`).
+    Utf16,
+}
+
+impl LengthUnit {
+    /// The length of `c` in this unit.
+    pub fn of_char(self, c: char) -> usize {
+        match self {
+            LengthUnit::Bytes => c.len_utf8(),
+            LengthUnit::Utf16 => c.len_utf16(),
+        }
+    }
+
+    /// The length of `text` in this unit.
+    pub fn of(self, text: &str) -> usize {
+        match self {
+            LengthUnit::Bytes => text.len(),
+            LengthUnit::Utf16 => text.encode_utf16().count(),
+        }
+    }
+}
+
 /// The limits in force for one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostLimits {
     pub result_chars: u32,
+    /// The unit `result_chars` is counted in.
+    pub count: LengthUnit,
     pub wait_max: std::time::Duration,
 }
 

@@ -8,39 +8,43 @@
 //! `next_offset` says where the next page starts. The budget per host comes from `hosts` in
 //! `delegation.yaml`.
 //!
-//! Length is counted in UTF-8 bytes: Codex cuts by bytes, and JavaScript hosts count UTF-16
-//! units, which are never more than the bytes. So one count is safe for both.
+//! Length is counted in the host's own unit (`hosts.<name>.count`): UTF-8 bytes by default, as
+//! Codex cuts, which is never more than the other and so safe for any host; UTF-16 units for
+//! Claude Code, which measures a JavaScript string's length (for non-ASCII answers its pages are
+//! then up to three times larger than a byte count would allow).
 
 use serde::Serialize;
 
+use crate::config::LengthUnit;
 use crate::tasks::{TaskResult, WaitOutcome};
 
 /// Characters kept free below the budget, for the host's own wrapping of the result.
 const MARGIN: usize = 200;
 
-/// The length of `value`'s compact JSON text (what the host shows its model), in bytes.
-pub fn shown_len<T: Serialize>(value: &T) -> usize {
-    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
+/// The length of `value`'s compact JSON text (what the host shows its model), in `unit`.
+pub fn shown_len<T: Serialize>(value: &T, unit: LengthUnit) -> usize {
+    serde_json::to_string(value).map_or(usize::MAX, |s| unit.of(&s))
 }
 
-/// What one character adds to a JSON string as serde_json writes it, in bytes.
-fn escaped_len(c: char) -> usize {
+/// What one character adds to a JSON string as serde_json writes it, in `unit` (escapes are
+/// ASCII, one unit a character in either).
+fn escaped_len(c: char, unit: LengthUnit) -> usize {
     match c {
         '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
         c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
+        c => unit.of_char(c),
     }
 }
 
 /// The characters of `text` from character `start` that fit in `room` units of JSON string
 /// content, and at most `max_chars` of them.
-fn fitting(text: &str, start: usize, max_chars: usize, room: usize) -> String {
+fn fitting(text: &str, start: usize, max_chars: usize, room: usize, unit: LengthUnit) -> String {
     let mut used = 0;
     text.chars()
         .skip(start)
         .take(max_chars)
         .take_while(|c| {
-            used += escaped_len(*c);
+            used += escaped_len(*c, unit);
             used <= room
         })
         .collect()
@@ -53,6 +57,7 @@ pub fn page_result(
     offset: u64,
     max_chars: usize,
     budget: usize,
+    unit: LengthUnit,
 ) -> TaskResult {
     let full = std::mem::take(&mut result.text);
     let total = full.chars().count();
@@ -67,8 +72,8 @@ pub fn page_result(
     result.offset = start as u64;
     result.truncated = true;
     result.next_offset = Some(total as u64);
-    let room = budget.saturating_sub(shown_len(&result) + MARGIN);
-    let text = fitting(&full, start, max_chars, room);
+    let room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
+    let text = fitting(&full, start, max_chars, room, unit);
     let end = start + text.chars().count();
     result.text = text;
     result.truncated = end < total;
@@ -81,7 +86,12 @@ pub fn page_result(
 /// split evenly among the long ones, which are cut and carry `next_offset`.
 ///
 /// `answers` pairs an index into `outcome.tasks` with that task's whole result.
-pub fn fill_answers(outcome: &mut WaitOutcome, answers: Vec<(usize, TaskResult)>, budget: usize) {
+pub fn fill_answers(
+    outcome: &mut WaitOutcome,
+    answers: Vec<(usize, TaskResult)>,
+    budget: usize,
+    unit: LengthUnit,
+) {
     let mut answers = answers;
     for (i, r) in &answers {
         if let Some(task) = outcome.tasks.get_mut(*i) {
@@ -100,13 +110,13 @@ pub fn fill_answers(outcome: &mut WaitOutcome, answers: Vec<(usize, TaskResult)>
     }
     // A task that ended without an answer (failed, cancelled) shows its error instead.
     answers.retain(|(_, r)| !r.text.is_empty());
-    let mut room = budget.saturating_sub(shown_len(outcome) + MARGIN);
+    let mut room = budget.saturating_sub(shown_len(outcome, unit) + MARGIN);
     // Water-filling: serve the shortest answers first, each to at most an even share of what
     // is left.
     let mut order: Vec<(usize, usize, String)> = answers
         .into_iter()
         .map(|(i, r)| {
-            let need: usize = r.text.chars().map(escaped_len).sum();
+            let need: usize = r.text.chars().map(|c| escaped_len(c, unit)).sum();
             (i, need, r.text)
         })
         .collect();
@@ -114,8 +124,8 @@ pub fn fill_answers(outcome: &mut WaitOutcome, answers: Vec<(usize, TaskResult)>
     let mut left = order.len();
     for (i, _, text) in order {
         let share = room / left.max(1);
-        let page = fitting(&text, 0, usize::MAX, share);
-        let used: usize = page.chars().map(escaped_len).sum();
+        let page = fitting(&text, 0, usize::MAX, share, unit);
+        let used: usize = page.chars().map(|c| escaped_len(c, unit)).sum();
         room -= used.min(room);
         left -= 1;
         let shown = page.chars().count();
@@ -167,28 +177,38 @@ mod tests {
     fn pages_fit_the_budget_whole_and_join_to_the_answer() {
         // Quotes, newlines and characters outside the BMP take more than one unit each.
         let answer: String = (0..3000)
-            .map(|i| format!("line {i} \"quoted\" 😀\n"))
+            .map(|i| format!("line {i} \"quoted\" 😀 é\n"))
             .collect();
         let budget = 10_000;
-        let mut offset = 0;
-        let mut joined = String::new();
-        let mut pages = 0;
-        loop {
-            let page = page_result(result(&answer), offset, 50_000, budget);
-            assert!(shown_len(&page) <= budget, "{}", shown_len(&page));
-            assert!(!page.text.is_empty());
-            joined.push_str(&page.text);
-            pages += 1;
-            match page.next_offset {
-                Some(next) => {
-                    assert!(page.truncated);
-                    offset = next;
+        let mut counts = Vec::new();
+        for unit in [LengthUnit::Bytes, LengthUnit::Utf16] {
+            let mut offset = 0;
+            let mut joined = String::new();
+            let mut pages = 0;
+            loop {
+                let page = page_result(result(&answer), offset, 50_000, budget, unit);
+                let shown = shown_len(&page, unit);
+                assert!(shown <= budget, "{unit:?}: {shown}");
+                assert!(!page.text.is_empty());
+                joined.push_str(&page.text);
+                pages += 1;
+                match page.next_offset {
+                    Some(next) => {
+                        assert!(shown > budget - 400, "{unit:?}: not a full page: {shown}");
+                        assert!(page.truncated);
+                        offset = next;
+                    }
+                    None => break,
                 }
-                None => break,
             }
+            assert_eq!(joined, answer);
+            assert!(pages > 5, "{pages}");
+            counts.push(pages);
         }
-        assert_eq!(joined, answer);
-        assert!(pages > 5, "{pages}");
+        assert!(
+            counts[1] < counts[0],
+            "counting as the host does takes fewer pages for non-ASCII text: {counts:?}"
+        );
     }
 
     #[test]
@@ -196,10 +216,10 @@ mod tests {
         let mut whole = result(&"x".repeat(5_000));
         whole.structured = Some(serde_json::json!({ "big": "y".repeat(3_000) }));
         whole.structured_attempts = Some(Vec::new());
-        let first = page_result(whole.clone(), 0, 50_000, 6_000);
+        let first = page_result(whole.clone(), 0, 50_000, 6_000, LengthUnit::Bytes);
         assert!(first.structured.is_some() && first.structured_attempts.is_some());
         let next = first.next_offset.expect("more pages");
-        let second = page_result(whole, next, 50_000, 6_000);
+        let second = page_result(whole, next, 50_000, 6_000, LengthUnit::Bytes);
         assert!(second.structured.is_none() && second.structured_attempts.is_none());
         // The value took room on the first page; the rest of the text follows on the next.
         assert!(first.text.len() < 3_000, "{}", first.text.len());
@@ -209,10 +229,10 @@ mod tests {
 
     #[test]
     fn a_page_is_also_bounded_by_max_chars_and_an_offset_past_the_end_is_empty() {
-        let page = page_result(result("abcdef"), 2, 3, 10_000);
+        let page = page_result(result("abcdef"), 2, 3, 10_000, LengthUnit::Bytes);
         assert_eq!(page.text, "cde");
         assert_eq!(page.next_offset, Some(5));
-        let page = page_result(result("abcdef"), 99, 3, 10_000);
+        let page = page_result(result("abcdef"), 99, 3, 10_000, LengthUnit::Bytes);
         assert_eq!(page.text, "");
         assert_eq!(page.next_offset, None);
         assert_eq!(page.offset, 6);
@@ -263,8 +283,9 @@ mod tests {
             (1, result("short answer")),
             (2, result(&long)),
         ];
-        fill_answers(&mut outcome, answers, 12_000);
-        assert!(shown_len(&outcome) <= 12_000, "{}", shown_len(&outcome));
+        fill_answers(&mut outcome, answers, 12_000, LengthUnit::Bytes);
+        let shown = shown_len(&outcome, LengthUnit::Bytes);
+        assert!(shown <= 12_000, "{shown}");
         let b = &outcome.tasks[1];
         assert_eq!(b.text.as_deref(), Some("short answer"));
         assert_eq!(b.next_offset, None);

@@ -10,19 +10,23 @@
 //! error naming the tool; everything else (bad arguments included) is a tool result with
 //! `isError: true` that the host model can read and act on (see `error.rs`).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, GetPromptRequestParams,
-    GetPromptResponse, Implementation, ListPromptsResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    GetPromptRequestParams, GetPromptResponse, GetTaskParams, GetTaskResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter, UpdateTaskParams,
+    TASKS_EXTENSION_ID,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
 
 use super::actions::{self, Ctx};
+use super::mcp_tasks;
 use super::prompts;
+use super::subscriptions::{self, Listeners};
 use super::surface::Surface;
 use crate::config::Config;
 use crate::tasks::TaskService;
@@ -37,8 +41,17 @@ pub struct Gateway {
     /// Replaced whole by a reload; the lock is held only to clone or replace the `Arc`, and each
     /// request takes one snapshot (see `surface.rs`).
     surface: Arc<RwLock<Arc<Surface>>>,
-    /// What `initialize` answers. Fixed for the session: a host reads the instructions once.
+    /// What `initialize` and `server/discover` answer. Fixed for the session: a host reads the
+    /// instructions once.
     info: Arc<ServerConfig>,
+    /// The open `subscriptions/listen` streams a reload notifies.
+    listeners: Arc<Listeners>,
+    /// The name the host gave last (at `initialize`, or in a request's `_meta` on protocol
+    /// 2026-07-28), for what happens outside a request: a reload compares the tool list this
+    /// host sees.
+    client: Arc<Mutex<Option<String>>>,
+    /// Whether list changes are announced (`reload: true`).
+    reload: bool,
 }
 
 impl Gateway {
@@ -50,6 +63,7 @@ impl Gateway {
             .enable_tool_list_changed()
             .enable_prompts()
             .enable_prompts_list_changed()
+            .enable_tasks()
             .build();
         if !config.reload {
             // Nothing will change while serving: promise no list-changed notifications.
@@ -68,9 +82,65 @@ impl Gateway {
             .with_instructions(config.instructions.clone());
         Self {
             tasks,
+            reload: config.reload,
             surface: Arc::new(RwLock::new(Arc::new(Surface::new(config)))),
             info: Arc::new(info),
+            listeners: Arc::default(),
+            client: Arc::default(),
         }
+    }
+
+    /// The open listen streams, for the reload loop.
+    pub(super) fn listeners(&self) -> Arc<Listeners> {
+        self.listeners.clone()
+    }
+
+    /// The name the host gave most recently.
+    pub(super) fn client(&self) -> Option<String> {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The host of this request: the `clientInfo` in its own `_meta` (protocol 2026-07-28 sends
+    /// it with every request and no `initialize`), else the one given at `initialize`. Every
+    /// per-host choice (result size, wait bound, tool list) is made from this, in one place.
+    fn host_of(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        let info = context.client_info()?;
+        let mut last = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_ref() != Some(&info.name) {
+            let host = self.surface().config.host_name(&info.name);
+            tracing::info!(
+                "the host is {} {} (limits of `hosts.{host}`)",
+                info.name,
+                info.version
+            );
+            *last = Some(info.name.clone());
+        }
+        Some(info.name)
+    }
+
+    /// What a native-task method needs of a tool call: the surface, the host's limits and this
+    /// request, with `then` run on them.
+    async fn with_ctx<T>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        then: impl AsyncFnOnce(&Ctx<'_>, u64) -> Result<T, super::ToolError>,
+    ) -> Result<T, McpError> {
+        let surface = self.surface();
+        let ctx = Ctx {
+            config: &surface.config,
+            host: surface.host(self.host_of(context).as_deref()),
+            tasks: &self.tasks,
+            request: context,
+        };
+        let ttl_ms = u64::try_from(surface.config.limits.finished_task_ttl.get().as_millis())
+            .unwrap_or(u64::MAX);
+        then(&ctx, ttl_ms).await.map_err(|mut e| {
+            e.message = surface.tools.name_tools_in(&e.message);
+            mcp_tasks::error_object(&e)
+        })
     }
 
     /// The surface in force now: take it once per request.
@@ -95,17 +165,87 @@ impl Gateway {
     }
 }
 
-/// The name the host gave at `initialize`.
-fn client_name(context: &RequestContext<RoleServer>) -> Option<String> {
-    context
-        .peer
-        .peer_info()
-        .map(|info| info.client_info.name.clone())
-}
-
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
         self.info.as_ref().clone()
+    }
+
+    /// As rmcp's own, except that a host on the `initialize` handshake is not told of the tasks
+    /// extension: task handles go only to requests that declare it themselves (2026-07-28), and
+    /// older hosts see exactly the capabilities they always saw.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        self.host_of(&context);
+        let mut result = self.negotiate_initialize(&request)?;
+        if let Some(extensions) = result.capabilities.extensions.as_mut() {
+            extensions.remove(TASKS_EXTENSION_ID);
+            if extensions.is_empty() {
+                result.capabilities.extensions = None;
+            }
+        }
+        Ok(result)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(subscriptions::granted(self.reload))
+    }
+
+    /// Holds the stream open until the host cancels it or the session ends: a reload sends on
+    /// it (`subscriptions.rs`).
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        self.host_of(context.request_context());
+        let id = context.sink().id().clone();
+        self.listeners.add(context.sink().clone());
+        context.cancelled().await;
+        self.listeners.remove(&id);
+        Ok(())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let id = request.task_id;
+        let task = self
+            .with_ctx(&context, async |ctx, ttl| {
+                mcp_tasks::get(&id, ttl, ctx).await
+            })
+            .await?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let UpdateTaskParams {
+            task_id,
+            input_responses,
+            ..
+        } = request;
+        self.with_ctx(&context, async |ctx, _| {
+            mcp_tasks::update(&task_id, input_responses, ctx).await
+        })
+        .await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let id = request.task_id;
+        self.with_ctx(&context, async |ctx, _| mcp_tasks::cancel(&id, ctx).await)
+            .await
     }
 
     async fn list_tools(
@@ -113,7 +253,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let tools = self.surface().tools_for(client_name(&context).as_deref());
+        let tools = self.surface().tools_for(self.host_of(&context).as_deref());
         Ok(ListToolsResult::with_all_items(tools.tools().to_vec()))
     }
 
@@ -137,7 +277,7 @@ impl ServerHandler for Gateway {
                 Some(json!({ "tool": name })),
             ));
         };
-        let host = surface.host(client_name(&context).as_deref());
+        let host = surface.host(self.host_of(&context).as_deref());
         let ctx = Ctx {
             config: &surface.config,
             host,
@@ -154,7 +294,16 @@ impl ServerHandler for Gateway {
             Err(e) => Err(e),
         };
         let result = match outcome {
-            Ok(value) => CallToolResult::structured(value),
+            Ok(value) => {
+                if mcp_tasks::requested(&context.meta) && mcp_tasks::runs_as_task(route.action) {
+                    let ttl = surface.config.limits.finished_task_ttl.get().as_millis();
+                    let ttl = u64::try_from(ttl).unwrap_or(u64::MAX);
+                    if let Some(handle) = mcp_tasks::handle(&value, ttl) {
+                        return Ok(handle.into());
+                    }
+                }
+                CallToolResult::structured(value)
+            }
             Err(mut e) => {
                 e.message = surface.tools.name_tools_in(&e.message);
                 // An internal error is the gateway's own fault: the user should see it. The rest

@@ -19,10 +19,12 @@ mod actions;
 mod budget;
 mod error;
 mod handler;
+mod mcp_tasks;
 mod preset;
 mod prompts;
 mod reload;
 mod schema;
+mod subscriptions;
 mod surface;
 mod tools;
 

@@ -11,7 +11,9 @@
 //! - if nothing effective changed (a comment, a value set to what it was), nothing happens;
 //! - otherwise a new [`Surface`] is built and installed whole, and the host is sent
 //!   `notifications/tools/list_changed` if the tool list it would get changed, and
-//!   `notifications/prompts/list_changed` if the prompts did.
+//!   `notifications/prompts/list_changed` if the prompts did: on its `subscriptions/listen`
+//!   streams (protocol 2026-07-28), or bare to a host that began with `initialize`
+//!   (`subscriptions.rs`).
 //!
 //! Tasks already running are not touched: each took its model and deadline when it started.
 
@@ -44,22 +46,14 @@ pub async fn run(gateway: Gateway, mut watch: Watch, peer: Peer<RoleServer>) {
         "watching {} for configuration changes (`reload: false` turns this off)",
         files.join(", ")
     );
+    let listeners = gateway.listeners();
     loop {
         let changed = watch.changed().await;
         let loaded = config::load(watch.sources());
-        let client = peer.peer_info().map(|i| i.client_info.name.clone());
+        let client = gateway.client();
         let outcome = apply(&gateway, loaded, &changed, client.as_deref());
         if let Outcome::Applied(changes) = outcome {
-            if changes.tools {
-                if let Err(e) = peer.notify_tool_list_changed().await {
-                    tracing::warn!("cannot send notifications/tools/list_changed: {e}");
-                }
-            }
-            if changes.prompts {
-                if let Err(e) = peer.notify_prompt_list_changed().await {
-                    tracing::warn!("cannot send notifications/prompts/list_changed: {e}");
-                }
-            }
+            listeners.notify(changes, &peer).await;
         }
     }
 }

@@ -24,8 +24,26 @@ use crate::support::fake_anthropic::FakeAnthropic;
 use crate::support::npm::Install;
 use crate::support::{opencode_bin, procs, FakeLlm, OpenCodeEnv};
 
-/// The Claude Code release the suite is pinned to.
+/// The Claude Code release of the `initialize` era the suite is pinned to.
 pub const CLAUDE_CODE: &str = "2.1.197";
+
+/// The Claude Code release of the protocol 2026-07-28 era (`server/discover`, per-request
+/// `_meta`, `subscriptions/listen`, native MCP tasks) the suite is pinned to; npm's latest on
+/// 2026-12-01.
+pub const CLAUDE_CODE_2026: &str = "2.1.332";
+
+/// Names another Claude Code release to run the 2026-07-28-era tests against (installed under
+/// the target dir on first use like the pinned one), e.g. the one npm serves today.
+pub const VERSION_VAR: &str = "TEST_CLAUDE_CODE_VERSION";
+
+/// The release the 2026-07-28-era tests run: [`VERSION_VAR`] if set, else [`CLAUDE_CODE_2026`].
+pub fn current_release() -> String {
+    std::env::var(VERSION_VAR)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| CLAUDE_CODE_2026.to_string())
+}
 
 /// The MCP server name in the generated `--mcp-config`: Claude Code names the tools
 /// `mcp__opencode__<tool>`.
@@ -36,15 +54,15 @@ pub fn tool(name: &str) -> String {
     format!("mcp__{SERVER}__{name}")
 }
 
-/// The pinned Claude Code executable, installed on first use.
-pub fn claude_bin() -> PathBuf {
+/// The executable of Claude Code `version`, installed on first use.
+pub fn claude_bin(version: &str) -> PathBuf {
     Install {
         package: "@anthropic-ai/claude-code",
-        version: CLAUDE_CODE,
-        dir_name: &format!("claude-code-{CLAUDE_CODE}"),
+        version,
+        dir_name: &format!("claude-code-{version}"),
         skip_hint: &format!(
-            "install it there yourself: npm install --prefix <target dir>/claude-code-{CLAUDE_CODE} \
-             @anthropic-ai/claude-code@{CLAUDE_CODE} (the per-platform optional dependency must \
+            "install it there yourself: npm install --prefix <target dir>/claude-code-{version} \
+             @anthropic-ai/claude-code@{version} (the per-platform optional dependency must \
              not be omitted)"
         ),
     }
@@ -59,7 +77,7 @@ pub fn claude_bin() -> PathBuf {
             .output()
             .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
         let printed = String::from_utf8_lossy(&output.stdout);
-        if printed.trim_start().starts_with(CLAUDE_CODE) {
+        if printed.trim_start().starts_with(version) {
             Ok(bin)
         } else {
             Err(format!("{} --version printed {printed:?}", bin.display()))
@@ -177,6 +195,8 @@ pub struct ClaudeCode {
     gateway_home: String,
     /// More environment for `claude` itself (e.g. `MCP_TOOL_TIMEOUT`).
     pub claude_env: Vec<(String, String)>,
+    /// The Claude Code release that runs.
+    pub version: String,
 }
 
 impl ClaudeCode {
@@ -205,7 +225,14 @@ impl ClaudeCode {
             cwd: env.work_dir(),
             gateway_home: env.home_dir().display().to_string(),
             claude_env: Vec::new(),
+            version: CLAUDE_CODE.to_string(),
         }
+    }
+
+    /// The same, running Claude Code `version`.
+    pub fn with_version(mut self, version: &str) -> Self {
+        self.version = version.to_string();
+        self
     }
 
     /// Runs `claude -p <prompt> --output-format json` against `api` with the gateway as its only
@@ -240,7 +267,7 @@ impl ClaudeCode {
         within: Duration,
         server: &Value,
     ) -> Run {
-        let bin = claude_bin();
+        let bin = claude_bin(&self.version);
         let home = self.home.path();
         let config_dir = home.join(".claude");
         std::fs::create_dir_all(&config_dir).expect("create CLAUDE_CONFIG_DIR");
@@ -263,6 +290,9 @@ impl ClaudeCode {
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
             ("DISABLE_AUTOUPDATER", "1".into()),
             ("DISABLE_ERROR_REPORTING", "1".into()),
+            // Newer releases defer MCP tools behind a search tool the scripted model does not
+            // use; with this off, every tool is in every request, as in the older releases.
+            ("ENABLE_TOOL_SEARCH", "false".into()),
             // Anything that still tries to leave the machine meets a closed port.
             ("HTTPS_PROXY", "http://127.0.0.1:9".into()),
             ("HTTP_PROXY", "http://127.0.0.1:9".into()),

@@ -19,13 +19,17 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
     ClientRequest, GetPromptRequestParams, GetPromptResult, Implementation, JsonObject,
     ProgressNotificationParam, ProgressToken, Prompt, ServerPeerInfo, ServerResult, Tool,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RequestHandle, RunningService};
-use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RequestHandle,
+    RunningService,
+};
+use rmcp::{ClientHandler, RoleClient, ServiceError};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
@@ -48,6 +52,9 @@ pub struct Launch {
     /// Whether results are checked against their tool's `outputSchema` (see
     /// [`Launch::unchecked`]).
     check_results: bool,
+    /// Protocol 2026-07-28 (`server/discover`, per-request `_meta`) instead of `initialize`, and
+    /// whether every request then declares the tasks extension (see [`Launch::modern`]).
+    modern: Option<bool>,
     bin: PathBuf,
     cwd: PathBuf,
     args: Vec<OsString>,
@@ -69,6 +76,7 @@ impl Launch {
         Self {
             client_name: "opencode-mcp-tests".into(),
             check_results: true,
+            modern: None,
             bin: gateway_bin(),
             cwd: cwd.into(),
             args: Vec::new(),
@@ -109,6 +117,15 @@ impl Launch {
     /// (`claude-code`, `codex-mcp-client`).
     pub fn client_name(mut self, name: &str) -> Self {
         self.client_name = name.to_string();
+        self
+    }
+
+    /// Speaks protocol 2026-07-28 as Claude Code 2.1.332 does: `server/discover` instead of
+    /// `initialize`, the client's name and capabilities in every request's `_meta`, and with
+    /// `tasks` the tasks extension among those capabilities (so start calls may be answered with
+    /// a task handle).
+    pub fn modern(mut self, tasks: bool) -> Self {
+        self.modern = Some(tasks);
         self
     }
 
@@ -191,11 +208,19 @@ impl Launch {
         });
         let recorder = Recorder {
             name: self.client_name.clone(),
+            tasks: self.modern == Some(true),
             ..Recorder::default()
         };
-        let service = match tokio::time::timeout(TIMEOUT, recorder.clone().serve((checked, stdin)))
-            .await
-        {
+        let lifecycle = match self.modern {
+            None => ClientLifecycleMode::Initialize,
+            Some(_) => ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        };
+        let serving = recorder
+            .clone()
+            .serve_with_lifecycle((checked, stdin), lifecycle);
+        let service = match tokio::time::timeout(TIMEOUT, serving).await {
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
                 return Err(format!("MCP handshake failed: {e}\n{}", snapshot(&stderr_text)).into())
@@ -352,6 +377,8 @@ pub enum ListChanged {
 #[derive(Clone, Default)]
 pub struct Recorder {
     name: String,
+    /// Declares the tasks extension.
+    tasks: bool,
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
     list_changed: Arc<Mutex<Vec<ListChanged>>>,
 }
@@ -376,8 +403,13 @@ impl ClientHandler for Recorder {
     }
 
     fn get_info(&self) -> ClientConfig {
+        let capabilities = if self.tasks {
+            ClientCapabilities::builder().enable_tasks().build()
+        } else {
+            ClientCapabilities::default()
+        };
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new(self.name.clone(), "0.0.0"),
         )
     }
@@ -521,6 +553,26 @@ impl McpClient {
         self.service
             .as_ref()
             .expect("the client is open until close() consumes it")
+    }
+
+    /// The client's side of the connection, for requests the helpers do not wrap (task
+    /// methods, `subscriptions/listen`).
+    pub fn peer(&self) -> &rmcp::service::Peer<RoleClient> {
+        self.service().peer()
+    }
+
+    /// Calls a tool and returns the response as sent: a result, or a task handle.
+    pub async fn call_once(
+        &self,
+        tool: &str,
+        args: Value,
+    ) -> Result<rmcp::model::CallToolResponse, ServiceError> {
+        bounded(
+            self.service()
+                .peer()
+                .call_tool_once(call_params(tool, args)),
+        )
+        .await
     }
 
     pub async fn list_tools(&self) -> Result<Vec<Tool>, ServiceError> {

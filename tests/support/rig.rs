@@ -49,6 +49,16 @@ impl Rig {
     }
 
     pub async fn start_in(fake: FakeLlm, env: OpenCodeEnv, extra_env: &[(&str, &str)]) -> Self {
+        Self::start_launched(fake, env, extra_env, |launch| launch).await
+    }
+
+    /// [`Self::start_in`], with the launch adjusted by `adjust` (e.g. [`Launch::modern`]).
+    pub async fn start_launched(
+        fake: FakeLlm,
+        env: OpenCodeEnv,
+        extra_env: &[(&str, &str)],
+        adjust: impl FnOnce(Launch) -> Launch,
+    ) -> Self {
         let mut launch = Launch::new(env.work_dir(), &env.home_dir())
             .envs(env.vars(&fake.url()))
             .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin())
@@ -56,6 +66,7 @@ impl Rig {
         for (k, v) in extra_env {
             launch = launch.env(*k, *v);
         }
+        let launch = adjust(launch);
         let client = launch
             .connect()
             .await

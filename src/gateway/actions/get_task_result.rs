@@ -61,5 +61,6 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskResult, ToolErr
         args.offset,
         ctx.config.limits.result_page_chars as usize,
         ctx.host.result_chars as usize,
+        ctx.host.count,
     ))
 }

@@ -46,6 +46,7 @@ pub use start_task::StartTask;
 pub use stop_server::StopServer;
 pub use usage::Usage;
 pub use wait_for_task::WaitForTask;
+pub(super) use wait_for_task::{describe_unfinished, now as wait_now};
 
 use rmcp::model::{JsonObject, ToolAnnotations};
 use rmcp::service::RequestContext;

@@ -203,6 +203,19 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolEr
     }
 }
 
+/// The wait's result for one task or group at once (timeout 0), progress included: what a
+/// native MCP task's `tasks/get` is read from (`gateway::mcp_tasks`).
+pub(in crate::gateway) async fn now(id: &str, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
+    let args = Args {
+        task_ids: vec![id.to_string()],
+        mode: WaitMode::All,
+        timeout_ms: Some(0),
+        include_progress: true,
+        detail: Detail::Lean,
+    };
+    run(args, ctx).await
+}
+
 fn cancelled() -> ToolError {
     // rmcp drops the response to a cancelled request; this is for the log only.
     ToolError::new(
@@ -282,7 +295,12 @@ async fn with_answers(mut outcome: WaitOutcome, detail: Detail, ctx: &Ctx<'_>) -
             Err(e) => tracing::debug!(task = %id, "no answer for the wait: {e}"),
         }
     }
-    budget::fill_answers(&mut outcome, answers, ctx.host.result_chars as usize);
+    budget::fill_answers(
+        &mut outcome,
+        answers,
+        ctx.host.result_chars as usize,
+        ctx.host.count,
+    );
     outcome
 }
 
@@ -307,25 +325,30 @@ fn progress_value(finished: usize, sent: u32, last: f64) -> f64 {
 /// (40 s): writing "…three cases for the parser". "Rename" (12 s): waiting for permission: bash
 /// rm x.` Hosts print it beside the progress bar, so it names work, not ids.
 fn progress_message(outcome: &WaitOutcome, total: usize, waited: Duration) -> String {
-    const SHOWN: usize = 5;
     let mut message = format!(
         "{}/{total} finished after {}.",
         outcome.finished.len(),
         human(waited)
     );
+    message.push(' ');
+    message.push_str(&describe_unfinished(outcome));
+    message.trim_end().to_string()
+}
+
+/// The unfinished tasks of `outcome` in words (at most five), e.g. `"Fix the lints" (35 s):
+/// running bash: cargo test.`: the tail of a progress message, and a native task's status.
+pub(in crate::gateway) fn describe_unfinished(outcome: &WaitOutcome) -> String {
+    const SHOWN: usize = 5;
     let unfinished: Vec<&TaskSnapshot> = outcome
         .tasks
         .iter()
         .filter(|t| !t.status.is_terminal())
         .collect();
-    for task in unfinished.iter().take(SHOWN) {
-        message.push(' ');
-        message.push_str(&describe(task));
-    }
+    let mut message: Vec<String> = unfinished.iter().take(SHOWN).map(|t| describe(t)).collect();
     if unfinished.len() > SHOWN {
-        message.push_str(&format!(" And {} more.", unfinished.len() - SHOWN));
+        message.push(format!("And {} more.", unfinished.len() - SHOWN));
     }
-    message
+    message.join(" ")
 }
 
 /// One unfinished task in words: `"<title>" (<elapsed>): <what it is doing>.`
@@ -504,6 +527,7 @@ mod tests {
         };
         let roomy = HostLimits {
             result_chars: 20_000,
+            count: crate::config::LengthUnit::Bytes,
             wait_max: config.timeouts.wait_max.get(),
         };
         let r = validate(args(&["b", " a", "b", "a "], None), &config, roomy)

@@ -1,0 +1,379 @@
+//! Delegated tasks as native MCP tasks (the `io.modelcontextprotocol/tasks` extension of protocol
+//! 2026-07-28), for hosts that ask for them request by request.
+//!
+//! A host that can run a tool call in the background (Claude Code from about 2.1.304, in its
+//! interactive CLI) declares the extension in the `_meta` client capabilities of each
+//! `tools/call`. For such a call of an action that starts work (`start_task`, `continue_task`,
+//! `fan_out`, and presets of them) the gateway runs the action exactly as for any host and then
+//! answers with a task *handle* whose `taskId` is the task id (or the fan-out group id), so every
+//! other tool still works on it. The host then polls `tasks/get` and hands the final result to
+//! its model when the task ends: the model makes one call instead of a start and a series of
+//! waits. A request without the capability gets the plain result, exactly as before (a handle
+//! would be an error for that host).
+//!
+//! What each task method means here:
+//!
+//! - `tasks/get` is a zero-timeout `wait_for_task` on that id: `working` (with what the task is
+//!   doing now as the status message), `input_required` when a permission ask waits (an
+//!   `elicitation/create` form: allow once, always, or reject), and once finished the wait's own
+//!   result for that task (answer and changed files, sized for the host, `next_offset` when cut)
+//!   as `completed`; a failed or timed-out task is `failed` with its error, a cancelled one
+//!   `cancelled`. A fan-out group is `completed` with every answer once all have finished. The
+//!   records answer by id, so a restarted gateway still answers for its tasks.
+//! - `tasks/update` carries the user's choice in that form to OpenCode, as
+//!   `opencode_reply_permission` does.
+//! - `tasks/cancel` is `cancel_task` (for a group: each of its tasks); idempotent, since hosts
+//!   send it twice at once.
+//!
+//! Claude Code polls every `pollIntervalMs` and ignores pushed task notifications, so the
+//! interval alone decides how soon a finished task is seen: [`POLL_INTERVAL_MS`].
+
+use chrono::{DateTime, Utc};
+use rmcp::model::{
+    CallToolResult, CreateTaskResult, DetailedTask, InputRequest, InputResponses, JsonObject,
+    RequestMetaObject, Task, TaskPayload, TaskStatus as McpTaskStatus,
+};
+use serde_json::{json, Value};
+
+use super::actions::{self, Ctx};
+use super::error::ToolError;
+use crate::config::Action;
+use crate::error::ErrorCode;
+use crate::opencode::PermissionAsk;
+use crate::tasks::{TaskSnapshot, TaskStatus, WaitOutcome};
+
+/// How often the host should poll `tasks/get`: a finished task is seen within about a second,
+/// and a poll is a read of memory, so one a second per running task costs nothing.
+pub const POLL_INTERVAL_MS: u64 = 1000;
+
+/// The error code of a `failed` task's error object: JSON-RPC's range for server-defined errors.
+/// `data.code` carries the gateway's own code (`failed`, `timed_out`, ...).
+const TASK_FAILED: i64 = -32000;
+
+/// Whether this request's own `_meta` declares the tasks extension. Only the request counts: a
+/// host that negotiated with `initialize` never gets a handle (it did not say it can read one
+/// for this call).
+pub fn requested(meta: &RequestMetaObject) -> bool {
+    meta.client_capabilities()
+        .is_some_and(|capabilities| capabilities.supports_tasks())
+}
+
+/// Whether a call of `action` is answered with a handle when the host asks for one: the actions
+/// that start work the host would otherwise wait for.
+pub fn runs_as_task(action: Action) -> bool {
+    matches!(
+        action,
+        Action::StartTask | Action::ContinueTask | Action::FanOut
+    )
+}
+
+/// The handle for a started task or group, from the action's own result (`task_id`, or a fan-out's
+/// `group_id`). `None` when the result names neither (then the plain result is returned).
+pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
+    let id = result
+        .get("group_id")
+        .or_else(|| result.get("task_id"))
+        .and_then(Value::as_str)?;
+    let now = timestamp(Utc::now());
+    let task = Task::new(id, McpTaskStatus::Working, now.clone(), now)
+        .with_status_message(status_word(result))
+        .with_ttl_ms(ttl_ms)
+        .with_poll_interval_ms(POLL_INTERVAL_MS);
+    Some(CreateTaskResult::new(task))
+}
+
+/// `tasks/get`: the task or group `id` now, as the host's task states.
+pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, ToolError> {
+    let outcome = now(id, ctx).await?;
+    let now = timestamp(Utc::now());
+    let base = |status| {
+        Task::new(id, status, now.clone(), now.clone())
+            .with_ttl_ms(ttl_ms)
+            .with_poll_interval_ms(POLL_INTERVAL_MS)
+    };
+    if !outcome.done {
+        let asking: Vec<&TaskSnapshot> = outcome
+            .tasks
+            .iter()
+            .filter(|t| outcome.asking.contains(&t.task_id) && t.permission.is_some())
+            .collect();
+        if !asking.is_empty() {
+            let requests = asking
+                .iter()
+                .filter_map(|t| {
+                    let ask = t.permission.as_ref()?;
+                    ask_form(&t.task_id, &t.title, ask)
+                })
+                .collect();
+            let task =
+                base(McpTaskStatus::InputRequired).with_status_message(status_message(&outcome));
+            return Ok(DetailedTask::new(
+                task,
+                TaskPayload::InputRequired {
+                    input_requests: requests,
+                },
+            ));
+        }
+        let task = base(McpTaskStatus::Working).with_status_message(status_message(&outcome));
+        return Ok(DetailedTask::new(task, TaskPayload::Working));
+    }
+    // One task (not a group): its own ending decides the state.
+    if let [task] = outcome.tasks.as_slice() {
+        if task.group_id.as_deref() != Some(id) {
+            match task.status {
+                TaskStatus::Cancelled => {
+                    let task = base(McpTaskStatus::Cancelled).with_status_message("cancelled");
+                    return Ok(DetailedTask::new(task, TaskPayload::Cancelled));
+                }
+                TaskStatus::Failed | TaskStatus::TimedOut => {
+                    let error = failure(task);
+                    let message = error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    let task = base(McpTaskStatus::Failed).with_status_message(message);
+                    return Ok(DetailedTask::new(task, TaskPayload::Failed { error }));
+                }
+                _ => {}
+            }
+        }
+    }
+    let result = final_result(outcome)?;
+    let task = base(McpTaskStatus::Completed).with_status_message("completed");
+    Ok(DetailedTask::new(task, TaskPayload::Completed { result }))
+}
+
+/// `tasks/update`: each response answers the permission ask its key names (the ask's id). A key
+/// that names no ask still pending is skipped: the ask was answered another way (the model's
+/// `opencode_reply_permission`, a cancel) between the host's poll and the user's choice.
+pub async fn update(id: &str, responses: InputResponses, ctx: &Ctx<'_>) -> Result<(), ToolError> {
+    let outcome = now(id, ctx).await?;
+    for (key, response) in responses {
+        let Some(task) = outcome
+            .tasks
+            .iter()
+            .find(|t| t.permission.as_ref().is_some_and(|ask| ask.id == key))
+        else {
+            tracing::debug!(task = id, ask = %key, "tasks/update for an ask no longer pending");
+            continue;
+        };
+        let reply = reply_of(&response);
+        let args = json!({"task_id": task.task_id, "reply": reply});
+        run(Action::ReplyPermission, args, ctx).await?;
+    }
+    Ok(())
+}
+
+/// `tasks/cancel`: cancels the task, or each task of a group. Cancelling a finished task
+/// changes nothing, so the host's second, simultaneous cancel is answered like the first.
+pub async fn cancel(id: &str, ctx: &Ctx<'_>) -> Result<(), ToolError> {
+    let ids = ctx.tasks.expand_groups(vec![id.to_string()]).await?;
+    for task_id in ids {
+        run(Action::CancelTask, json!({ "task_id": task_id }), ctx).await?;
+    }
+    Ok(())
+}
+
+/// A JSON-RPC error object for a failed call of a task method.
+pub fn error_object(error: &ToolError) -> rmcp::ErrorData {
+    let data = Some(json!({"code": error.code.as_str()}));
+    match error.code {
+        ErrorCode::NotFound | ErrorCode::InvalidArgument => {
+            rmcp::ErrorData::invalid_params(error.message.clone(), data)
+        }
+        _ => rmcp::ErrorData::internal_error(error.message.clone(), data),
+    }
+}
+
+/// The wait tool's answer for `id` at once: the snapshot every state above is read from.
+async fn now(id: &str, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
+    actions::wait_now(id, ctx).await
+}
+
+async fn run(action: Action, args: Value, ctx: &Ctx<'_>) -> Result<Value, ToolError> {
+    let Value::Object(args) = args else {
+        return Err(ToolError::internal(
+            "task method arguments are not an object",
+        ));
+    };
+    actions::run(action, args, ctx).await
+}
+
+/// The tool result the host hands its model: the wait's result as a finished wait gives it
+/// (progress is only asked for the status messages).
+fn final_result(mut outcome: WaitOutcome) -> Result<JsonObject, ToolError> {
+    for task in &mut outcome.tasks {
+        task.progress = None;
+    }
+    let value = serde_json::to_value(outcome)
+        .map_err(|e| ToolError::internal(format!("cannot serialize the result: {e}")))?;
+    match serde_json::to_value(CallToolResult::structured(value)) {
+        Ok(Value::Object(result)) => Ok(result),
+        Ok(_) | Err(_) => Err(ToolError::internal("cannot serialize the tool result")),
+    }
+}
+
+/// The error object of a failed or timed-out task: its error in words, and the gateway's code.
+fn failure(task: &TaskSnapshot) -> JsonObject {
+    let why = task
+        .error
+        .as_ref()
+        .map(|e| format!("{}: {}", e.name, e.message))
+        .unwrap_or_else(|| "no error was reported".to_string());
+    let message = format!(
+        "task {} \"{}\" {}: {why}. Its partial answer, if any: opencode_get_task_result; \
+         go on with opencode_continue_task.",
+        task.task_id,
+        task.title,
+        match task.status {
+            TaskStatus::TimedOut => "timed out",
+            _ => "failed",
+        }
+    );
+    let mut error = JsonObject::new();
+    error.insert("code".into(), json!(TASK_FAILED));
+    error.insert("message".into(), json!(message));
+    error.insert(
+        "data".into(),
+        json!({"code": task.status.as_str(), "task_id": task.task_id}),
+    );
+    error
+}
+
+/// The form that asks the user about one pending permission: what the task wants to run, and
+/// the three answers OpenCode takes. Keyed by the ask's id.
+fn ask_form(task_id: &str, title: &str, ask: &PermissionAsk) -> Option<(String, InputRequest)> {
+    let what = if ask.patterns.is_empty() {
+        ask.permission.clone()
+    } else {
+        format!("{} {}", ask.permission, ask.patterns.join(" "))
+    };
+    let request = json!({
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": format!(
+                "OpenCode task \"{}\" asks permission to run: {}",
+                shorten(title, 80),
+                shorten(&what, 400)
+            ),
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "decision": {
+                        "type": "string",
+                        "title": "Allow this?",
+                        "oneOf": [
+                            {"const": "once", "title": "Allow once"},
+                            {"const": "always", "title": "Allow always (this pattern, this task)"},
+                            {"const": "reject", "title": "Reject"}
+                        ]
+                    }
+                },
+                "required": ["decision"]
+            }
+        }
+    });
+    match serde_json::from_value::<InputRequest>(request) {
+        Ok(request) => Some((ask.id.clone(), request)),
+        Err(e) => {
+            tracing::warn!(task = task_id, "cannot build the permission form: {e}");
+            None
+        }
+    }
+}
+
+/// The reply an elicitation result stands for: the chosen decision when accepted; a declined or
+/// dismissed dialog refuses (the safe answer, and the task cannot go on without one).
+fn reply_of(response: &Value) -> &'static str {
+    let accepted = response.get("action").and_then(Value::as_str) == Some("accept");
+    let decision = response
+        .get("content")
+        .and_then(|c| c.get("decision"))
+        .and_then(Value::as_str);
+    match (accepted, decision) {
+        (true, Some("once")) => "once",
+        (true, Some("always")) => "always",
+        _ => "reject",
+    }
+}
+
+/// What the host shows beside a running task: the wait's progress line without its count.
+fn status_message(outcome: &WaitOutcome) -> String {
+    actions::describe_unfinished(outcome)
+}
+
+/// The status word of a just-started task or group, as the handle's first message.
+fn status_word(result: &Value) -> String {
+    match result.get("status").and_then(Value::as_str) {
+        Some(status) => status.replace('_', " "),
+        None => "starting".to_string(),
+    }
+}
+
+/// ISO 8601 with milliseconds, as the extension's timestamps are.
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{cut}…")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dialog_answer_becomes_a_reply_and_anything_else_refuses() {
+        let accept = |d: &str| json!({"action": "accept", "content": {"decision": d}});
+        assert_eq!(reply_of(&accept("once")), "once");
+        assert_eq!(reply_of(&accept("always")), "always");
+        assert_eq!(reply_of(&accept("reject")), "reject");
+        assert_eq!(reply_of(&accept("sure")), "reject");
+        assert_eq!(reply_of(&json!({"action": "decline"})), "reject");
+        assert_eq!(reply_of(&json!({"action": "cancel"})), "reject");
+        assert_eq!(reply_of(&json!(null)), "reject");
+    }
+
+    #[test]
+    fn a_handle_names_the_group_before_the_task() {
+        let h = handle(&json!({"task_id": "t1", "status": "pending"}), 5).expect("handle");
+        assert_eq!(h.task.task_id, "t1");
+        assert_eq!(h.task.poll_interval_ms, Some(POLL_INTERVAL_MS));
+        assert_eq!(h.task.ttl_ms, Some(5));
+        let g = handle(&json!({"group_id": "g1", "task_ids": ["a"]}), 5).expect("handle");
+        assert_eq!(g.task.task_id, "g1");
+        assert!(handle(&json!({"servers": []}), 5).is_none());
+        let wire = serde_json::to_value(h).expect("serializes");
+        assert_eq!(wire["resultType"], "task");
+        assert_eq!(wire["status"], "working");
+    }
+
+    #[test]
+    fn the_permission_form_is_an_elicitation_keyed_by_the_ask() {
+        let ask = PermissionAsk {
+            id: "per_1".into(),
+            session_id: "ses_1".into(),
+            permission: "bash".into(),
+            patterns: vec!["rm -rf build".into()],
+            metadata: json!({}),
+        };
+        let (key, request) = ask_form("t1", "Tidy", &ask).expect("a form");
+        assert_eq!(key, "per_1");
+        let wire = serde_json::to_value(request).expect("serializes");
+        assert_eq!(wire["method"], "elicitation/create");
+        let message = wire["params"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("bash rm -rf build"), "{message}");
+        assert!(message.contains("\"Tidy\""), "{message}");
+        assert_eq!(
+            wire["params"]["requestedSchema"]["required"],
+            json!(["decision"])
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! Delegated tasks as native MCP tasks, and `subscriptions/listen`: protocol 2026-07-28 as
+//! Claude Code 2.1.332 speaks it (`server/discover`, the client's name and capabilities in each
+//! request's `_meta`), driven with rmcp's own client against the gateway binary and a real
+//! OpenCode behind it.
+//!
+//! A `tools/call` that declares the tasks extension and starts work is answered with a task
+//! handle whose id is the task (or fan-out group) id; `tasks/get` reads it to its end, with the
+//! answer inline; `tasks/cancel` and `tasks/update` act on OpenCode. Without the extension the
+//! same call returns its plain result. The interactive Claude Code test in `hosts.rs` checks the
+//! same contract from the real host.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolResponse, CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult,
+    ServerNotification, SubscriptionFilter, TaskPayload, TaskStatus, UpdateTaskParams,
+};
+use serde_json::{json, Value};
+use support::fake_llm::{echo_reply, FakeLlm, ERROR_400_MESSAGE};
+use support::rig::Rig;
+use support::OpenCodeEnv;
+
+/// A gateway with a server, spoken to in protocol 2026-07-28; `tasks`: every request declares
+/// the tasks extension.
+async fn modern_rig(env: OpenCodeEnv, tasks: bool, extra: &[(&str, &str)]) -> Rig {
+    Rig::start_launched(FakeLlm::start(), env, extra, |launch| launch.modern(tasks)).await
+}
+
+/// Calls `tool` and returns the task handle it must answer with.
+async fn handle(rig: &Rig, tool: &str, args: Value) -> CreateTaskResult {
+    match rig.client.call_once(tool, args.clone()).await {
+        Ok(CallToolResponse::Task(handle)) => handle,
+        Ok(other) => panic!(
+            "{tool}({args}) answered without a task handle: {other:?}\n{}",
+            rig.client.stderr()
+        ),
+        Err(e) => panic!("{tool}({args}): {e}\n{}", rig.client.stderr()),
+    }
+}
+
+async fn get(rig: &Rig, id: &str) -> GetTaskResult {
+    rig.client
+        .peer()
+        .get_task(GetTaskParams::new(id))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/get {id}: {e}\n{}", rig.client.stderr()))
+}
+
+/// Polls `tasks/get` (as a host does, bounded) until `done` holds.
+async fn poll(rig: &Rig, id: &str, done: impl Fn(&GetTaskResult) -> bool) -> GetTaskResult {
+    let start = Instant::now();
+    loop {
+        let task = get(rig, id).await;
+        if done(&task) {
+            return task;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "task {id} stayed {:?}: {task:?}\n{}",
+            task.task.status(),
+            rig.client.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn poll_terminal(rig: &Rig, id: &str) -> GetTaskResult {
+    poll(rig, id, |t| t.task.status().is_terminal()).await
+}
+
+/// The tool result a completed task carries.
+fn result_of(task: &GetTaskResult) -> &rmcp::model::JsonObject {
+    match &task.task.payload {
+        TaskPayload::Completed { result } => result,
+        other => panic!("not completed: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it() {
+    let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
+    let prompt = "native task [[delay:1500]]";
+    let started = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": rig.server_id(), "prompt": prompt}),
+    )
+    .await;
+    let id = started.task.task_id.clone();
+    assert!(
+        id.starts_with("tsk_"),
+        "the task id is the handle: {started:?}"
+    );
+    assert_eq!(started.task.status, TaskStatus::Working);
+    assert_eq!(started.task.poll_interval_ms, Some(1000));
+    assert_eq!(
+        started.task.ttl_ms,
+        Some(24 * 3600 * 1000),
+        "records stay answerable for limits.finished_task_ttl"
+    );
+
+    // Working, and saying what it does, while the model holds its answer back.
+    let working = get(&rig, &id).await;
+    assert_eq!(working.task.status(), TaskStatus::Working, "{working:?}");
+    let message = working.task.task.status_message.clone().unwrap_or_default();
+    assert!(message.contains("native task"), "{message}");
+
+    let done = poll_terminal(&rig, &id).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed, "{done:?}");
+    let result = result_of(&done);
+    assert_eq!(result.get("isError"), Some(&json!(false)), "{result:?}");
+    let waited = &result["structuredContent"];
+    assert_eq!(waited["done"], true, "{waited}");
+    assert_eq!(waited["tasks"][0]["task_id"], id.as_str(), "{waited}");
+    assert_eq!(waited["tasks"][0]["text"], echo_reply(prompt), "{waited}");
+    assert!(
+        waited["tasks"][0].get("progress").is_none(),
+        "the final result is the wait's own, without progress: {waited}"
+    );
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains(&echo_reply(prompt)), "{text}");
+
+    // Every other tool works on the same id.
+    let plain = rig
+        .ok("opencode_get_task_result", json!({"task_id": id}))
+        .await;
+    assert_eq!(plain["text"], echo_reply(prompt), "{plain}");
+
+    // A follow-up is a task again, under the same id, and reads its own turn.
+    let next = handle(
+        &rig,
+        "opencode_continue_task",
+        json!({"task_id": id, "prompt": "second turn"}),
+    )
+    .await;
+    assert_eq!(next.task.task_id, id);
+    let done = poll_terminal(&rig, &id).await;
+    assert_eq!(
+        result_of(&done)["structuredContent"]["tasks"][0]["text"],
+        echo_reply("second turn"),
+        "{done:?}"
+    );
+
+    // An id the gateway never gave is an error that names it, not a silent state.
+    let unknown = rig
+        .client
+        .peer()
+        .get_task(GetTaskParams::new("tsk_nope"))
+        .await
+        .expect_err("an unknown task id is an error");
+    assert!(unknown.to_string().contains("tsk_nope"), "{unknown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_fails_with_its_error_and_a_cancelled_one_is_cancelled_at_once() {
+    let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
+    let server = rig.server_id();
+
+    let failing = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": server, "prompt": "refused [[error400]]"}),
+    )
+    .await;
+    let failed = poll_terminal(&rig, &failing.task.task_id).await;
+    let TaskPayload::Failed { error } = &failed.task.payload else {
+        panic!("not failed: {failed:?}");
+    };
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(message.contains(ERROR_400_MESSAGE), "{message}");
+    assert!(message.contains("opencode_continue_task"), "{message}");
+    assert_eq!(error["data"]["code"], "failed", "{error:?}");
+    assert!(error["code"].is_i64(), "a JSON-RPC error object: {error:?}");
+
+    // The host's TaskStop sends tasks/cancel twice at the same instant: both are acknowledged,
+    // and the OpenCode turn is aborted (its model stream is cut off).
+    let slow = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": server, "prompt": "long work [[slow:30000]]"}),
+    )
+    .await;
+    let id = slow.task.task_id.clone();
+    rig.fake
+        .wait_for_request(Duration::from_secs(30), |r| {
+            r.last_user_text.contains("long work")
+        })
+        .await;
+    let peer = rig.client.peer();
+    let (a, b) = tokio::join!(
+        peer.cancel_task(CancelTaskParams::new(&id)),
+        peer.cancel_task(CancelTaskParams::new(&id)),
+    );
+    a.expect("the first cancel is acknowledged");
+    b.expect("the second cancel is acknowledged too");
+    let cancelled = get(&rig, &id).await;
+    assert_eq!(
+        cancelled.task.status(),
+        TaskStatus::Cancelled,
+        "{cancelled:?}"
+    );
+    let status = rig
+        .ok("opencode_get_task_status", json!({"task_id": id}))
+        .await;
+    assert_eq!(status["status"], "cancelled", "{status}");
+    peer.cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect("cancelling a cancelled task is acknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_is_one_task_for_the_group() {
+    let env = OpenCodeEnv::new();
+    let repo = "tiers:\n  - name: fast\n    handles: small things\n    models: [fake/fake-model]\n  - name: strong\n    handles: hard things\n    models: [fake/fake-strong]\n";
+    std::fs::write(env.work_dir().join("delegation.yaml"), repo).expect("write delegation.yaml");
+    let rig = modern_rig(env, true, &[]).await;
+    let group = handle(
+        &rig,
+        "opencode_fan_out",
+        json!({"server_id": rig.server_id(), "prompt": "Is this sound?", "tiers": ["fast", "strong"]}),
+    )
+    .await;
+    let id = group.task.task_id.clone();
+    assert!(id.starts_with("grp_"), "{group:?}");
+    let done = poll_terminal(&rig, &id).await;
+    let waited = &result_of(&done)["structuredContent"];
+    let tasks = waited["tasks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(tasks.len(), 2, "{waited}");
+    for task in &tasks {
+        assert_eq!(task["group_id"], id.as_str(), "{waited}");
+        assert_eq!(task["text"], echo_reply("Is this sound?"), "{waited}");
+    }
+}
+
+/// A permission ask is `input_required` with a form; the user's choice, sent back with
+/// `tasks/update`, reaches OpenCode and the task goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
+    let env = OpenCodeEnv::new().with_config(json!({ "permission": "ask" }));
+    let rig = modern_rig(env, true, &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")]).await;
+    let prompt = "needs a shell [[bash:echo permitted-$((6*7))]]";
+    let started = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": rig.server_id(), "prompt": prompt}),
+    )
+    .await;
+    let id = started.task.task_id.clone();
+    let asking = poll(&rig, &id, |t| {
+        t.task.status() == TaskStatus::InputRequired || t.task.status().is_terminal()
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
+        panic!("no input asked for: {asking:?}");
+    };
+    assert_eq!(input_requests.len(), 1, "{input_requests:?}");
+    let (key, request) = input_requests.iter().next().expect("one request");
+    let wire = serde_json::to_value(request).expect("serializes");
+    assert_eq!(wire["method"], "elicitation/create", "{wire}");
+    let message = wire["params"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("bash"),
+        "the form says what is asked: {message}"
+    );
+    assert!(message.contains("permitted-"), "and for what: {message}");
+    let choices = &wire["params"]["requestedSchema"]["properties"]["decision"]["oneOf"];
+    assert_eq!(
+        choices
+            .as_array()
+            .map(|c| c.iter().map(|c| c["const"].clone()).collect::<Vec<_>>()),
+        Some(vec![json!("once"), json!("always"), json!("reject")]),
+        "{wire}"
+    );
+
+    let answer = BTreeMap::from([(
+        key.clone(),
+        json!({"action": "accept", "content": {"decision": "once"}}),
+    )]);
+    rig.client
+        .peer()
+        .update_task(UpdateTaskParams::new(&id, answer))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/update: {e}\n{}", rig.client.stderr()));
+    let done = poll_terminal(&rig, &id).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed, "{done:?}");
+    // The command ran: its output reached the model.
+    let ran = rig.fake.requests().iter().any(|r| {
+        serde_json::to_string(&r.body)
+            .unwrap_or_default()
+            .contains("permitted-42")
+    });
+    assert!(ran, "the allowed command's output never reached the model");
+}
+
+/// Hosts that do not declare the extension get exactly what they got before: a plain result
+/// on protocol 2026-07-28, and over `initialize` not even the extension in the capabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_extension_a_start_returns_its_plain_result() {
+    let rig = modern_rig(OpenCodeEnv::new(), false, &[]).await;
+    let reply = rig
+        .client
+        .call_once(
+            "opencode_start_task",
+            json!({"server_id": rig.server_id(), "prompt": "plain"}),
+        )
+        .await
+        .expect("a result");
+    let CallToolResponse::Complete(result) = reply else {
+        panic!("a task handle for a host that did not ask: {reply:?}");
+    };
+    let started = result.structured_content.unwrap_or_default();
+    assert!(started["task_id"].is_string(), "{started}");
+    assert_eq!(started["status"], "pending", "{started}");
+
+    let legacy = Rig::start(&[]).await;
+    let info = legacy.client.server_info().expect("initialize result");
+    let capabilities = serde_json::to_value(&info.capabilities).expect("serializes");
+    assert!(
+        capabilities.get("extensions").is_none(),
+        "an initialize host is not told of the tasks extension: {capabilities}"
+    );
+}
+
+/// `subscriptions/listen`: acknowledged at once, held open, and a reload's `list_changed`
+/// arrives on it, stamped with the stream's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_a_listen_stream() {
+    let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
+    let mut filter = SubscriptionFilter::new();
+    filter.tools_list_changed = Some(true);
+    filter.prompts_list_changed = Some(true);
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(10), rig.client.peer().listen(filter))
+            .await
+            .expect("acknowledged without a stall")
+            .unwrap_or_else(|e| panic!("subscriptions/listen: {e}\n{}", rig.client.stderr()));
+    assert_eq!(stream.acknowledged().tools_list_changed, Some(true));
+    assert_eq!(stream.acknowledged().prompts_list_changed, Some(true));
+
+    std::fs::write(
+        rig.env.work_dir().join("delegation.yaml"),
+        "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks.\n",
+    )
+    .expect("write delegation.yaml");
+    let changed = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("a notification within 30 s")
+        .expect("the stream is open")
+        .expect("a notification");
+    assert!(
+        matches!(changed, ServerNotification::ToolListChangedNotification(_)),
+        "{changed:?}"
+    );
+    let tools = rig.client.list_tools().await.expect("tools/list");
+    assert!(tools.iter().any(|t| t.name == "tasks_now"), "{tools:?}");
+    let log = rig.client.stderr();
+    assert!(!log.contains("WARN"), "{log}");
+}
