@@ -9,6 +9,8 @@
 //! not turn on every dependency's debug output, which for hyper and reqwest is per packet), or a
 //! full `tracing` filter directive string, which is used as written.
 
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 /// The environment variable that overrides the filter.
@@ -57,7 +59,52 @@ pub fn init() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .finish()
+        .with(QuietUnservedMethods)
         .init();
+}
+
+/// Keeps rmcp's warning about a request of a method the gateway does not serve off stderr.
+///
+/// rmcp logs every error response at WARN (`response error`), and hosts keep the server's
+/// stderr as their MCP log, where a warning reads as a fault. A host probing a method the
+/// gateway does not offer (`resources/list`, a newer protocol's method) gets the protocol's
+/// answer, -32601 method not found, and that is all: not a warning. Every other error response
+/// is still logged.
+struct QuietUnservedMethods;
+
+impl<S: tracing::Subscriber> Layer<S> for QuietUnservedMethods {
+    fn event_enabled(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if *meta.level() != tracing::Level::WARN || !meta.target().starts_with("rmcp::service") {
+            return true;
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        !is_method_not_found(&fields.message, &fields.error)
+    }
+}
+
+/// Whether an rmcp log line with this message and `error` field is a -32601 answer.
+fn is_method_not_found(message: &str, error: &str) -> bool {
+    message == "response error" && error.contains("ErrorCode(-32601)")
+}
+
+/// The two fields of rmcp's `response error` line.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    error: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "error" => self.error = format!("{value:?}"),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +141,24 @@ mod tests {
             "opencode_mcp=trace,hyper=debug"
         );
         assert!(filter(Some("opencode_mcp=trace,hyper=debug")).is_ok());
+    }
+
+    #[test]
+    fn only_a_method_not_found_answer_is_kept_quiet() {
+        let not_found = format!(
+            "{:?}",
+            rmcp::ErrorData::method_not_found::<rmcp::model::ListResourcesRequestMethod>()
+        );
+        assert!(
+            is_method_not_found("response error", &not_found),
+            "{not_found}"
+        );
+        let invalid = format!("{:?}", rmcp::ErrorData::invalid_params("bad", None));
+        assert!(
+            !is_method_not_found("response error", &invalid),
+            "{invalid}"
+        );
+        assert!(!is_method_not_found("Error sending response", &not_found));
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::fake_anthropic::{FakeAnthropic, Step, ToolResult};
+use support::fake_llm::echo_reply;
 use support::npm::Install;
 use support::{opencode_bin, FakeLlm, OpenCodeEnv};
 
@@ -618,6 +619,17 @@ fn codex_keeps_its_tool_list_through_a_reload() {
 /// tool, which the model can then call.
 #[test]
 fn claude_code_picks_up_a_tool_added_by_a_reload() {
+    claude_code_picks_up_a_reload(claude_code::CLAUDE_CODE);
+}
+
+/// The same in Claude Code of the 2026-07-28 era, which learns of it on its
+/// `subscriptions/listen` stream.
+#[test]
+fn claude_code_2026_picks_up_a_tool_added_by_a_reload() {
+    claude_code_picks_up_a_reload(&claude_code::current_release());
+}
+
+fn claude_code_picks_up_a_reload(version: &str) {
     let fake_llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let t = claude_code::tool;
@@ -641,7 +653,8 @@ fn claude_code_picks_up_a_tool_added_by_a_reload() {
         Step::text("Reloaded."),
     ];
     let api = FakeAnthropic::start(&t(""), script);
-    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[("OPENCODE_MCP_LOG", "info")]);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[("OPENCODE_MCP_LOG", "info")])
+        .with_version(version);
     let run = claude.run(
         &api,
         "Start a task, wait for it, then list the tasks.",
@@ -1261,4 +1274,246 @@ fn default_tool_count() -> usize {
     let config =
         opencode_mcp::config::load_with_env(&sources, Vec::new()).expect("the built-in config");
     config.enabled_tools().count()
+}
+
+/// Interactive Claude Code of the 2026-07-28 era runs a delegated task as a native MCP task:
+/// the model makes one call, `opencode_start_task`; Claude Code backgrounds it, polls
+/// `tasks/get`, and hands the answer to the model as a task notification, a new turn. Then the
+/// model stops a second, long task with TaskStop, which reaches OpenCode as a cancel (its model
+/// stream is cut off).
+#[test]
+fn claude_code_2026_runs_a_delegated_task_in_the_background() {
+    let version = claude_code::current_release();
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let t = claude_code::tool;
+    let quick = "background work [[delay:3000]]";
+    let long = "long work [[slow:120000]]";
+    let script = vec![
+        Step::tool_json(
+            t("opencode_start_task"),
+            json!({"server_id": "default", "prompt": quick}),
+        ),
+        Step::text("Started it."),
+        // The task notification's turn.
+        Step::text("Read the answer."),
+        // The user's second message.
+        Step::tool_json(
+            t("opencode_start_task"),
+            json!({"server_id": "default", "prompt": long}),
+        ),
+        Step::tool("TaskStop", |r| {
+            let started = r.last().map(|r| r.text.clone()).unwrap_or_default();
+            json!({"task_id": claude_code::background_id(&started)})
+        }),
+        Step::text("Stopped it."),
+        Step::text("Noted."),
+    ];
+    let api = FakeAnthropic::start(&t(""), script);
+    let claude = claude_code::ClaudeCode::new(&env, &fake_llm, &[("OPENCODE_MCP_LOG", "debug")])
+        .with_version(&version);
+    let session = claude.interactive(&api);
+    let describe = || {
+        format!(
+            "screen:\n{}\n--- requests ---\n{}\n--- gateway ---\n{}",
+            session.tmux.pane(),
+            api.requests()
+                .iter()
+                .map(|r| r.summary())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            claude_code::tail(&session.gateway_log(), 4000)
+        )
+    };
+    // The first prompt goes in once the gateway is connected (its tools are then offered).
+    session
+        .wait_for_log(Duration::from_secs(60), "Successfully connected")
+        .unwrap_or_else(|e| panic!("{e}"));
+    session.say("Delegate the background work to OpenCode.");
+    let read = session.tmux.wait_for(Duration::from_secs(120), |pane| {
+        pane.contains("Read the answer.")
+    });
+    assert!(read.is_ok(), "no turn for the notification\n{}", describe());
+
+    let main = api.main_requests();
+    let last = main.last().expect("requests reached the model");
+    let results = last.tool_results();
+    assert_eq!(results.len(), 1, "one call: {results:#?}");
+    assert_eq!(results[0].name, t("opencode_start_task"));
+    assert!(
+        results[0].text.contains("started server-side task tsk_")
+            && results[0].text.contains("background"),
+        "the call was backgrounded as an MCP task: {}",
+        results[0].text
+    );
+    let conversation = serde_json::to_string(last.messages()).unwrap_or_default();
+    let notification = conversation
+        .split("<task-notification>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no task notification reached the model\n{}", describe()));
+    assert!(
+        notification.contains("<status>completed</status>"),
+        "{notification}"
+    );
+    assert!(
+        notification.contains(&echo_reply(quick)),
+        "the answer is in the notification: {notification}"
+    );
+
+    // TaskStop: Claude Code sends tasks/cancel, the gateway aborts the OpenCode turn.
+    let before = fake_llm.requests().len();
+    session.say("Start the long work, then stop it.");
+    let stopped = session.tmux.wait_for(Duration::from_secs(120), |pane| {
+        pane.contains("Stopped it.")
+    });
+    assert!(stopped.is_ok(), "TaskStop did not complete\n{}", describe());
+    let long_request = wait_until(Duration::from_secs(30), || {
+        fake_llm
+            .requests()
+            .into_iter()
+            .skip(before)
+            .find(|r| r.last_user_text.contains("long work"))
+    })
+    .unwrap_or_else(|| panic!("the long task never reached the model\n{}", describe()));
+    let end = wait_until(Duration::from_secs(30), || {
+        fake_llm
+            .stream_ends()
+            .into_iter()
+            .find(|e| e.request == long_request.index)
+    })
+    .unwrap_or_else(|| panic!("the long task's stream never ended\n{}", describe()));
+    assert!(
+        end.client_closed,
+        "OpenCode hung up the model's stream: the task was cancelled"
+    );
+    let log = session.gateway_log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(warnings.is_empty(), "the gateway warned: {warnings:#?}");
+    let debug = session.debug_log();
+    assert!(
+        !debug.contains("-32601") && !debug.contains("Method not found"),
+        "{}",
+        claude_code::tail(&debug, 6000)
+    );
+}
+
+/// Polls `found` (bounded) until it returns something.
+fn wait_until<T>(within: Duration, found: impl Fn() -> Option<T>) -> Option<T> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(value) = found() {
+            return Some(value);
+        }
+        if start.elapsed() > within {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A permission ask of a backgrounded task is a dialog in interactive Claude Code (the task's
+/// `input_required` form): the user's answer goes back with `tasks/update`, reaches OpenCode,
+/// and the task goes on to its answer.
+#[test]
+fn claude_code_2026_asks_its_user_for_a_tasks_permission() {
+    let version = claude_code::current_release();
+    let fake_llm = FakeLlm::start();
+    let env = OpenCodeEnv::new().with_config(json!({ "permission": "ask" }));
+    let t = claude_code::tool;
+    let prompt = "needs a shell [[bash:echo permitted-$((6*7))]]";
+    let script = vec![
+        Step::tool_json(
+            t("opencode_start_task"),
+            json!({"server_id": "default", "prompt": prompt}),
+        ),
+        Step::text("Started it."),
+        Step::text("Read the answer."),
+    ];
+    let api = FakeAnthropic::start(&t(""), script);
+    let claude = claude_code::ClaudeCode::new(
+        &env,
+        &fake_llm,
+        &[
+            ("OPENCODE_MCP_LOG", "debug"),
+            ("OPENCODE_MCP_OPENCODE__PERMISSION", "ask"),
+        ],
+    )
+    .with_version(&version);
+    let session = claude.interactive(&api);
+    session
+        .wait_for_log(Duration::from_secs(60), "Successfully connected")
+        .unwrap_or_else(|e| panic!("{e}"));
+    session.say("Delegate the shell work to OpenCode.");
+    let describe = || {
+        format!(
+            "screen:\n{}\n--- gateway ---\n{}",
+            session.tmux.pane(),
+            claude_code::tail(&session.gateway_log(), 4000)
+        )
+    };
+    let dialog = session
+        .tmux
+        .wait_for(Duration::from_secs(120), |pane| {
+            pane.contains("asks permission to run")
+        })
+        .unwrap_or_else(|_| panic!("no permission dialog\n{}", describe()));
+    assert!(
+        dialog.contains("bash echo permitted-$((6*7))"),
+        "the dialog says what is asked for: {dialog}"
+    );
+    // Open the choice, pick the first (allow once), then Accept.
+    session.tmux.press("Right");
+    let choices = session.tmux.wait_for(Duration::from_secs(10), |pane| {
+        pane.contains("Allow once") && pane.contains("Reject")
+    });
+    assert!(choices.is_ok(), "no choices\n{}", describe());
+    session.tmux.press("Enter");
+    let chosen = session.tmux.wait_for(Duration::from_secs(10), |pane| {
+        pane.contains("Allow this?: Allow once") && pane.contains("❯ Accept")
+    });
+    assert!(chosen.is_ok(), "not chosen\n{}", describe());
+    // The form takes a key only once it has settled after the choice; a press it dropped
+    // leaves it on screen, so press again (bounded) until it is gone.
+    let mut answered = false;
+    for _ in 0..5 {
+        session.tmux.press("Enter");
+        if session
+            .tmux
+            .wait_for(Duration::from_secs(3), |pane| {
+                !pane.contains("requests your input")
+            })
+            .is_ok()
+        {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "the form was not accepted\n{}", describe());
+    let read = session.tmux.wait_for(Duration::from_secs(120), |pane| {
+        pane.contains("Read the answer.")
+    });
+    assert!(read.is_ok(), "no turn for the notification\n{}", describe());
+    let main = api.main_requests();
+    let conversation = main
+        .last()
+        .map(|r| serde_json::to_string(r.messages()).unwrap_or_default())
+        .unwrap_or_default();
+    let notification = conversation
+        .split("<task-notification>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no task notification\n{}", describe()));
+    assert!(
+        notification.contains("<status>completed</status>")
+            && notification.contains(&echo_reply(prompt)),
+        "{notification}"
+    );
+    // The allowed command ran: its output reached OpenCode's model.
+    let ran = fake_llm
+        .requests()
+        .iter()
+        .any(|r| r.body.to_string().contains("permitted-42"));
+    assert!(ran, "the allowed command's output never reached the model");
 }

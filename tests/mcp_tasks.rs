@@ -144,6 +144,18 @@ async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it
         "{done:?}"
     );
 
+    // A restarted gateway still answers for the task from its records.
+    let mut rig = rig;
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let after = get(&rig, &id).await;
+    assert_eq!(after.task.status(), TaskStatus::Completed, "{after:?}");
+    assert_eq!(
+        result_of(&after)["structuredContent"]["tasks"][0]["text"],
+        echo_reply("second turn"),
+        "{after:?}"
+    );
+
     // An id the gateway never gave is an error that names it, not a silent state.
     let unknown = rig
         .client
@@ -356,6 +368,18 @@ async fn a_reload_reaches_a_listen_stream() {
     );
     let tools = rig.client.list_tools().await.expect("tools/list");
     assert!(tools.iter().any(|t| t.name == "tasks_now"), "{tools:?}");
+
+    // A method the gateway does not serve gets the protocol's answer, and no warning.
+    let unserved = rig
+        .client
+        .peer()
+        .list_resources(None)
+        .await
+        .expect_err("resources are not served");
+    assert!(
+        unserved.to_string().contains("-32601") || unserved.to_string().contains("not found"),
+        "{unserved}"
+    );
     let log = rig.client.stderr();
     assert!(!log.contains("WARN"), "{log}");
 }

@@ -11,7 +11,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use support::git::init_repo;
 use support::opencode_bin::opencode_bin;
 use support::procs;
 use support::rig::Rig;
+use support::tmux::Tmux;
 use support::{FakeLlm, OpenCodeEnv};
 
 /// How long OpenCode's TUI gets to draw the session (it starts a renderer and reads the session
@@ -65,102 +66,6 @@ fn watch_fails(rig: &Env, task_id: &str, extra: &[(&str, &str)]) -> String {
         "a failing watch prints nothing on stdout"
     );
     stderr
-}
-
-/// A tmux server on a private socket, killed (with everything in it) when dropped, also when the
-/// test fails.
-struct Tmux {
-    dir: tempfile::TempDir,
-}
-
-impl Tmux {
-    /// Starts a detached 200x50 session `watch` running `cmd`'s program, arguments and
-    /// environment (the server starts with exactly that environment, plus TERM).
-    fn start(cmd: &Command) -> Self {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            panic!(
-                "tmux is not installed; this test runs OpenCode's terminal UI inside it: install \
-                 it with `apt-get install tmux` (or `brew install tmux`)"
-            );
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("watch-tmux-")
-            .tempdir()
-            .expect("temp dir for the tmux socket");
-        let conf = dir.path().join("tmux.conf");
-        // The pane keeps what the program printed after it exits, so a failure shows its
-        // error; a terminal the TUI knows.
-        std::fs::write(
-            &conf,
-            "set -g remain-on-exit on\nset -g default-terminal xterm-256color\nset -g history-limit 5000\n",
-        )
-        .expect("write tmux.conf");
-        let tmux = Tmux { dir };
-        let mut start = Command::new("tmux");
-        start
-            .arg("-S")
-            .arg(tmux.socket())
-            .arg("-f")
-            .arg(&conf)
-            .args(["new-session", "-d", "-x", "200", "-y", "50", "-s", "watch"])
-            .arg("--")
-            .arg(cmd.get_program())
-            .args(cmd.get_args())
-            .env_clear()
-            .env("TERM", "xterm-256color");
-        if let Some(dir) = cmd.get_current_dir() {
-            start.current_dir(dir);
-        }
-        for (k, v) in cmd.get_envs() {
-            if let Some(v) = v {
-                start.env(k, v);
-            }
-        }
-        let out = start.output().expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "tmux new-session failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tmux
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("sock")
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-S")
-            .arg(self.socket())
-            .args(args)
-            .output()
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// What the pane shows now.
-    fn pane(&self) -> String {
-        self.run(&["capture-pane", "-p", "-t", "watch"])
-    }
-
-    /// The pid of the program the pane runs (`watch`, which became `opencode attach`).
-    fn pane_pid(&self) -> Option<u32> {
-        self.run(&["display-message", "-p", "-t", "watch", "#{pane_pid}"])
-            .trim()
-            .parse()
-            .ok()
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .arg("-S")
-            .arg(self.socket())
-            .arg("kill-server")
-            .output();
-    }
 }
 
 /// `/proc/<pid>/cmdline` with its NULs as spaces.

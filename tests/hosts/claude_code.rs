@@ -22,7 +22,11 @@ use serde_json::{json, Map, Value};
 
 use crate::support::fake_anthropic::FakeAnthropic;
 use crate::support::npm::Install;
+use crate::support::tmux::Tmux;
 use crate::support::{opencode_bin, procs, FakeLlm, OpenCodeEnv};
+
+/// The API key Claude Code sends the fake API (and approves in an interactive run's config).
+const API_KEY: &str = "test";
 
 /// The Claude Code release of the `initialize` era the suite is pinned to.
 pub const CLAUDE_CODE: &str = "2.1.197";
@@ -239,34 +243,34 @@ impl ClaudeCode {
     /// MCP server, and waits for it to exit (at most `within`; then it is killed and the test
     /// fails).
     pub fn run(&self, api: &FakeAnthropic, prompt: &str, within: Duration) -> Run {
-        let gateway_log = self.home.path().join("gateway.log");
+        let gateway_log = self.gateway_log_file();
         // Claude Code keeps only the first burst of a server's stderr in its debug log, so the
         // gateway's stderr goes to a file: `sh` redirects it and `exec`s the gateway, which so
         // stays the very process Claude Code started (same pid, same signals).
-        let server = json!({
+        let server = self.gateway_server(&gateway_log);
+        let mut run = self.run_with_server(api, prompt, within, &server);
+        run.gateway_log = std::fs::read_to_string(&gateway_log).unwrap_or_default();
+        run
+    }
+
+    /// The gateway as Claude Code's MCP server: `sh` sends its stderr to `log` and `exec`s it.
+    fn gateway_server(&self, log: &Path) -> Value {
+        json!({
             "type": "stdio",
             "command": "/bin/sh",
             "args": [
                 "-c",
                 "exec \"$0\" 2>>\"$1\"",
                 env!("CARGO_BIN_EXE_opencode-mcp"),
-                gateway_log,
+                log,
             ],
             "env": self.gateway_env,
-        });
-        let mut run = self.run_with_server(api, prompt, within, &server);
-        run.gateway_log = std::fs::read_to_string(&gateway_log).unwrap_or_default();
-        run
+        })
     }
 
-    /// [`Self::run`] with another MCP server config (named [`SERVER`]) in place of the gateway.
-    pub fn run_with_server(
-        &self,
-        api: &FakeAnthropic,
-        prompt: &str,
-        within: Duration,
-        server: &Value,
-    ) -> Run {
+    /// `claude` with its isolated environment, the MCP config holding `server`, and the debug
+    /// log at [`Self::debug_file`]; the caller adds how it runs (headless or interactive).
+    fn command(&self, api: &FakeAnthropic, server: &Value) -> Command {
         let bin = claude_bin(&self.version);
         let home = self.home.path();
         let config_dir = home.join(".claude");
@@ -274,7 +278,6 @@ impl ClaudeCode {
         let mcp_config = home.join("mcp.json");
         let config = json!({"mcpServers": {SERVER: server}});
         std::fs::write(&mcp_config, config.to_string()).expect("write the MCP config");
-        let debug_file = home.join("debug.log");
         let mut cmd = Command::new(&bin);
         cmd.env_clear();
         if let Some(path) = std::env::var_os("PATH") {
@@ -285,7 +288,7 @@ impl ClaudeCode {
             ("CLAUDE_CONFIG_DIR", config_dir.display().to_string()),
             ("TMPDIR", home.display().to_string()),
             ("ANTHROPIC_BASE_URL", api.url()),
-            ("ANTHROPIC_API_KEY", "test".into()),
+            ("ANTHROPIC_API_KEY", API_KEY.into()),
             ("DISABLE_TELEMETRY", "1".into()),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
             ("DISABLE_AUTOUPDATER", "1".into()),
@@ -302,16 +305,70 @@ impl ClaudeCode {
             ("no_proxy", "127.0.0.1,localhost".into()),
         ]);
         cmd.envs(self.claude_env.iter().map(|(k, v)| (k, v)));
-        cmd.arg("-p")
-            .arg(prompt)
-            .args(["--output-format", "json"])
-            .arg("--mcp-config")
+        cmd.arg("--mcp-config")
             .arg(&mcp_config)
             .arg("--strict-mcp-config")
             .args(["--allowedTools", &format!("mcp__{SERVER}")])
             .arg("--debug-file")
-            .arg(&debug_file)
-            .current_dir(&self.cwd)
+            .arg(self.debug_file())
+            .current_dir(&self.cwd);
+        cmd
+    }
+
+    /// Claude Code's debug log (MCP traffic and errors).
+    pub fn debug_file(&self) -> PathBuf {
+        self.home.path().join("debug.log")
+    }
+
+    /// The gateway's stderr, for runs that send it to a file.
+    pub fn gateway_log_file(&self) -> PathBuf {
+        self.home.path().join("gateway.log")
+    }
+
+    /// Starts the interactive CLI in a terminal (tmux) with the gateway as its MCP server, its
+    /// first-run screens (theme, API key, folder trust) already answered in its config, as a
+    /// user who has run it before. Nothing is typed yet: see [`Interactive`].
+    pub fn interactive(&self, api: &FakeAnthropic) -> Interactive {
+        let home = self.home.path();
+        let config_dir = home.join(".claude");
+        std::fs::create_dir_all(&config_dir).expect("create CLAUDE_CONFIG_DIR");
+        let cwd = self.cwd.display().to_string();
+        let seen = json!({
+            "hasCompletedOnboarding": true,
+            "lastOnboardingVersion": self.version,
+            "theme": "dark",
+            "customApiKeyResponses": {"approved": [API_KEY], "rejected": []},
+            "projects": {cwd: {
+                "hasTrustDialogAccepted": true,
+                "hasCompletedProjectOnboarding": true,
+                "allowedTools": [],
+            }},
+        });
+        std::fs::write(config_dir.join(".claude.json"), seen.to_string())
+            .expect("write Claude Code's config");
+        let server = self.gateway_server(&self.gateway_log_file());
+        let cmd = self.command(api, &server);
+        Interactive {
+            tmux: Tmux::start(&cmd),
+            debug_file: self.debug_file(),
+            gateway_log: self.gateway_log_file(),
+        }
+    }
+
+    /// [`Self::run`] with another MCP server config (named [`SERVER`]) in place of the gateway.
+    pub fn run_with_server(
+        &self,
+        api: &FakeAnthropic,
+        prompt: &str,
+        within: Duration,
+        server: &Value,
+    ) -> Run {
+        let bin = claude_bin(&self.version);
+        let debug_file = self.debug_file();
+        let mut cmd = self.command(api, server);
+        cmd.arg("-p")
+            .arg(prompt)
+            .args(["--output-format", "json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -389,4 +446,64 @@ pub fn tail(s: &str, n: usize) -> &str {
         start += 1;
     }
     &s[start..]
+}
+
+/// The id Claude Code gave a backgrounded MCP task, from the tool result it showed its model
+/// (`… use TaskStop with task_id "k8czo58ex" …`); empty if there is none.
+pub fn background_id(tool_result: &str) -> String {
+    tool_result
+        .split("task_id \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// An interactive Claude Code in a terminal.
+pub struct Interactive {
+    pub tmux: Tmux,
+    debug_file: PathBuf,
+    gateway_log: PathBuf,
+}
+
+impl Interactive {
+    /// Claude Code's debug log so far.
+    pub fn debug_log(&self) -> String {
+        std::fs::read_to_string(&self.debug_file).unwrap_or_default()
+    }
+
+    /// The gateway's stderr so far.
+    pub fn gateway_log(&self) -> String {
+        std::fs::read_to_string(&self.gateway_log).unwrap_or_default()
+    }
+
+    /// Polls the debug log (bounded) until a line holds `needle`.
+    pub fn wait_for_log(&self, within: Duration, needle: &str) -> Result<(), String> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if self.debug_log().contains(needle) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!(
+            "no `{needle}` in Claude Code's debug log within {within:?}; screen:\n{}\nlog tail:\n{}",
+            self.tmux.pane(),
+            tail(&self.debug_log(), 6000)
+        ))
+    }
+
+    /// Types `text` at the prompt and sends it.
+    pub fn say(&self, text: &str) {
+        self.tmux.type_text(text);
+        // The TUI takes the typed text in before Enter submits it.
+        let typed = self
+            .tmux
+            .wait_for(Duration::from_secs(10), |pane| pane.contains(text));
+        assert!(
+            typed.is_ok(),
+            "the text did not reach the prompt: {typed:?}"
+        );
+        self.tmux.press("Enter");
+    }
 }

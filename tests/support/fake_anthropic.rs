@@ -354,16 +354,13 @@ fn tool_results(messages: &[Value]) -> Vec<ToolResult> {
         .collect()
 }
 
-/// The step a main request asks for: how many assistant turns already called a tool.
+/// The step a main request asks for: how many answers the conversation already holds (each
+/// step is one answer). A turn that ends in text and is followed by a new user turn (the user's
+/// next message, an interactive host's task notification) so moves on to the next step.
 fn step_index(messages: &[Value]) -> usize {
     messages
         .iter()
         .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
-        .filter(|m| {
-            blocks(m)
-                .iter()
-                .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
-        })
         .count()
 }
 

@@ -12,6 +12,7 @@
 //!   [`EventStream`], its `GET /event` stream, for tests that drive OpenCode directly.
 //! - [`mcp`]: an MCP host (rmcp client) that spawns the gateway binary.
 //! - [`git`]: real `git` with no user config, for the worktree tests.
+//! - [`tmux`]: a private tmux server, for the tests that drive a terminal UI.
 //! - [`npm`]: pinned npm packages (OpenCode, the MCP TypeScript SDK) installed once under the
 //!   target dir.
 //!
@@ -37,3 +38,4 @@ pub mod procs;
 pub mod rig;
 pub mod server_thread;
 pub mod tcp_proxy;
+pub mod tmux;
