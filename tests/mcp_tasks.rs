@@ -268,6 +268,9 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
         panic!("no input asked for: {asking:?}");
     };
+    // It stays so until someone answers: the host polls again while its user decides.
+    let again = get(&rig, &id).await;
+    assert_eq!(again.task.payload, asking.task.payload, "{again:?}");
     assert_eq!(input_requests.len(), 1, "{input_requests:?}");
     let (key, request) = input_requests.iter().next().expect("one request");
     let wire = serde_json::to_value(request).expect("serializes");
@@ -305,6 +308,39 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
             .contains("permitted-42")
     });
     assert!(ran, "the allowed command's output never reached the model");
+
+    // A declined (or dismissed) dialog refuses: the command never runs.
+    let refused = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": rig.server_id(), "prompt": "again [[bash:echo refused-$((6*7))]]"}),
+    )
+    .await;
+    let id = refused.task.task_id.clone();
+    let asking = poll(&rig, &id, |t| {
+        t.task.status() == TaskStatus::InputRequired || t.task.status().is_terminal()
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
+        panic!("no input asked for: {asking:?}");
+    };
+    let answer = input_requests
+        .keys()
+        .map(|key| (key.clone(), json!({"action": "decline"})))
+        .collect();
+    rig.client
+        .peer()
+        .update_task(UpdateTaskParams::new(&id, answer))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/update: {e}\n{}", rig.client.stderr()));
+    let ended = poll_terminal(&rig, &id).await;
+    assert_ne!(ended.task.status(), TaskStatus::Completed, "{ended:?}");
+    let ran = rig.fake.requests().iter().any(|r| {
+        serde_json::to_string(&r.body)
+            .unwrap_or_default()
+            .contains("refused-42")
+    });
+    assert!(!ran, "a declined command ran");
 }
 
 /// Hosts that do not declare the extension get exactly what they got before: a plain result

@@ -92,10 +92,12 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
             .with_poll_interval_ms(POLL_INTERVAL_MS)
     };
     if !outcome.done {
+        // Every pending ask, shown before or not: the wait's `asking` lists only asks the host
+        // has not seen, but a task stays `input_required` until someone answers.
         let asking: Vec<&TaskSnapshot> = outcome
             .tasks
             .iter()
-            .filter(|t| outcome.asking.contains(&t.task_id) && t.permission.is_some())
+            .filter(|t| !t.status.is_terminal() && t.permission.is_some())
             .collect();
         if !asking.is_empty() {
             let requests = asking

@@ -30,6 +30,10 @@ use crate::opencode::{ErrorInfo, PermissionAsk};
 pub struct Live {
     pub turn_started: Instant,
     pub finished_at: Option<Instant>,
+    /// When a call last read or changed the task: a finished task leaves memory only once it
+    /// has been finished *and* unused for the memory TTL, so one just read back from disk for a
+    /// follow-up, an apply or a discard stays while that operation runs.
+    pub last_used: Instant,
     /// A cancel or deadline abort is in flight: events must not decide the status meanwhile.
     pub aborting: bool,
     /// A `session.error` seen during this turn (async failures arrive only this way).
@@ -60,6 +64,7 @@ impl Live {
         Self {
             turn_started,
             finished_at: None,
+            last_used: Instant::now(),
             aborting: false,
             session_error: None,
             latest_reply: None,
@@ -92,10 +97,14 @@ impl TaskEntry {
         }
     }
 
-    /// A task read back from the store.
+    /// A task read back from the store. Not yet used by anyone: a finished one is as old as
+    /// its finish (a call that reads it back marks it used).
     pub fn from_record(rec: TaskRecord) -> Self {
         let mut live = Live::new(TaskRecord::instant_at(rec.turn_started_ms));
         live.finished_at = rec.finished_ms.map(TaskRecord::instant_at);
+        if let Some(finished) = live.finished_at {
+            live.last_used = finished;
+        }
         Self { rec, live }
     }
 
@@ -483,9 +492,11 @@ impl Registry {
         self.bump();
     }
 
-    /// The task, from memory or, for a finished task that left memory, from the store.
+    /// The task, from memory or, for a finished task that left memory, from the store. Either
+    /// way it counts as used (see [`Live::last_used`]).
     pub fn get(&self, task_id: &str) -> Option<TaskEntry> {
-        if let Some(e) = self.lock().tasks.get(task_id) {
+        if let Some(e) = self.lock().tasks.get_mut(task_id) {
+            e.live.last_used = Instant::now();
             return Some(e.clone());
         }
         self.load(task_id)
@@ -498,10 +509,12 @@ impl Registry {
         if !rec.status.is_terminal() {
             return None;
         }
-        let entry = TaskEntry::from_record(rec);
+        let mut entry = TaskEntry::from_record(rec);
+        entry.live.last_used = Instant::now();
         let mut t = self.lock();
         // Another call may have loaded (and changed) it meanwhile: memory wins.
-        if let Some(e) = t.tasks.get(task_id) {
+        if let Some(e) = t.tasks.get_mut(task_id) {
+            e.live.last_used = Instant::now();
             return Some(e.clone());
         }
         t.on_disk.remove(task_id);
@@ -551,12 +564,18 @@ impl Registry {
         Some(task_id)
     }
 
-    /// Applies `f` to the task in memory; writes the record if its durable part changed and
-    /// wakes waiters if something they observe changed.
+    /// Applies `f` to the task; writes the record if its durable part changed and wakes
+    /// waiters if something they observe changed. A finished task that left memory is read back
+    /// first, so a change is never lost to eviction: `None` means the task does not exist (or
+    /// is another gateway's unfinished one).
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
+        if !self.lock().tasks.contains_key(task_id) {
+            self.load(task_id)?;
+        }
         let (r, wake) = {
             let mut t = self.lock();
             let entry = t.tasks.get_mut(task_id)?;
+            entry.live.last_used = Instant::now();
             let (before, seen) = (durable(&entry.rec), observable(entry));
             let r = f(entry);
             if before != durable(&entry.rec) {
@@ -665,10 +684,10 @@ impl Registry {
             .values()
             .filter_map(|e| {
                 let finished = e.live.finished_at?;
-                let age = finished.elapsed();
-                let expired = age >= disk_ttl;
-                (expired || (has_store && age >= memory_ttl))
-                    .then(|| (e.rec.id.clone(), finished, expired))
+                // The record's life counts from the finish; its stay in memory from last use.
+                let expired = finished.elapsed() >= disk_ttl;
+                let unused = finished.max(e.live.last_used).elapsed() >= memory_ttl;
+                (expired || (has_store && unused)).then(|| (e.rec.id.clone(), finished, expired))
             })
             .collect();
         let mut out = Evicted {
@@ -817,6 +836,39 @@ mod tests {
         );
         assert!(r.get("running").is_some() && r.get("done").is_none());
         assert_eq!(r.live_count(), 1);
+    }
+
+    /// A finished task read back from disk (a continue, an apply or a discard on a task that
+    /// left memory) stays while it is used, however long ago it finished; and a change to one
+    /// that left memory is applied to its record, never dropped.
+    #[test]
+    fn eviction_counts_from_last_use_and_an_update_reads_through() {
+        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let r = Registry::new(Some(store.clone()));
+        let mut done = entry("done");
+        done.finish(TaskStatus::Completed, None);
+        // Finished an hour ago (as a record written by an earlier gateway says).
+        let hour = Duration::from_secs(3600);
+        done.rec.finished_ms = Some(done.rec.finished_ms.unwrap_or_default() - 3_600_000);
+        store.submit(done.rec.clone());
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("the record is written");
+        let ten_minutes = Duration::from_secs(600);
+        // Read back by a call: used now, so the next eviction tick leaves it alone.
+        assert!(r.get("done").is_some());
+        assert_eq!(r.evict_finished(ten_minutes, 24 * hour).left_memory, 0);
+        // Unused for the TTL, it leaves memory; an update then reads it back and is applied.
+        assert_eq!(r.evict_finished(Duration::ZERO, 24 * hour).left_memory, 1);
+        let moved = r.update("done", |e| e.rec.server_id = "srv_new".into());
+        assert!(moved.is_some(), "the update found the task on disk");
+        assert_eq!(
+            r.get("done").map(|e| e.rec.server_id),
+            Some("srv_new".to_string())
+        );
+        assert!(r.update("never", |_| ()).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

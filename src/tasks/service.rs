@@ -274,11 +274,13 @@ impl TaskService {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(task_id = %rec.id, from = %rec.server_id, to = %server.id, "the task's server is gone; its follow-up runs on the server in use now");
-        self.registry.update(&rec.id, |e| {
-            e.rec.server_id = server.id.clone();
-            e.rec.server_url = server.api.base_url().to_string();
-            e.rec.managed = server.process.is_some();
-        });
+        self.registry
+            .update(&rec.id, |e| {
+                e.rec.server_id = server.id.clone();
+                e.rec.server_url = server.api.base_url().to_string();
+                e.rec.managed = server.process.is_some();
+            })
+            .ok_or_else(|| TaskError::UnknownTasks(vec![rec.id.clone()]))?;
         Ok(server)
     }
 
