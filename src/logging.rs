@@ -32,8 +32,9 @@ pub fn directives(value: Option<&str>) -> String {
         "error" => "error".to_owned(),
         "warn" => "warn".to_owned(),
         "info" => DEFAULT_FILTER.to_owned(),
-        // rmcp's per-message lines are what a debugging user wants to see next to ours.
-        "debug" => "warn,opencode_mcp=debug,rmcp=info".to_owned(),
+        // rmcp::service logs each request and response at debug: a line per MCP message,
+        // what a debugging user wants next to ours.
+        "debug" => "warn,opencode_mcp=debug,rmcp=info,rmcp::service=debug".to_owned(),
         "trace" => "warn,opencode_mcp=trace,rmcp=debug".to_owned(),
         _ => value.to_owned(),
     }
@@ -122,11 +123,11 @@ mod tests {
     fn a_bare_level_is_this_crate_at_that_level() {
         assert_eq!(
             directives(Some("debug")),
-            "warn,opencode_mcp=debug,rmcp=info"
+            "warn,opencode_mcp=debug,rmcp=info,rmcp::service=debug"
         );
         assert_eq!(
             directives(Some("DEBUG")),
-            "warn,opencode_mcp=debug,rmcp=info"
+            "warn,opencode_mcp=debug,rmcp=info,rmcp::service=debug"
         );
         assert_eq!(directives(Some("warn")), "warn");
         for level in ["off", "error", "warn", "info", "debug", "trace"] {

@@ -163,6 +163,9 @@ fn main() -> ExitCode {
             Ok(cfg) => match yaml_serde::to_string(&cfg) {
                 Ok(text) => {
                     print!("{text}");
+                    for d in &cfg.derived {
+                        println!("# derived: {d}");
+                    }
                     for w in &cfg.withheld {
                         println!(
                             "# not applied from {}: {} = {}; in force: {}",
@@ -502,6 +505,9 @@ fn serve(sources: &Sources) -> ExitCode {
     for w in &cfg.withheld {
         tracing::warn!("{w}");
     }
+    for d in &cfg.derived {
+        tracing::info!("derived: {d}");
+    }
     // Managed servers run under a supervisor that takes down whatever OpenCode started.
     enable_supervisor();
     let Some(runtime) = runtime("opencode-mcp") else {
@@ -528,9 +534,5 @@ fn serve(sources: &Sources) -> ExitCode {
 
 /// `$XDG_CONFIG_HOME/opencode-mcp`, else `$HOME/.config/opencode-mcp`.
 fn user_config_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("opencode-mcp"))
+    opencode_mcp::config::xdg_dir("XDG_CONFIG_HOME", ".config")
 }

@@ -543,7 +543,8 @@ const MALFORMED: &[Case] = &[
             "{file}",
             "`limits.max_wait_ids`",
             "expected an integer",
-            "\"lots\"",
+            // Named by its kind, never its value (a value may be a secret).
+            "found a string",
         ],
     ),
     (
@@ -608,10 +609,12 @@ const MALFORMED: &[Case] = &[
         &["{file}", "`tiers.0.handles`", "missing required key"],
     ),
     (
-        "wait_default above wait_max (blames the key this file set)",
-        "timeouts:\n  wait_max: 30s\n",
+        // wait_max alone below the built-in wait_default is no error: the default yields
+        // (`a_default_yields_to_the_users_own_values`).
+        "wait_default above wait_max, both set by the user",
+        "timeouts:\n  wait_max: 30s\n  wait_default: 40s\n",
         &[],
-        &["{file}", "`timeouts.wait_max`", "wait_default", "at most"],
+        &["{file}", "`timeouts.wait_default`", "wait_max", "at most"],
     ),
     (
         "empty tier name",
@@ -1268,6 +1271,117 @@ fn a_repository_cannot_loosen_the_permission_policy_with_any_yaml_shape() {
         assert!(!ok, "{shape}: check-config must not call this file valid");
         assert_mentions(&stderr, &["`opencode.permission`", "not applied"]);
     }
+}
+
+/// A relative `XDG_CONFIG_HOME` is ignored (the XDG spec says so): it would resolve against the
+/// repository the gateway starts in, and load the repository's own
+/// `.config/opencode-mcp/delegation.yaml` as the user's trusted file.
+#[test]
+fn a_relative_xdg_config_home_does_not_make_a_repository_file_trusted() {
+    let dir = workdir();
+    write(
+        &dir.path().join(".config/opencode-mcp"),
+        "delegation.yaml",
+        "opencode:\n  command: ./evil.sh\n",
+    );
+    let (ok, stdout, stderr) = run(
+        dir.path(),
+        &["print-config"],
+        &[("XDG_CONFIG_HOME", ".config")],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("\n  command: opencode\n") && !stdout.contains("evil"),
+        "{stdout}"
+    );
+}
+
+/// The repository's `delegation.yaml` is read only as a regular file of the repository: one
+/// pointing at the user's secret is refused naming the file, and no error ever echoes a value
+/// (the secret, or a file that parses as one long string).
+#[test]
+fn a_repository_file_is_never_read_outside_the_repository_nor_echoed() {
+    let secret = "SECRET-VALUE-4242";
+    let dir = workdir();
+    let outside = workdir();
+    let key = write(outside.path(), "id_ed25519", &format!("{secret}\n"));
+    std::os::unix::fs::symlink(&key, dir.path().join("delegation.yaml")).expect("symlink");
+    let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok, "a file outside the repository is refused");
+    assert_mentions(
+        &stderr,
+        &["delegation.yaml", "points outside its directory"],
+    );
+    assert!(
+        !stderr.contains(secret) && !stdout.contains(secret),
+        "{stdout}{stderr}"
+    );
+
+    // A file of the repository that is one long string: named by its kind, not its value.
+    let dir = workdir();
+    write(dir.path(), "delegation.yaml", &format!("{secret}\n"));
+    let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok);
+    assert_mentions(&stderr, &["delegation.yaml", "found a string"]);
+    assert!(
+        !stderr.contains(secret) && !stdout.contains(secret),
+        "{stdout}{stderr}"
+    );
+
+    // A device is never read: check-config answers at once instead of reading /dev/zero.
+    let dir = workdir();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("delegation.yaml")).expect("symlink");
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(ok, "a non-file is no layer: {stderr}");
+
+    // A symlink to a file inside the repository is that file.
+    let dir = workdir();
+    write(dir.path(), "config/shared.yaml", "timeouts:\n  task: 7m\n");
+    std::os::unix::fs::symlink("config/shared.yaml", dir.path().join("delegation.yaml"))
+        .expect("symlink");
+    let (ok, stdout, stderr) = run(dir.path(), &["print-config"], &[]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("task: 7m"), "{stdout}");
+}
+
+/// A built-in default yields to what the user set: `timeouts.task: 6s` alone (by environment
+/// variable) starts, with `stall` derived below it and said so; two values the user set that
+/// contradict each other are still refused.
+#[test]
+fn a_default_yields_to_the_users_own_values() {
+    let dir = workdir();
+    let (ok, stdout, stderr) = run(
+        dir.path(),
+        &["print-config"],
+        &[("OPENCODE_MCP_TIMEOUTS__TASK", "6s")],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("  task: 6s\n"), "{stdout}");
+    assert!(stdout.contains("  stall: 3s\n"), "{stdout}");
+    assert_mentions(
+        &stdout,
+        &["# derived: timeouts.stall = 3s", "timeouts.task 6s"],
+    );
+    // timeouts.wait_max below the hosts' built-in bounds: they follow it.
+    let (ok, stdout, stderr) = run(
+        dir.path(),
+        &["print-config"],
+        &[("OPENCODE_MCP_TIMEOUTS__WAIT_MAX", "40s")],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("  wait_default: 40s\n"), "{stdout}");
+    assert!(!stdout.contains("wait_max: 10m"), "{stdout}");
+    // Both set by the user, and at odds: refused, naming both.
+    let (ok, _, stderr) = run(
+        dir.path(),
+        &["check-config"],
+        &[
+            ("OPENCODE_MCP_TIMEOUTS__TASK", "6s"),
+            ("OPENCODE_MCP_TIMEOUTS__STALL", "1m"),
+        ],
+    );
+    assert!(!ok, "contradicting values of the user's own are refused");
+    assert_mentions(&stderr, &["timeouts.stall", "timeouts.task"]);
 }
 
 /// `opencode-mcp print-config | head -1`: when the reader has gone, a subcommand ends quietly

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | OpenCode dies mid-task; managed servers bind loopback with a password nobody sees | [`opencode_dies_mid_task_and_a_fresh_server_takes_over`] |
 //! | the event stream drops, OpenCode is unreachable for a while, wrong password on attach | [`attached_server_stream_cut_outage_and_wrong_password`] |
-//! | the host vanishes: SIGTERM, SIGINT, SIGKILL of the gateway (stdin closed: `delegation.rs`) | `host_sends_sigterm`, `host_sends_sigint`, `host_kills_the_gateway_outright` |
+//! | the host vanishes: SIGTERM, SIGINT, SIGHUP, SIGKILL of the gateway (stdin closed: `delegation.rs`) | `host_sends_sigterm`, `host_sends_sigint`, `host_sends_sighup`, `host_kills_the_gateway_outright` |
 //! | port in use, missing binary, HTML instead of the API, non-loopback without password | [`start_errors_name_the_cause_and_the_fix`] |
 //! | malformed `delegation.yaml`, bad env override | [`a_malformed_config_refuses_to_start`] |
 //! | the SSE decoder and the argument parser never panic | `property_*` |
@@ -648,6 +648,13 @@ async fn host_sends_sigint() {
     host_vanishes("SIGINT", libc::SIGINT).await;
 }
 
+/// The terminal that ran the host closed (the npm launcher forwards SIGHUP too): a clean
+/// shutdown, like SIGTERM, not the default death that loses queued record writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_sends_sighup() {
+    host_vanishes("SIGHUP", libc::SIGHUP).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_kills_the_gateway_outright() {
     host_vanishes("SIGKILL", libc::SIGKILL).await;
@@ -695,6 +702,15 @@ async fn host_vanishes(name: &str, signal: libc::c_int) {
         "signal -> gateway gone",
         at.elapsed(),
     );
+    if signal != libc::SIGKILL {
+        // Its own shutdown ran (servers stopped, records flushed), not the signal's default.
+        let log = rig.client.stderr();
+        assert!(
+            log.contains(&format!("{name} received, shutting down"))
+                && log.contains("stopping managed OpenCode servers"),
+            "{name}: no clean shutdown:\n{log}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

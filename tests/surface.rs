@@ -795,10 +795,17 @@ async fn default_stderr_is_quiet_and_debug_brings_the_per_message_lines_back(
         "no rmcp INFO line even at debug:\n{loud}"
     );
     assert!(loud.contains(" DEBUG "), "{loud}");
-    // `debug` is this crate at debug, not every dependency: no DEBUG line from another crate.
+    // A line per MCP message: rmcp logs each request and response at debug.
+    assert!(
+        loud.contains("rmcp::service: received request"),
+        "no per-request line at debug:\n{loud}"
+    );
+    // `debug` is this crate at debug, not every dependency: no other crate's DEBUG line.
     let foreign: Vec<&str> = loud
         .lines()
-        .filter(|l| l.contains(" DEBUG ") && !l.contains("opencode_mcp"))
+        .filter(|l| {
+            l.contains(" DEBUG ") && !l.contains("opencode_mcp") && !l.contains("rmcp::service:")
+        })
         .collect();
     assert!(foreign.is_empty(), "{foreign:#?}");
     Ok(())

@@ -58,21 +58,26 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
 /// A YAML layer with the name errors should use for it.
 struct Layer {
     metadata: Metadata,
-    data: Data<Yaml>,
+    /// The parsed-on-demand text, or why the file could not be read.
+    data: Result<Data<Yaml>, String>,
 }
 
 impl Layer {
     fn built_in() -> Self {
         Layer {
             metadata: Metadata::named(BUILT_IN_NAME),
-            data: Yaml::string(DEFAULT_YAML),
+            data: Ok(Yaml::string(DEFAULT_YAML)),
         }
     }
 
-    fn file(path: &Path) -> Self {
+    /// A layer file, read once through [`read_layer`]; one that cannot be read is a layer whose
+    /// data is the error saying why (named with the file, like a syntax error).
+    fn file(path: &Path, inside: Option<&Path>) -> Self {
         Layer {
             metadata: Metadata::from("file", figment::Source::File(path.to_path_buf())),
-            data: Yaml::file_exact(path),
+            data: read_layer(path, inside)
+                .and_then(|text| top_level_mapping(&text).map(|()| text))
+                .map(|text| Yaml::string(&text)),
         }
     }
 }
@@ -83,8 +88,79 @@ impl Provider for Layer {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        self.data.data()
+        match &self.data {
+            Ok(data) => data.data(),
+            Err(why) => {
+                let mut error = figment::Error::from(why.clone());
+                error.metadata = Some(self.metadata.clone());
+                Err(error)
+            }
+        }
     }
+}
+
+/// A layer is a mapping of settings (or empty). Anything else is refused here, by its kind:
+/// the YAML parser's own message quotes a top-level string whole, and a file that is one long
+/// string may be a secret the repository's file points at. A syntax error is left to the
+/// parser, whose messages give a line and column, not contents.
+fn top_level_mapping(text: &str) -> Result<(), String> {
+    match yaml_serde::from_str::<yaml_serde::Value>(text) {
+        Ok(yaml_serde::Value::Mapping(_) | yaml_serde::Value::Null) | Err(_) => Ok(()),
+        Ok(other) => {
+            let kind = match other {
+                yaml_serde::Value::Bool(_) => "a boolean",
+                yaml_serde::Value::Number(_) => "a number",
+                yaml_serde::Value::String(_) => "a string",
+                yaml_serde::Value::Sequence(_) => "a list",
+                _ => "another kind of value",
+            };
+            Err(format!(
+                "expected a mapping of settings (`key: value` lines), found {kind}"
+            ))
+        }
+    }
+}
+
+/// The most a layer file may hold. Real ones are a few kilobytes; the bound is for a file that
+/// is not one (a repository's `delegation.yaml` pointing at `/dev/zero` took the gateway to
+/// 2 GiB within seconds).
+pub const MAX_LAYER_BYTES: u64 = 1 << 20;
+
+/// Reads a layer file as text: a regular file (a symlink to one is followed), of at most
+/// [`MAX_LAYER_BYTES`], and, with `inside`, one that resolves to a path inside that directory
+/// (the repository's file may not point at the user's secrets). Devices, FIFOs and directories
+/// are refused without reading (`/dev/stdin` would swallow the host's first message).
+pub fn read_layer(path: &Path, inside: Option<&Path>) -> Result<String, String> {
+    use std::io::Read;
+    if let Some(dir) = inside {
+        let real = std::fs::canonicalize(path).map_err(|e| format!("cannot be read: {e}"))?;
+        let dir = std::fs::canonicalize(dir).map_err(|e| format!("cannot be read: {e}"))?;
+        if !real.starts_with(&dir) {
+            return Err(format!(
+                "points outside its directory {}: a repository's delegation.yaml must be a file \
+                 of the repository",
+                dir.display()
+            ));
+        }
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    if !meta.is_file() {
+        return Err("is not a regular file".to_string());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_LAYER_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    if bytes.len() as u64 > MAX_LAYER_BYTES {
+        return Err(format!(
+            "is larger than {} KiB: not a delegation.yaml",
+            MAX_LAYER_BYTES / 1024
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())
 }
 
 /// A layer's data after the repository-controlled keys were taken out (see [`trust`]).
@@ -166,7 +242,8 @@ pub fn load_with_env(
     let mut withheld: Vec<(PathBuf, String, String)> = Vec::new();
     for path in user_file.iter().chain(&repo_file).chain(&explicit) {
         layers.push(Origin::File(path.clone()));
-        let layer = Layer::file(path);
+        let is_repo = Some(path) == repo_file.as_ref();
+        let layer = Layer::file(path, is_repo.then_some(sources.cwd.as_path()));
         let mut data = match layer.data() {
             Ok(data) => data,
             // Unreadable: merged as is, so its syntax error is reported like any other.
@@ -203,6 +280,7 @@ pub fn load_with_env(
 
     match extract(&figment) {
         Ok(mut config) => {
+            config.derived = yield_defaults(&mut config, &figment);
             config.withheld = withheld
                 .into_iter()
                 .map(|(file, key, value)| trust::Withheld {
@@ -397,8 +475,10 @@ fn origin_of(metadata: &Metadata) -> Origin {
 fn describe(kind: &Kind, key: &mut String) -> String {
     match kind {
         Kind::Message(message) => message.clone(),
+        // What was found is named by its kind, never its value: a value may be a secret (a
+        // repository's file pointing at a key file parses as one long string).
         Kind::InvalidType(found, expected) | Kind::InvalidValue(found, expected) => {
-            format!("expected {}, found {found}", plain(expected))
+            format!("expected {}, found {}", plain(expected), kind_of(found))
         }
         Kind::InvalidLength(len, expected) => {
             format!("expected {}, found {len} elements", plain(expected))
@@ -422,6 +502,22 @@ fn describe(kind: &Kind, key: &mut String) -> String {
             )
         }
         other => other.to_string(),
+    }
+}
+
+/// What kind of value `found` is, in the words of a YAML file.
+fn kind_of(found: &figment::error::Actual) -> &'static str {
+    use figment::error::Actual;
+    match found {
+        Actual::Bool(_) => "a boolean",
+        Actual::Unsigned(_) | Actual::Signed(_) => "an integer",
+        Actual::Float(_) => "a number",
+        Actual::Char(_) | Actual::Str(_) => "a string",
+        Actual::Bytes(_) => "bytes",
+        Actual::Unit | Actual::Option => "nothing (`~`)",
+        Actual::Seq => "a list",
+        Actual::Map => "a mapping",
+        _ => "another kind of value",
     }
 }
 
@@ -494,6 +590,80 @@ fn attribute(figment: &Figment, layers: &[Origin], issue: Issue) -> Problem {
         key,
         message,
     }
+}
+
+/// Built-in defaults give way to what the user set: where a rule relates two settings and one
+/// of them is the built-in default, that one is derived from the other (`timeouts.task: 6s`
+/// alone makes the 5m `stall` 3s, rather than refusing to start over a value the user never
+/// wrote). Only values the user set themselves can contradict each other, and those are still
+/// refused by validation. Returns a line per derived value, for `print-config` and the log.
+fn yield_defaults(config: &mut Config, figment: &Figment) -> Vec<String> {
+    let default = |key: &str| origin_of_key(figment, key) == Origin::BuiltIn;
+    let mut derived = Vec::new();
+    let mut note = |key: &str, value: &dyn std::fmt::Display, because: &str| {
+        derived.push(format!(
+            "{key} = {value} (the built-in default yields to {because})"
+        ));
+    };
+    let t = &mut config.timeouts;
+    // stall < task
+    if t.stall >= t.task {
+        if default("timeouts.stall") && !default("timeouts.task") {
+            t.stall = (t.task.get() / 2).into();
+            note(
+                "timeouts.stall",
+                &t.stall,
+                &format!("timeouts.task {}", t.task),
+            );
+        } else if default("timeouts.task") && !default("timeouts.stall") {
+            t.task = (t.stall.get() * 2).into();
+            note(
+                "timeouts.task",
+                &t.task,
+                &format!("timeouts.stall {}", t.stall),
+            );
+        }
+    }
+    // wait_default <= wait_max
+    if t.wait_default > t.wait_max {
+        if default("timeouts.wait_default") && !default("timeouts.wait_max") {
+            t.wait_default = t.wait_max;
+            note(
+                "timeouts.wait_default",
+                &t.wait_default,
+                &format!("timeouts.wait_max {}", t.wait_max),
+            );
+        } else if default("timeouts.wait_max") && !default("timeouts.wait_default") {
+            t.wait_max = t.wait_default;
+            note(
+                "timeouts.wait_max",
+                &t.wait_max,
+                &format!("timeouts.wait_default {}", t.wait_default),
+            );
+        }
+    }
+    // progress_interval < wait_default
+    if t.progress_interval >= t.wait_default
+        && default("timeouts.progress_interval")
+        && !default("timeouts.wait_default")
+    {
+        t.progress_interval = (t.wait_default.get() / 2).into();
+        note(
+            "timeouts.progress_interval",
+            &t.progress_interval,
+            &format!("timeouts.wait_default {}", t.wait_default),
+        );
+    }
+    // hosts.<name>.wait_max <= timeouts.wait_max
+    let wait_max = t.wait_max;
+    for (name, host) in &mut config.hosts {
+        let key = format!("hosts.{name}.wait_max");
+        if host.wait_max.is_some_and(|w| w > wait_max) && default(&key) {
+            host.wait_max = Some(wait_max);
+            note(&key, &wait_max, &format!("timeouts.wait_max {wait_max}"));
+        }
+    }
+    derived
 }
 
 /// The layer that supplied the value at `key`, or at its nearest ancestor that figment can find

@@ -95,6 +95,27 @@ pub struct Sources {
     pub user_dir: Option<PathBuf>,
 }
 
+/// `$<var>/opencode-mcp`, else `$HOME/<home_rel>/opencode-mcp`: an XDG base directory.
+///
+/// A relative value is ignored, as the XDG Base Directory spec says: it would resolve against
+/// the working directory, which is the repository the host starts the gateway in, so
+/// `XDG_CONFIG_HOME=.config` would load the repository's own
+/// `.config/opencode-mcp/delegation.yaml` as the user's trusted file.
+pub fn xdg_dir(var: &str, home_rel: &str) -> Option<PathBuf> {
+    xdg_dir_from(
+        std::env::var_os(var).map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+        home_rel,
+    )
+}
+
+fn xdg_dir_from(value: Option<PathBuf>, home: Option<PathBuf>, home_rel: &str) -> Option<PathBuf> {
+    let base = value
+        .filter(|v| v.is_absolute())
+        .or_else(|| home.filter(|h| h.is_absolute()).map(|h| h.join(home_rel)))?;
+    Some(base.join("opencode-mcp"))
+}
+
 /// Loads and validates the layered configuration, reading `OPENCODE_MCP_*` variables from the
 /// process environment. See [`load_with_env`] to pass the environment explicitly.
 pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
@@ -132,3 +153,32 @@ pub fn json_schema() -> serde_json::Value {
 
 /// Schema definitions that only occur as list items, which a layer always gives whole.
 const WHOLE_LIST_ITEMS: [&str; 2] = ["Tier", "PromptArgument"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_xdg_value_is_ignored() {
+        let home = Some(PathBuf::from("/home/u"));
+        let dir =
+            |value: Option<&str>| xdg_dir_from(value.map(PathBuf::from), home.clone(), ".config");
+        assert_eq!(dir(Some("/x")), Some(PathBuf::from("/x/opencode-mcp")));
+        assert_eq!(
+            dir(Some(".config")),
+            Some(PathBuf::from("/home/u/.config/opencode-mcp"))
+        );
+        assert_eq!(
+            dir(Some("")),
+            Some(PathBuf::from("/home/u/.config/opencode-mcp"))
+        );
+        assert_eq!(
+            dir(None),
+            Some(PathBuf::from("/home/u/.config/opencode-mcp"))
+        );
+        assert_eq!(
+            xdg_dir_from(Some("rel".into()), Some("also-rel".into()), ".config"),
+            None
+        );
+    }
+}

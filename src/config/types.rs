@@ -85,6 +85,11 @@ pub struct Config {
     #[serde(skip)]
     #[schemars(skip)]
     pub withheld: Vec<super::trust::Withheld>,
+    /// Built-in defaults changed to fit values the user set, one line each (not part of the
+    /// file format; `print-config` lists them).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub derived: Vec<String>,
     /// `instructions` as written, before tool names were filled in (not part of the file
     /// format): tells a reload whether the text changed or only the tools it names.
     #[serde(skip)]

@@ -154,14 +154,18 @@ pub fn layer_files(sources: &Sources) -> Vec<PathBuf> {
     files
 }
 
+/// Reads a layer file as the loader does (a regular file, bounded: never a device read whole
+/// once a second), so a change is noticed exactly when the loader would see one.
 fn read(path: &Path) -> Seen {
-    match std::fs::read(path) {
-        Ok(bytes) => {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Seen::Absent;
+    }
+    match super::load::read_layer(path, None) {
+        Ok(text) => {
             let mut hasher = DefaultHasher::new();
-            bytes.hash(&mut hasher);
-            Seen::Contents(bytes.len() as u64, hasher.finish())
+            text.hash(&mut hasher);
+            Seen::Contents(text.len() as u64, hasher.finish())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Seen::Absent,
         Err(_) => Seen::Unreadable,
     }
 }
@@ -176,6 +180,19 @@ mod tests {
             cwd: dir.join("repo"),
             user_dir: Some(dir.join("user")),
         }
+    }
+
+    /// A layer that is a device is never read (a repository's `delegation.yaml` linked to
+    /// `/dev/zero` was read whole once a second).
+    #[test]
+    fn a_device_is_unreadable_not_read() {
+        let dir = std::env::temp_dir().join(format!("ocm-watch-{}", crate::ids::task_id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let link = dir.join("delegation.yaml");
+        std::os::unix::fs::symlink("/dev/zero", &link).expect("symlink");
+        assert_eq!(read(&link), Seen::Unreadable);
+        assert_eq!(read(&dir.join("absent.yaml")), Seen::Absent);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

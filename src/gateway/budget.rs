@@ -21,6 +21,10 @@ use crate::tasks::{TaskResult, WaitOutcome};
 /// Characters kept free below the budget, for the host's own wrapping of the result.
 const MARGIN: usize = 200;
 
+/// The least of the answer a page carries when that much is left (in the host's unit): below
+/// it, the page sheds the fields it can spare instead.
+const MIN_PAGE: usize = 2_000;
+
 /// The length of `value`'s compact JSON text (what the host shows its model), in `unit`.
 pub fn shown_len<T: Serialize>(value: &T, unit: LengthUnit) -> usize {
     serde_json::to_string(value).map_or(usize::MAX, |s| unit.of(&s))
@@ -72,7 +76,32 @@ pub fn page_result(
     result.offset = start as u64;
     result.truncated = true;
     result.next_offset = Some(total as u64);
-    let room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
+    // Every page carries some of the answer when some is left: a page of file lists and no
+    // text would send its reader back to the same offset for ever. What the envelope can spare
+    // goes, in order, until a useful piece fits, and the page says what it left out.
+    let left: usize = full
+        .chars()
+        .skip(start)
+        .take(max_chars.min(MIN_PAGE))
+        .map(|c| escaped_len(c, unit))
+        .sum();
+    let mut room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
+    let mut omitted = Vec::new();
+    for field in ["tools", "workspace", "files_changed"] {
+        if room >= left {
+            break;
+        }
+        let had = match field {
+            "tools" => result.tools.take().is_some_and(|t| !t.is_empty()),
+            "workspace" => result.workspace.take().is_some(),
+            _ => !std::mem::take(&mut result.files_changed).is_empty(),
+        };
+        if had {
+            omitted.push(field.to_string());
+            result.omitted = Some(omitted.clone());
+        }
+        room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
+    }
     let text = fitting(&full, start, max_chars, room, unit);
     let end = start + text.chars().count();
     result.text = text;
@@ -170,6 +199,7 @@ mod tests {
             finish: None,
             duration_ms: None,
             tools: None,
+            omitted: None,
         }
     }
 
@@ -209,6 +239,48 @@ mod tests {
             counts[1] < counts[0],
             "counting as the host does takes fewer pages for non-ASCII text: {counts:?}"
         );
+    }
+
+    /// A result whose other fields already fill the host's budget (a worktree task that changed
+    /// many files, read by Codex) still pages through the answer: each page sheds what it can
+    /// spare and says so, and the pieces join to the answer.
+    #[test]
+    fn every_page_makes_progress_however_large_the_rest_of_the_result() {
+        let answer = "word ".repeat(4_000);
+        let mut whole = result(&answer);
+        whole.files_changed = (0..400)
+            .map(|i| {
+                serde_json::from_value(serde_json::json!({
+                    "file": format!("src/module_{i}/a_rather_long_file_name_{i}.rs"),
+                    "additions": i, "deletions": 1
+                }))
+                .expect("a file change")
+            })
+            .collect();
+        let budget = 10_000;
+        let mut offset = 0;
+        let mut joined = String::new();
+        for _ in 0..100 {
+            let page = page_result(whole.clone(), offset, 50_000, budget, LengthUnit::Bytes);
+            assert!(shown_len(&page, LengthUnit::Bytes) <= budget);
+            assert!(!page.text.is_empty(), "a page without text at {offset}");
+            assert_eq!(
+                page.omitted.as_deref(),
+                Some(&["files_changed".to_string()][..])
+            );
+            joined.push_str(&page.text);
+            match page.next_offset {
+                Some(next) => {
+                    assert!(next > offset);
+                    offset = next;
+                }
+                None => break,
+            }
+        }
+        assert_eq!(joined, answer);
+        // With room to spare nothing is left out.
+        let roomy = page_result(whole, 0, 50_000, 200_000, LengthUnit::Bytes);
+        assert!(roomy.omitted.is_none() && roomy.files_changed.len() == 400);
     }
 
     #[test]

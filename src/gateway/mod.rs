@@ -12,8 +12,8 @@
 //! - `error.rs`: [`ToolError`], how a failed call reads to the host.
 //!
 //! [`serve_stdio`] runs it all on stdin/stdout and, however the session ends (the host closes
-//! stdin, or SIGTERM/SIGINT), stops the OpenCode servers the gateway started before returning, so
-//! no child process outlives us (the original orphaned them).
+//! stdin, or SIGTERM/SIGINT/SIGHUP), stops the OpenCode servers the gateway started before
+//! returning, so no child process outlives us (the original orphaned them).
 
 mod actions;
 mod budget;
@@ -50,9 +50,9 @@ pub enum GatewayError {
     Transport(String),
 }
 
-/// Serves MCP on stdin/stdout until the host closes stdin or a SIGTERM/SIGINT arrives, then stops
-/// every managed OpenCode server and returns. With a `watch`, edits to the config files are
-/// applied while serving (see `reload.rs`).
+/// Serves MCP on stdin/stdout until the host closes stdin or a SIGTERM/SIGINT/SIGHUP arrives,
+/// then stops every managed OpenCode server and returns. With a `watch`, edits to the config
+/// files are applied while serving (see `reload.rs`).
 pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), GatewayError> {
     let gateway = Gateway::new(config);
     let tasks = gateway.tasks();
@@ -119,28 +119,33 @@ async fn serve(
     }
 }
 
-/// Installs the SIGTERM and SIGINT handlers now, and returns a future that cancels `stop` on the
-/// first of them.
+/// Installs the SIGTERM, SIGINT and SIGHUP handlers now, and returns a future that cancels
+/// `stop` on the first of them.
 #[cfg(unix)]
 fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
+    // SIGHUP too: a closed terminal (or the npm launcher, which forwards it) means the host is
+    // gone, and the default action would end the gateway without stopping its servers or
+    // writing its queued records.
     let handlers = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(term), Ok(int)) => Some((term, int)),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::warn!("cannot listen for SIGTERM/SIGINT: {e}");
+        (Ok(term), Ok(int), Ok(hup)) => Some((term, int, hup)),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            tracing::warn!("cannot listen for SIGTERM/SIGINT/SIGHUP: {e}");
             None
         }
     };
     async move {
-        let Some((mut term, mut int)) = handlers else {
+        let Some((mut term, mut int, mut hup)) = handlers else {
             return;
         };
         let name = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
+            _ = hup.recv() => "SIGHUP",
         };
         tracing::info!("{name} received, shutting down");
         stop.cancel();

@@ -291,6 +291,11 @@ pub struct TaskResult {
     /// (detail `full`) Tool calls of the turn.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ToolCall>>,
+    /// Fields this page left out so that it still carries the answer within the host's result
+    /// size (`tools`, `workspace`, `files_changed`, in that order): the wait for this task
+    /// listed the changed files, and `view` `diff` shows the changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<Vec<String>>,
 }
 
 fn is_zero(n: &u64) -> bool {

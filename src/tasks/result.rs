@@ -131,6 +131,7 @@ impl TaskService {
             finish: outcome.finish.clone(),
             duration_ms: Some(entry.duration().as_millis() as u64),
             tools: Some(outcome.tools.clone()),
+            omitted: None,
         })
     }
 }

@@ -436,15 +436,10 @@ pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp`.
+/// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp` (a relative
+/// `XDG_STATE_HOME` is ignored: see [`crate::config::xdg_dir`]).
 pub fn default_state_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state"))
-        })?;
-    Some(base.join("opencode-mcp"))
+    crate::config::xdg_dir("XDG_STATE_HOME", ".local/state")
 }
 
 #[cfg(test)]
