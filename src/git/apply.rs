@@ -86,21 +86,30 @@ pub async fn apply(
         return Ok(Applied { files: Vec::new() });
     }
     let files = summary(origin, &ours_tree, &merged).await?;
+    // Plumbing with its prefixes spelt out: the user's `diff.noprefix`, `diff.srcPrefix` or
+    // `diff.mnemonicPrefix` must not shape the patch (with `noprefix`, a new `src/new.rs` was
+    // written to `new.rs`), and `apply -p1` reads it back as written.
     let patch = git(
         origin,
         &[
-            "diff",
+            "diff-tree",
+            "-r",
+            "-p",
             "--binary",
+            "--full-index",
             "--no-color",
             "--no-ext-diff",
             "--no-textconv",
+            "--no-renames",
+            "--src-prefix=a/",
+            "--dst-prefix=b/",
             &ours_tree,
             &merged,
         ],
     )
     .await?
     .stdout;
-    let applied = Cmd::new(origin, &["apply", "--whitespace=nowarn", "-"])
+    let applied = Cmd::new(origin, &["apply", "-p1", "--whitespace=nowarn", "-"])
         .stdin(patch)
         .output()
         .await?;

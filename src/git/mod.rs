@@ -43,3 +43,86 @@ pub use worktree::{
 
 /// The prefix of every task branch: `opencode-mcp/<task_id>`.
 pub const BRANCH_PREFIX: &str = "opencode-mcp/";
+
+/// Real git on a repository whose own settings would shape or stop the gateway's calls.
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    use std::process::Command;
+
+    use super::*;
+
+    fn sh(dir: &Path, args: &[&str]) {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .expect("git runs");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    }
+
+    fn hook(repo: &Path, name: &str) {
+        let path = repo.join(".git/hooks").join(name);
+        std::fs::write(&path, "#!/bin/sh\necho \"hook $0 ran\" >&2\nexit 1\n").expect("hook");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    /// Failing `post-checkout` and `reference-transaction` hooks (a husky setup gone wrong) do
+    /// not run; `diff.noprefix` and friends do not bend the patch an apply writes (a new
+    /// `src/new.rs` once landed as `new.rs`); the worktrees are owner-only.
+    #[tokio::test]
+    async fn hooks_and_diff_settings_of_the_user_do_not_reach_the_gateways_git() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = tmp.path().join("repo");
+        std::fs::create_dir_all(&repo).expect("repo dir");
+        sh(&repo, &["init", "--quiet", "-b", "main"]);
+        for (k, v) in [
+            ("user.name", "t"),
+            ("user.email", "t@localhost"),
+            ("diff.noprefix", "true"),
+            ("diff.mnemonicPrefix", "true"),
+            ("diff.srcPrefix", "x/"),
+            ("diff.dstPrefix", "y/"),
+        ] {
+            sh(&repo, &["config", k, v]);
+        }
+        std::fs::write(repo.join("a.txt"), "one\n").expect("write");
+        sh(&repo, &["add", "a.txt"]);
+        sh(&repo, &["commit", "--quiet", "-m", "init"]);
+        hook(&repo, "post-checkout");
+        hook(&repo, "reference-transaction");
+
+        let root = tmp.path().join("worktrees");
+        let scratch = tmp.path().join("scratch");
+        let created = create(&repo, &root, "tsk_1", Base::Head)
+            .await
+            .unwrap_or_else(|e| panic!("the user's hooks stopped the worktree: {e}"));
+        let mode = std::fs::metadata(&root).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the worktrees directory is owner-only");
+
+        std::fs::create_dir_all(created.path.join("src")).expect("src");
+        std::fs::write(created.path.join("src/new.rs"), "fn main() {}\n").expect("write");
+        std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
+        let tip = commit_state(&created.path, &scratch, "tsk_1")
+            .await
+            .unwrap_or_else(|e| panic!("commit the task's state: {e}"));
+        let applied = apply(&repo, &created.base, &tip, &scratch, "task tsk_1")
+            .await
+            .unwrap_or_else(|e| panic!("apply: {e}"));
+        let mut files: Vec<String> = applied.files.into_iter().map(|f| f.file).collect();
+        files.sort();
+        assert_eq!(files, ["a.txt", "src/new.rs"]);
+        assert!(
+            repo.join("src/new.rs").is_file(),
+            "written where the task wrote it"
+        );
+        assert!(!repo.join("new.rs").exists(), "not one directory up");
+        assert_eq!(
+            std::fs::read_to_string(repo.join("a.txt")).expect("read"),
+            "one\ntwo\n"
+        );
+    }
+}

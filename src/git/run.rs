@@ -5,6 +5,13 @@
 //! hook) are removed, prompts are off (a credential prompt would hang the gateway), optional
 //! locks are off (a read must never write the user's index), and messages are in the C locale so
 //! that the few the gateway recognises read the same everywhere.
+//!
+//! The user's repository and settings are not the gateway's, so nothing of theirs runs or waits
+//! on a call: hooks are off (`worktree add` runs `post-checkout`, `update-ref` runs
+//! `reference-transaction`; a failing husky hook made every worktree task fail), an askpass
+//! answers nothing, fsmonitor is off, LFS does not fetch on checkout, and every call is bounded
+//! by [`TIMEOUT`]: one that hangs anyway is killed and reported, rather than holding the lock
+//! every worktree operation shares.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -74,6 +81,18 @@ impl Output {
     }
 }
 
+/// The longest one git call may take. Generous (a snapshot of a large tree through a
+/// temporary index reads every file), and only a bound: nothing should wait on the user.
+pub const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Settings every call runs with, whatever the user's config says (see the module comment).
+const OVERRIDES: [&str; 4] = [
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+];
+
 /// One git invocation: `git -C <dir> <args>`, with extra environment and optional stdin.
 pub struct Cmd<'a> {
     dir: &'a Path,
@@ -119,7 +138,7 @@ impl<'a> Cmd<'a> {
     /// error here.
     pub async fn output(self) -> Result<Output, GitError> {
         let mut cmd = tokio::process::Command::new("git");
-        cmd.arg("-C").arg(self.dir);
+        cmd.args(OVERRIDES).arg("-C").arg(self.dir);
         cmd.args(&self.args);
         for var in [
             "GIT_DIR",
@@ -132,6 +151,10 @@ impl<'a> Cmd<'a> {
             cmd.env_remove(var);
         }
         cmd.env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_ASKPASS", "false")
+            .env("SSH_ASKPASS", "false")
+            .env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+            .env("GIT_LFS_SKIP_SMUDGE", "1")
             .env("GIT_OPTIONAL_LOCKS", "0")
             .env("LC_ALL", "C");
         for (k, v) in &self.env {
@@ -149,19 +172,27 @@ impl<'a> Cmd<'a> {
             dir: self.dir.to_path_buf(),
             reason: e.to_string(),
         })?;
+        let command = self.describe();
         if let (Some(input), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
             // A git that exits early closes the pipe; its exit status says why.
             let _ = pipe.write_all(&input).await;
             drop(pipe);
         }
-        let out = child
-            .wait_with_output()
-            .await
-            .map_err(|error| GitError::Io {
+        let out = match tokio::time::timeout(TIMEOUT, child.wait_with_output()).await {
+            Ok(out) => out.map_err(|error| GitError::Io {
                 dir: self.dir.to_path_buf(),
                 context: "waiting for git",
                 error,
-            })?;
+            })?,
+            // Dropping the future killed git (kill_on_drop).
+            Err(_) => {
+                return Err(GitError::Failed {
+                    dir: self.dir.to_path_buf(),
+                    command,
+                    stderr: format!("it ran longer than {} s and was stopped", TIMEOUT.as_secs()),
+                })
+            }
+        };
         Ok(Output {
             code: out.status.code(),
             stdout: out.stdout,

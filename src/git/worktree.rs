@@ -65,7 +65,8 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
             }
         }
     };
-    std::fs::create_dir_all(root).map_err(|error| GitError::Io {
+    // Owner-only: the worktrees hold copies of the user's files, untracked ones included.
+    crate::private_files::create_dir(root).map_err(|error| GitError::Io {
         dir: root.to_path_buf(),
         context: "creating the worktrees directory",
         error,
@@ -167,7 +168,8 @@ static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// ones gone, untracked files that are not ignored added. Written through a temporary index in
 /// `scratch`, so the repository's own index and files are left exactly as they were.
 pub async fn snapshot_tree(repo: &Path, scratch: &Path) -> Result<String, GitError> {
-    std::fs::create_dir_all(scratch).map_err(|error| GitError::Io {
+    // Owner-only, like the worktrees: a temporary index lists the user's untracked files.
+    crate::private_files::create_dir(scratch).map_err(|error| GitError::Io {
         dir: scratch.to_path_buf(),
         context: "creating the directory for temporary indexes",
         error,
