@@ -341,7 +341,24 @@ fn watch(sources: &Sources, task_id: &str) -> ExitCode {
     ));
     // Nothing of the runtime may linger into the TUI's process (or its wait).
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
-    match planned.and_then(|plan| plan.run()) {
+    let plan = match planned {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("{WHO}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The TUI draws on a terminal and reads keys from one; without it, it waits for ever.
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+        eprintln!(
+            "{WHO}: opens OpenCode's terminal UI, so it needs a terminal for stdin and stdout; \
+             run it in one. Without a terminal, `opencode-mcp tasks` lists the tasks and \
+             opencode_get_task_result reads an answer"
+        );
+        return ExitCode::FAILURE;
+    }
+    match plan.run() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{WHO}: {e}");

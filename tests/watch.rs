@@ -405,26 +405,30 @@ async fn a_task_on_an_attached_server_is_watched_with_the_password_from_its_vari
     .expect("write the stand-in");
     std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755))
         .expect("chmod the stand-in");
-    let out = cli_command(
-        &env,
-        &["watch", &task_id],
-        &[
-            ("OPENCODE_SERVER_PASSWORD", opencode.password()),
-            (
-                "OPENCODE_MCP_OPENCODE__COMMAND",
-                stand_in.to_str().expect("a UTF-8 path"),
-            ),
-        ],
-    )
-    .stdin(std::process::Stdio::null())
-    .output()
-    .expect("the gateway binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen = std::fs::read_to_string(&record).expect("the stand-in ran");
+    let extra = [
+        ("OPENCODE_SERVER_PASSWORD", opencode.password()),
+        (
+            "OPENCODE_MCP_OPENCODE__COMMAND",
+            stand_in.to_str().expect("a UTF-8 path"),
+        ),
+    ];
+    // Without a terminal it says so and ends, instead of starting a TUI that waits for ever.
+    let no_terminal = watch_fails(&env, &task_id, &extra);
+    assert!(no_terminal.contains("needs a terminal"), "{no_terminal}");
+    assert!(!record.exists(), "nothing was started without a terminal");
+    // In a terminal, the exec.
+    let tmux = Tmux::start(&cli_command(&env, &["watch", &task_id], &extra));
+    // Its last line is the password: the file is complete once that is in.
+    let written = || {
+        std::fs::read_to_string(&record)
+            .ok()
+            .filter(|t| t.contains("password="))
+    };
+    let start = Instant::now();
+    while written().is_none() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let seen = written().unwrap_or_else(|| panic!("the stand-in did not run:\n{}", tmux.pane()));
     let session = started["session_id"].as_str().unwrap_or_default();
     let directory = rig.env.work_dir();
     let expected = format!(
