@@ -167,13 +167,16 @@ fn main() -> ExitCode {
                         println!("# derived: {d}");
                     }
                     for w in &cfg.withheld {
-                        println!(
+                        // One comment line each, whatever the repository wrote: a value with a
+                        // newline must not become a setting of the printed file.
+                        let line = format!(
                             "# not applied from {}: {} = {}; in force: {}",
                             w.file.display(),
                             w.key,
                             w.value,
                             w.in_force
                         );
+                        println!("{}", config::printable(&line));
                     }
                     ExitCode::SUCCESS
                 }
@@ -277,7 +280,7 @@ fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
     if json {
         return print_json(WHO, &report);
     }
-    print!("{}", report.text());
+    print!("{}", config::printable_lines(&report.text()));
     ExitCode::SUCCESS
 }
 
@@ -466,7 +469,7 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
             }
         }
     } else {
-        print!("{}", report.text());
+        print!("{}", config::printable_lines(&report.text()));
     }
     if report.ok {
         ExitCode::SUCCESS

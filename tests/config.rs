@@ -1384,6 +1384,41 @@ fn a_default_yields_to_the_users_own_values() {
     assert_mentions(&stderr, &["timeouts.stall", "timeouts.task"]);
 }
 
+/// What a repository wrote reaches the terminal escaped: a withheld value with a newline stays
+/// inside its comment line of `print-config` (redirected into the user's own file it would
+/// have become a trusted `state_dir:` line), and ANSI/OSC escapes in keys or values never reach
+/// `check-config`'s output as control characters.
+#[test]
+fn repository_strings_are_printed_escaped() {
+    let dir = workdir();
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "state_dir: \"/tmp/x\\nstate_dir: /tmp/evil\"\n",
+    );
+    let (ok, stdout, stderr) = run(dir.path(), &["print-config"], &[]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("# not applied from"), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("state_dir:")),
+        "a repository line became a setting:\n{stdout}"
+    );
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "state_dir: \"/tmp/x\\nstate_dir: /tmp/evil\"\n\"\\e]0;owned\\a\\e[31mkey\": 1\n",
+    );
+    let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok);
+    for text in [&stdout, &stderr] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "control characters reached the terminal: {text:?}"
+        );
+    }
+    assert_mentions(&stderr, &["\\u{1b}", "state_dir"]);
+}
+
 /// `opencode-mcp print-config | head -1`: when the reader has gone, a subcommand ends quietly
 /// (SIGPIPE, as other command-line tools do) and does not panic in its print. The pipe's read
 /// end is closed before the binary starts, so its first write meets no reader.

@@ -132,12 +132,23 @@ fn assert_leftovers_are_seen(env: &OpenCodeEnv) {
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn sleep");
-    let seen = leftovers(env);
+    // Right after spawn the child may not have exec'd yet, and until it has, its environment
+    // is still this process's (no marker): look until it shows, with a bound.
+    let mine = format!("{} ", probe.id());
+    let start = std::time::Instant::now();
+    let seen = loop {
+        let seen = leftovers(env);
+        if seen.iter().any(|p| p.starts_with(&mine))
+            || start.elapsed() > std::time::Duration::from_secs(10)
+        {
+            break seen;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let _ = probe.kill();
     let _ = probe.wait();
     assert!(
-        seen.iter()
-            .any(|p| p.starts_with(&format!("{} ", probe.id()))),
+        seen.iter().any(|p| p.starts_with(&mine)),
         "a marked process was not found: {seen:?}"
     );
 }

@@ -42,12 +42,48 @@ pub struct Problem {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "{}: {}", self.origin, self.message)
+        let text = if self.key.is_empty() {
+            format!("{}: {}", self.origin, self.message)
         } else {
-            write!(f, "{}: `{}`: {}", self.origin, self.key, self.message)
+            format!("{}: `{}`: {}", self.origin, self.key, self.message)
+        };
+        f.write_str(&printable(&text))
+    }
+}
+
+/// `text` with every control character written as an escape (`\n`, `\u{1b}`): what a
+/// repository wrote (a key, a value, a directory name) reaches terminals and host logs through
+/// messages, and must neither start a line of its own (a withheld value with a newline became
+/// a real `state_dir:` line in `print-config`) nor drive the terminal (ANSI and OSC escapes).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    printable_keeping(text, &[])
+}
+
+/// [`printable`] for text of several lines: newlines (and tabs) stay, every other control
+/// character is escaped.
+pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    printable_keeping(text, &['\n', '\t'])
+}
+
+fn printable_keeping<'a>(text: &'a str, keep: &[char]) -> std::borrow::Cow<'a, str> {
+    let unsafe_char = |c: char| c.is_control() && !keep.contains(&c) || is_bidi_control(c);
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
         }
     }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Characters that reorder what a terminal shows (the "Trojan Source" ones).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
 }
 
 /// Why the configuration could not be loaded.
@@ -100,6 +136,24 @@ impl fmt::Display for ProblemList<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_written_as_escapes() {
+        assert_eq!(printable("plain `x`"), "plain `x`");
+        assert_eq!(printable("a\nstate_dir: /x"), "a\\nstate_dir: /x");
+        assert_eq!(printable("\u{1b}[31mred\u{7}"), "\\u{1b}[31mred\\u{7}");
+        assert_eq!(printable("\u{202e}evil"), "\\u{202e}evil");
+        assert_eq!(
+            printable_lines("one\ntwo\u{1b}]0;x\u{7}"),
+            "one\ntwo\\u{1b}]0;x\\u{7}"
+        );
+        let p = Problem {
+            origin: Origin::File("/repo/delegation.yaml".into()),
+            key: "tools.\u{1b}[2J".into(),
+            message: "unknown key".into(),
+        };
+        assert!(!p.to_string().contains('\u{1b}'), "{p}");
+    }
 
     #[test]
     fn display_names_origin_key_and_message() {

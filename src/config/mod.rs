@@ -43,7 +43,7 @@ mod yaml;
 
 pub use duration::HumanDuration;
 pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
-pub use error::{ConfigError, Origin, Problem};
+pub use error::{printable, printable_lines, ConfigError, Origin, Problem};
 pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
 pub use restart::{keep_running, NotApplied, RestartKey, RESTART_KEYS};
 pub use template::{

@@ -53,8 +53,7 @@ impl fmt::Display for Withheld {
             "a repository's delegation.yaml may not choose what the gateway runs, where it \
              connects, which secret it sends or where it keeps data"
         };
-        write!(
-            f,
+        let text = format!(
             "file {}: `{}` ({}) is not applied: {why}; in force: {}. Set it in your own \
              $XDG_CONFIG_HOME/opencode-mcp/delegation.yaml, in a file passed with --config, or \
              as {}",
@@ -63,7 +62,8 @@ impl fmt::Display for Withheld {
             self.value,
             self.in_force,
             env_name(&self.key)
-        )
+        );
+        f.write_str(&super::error::printable(&text))
     }
 }
 
