@@ -227,19 +227,71 @@ impl Preset {
     }
 }
 
-/// The template environment: plain text out (no HTML escaping, which MiniJinja only turns on
-/// for `.html`-like template names), undefined values render as nothing.
-fn environment() -> Environment<'static> {
-    Environment::new()
+/// What one rendering may spend: MiniJinja charges each instruction, loop step and allocated
+/// byte against it. A prompt is a few kilobytes of arguments put in place; a template from a
+/// repository that loops `range(100000)` inside another, or writes `"x" * 100000000`, runs out
+/// within milliseconds and is an error, not a gateway at full CPU with gigabytes allocated.
+const FUEL: u64 = 5_000_000;
+
+/// The most text one rendering may write: far above any prompt a host sends (start_task's own
+/// `limits.max_prompt_bytes` checks the result), and the end of a template that writes without
+/// bound.
+const MAX_OUTPUT: usize = 8 << 20;
+
+/// A writer that refuses to grow past [`MAX_OUTPUT`], ending the rendering with an error.
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other(format!(
+                "the rendered prompt is longer than {} MiB",
+                MAX_OUTPUT >> 20
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
-/// Renders `template` with the given argument values.
+/// The template environment: plain text out (no HTML escaping, which MiniJinja only turns on
+/// for `.html`-like template names), undefined values render as nothing, and [`FUEL`] per
+/// rendering.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_fuel(Some(FUEL));
+    env
+}
+
+/// Renders `template` with the given argument values. Bounded by [`FUEL`], and on a runtime
+/// worker it first hands that worker's other tasks to the rest of the runtime, so a long
+/// rendering never stalls them.
 pub fn render(
     template: &str,
     values: &std::collections::BTreeMap<String, String>,
 ) -> Result<String, minijinja::Error> {
-    let env = environment();
-    env.render_str(template, minijinja::Value::from(values.clone()))
+    let work = || {
+        let env = environment();
+        let mut out = Capped(Vec::new());
+        env.template_from_str(template)?
+            .render_captured_to(minijinja::Value::from(values.clone()), &mut out)?;
+        String::from_utf8(out.0).map_err(|_| {
+            minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "the rendered prompt is not UTF-8",
+            )
+        })
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// Every problem with the enabled preset entries of `config`, keyed like the file. Disabled ones
@@ -428,6 +480,33 @@ mod tests {
 
     fn tool(yaml: serde_json::Value) -> ToolConfig {
         serde_json::from_value(yaml).expect("a tool entry")
+    }
+
+    /// A template that would loop ten billion times or allocate 100 MB runs out of fuel and is
+    /// an error; a prompt of real size renders.
+    #[test]
+    fn a_hostile_template_runs_out_of_fuel() {
+        let values = std::collections::BTreeMap::from([("task".to_string(), "y".repeat(50_000))]);
+        for hostile in [
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            "{{ 'x' * 100000000 }}",
+            "{% for i in range(100000) %}{{ task }}{% endfor %}",
+        ] {
+            let started = std::time::Instant::now();
+            let rendered = render(hostile, &values);
+            assert!(rendered.is_err(), "{hostile} rendered");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "{hostile} took {:?}",
+                started.elapsed()
+            );
+        }
+        let fine = render(
+            "Do this: {{ task }}\n{% if notes %}{{ notes }}{% endif %}",
+            &values,
+        )
+        .expect("a prompt of real size renders");
+        assert_eq!(fine.len(), "Do this: ".len() + 50_000 + 1);
     }
 
     fn write_tests() -> ToolConfig {
