@@ -282,10 +282,7 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                         .and_then(Value::as_str)
                         .unwrap_or("pending")
                         .to_string(),
-                    title: part
-                        .pointer("/state/title")
-                        .and_then(Value::as_str)
-                        .map(String::from),
+                    title: tool_title(part),
                 },
                 "step-start" => PartEvent::StepStart,
                 "step-finish" => PartEvent::StepFinish,
@@ -435,6 +432,44 @@ async fn stream_once(
     }
 }
 
+/// Most characters of a tool's title kept for progress.
+const TITLE_CHARS: usize = 200;
+
+/// What a tool call is doing, in a few words: OpenCode's own title when it gave one, else the
+/// call's main argument (a shell tool's command, an edit's file, a search's pattern), so
+/// progress reads `running bash: cargo test`, not just `running bash`. One line, bounded.
+fn tool_title(part: &Value) -> Option<String> {
+    let state = part.get("state")?;
+    let title = state
+        .get("title")
+        .and_then(Value::as_str)
+        .filter(|t| !t.trim().is_empty())
+        .map(str::to_string)
+        .or_else(|| {
+            let input = state.get("input")?;
+            [
+                "command",
+                "filePath",
+                "path",
+                "pattern",
+                "url",
+                "query",
+                "description",
+            ]
+            .iter()
+            .find_map(|key| input.get(key).and_then(Value::as_str))
+            .filter(|t| !t.trim().is_empty())
+            .map(str::to_string)
+        })?;
+    let line: String = title.split_whitespace().collect::<Vec<_>>().join(" ");
+    Some(if line.chars().count() > TITLE_CHARS {
+        let cut: String = line.chars().take(TITLE_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        line
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,6 +583,49 @@ mod tests {
         }
         assert!(p.line.len() < MAX_EVENT_BYTES);
         assert!(p.feed(b"\n\ndata: {}\n\n") == vec!["{}".to_string()]);
+    }
+
+    /// A running tool without a title of OpenCode's own is named by its main argument, on one
+    /// bounded line.
+    #[test]
+    fn a_running_tool_is_named_by_its_title_or_main_argument() {
+        let part = |state: &str| {
+            decode_event(&format!(
+                r#"{{"type":"message.part.updated","properties":{{"part":{{"id":"p","sessionID":"s","messageID":"m","type":"tool","tool":"bash","state":{state}}}}}}}"#
+            ))
+        };
+        let title = |e: Event| match e {
+            Event::PartUpdated {
+                part: PartEvent::Tool { title, .. },
+                ..
+            } => title,
+            other => panic!("not a tool part: {other:?}"),
+        };
+        assert_eq!(
+            title(part(
+                r#"{"status":"running","input":{"command":"cargo  test \t --all"}}"#
+            )),
+            Some("cargo test --all".to_string())
+        );
+        assert_eq!(
+            title(part(
+                r#"{"status":"running","title":"Runs the tests","input":{"command":"x"}}"#
+            )),
+            Some("Runs the tests".to_string())
+        );
+        assert_eq!(
+            title(part(
+                r#"{"status":"running","input":{"filePath":"/w/src/lib.rs"}}"#
+            )),
+            Some("/w/src/lib.rs".to_string())
+        );
+        let long = "y".repeat(1000);
+        let cut = title(part(&format!(
+            r#"{{"status":"running","input":{{"command":"{long}"}}}}"#
+        )))
+        .unwrap_or_default();
+        assert_eq!(cut.chars().count(), TITLE_CHARS);
+        assert_eq!(title(part(r#"{"status":"pending","input":{}}"#)), None);
     }
 
     #[test]
