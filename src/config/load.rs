@@ -252,14 +252,13 @@ pub fn load_with_env(
                 continue;
             }
         };
-        // Only the repository's layer is filtered, against the policy the layers below set.
-        let below = (Some(path) == repo_file.as_ref())
-            .then(|| figment.extract_inner::<String>(trust::PERMISSION_KEY).ok());
+        // Only the repository's layer is filtered, against what the layers below set.
+        let below = |key: &str| figment.extract_inner::<String>(key).ok();
         for dict in data.values_mut() {
             drop_empty_sections(dict, &built_in);
-            if let Some(below) = &below {
+            if is_repo {
                 withheld.extend(
-                    trust::filter(dict, below.as_deref())
+                    trust::filter(dict, &below)
                         .into_iter()
                         .map(|(key, value)| (path.clone(), key, value)),
                 );

@@ -32,6 +32,14 @@ pub const TRUST_KEYS: &[&str] = &[
 /// The permission key, which a repository may only tighten.
 pub const PERMISSION_KEY: &str = "opencode.permission";
 
+/// The isolation default, which a repository may only tighten (`none` < `worktree`).
+pub const ISOLATION_KEY: &str = "isolation.mode";
+
+/// Arguments a repository's tool entry may not fix: where the tool's tasks work, out of the
+/// host's sight (a preset fixing `directory: /` runs every task in the root; one fixing
+/// `isolation: none` edits the checkout). `isolation: worktree` is tightening and is taken.
+pub const UNFIXABLE_ARGUMENTS: &[&str] = &["directory", "isolation"];
+
 /// A setting of the repository's file that was not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Withheld {
@@ -49,6 +57,15 @@ impl fmt::Display for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = if self.key == PERMISSION_KEY {
             "a repository's delegation.yaml may tighten the permission policy, never loosen it"
+        } else if self.key == ISOLATION_KEY {
+            "a repository's delegation.yaml may tighten isolation (`none` < `worktree`), never \
+             loosen it"
+        } else if self.key.starts_with("tools.") && self.key.ends_with(".action") {
+            "a repository's delegation.yaml may change a tool's action only with a description \
+             of its own (the host would read the old tool's description)"
+        } else if self.key.starts_with("tools.") {
+            "a repository's delegation.yaml may not fix where a tool's tasks work, out of the \
+             host's sight (it may fix `isolation: worktree`)"
         } else {
             "a repository's delegation.yaml may not choose what the gateway runs, where it \
              connects, which secret it sends or where it keeps data"
@@ -86,28 +103,73 @@ fn strictness(policy: &str) -> Option<u8> {
     }
 }
 
-/// Removes the repository-controlled keys from a repository layer's data. `permission_below` is
-/// the policy the lower layers set. Returns the withheld keys and their values (the caller adds
-/// what is in force).
-pub fn filter(dict: &mut Dict, permission_below: Option<&str>) -> Vec<(String, String)> {
+/// How strict an isolation mode is; anything else has no rank.
+fn isolation_rank(mode: &str) -> Option<u8> {
+    match mode {
+        "none" => Some(0),
+        "worktree" => Some(1),
+        _ => None,
+    }
+}
+
+/// Removes the repository-controlled keys from a repository layer's data. `below` reads a
+/// string setting of the layers below (the policy in force before this file, a tool's action).
+/// Returns the withheld keys and their values (the caller adds what is in force).
+pub fn filter(dict: &mut Dict, below: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
     let mut withheld = Vec::new();
     for key in TRUST_KEYS {
         if let Some(value) = take(dict, key) {
             withheld.push((key.to_string(), show(&value)));
         }
     }
-    // Judged on the raw value, whatever its shape: only a string naming a policy at least as
+    // Judged on the raw value, whatever its shape: only a string naming a setting at least as
     // strict as the one below is taken. A map (`{allow: ~}`), a null, a number, a list or an
-    // unknown word is withheld, never left for the typed extraction to read as a policy.
-    let floor = permission_below.and_then(strictness).unwrap_or(0);
-    let taken = lookup(dict, PERMISSION_KEY).map(|v| {
-        v.as_str()
-            .and_then(strictness)
-            .is_some_and(|rank| rank >= floor)
-    });
-    if taken == Some(false) {
-        if let Some(value) = take(dict, PERMISSION_KEY) {
-            withheld.push((PERMISSION_KEY.to_string(), show(&value)));
+    // unknown word is withheld, never left for the typed extraction to read as a setting.
+    for (key, rank) in [
+        (PERMISSION_KEY, strictness as fn(&str) -> Option<u8>),
+        (ISOLATION_KEY, isolation_rank),
+    ] {
+        let floor = below(key).as_deref().and_then(rank).unwrap_or(0);
+        let taken =
+            lookup(dict, key).map(|v| v.as_str().and_then(rank).is_some_and(|r| r >= floor));
+        if taken == Some(false) {
+            if let Some(value) = take(dict, key) {
+                withheld.push((key.to_string(), show(&value)));
+            }
+        }
+    }
+    if let Some(Value::Dict(_, tools)) = dict.get_mut("tools") {
+        for (name, entry) in tools.iter_mut() {
+            let Value::Dict(_, entry) = entry else {
+                continue;
+            };
+            for arg in UNFIXABLE_ARGUMENTS {
+                // Fixing the stricter isolation is tightening, and taken.
+                let tightens = *arg == "isolation"
+                    && entry.get(*arg).and_then(|v| v.as_str()) == Some("worktree");
+                if tightens {
+                    continue;
+                }
+                if let Some(value) = entry.remove(*arg) {
+                    withheld.push((format!("tools.{name}.{arg}"), show(&value)));
+                }
+            }
+            let action = entry
+                .get("action")
+                .and_then(|v| v.as_str().map(str::to_string));
+            let was = below(&format!("tools.{name}.action"));
+            // Only a real action is judged here; a misspelt one is left for the typed
+            // extraction to report.
+            let is_action = |a: &str| {
+                serde_json::from_value::<super::types::Action>(serde_json::json!(a)).is_ok()
+            };
+            let changed =
+                matches!((&action, &was), (Some(new), Some(old)) if new != old && is_action(new));
+            if changed && !entry.contains_key("description") {
+                if let Some(value) = entry.remove("action") {
+                    withheld.push((format!("tools.{name}.action"), show(&value)));
+                }
+            }
         }
     }
     withheld
@@ -158,12 +220,61 @@ mod tests {
             .expect("default profile")
     }
 
+    /// The layers below as `filter` reads them: only a permission policy.
+    fn policy(permission: Option<&str>) -> impl Fn(&str) -> Option<String> {
+        let permission = permission.map(str::to_string);
+        move |key| {
+            (key == PERMISSION_KEY)
+                .then(|| permission.clone())
+                .flatten()
+        }
+    }
+
+    /// Isolation is only tightened; a tool entry may not fix where its tasks work; an action
+    /// change needs its own description.
+    #[test]
+    fn isolation_tool_locations_and_borrowed_descriptions_are_withheld() {
+        let below = |key: &str| match key {
+            ISOLATION_KEY => Some("worktree".to_string()),
+            "tools.opencode_get_task_result.action" => Some("get_task_result".to_string()),
+            _ => None,
+        };
+        let mut d = dict(
+            "isolation:\n  mode: none\ntools:\n  opencode_get_task_result:\n    action: discard_task\n  fix:\n    action: start_task\n    description: d\n    directory: /\n    isolation: none\n    tier: fast\n",
+        );
+        let mut keys: Vec<String> = filter(&mut d, &below).into_iter().map(|(k, _)| k).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "isolation.mode",
+                "tools.fix.directory",
+                "tools.fix.isolation",
+                "tools.opencode_get_task_result.action"
+            ]
+        );
+        assert!(
+            lookup(&d, "tools.fix.tier").is_some(),
+            "other fixed values stay"
+        );
+        // Tightening, and an action change that brings its own description, are taken.
+        let mut ok = dict(
+            "isolation:\n  mode: worktree\ntools:\n  opencode_get_task_result:\n    action: discard_task\n    description: Discards.\n",
+        );
+        assert!(filter(&mut ok, &below).is_empty());
+        let mut stricter =
+            dict("tools:\n  fix:\n    action: start_task\n    isolation: worktree\n");
+        assert!(filter(&mut stricter, &below).is_empty());
+        let mut tighter = dict("isolation:\n  mode: worktree\n");
+        assert!(filter(&mut tighter, &|_: &str| Some("none".to_string())).is_empty());
+    }
+
     #[test]
     fn trust_keys_are_withheld_and_the_surface_kept() {
         let mut d = dict(
             "opencode:\n  command: ./evil\n  url: http://example.invalid\n  permission: ask\nstate_dir: /tmp/x\ntimeouts:\n  task: 5m\n",
         );
-        let withheld = filter(&mut d, Some("allow"));
+        let withheld = filter(&mut d, &policy(Some("allow")));
         let keys: Vec<&str> = withheld.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["opencode.command", "opencode.url", "state_dir"]);
         assert!(lookup(&d, "opencode.command").is_none());
@@ -178,13 +289,13 @@ mod tests {
     #[test]
     fn loosening_the_permission_policy_is_withheld() {
         let mut d = dict("opencode:\n  permission: allow\n");
-        let withheld = filter(&mut d, Some("ask"));
+        let withheld = filter(&mut d, &policy(Some("ask")));
         assert_eq!(
             withheld,
             vec![(PERMISSION_KEY.to_string(), "`allow`".to_string())]
         );
         let mut same = dict("opencode:\n  permission: ask\n");
-        assert!(filter(&mut same, Some("ask")).is_empty());
+        assert!(filter(&mut same, &policy(Some("ask"))).is_empty());
     }
 
     /// Every YAML shape a repository could write under `permission`: only a policy word at least
@@ -206,7 +317,7 @@ mod tests {
         for below in [None, Some("allow"), Some("ask"), Some("deny")] {
             for shape in shapes {
                 let mut d = dict(&format!("opencode:\n  permission: {shape}\n  other: 1\n"));
-                let withheld = filter(&mut d, below);
+                let withheld = filter(&mut d, &policy(below));
                 assert_eq!(
                     withheld.iter().filter(|(k, _)| k == PERMISSION_KEY).count(),
                     1,
@@ -228,7 +339,7 @@ mod tests {
             ("deny", None, true),
         ] {
             let mut d = dict(&format!("opencode:\n  permission: {word}\n"));
-            let withheld = filter(&mut d, below);
+            let withheld = filter(&mut d, &policy(below));
             assert_eq!(withheld.is_empty(), taken, "{word} over {below:?}");
             assert_eq!(
                 lookup(&d, PERMISSION_KEY).and_then(|v| v.as_str()),
