@@ -1346,10 +1346,7 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
         "the call was backgrounded as an MCP task: {}",
         results[0].text
     );
-    let conversation = serde_json::to_string(last.messages()).unwrap_or_default();
-    let notification = conversation
-        .split("<task-notification>")
-        .nth(1)
+    let notification = task_notification(&api)
         .unwrap_or_else(|| panic!("no task notification reached the model\n{}", describe()));
     assert!(
         notification.contains("<status>completed</status>"),
@@ -1398,6 +1395,17 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
         "{}",
         claude_code::tail(&debug, 6000)
     );
+}
+
+/// The first `<task-notification>` in the conversation Claude Code last sent its (fake) model:
+/// the turn in which it handed over a background task's result.
+fn task_notification(api: &FakeAnthropic) -> Option<String> {
+    let last = api.main_requests().into_iter().last()?;
+    let conversation = serde_json::to_string(last.messages()).ok()?;
+    conversation
+        .split("<task-notification>")
+        .nth(1)
+        .map(str::to_string)
 }
 
 /// Polls `found` (bounded) until it returns something.
@@ -1496,15 +1504,8 @@ fn claude_code_2026_asks_its_user_for_a_tasks_permission() {
         pane.contains("Read the answer.")
     });
     assert!(read.is_ok(), "no turn for the notification\n{}", describe());
-    let main = api.main_requests();
-    let conversation = main
-        .last()
-        .map(|r| serde_json::to_string(r.messages()).unwrap_or_default())
-        .unwrap_or_default();
-    let notification = conversation
-        .split("<task-notification>")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no task notification\n{}", describe()));
+    let notification =
+        task_notification(&api).unwrap_or_else(|| panic!("no task notification\n{}", describe()));
     assert!(
         notification.contains("<status>completed</status>")
             && notification.contains(&echo_reply(prompt)),

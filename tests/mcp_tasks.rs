@@ -71,6 +71,37 @@ async fn poll_terminal(rig: &Rig, id: &str) -> GetTaskResult {
     poll(rig, id, |t| t.task.status().is_terminal()).await
 }
 
+/// Polls until the task asks for input, and returns what it asks.
+async fn asked(rig: &Rig, id: &str) -> (GetTaskResult, rmcp::model::InputRequests) {
+    let asking = poll(rig, id, |t| {
+        t.task.status() == TaskStatus::InputRequired || t.task.status().is_terminal()
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
+        panic!("no input asked for: {asking:?}");
+    };
+    let requests = input_requests.clone();
+    (asking, requests)
+}
+
+/// Sends the user's answers with `tasks/update`.
+async fn answer(rig: &Rig, id: &str, responses: BTreeMap<String, Value>) {
+    rig.client
+        .peer()
+        .update_task(UpdateTaskParams::new(id, responses))
+        .await
+        .unwrap_or_else(|e| panic!("tasks/update: {e}\n{}", rig.client.stderr()));
+}
+
+/// Whether any request OpenCode sent its model holds `text` (a command's output).
+fn model_saw(rig: &Rig, text: &str) -> bool {
+    rig.fake.requests().iter().any(|r| {
+        serde_json::to_string(&r.body)
+            .unwrap_or_default()
+            .contains(text)
+    })
+}
+
 /// The tool result a completed task carries.
 fn result_of(task: &GetTaskResult) -> &rmcp::model::JsonObject {
     match &task.task.payload {
@@ -261,13 +292,7 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     )
     .await;
     let id = started.task.task_id.clone();
-    let asking = poll(&rig, &id, |t| {
-        t.task.status() == TaskStatus::InputRequired || t.task.status().is_terminal()
-    })
-    .await;
-    let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
-        panic!("no input asked for: {asking:?}");
-    };
+    let (asking, input_requests) = asked(&rig, &id).await;
     // It stays so until someone answers: the host polls again while its user decides.
     let again = get(&rig, &id).await;
     assert_eq!(again.task.payload, asking.task.payload, "{again:?}");
@@ -290,24 +315,14 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
         "{wire}"
     );
 
-    let answer = BTreeMap::from([(
-        key.clone(),
-        json!({"action": "accept", "content": {"decision": "once"}}),
-    )]);
-    rig.client
-        .peer()
-        .update_task(UpdateTaskParams::new(&id, answer))
-        .await
-        .unwrap_or_else(|e| panic!("tasks/update: {e}\n{}", rig.client.stderr()));
+    let once = json!({"action": "accept", "content": {"decision": "once"}});
+    answer(&rig, &id, BTreeMap::from([(key.clone(), once)])).await;
     let done = poll_terminal(&rig, &id).await;
     assert_eq!(done.task.status(), TaskStatus::Completed, "{done:?}");
-    // The command ran: its output reached the model.
-    let ran = rig.fake.requests().iter().any(|r| {
-        serde_json::to_string(&r.body)
-            .unwrap_or_default()
-            .contains("permitted-42")
-    });
-    assert!(ran, "the allowed command's output never reached the model");
+    assert!(
+        model_saw(&rig, "permitted-42"),
+        "the allowed command's output never reached the model"
+    );
 
     // A declined (or dismissed) dialog refuses: the command never runs.
     let refused = handle(
@@ -317,30 +332,15 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     )
     .await;
     let id = refused.task.task_id.clone();
-    let asking = poll(&rig, &id, |t| {
-        t.task.status() == TaskStatus::InputRequired || t.task.status().is_terminal()
-    })
-    .await;
-    let TaskPayload::InputRequired { input_requests } = &asking.task.payload else {
-        panic!("no input asked for: {asking:?}");
-    };
-    let answer = input_requests
+    let (_, input_requests) = asked(&rig, &id).await;
+    let declined = input_requests
         .keys()
         .map(|key| (key.clone(), json!({"action": "decline"})))
         .collect();
-    rig.client
-        .peer()
-        .update_task(UpdateTaskParams::new(&id, answer))
-        .await
-        .unwrap_or_else(|e| panic!("tasks/update: {e}\n{}", rig.client.stderr()));
+    answer(&rig, &id, declined).await;
     let ended = poll_terminal(&rig, &id).await;
     assert_ne!(ended.task.status(), TaskStatus::Completed, "{ended:?}");
-    let ran = rig.fake.requests().iter().any(|r| {
-        serde_json::to_string(&r.body)
-            .unwrap_or_default()
-            .contains("refused-42")
-    });
-    assert!(!ran, "a declined command ran");
+    assert!(!model_saw(&rig, "refused-42"), "a declined command ran");
 }
 
 /// Hosts that do not declare the extension get exactly what they got before: a plain result

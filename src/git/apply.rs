@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::diff::{summary, DiffFile};
+use super::diff::{summary, DiffFile, DiffStatus};
 use super::run::{commit_tree, git, Cmd, GitError};
 use super::worktree::snapshot_tree;
 
@@ -86,6 +86,23 @@ pub async fn apply(
         return Ok(Applied { files: Vec::new() });
     }
     let files = summary(origin, &ours_tree, &merged).await?;
+    // `git apply` checks every hunk before it writes, but a path it must create under a name
+    // that is a file in the working tree (an ignored `foo` where the task adds `foo/bar`) is
+    // met only while writing, after other files were written. Checked here first, so a failed
+    // apply has changed nothing.
+    let blocked = blocked_paths(origin, &files);
+    if !blocked.is_empty() {
+        return Err(GitError::Conflict {
+            message: format!(
+                "{label} writes where the working tree of {} has something else, and nothing \
+                 was applied: {}. Move or remove those (they may be ignored files) and apply \
+                 again",
+                origin.display(),
+                blocked.join("; ")
+            ),
+            files: files.into_iter().map(|f| f.file).collect(),
+        });
+    }
     // Plumbing with its prefixes spelt out: the user's `diff.noprefix`, `diff.srcPrefix` or
     // `diff.mnemonicPrefix` must not shape the patch (with `noprefix`, a new `src/new.rs` was
     // written to `new.rs`), and `apply -p1` reads it back as written.
@@ -125,6 +142,42 @@ pub async fn apply(
         });
     }
     Ok(Applied { files })
+}
+
+/// The paths the change would write but cannot: a file it adds whose parent directory is a file
+/// (or symlink) in the working tree, or which already exists there untracked (git keeps no
+/// record of it, so the apply would overwrite it). In words, one entry each.
+fn blocked_paths(origin: &Path, files: &[DiffFile]) -> Vec<String> {
+    let mut blocked = Vec::new();
+    for f in files {
+        let writes_new = matches!(
+            f.status,
+            DiffStatus::Added | DiffStatus::Renamed | DiffStatus::Copied
+        );
+        if !writes_new {
+            continue;
+        }
+        let rel = Path::new(&f.file);
+        let mut parent = rel.parent();
+        let mut in_the_way = None;
+        while let Some(dir) = parent.filter(|d| !d.as_os_str().is_empty()) {
+            let meta = std::fs::symlink_metadata(origin.join(dir));
+            if meta.is_ok_and(|m| !m.is_dir()) {
+                in_the_way = Some(dir);
+            }
+            parent = dir.parent();
+        }
+        if let Some(dir) = in_the_way {
+            blocked.push(format!(
+                "`{}` needs `{}` to be a directory",
+                f.file,
+                dir.display()
+            ));
+        } else if std::fs::symlink_metadata(origin.join(rel)).is_ok() {
+            blocked.push(format!("`{}` already exists, untracked", f.file));
+        }
+    }
+    blocked
 }
 
 /// Most conflicting files whose regions are quoted, and most lines quoted in all.

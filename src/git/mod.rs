@@ -125,4 +125,53 @@ mod tests {
             "one\ntwo\n"
         );
     }
+
+    /// An apply is all or nothing: a task that adds `foo/bar` where the working tree has an
+    /// ignored file `foo` fails before writing anything (a.txt was rewritten first, then the
+    /// apply failed with "Not a directory" and reported nothing applied).
+    #[tokio::test]
+    async fn an_apply_that_cannot_write_every_path_writes_none() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = tmp.path().join("repo");
+        std::fs::create_dir_all(&repo).expect("repo dir");
+        sh(&repo, &["init", "--quiet", "-b", "main"]);
+        sh(&repo, &["config", "user.name", "t"]);
+        sh(&repo, &["config", "user.email", "t@localhost"]);
+        std::fs::write(repo.join("a.txt"), "one\n").expect("write");
+        std::fs::write(repo.join(".gitignore"), "foo\n").expect("write");
+        sh(&repo, &["add", "a.txt", ".gitignore"]);
+        sh(&repo, &["commit", "--quiet", "-m", "init"]);
+        let root = tmp.path().join("worktrees");
+        let scratch = tmp.path().join("scratch");
+        let created = create(&repo, &root, "tsk_2", Base::Head)
+            .await
+            .expect("worktree");
+        std::fs::create_dir_all(created.path.join("foo")).expect("foo dir");
+        std::fs::write(created.path.join("foo/bar"), "bar\n").expect("write");
+        std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
+        // The task's worktree ignores foo too: commit its state with the file forced in.
+        sh(&created.path, &["add", "-f", "foo/bar"]);
+        let tip = commit_state(&created.path, &scratch, "tsk_2")
+            .await
+            .expect("commit state");
+        // Meanwhile the user's tree has an ignored *file* named foo.
+        std::fs::write(repo.join("foo"), "mine\n").expect("write");
+        let err = apply(&repo, &created.base, &tip, &scratch, "task tsk_2")
+            .await
+            .expect_err("foo is in the way");
+        let text = err.to_string();
+        assert!(
+            text.contains("foo/bar") && text.contains("nothing"),
+            "{text}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("a.txt")).expect("read"),
+            "one\n",
+            "nothing was written"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("foo")).expect("read"),
+            "mine\n"
+        );
+    }
 }
