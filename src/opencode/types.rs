@@ -58,12 +58,14 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// Adds `other`, saturating: the counts come from OpenCode's floats (cast to the largest
+    /// integer when absurd), and a sum must neither panic nor wrap to a small number.
     pub fn add(&mut self, other: &Tokens) {
-        self.input += other.input;
-        self.output += other.output;
-        self.reasoning += other.reasoning;
-        self.cache_read += other.cache_read;
-        self.cache_write += other.cache_write;
+        self.input = self.input.saturating_add(other.input);
+        self.output = self.output.saturating_add(other.output);
+        self.reasoning = self.reasoning.saturating_add(other.reasoning);
+        self.cache_read = self.cache_read.saturating_add(other.cache_read);
+        self.cache_write = self.cache_write.saturating_add(other.cache_write);
     }
 }
 
@@ -215,6 +217,23 @@ pub fn error_info_from_json(value: &serde_json::Value) -> ErrorInfo {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn token_sums_saturate() {
+        let huge = Tokens {
+            input: u64::MAX,
+            output: u64::MAX - 1,
+            reasoning: 1,
+            cache_read: 0,
+            cache_write: u64::MAX,
+        };
+        let mut sum = huge;
+        sum.add(&huge);
+        assert_eq!(sum.input, u64::MAX);
+        assert_eq!(sum.output, u64::MAX);
+        assert_eq!(sum.reasoning, 2);
+        assert_eq!(sum.cache_write, u64::MAX);
+    }
+
     use super::*;
 
     #[test]

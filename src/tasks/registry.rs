@@ -381,6 +381,9 @@ fn durable(r: &TaskRecord) -> impl PartialEq {
     (
         r.status,
         r.turn,
+        // A released idempotency key must reach the disk, or a retry after a restart is handed
+        // the task the key no longer stands for.
+        r.idempotency.clone(),
         r.outcome.is_some(),
         r.outcome_error.is_some(),
         r.files_changed.is_some(),
@@ -868,6 +871,25 @@ mod tests {
             Some("srv_new".to_string())
         );
         assert!(r.update("never", |_| ()).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Releasing an idempotency key (a failed all-or-nothing fan-out) is written at once, not
+    /// only with some later durable change.
+    #[test]
+    fn a_released_idempotency_key_is_written() {
+        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
+        let store = Store::open(&dir).expect("open");
+        let r = Registry::new(Some(store.clone()));
+        let mut e = entry("keyed");
+        e.rec.idempotency = Some(("k".into(), 7));
+        r.insert(e);
+        r.update("keyed", |e| e.rec.idempotency = None);
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        let on_disk = store.load("keyed").expect("the record");
+        assert_eq!(on_disk.idempotency, None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -578,6 +578,12 @@ pub fn spawn_check(
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move {
+        // A panic inside a check must not leave the entry behind: every later trigger would
+        // then only mark it to run again, and the task would never be checked again.
+        let _unwind = ForgetCheckOnPanic {
+            checks: ctx.checks.clone(),
+            task_id: task_id.clone(),
+        };
         let (mut idle, mut for_turn) = (idle, for_turn);
         loop {
             check_completion(&ctx, &server, &task_id, idle, for_turn).await;
@@ -605,6 +611,23 @@ pub fn spawn_check(
             }
         }
     });
+}
+
+/// Removes a task's entry from the running checks when its check task unwinds.
+struct ForgetCheckOnPanic {
+    checks: Arc<Mutex<HashMap<String, bool>>>,
+    task_id: String,
+}
+
+impl Drop for ForgetCheckOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.checks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.task_id);
+        }
+    }
 }
 
 /// Reads the turn over HTTP and finishes the task if [`turn::conclude`] says the turn is over.
@@ -848,6 +871,26 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
 
 #[cfg(test)]
 mod tests {
+    /// A check that panics leaves no entry behind, so the task can be checked again.
+    #[tokio::test]
+    async fn a_panicking_check_is_forgotten() {
+        let checks: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+        checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert("tsk_a".into(), false);
+        let held = checks.clone();
+        let run = tokio::spawn(async move {
+            let _unwind = ForgetCheckOnPanic {
+                checks: held,
+                task_id: "tsk_a".into(),
+            };
+            panic!("a check that panics");
+        });
+        assert!(run.await.is_err(), "the task panicked");
+        assert!(checks.lock().unwrap_or_else(|p| p.into_inner()).is_empty());
+    }
+
     use super::*;
     use crate::opencode::{Api, PermissionAsk};
     use crate::tasks::registry::TaskEntry;
