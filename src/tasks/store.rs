@@ -62,6 +62,11 @@ enum Op {
     Remove,
 }
 
+/// How often a failed write is tried again (a full disk may free up), and how long the writer
+/// rests before each new try, so that a disk that stays full costs nothing.
+const WRITE_RETRIES: u32 = 5;
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 /// The writer's queue, shared with every handle.
 #[derive(Default)]
 struct Queue {
@@ -77,6 +82,8 @@ struct Queue {
     applied: u64,
     /// Writes that failed, in total.
     failed: u64,
+    /// Tries so far of the writes that failed and are queued again, by task.
+    retries: HashMap<String, u32>,
     /// The last handle is gone: drain and stop.
     closing: bool,
     /// Cleared when the writer thread ends, however it ends.
@@ -389,19 +396,62 @@ fn run_writer(shared: &Shared) {
             q.writing = batch.clone();
             (batch, q.submitted)
         };
-        let mut failed = 0;
+        let mut failed = Vec::new();
+        let mut lost = 0;
         for (id, op) in batch.iter() {
-            if let Err(e) = apply(&shared.dir, id, op) {
-                failed += 1;
-                tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
+            match apply(&shared.dir, id, op) {
+                Ok(()) => {}
+                // An id that cannot be a file name never will be: not tried again.
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
+                    lost += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
+                    failed.push((id.clone(), op.clone()));
+                }
             }
         }
         let mut q = shared.lock();
         q.writing = Arc::default();
         q.applied = upto;
-        q.failed += failed;
+        // A flush reports the failures of what was submitted before it; a retry's failure was
+        // reported with its first try.
+        let first_failures = failed
+            .iter()
+            .filter(|(id, _)| !q.retries.contains_key(id))
+            .count();
+        q.failed += (lost + first_failures) as u64;
+        for (id, _) in batch.iter() {
+            if !failed.iter().any(|(f, _)| f == id) {
+                q.retries.remove(id);
+            }
+        }
+        // A failed write is tried again unless a newer one of the same task replaced it: a
+        // record lost to a full disk would make the task unknown once it leaves memory.
+        let mut requeued = false;
+        for (id, op) in failed {
+            let tries = q.retries.entry(id.clone()).or_insert(0);
+            *tries += 1;
+            if *tries > WRITE_RETRIES {
+                q.retries.remove(&id);
+                tracing::warn!(task_id = %id, "giving up writing the task's record after {WRITE_RETRIES} retries");
+                continue;
+            }
+            if let std::collections::hash_map::Entry::Vacant(slot) = q.pending.entry(id) {
+                slot.insert(op);
+                requeued = true;
+            }
+        }
         drop(q);
         shared.progress.notify_all();
+        if requeued {
+            // Rest before the next try, unless the store is closing or new work comes in.
+            let q = shared.lock();
+            if !q.closing {
+                drop(shared.work.wait_timeout(q, RETRY_PAUSE));
+            }
+        }
     }
 }
 
@@ -728,6 +778,31 @@ mod tests {
         ));
         store.submit(record("tsk_fine", 1));
         store.flush_blocking(FLUSH).expect("a later flush is clean");
+    }
+
+    /// A write that failed (a full disk, here a record whose path is a directory for a while)
+    /// is tried again and lands once the way is clear, unless a newer record replaced it.
+    #[test]
+    fn a_failed_write_is_tried_again() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        let blocker = state.0.join("tasks/tsk_retry.json");
+        std::fs::create_dir_all(blocker.join("x")).expect("a directory where the record goes");
+        store.submit(record("tsk_retry", 3));
+        assert!(matches!(
+            store.flush_blocking(FLUSH),
+            Err(StoreError::WritesFailed { failed: 1 })
+        ));
+        std::fs::remove_dir_all(&blocker).expect("clear the way");
+        // On disk, not only queued (load also sees queued records).
+        let start = Instant::now();
+        while read_record(&blocker).ok().map(|r| r.turn) != Some(3) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the record was never written again"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     #[test]
