@@ -80,8 +80,10 @@ struct Queue {
     /// Every operation up to this sequence number has been applied (or replaced by a later one
     /// that has).
     applied: u64,
-    /// Writes that failed, in total.
+    /// Writes that failed, in total (each once, at its first try).
     failed: u64,
+    /// How many of those a flush has already reported.
+    reported: u64,
     /// Tries so far of the writes that failed and are queued again, by task.
     retries: HashMap<String, u32>,
     /// The last handle is gone: drain and stop.
@@ -346,7 +348,6 @@ fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
     let deadline = Instant::now() + timeout;
     let mut q = shared.lock();
     let target = q.submitted;
-    let failed_before = q.failed;
     while q.applied < target {
         if !q.writer_alive {
             return Err(StoreError::WriterStopped);
@@ -364,7 +365,11 @@ fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
             .map(|(q, _)| q)
             .unwrap_or_else(|p| p.into_inner().0);
     }
-    match q.failed - failed_before {
+    // Every failure no flush has reported yet: a write that failed before this call was made
+    // (the writer can be quicker than the caller) is reported too.
+    let failed = q.failed - q.reported;
+    q.reported = q.failed;
+    match failed {
         0 => Ok(()),
         failed => Err(StoreError::WritesFailed { failed }),
     }
