@@ -105,6 +105,12 @@ impl TaskEntry {
         if let Some(finished) = live.finished_at {
             live.last_used = finished;
         }
+        // A pending ask read back is as old as the restore: a permission list read after it that
+        // no longer has the ask (answered while the gateway was down) clears it. Without a time
+        // the sweep never did, and the task showed `waiting_permission` for good.
+        if rec.permission.is_some() {
+            live.permission_since = Some(Instant::now());
+        }
         Self { rec, live }
     }
 
@@ -872,6 +878,25 @@ mod tests {
         );
         assert!(r.update("never", |_| ()).is_none());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A task restored with a pending ask can have it cleared by the next permission sweep.
+    #[test]
+    fn a_restored_ask_can_be_swept() {
+        let mut e = entry("asking");
+        e.ask_permission(PermissionAsk {
+            id: "per_1".into(),
+            session_id: "ses_asking".into(),
+            permission: "bash".into(),
+            patterns: vec![],
+            metadata: serde_json::Value::Null,
+        });
+        let restored = TaskEntry::from_record(e.rec.clone());
+        assert!(restored.rec.permission.is_some());
+        assert!(
+            restored.live.permission_since.is_some(),
+            "the sweep only clears asks with a time"
+        );
     }
 
     /// Releasing an idempotency key (a failed all-or-nothing fan-out) is written at once, not
