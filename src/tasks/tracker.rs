@@ -675,7 +675,7 @@ pub async fn check_completion(
             return;
         }
     };
-    let turn = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
+    let mut turn = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
     let idle = if turn.finished && known != Idle::No {
         known
     } else {
@@ -690,6 +690,24 @@ pub async fn check_completion(
             }
         }
     };
+    // The messages were read before the status: a final step that started and ended between
+    // the two reads is missing from them, and "idle without a final answer" would judge a
+    // completed turn stopped. Read them again, now that the session is known to be idle.
+    if !turn.finished && idle == Idle::Confirmed {
+        match server
+            .api
+            .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+            .await
+        {
+            Ok(again) => {
+                turn = turn::derive(&again, &rec.user_message_id).cap_text(ctx.max_result_chars);
+            }
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "completion check: second read failed; will retry");
+                return;
+            }
+        }
+    }
     let held = registry.update(task_id, |e| {
         if e.rec.turn != entry.rec.turn || e.rec.status.is_terminal() || e.live.aborting {
             return None;
