@@ -41,6 +41,16 @@ async fn handle(rig: &Rig, tool: &str, args: Value) -> CreateTaskResult {
     }
 }
 
+/// Starts a task on the rig's server with `prompt`; returns its handle.
+async fn start(rig: &Rig, prompt: &str) -> CreateTaskResult {
+    handle(
+        rig,
+        "opencode_start_task",
+        json!({"server_id": rig.server_id(), "prompt": prompt}),
+    )
+    .await
+}
+
 async fn get(rig: &Rig, id: &str) -> GetTaskResult {
     rig.client
         .peer()
@@ -114,12 +124,7 @@ fn result_of(task: &GetTaskResult) -> &rmcp::model::JsonObject {
 async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it() {
     let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
     let prompt = "native task [[delay:1500]]";
-    let started = handle(
-        &rig,
-        "opencode_start_task",
-        json!({"server_id": rig.server_id(), "prompt": prompt}),
-    )
-    .await;
+    let started = start(&rig, prompt).await;
     let id = started.task.task_id.clone();
     assert!(
         id.starts_with("tsk_"),
@@ -200,14 +205,8 @@ async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_task_fails_with_its_error_and_a_cancelled_one_is_cancelled_at_once() {
     let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
-    let server = rig.server_id();
 
-    let failing = handle(
-        &rig,
-        "opencode_start_task",
-        json!({"server_id": server, "prompt": "refused [[error400]]"}),
-    )
-    .await;
+    let failing = start(&rig, "refused [[error400]]").await;
     let failed = poll_terminal(&rig, &failing.task.task_id).await;
     let TaskPayload::Failed { error } = &failed.task.payload else {
         panic!("not failed: {failed:?}");
@@ -220,12 +219,7 @@ async fn a_failed_task_fails_with_its_error_and_a_cancelled_one_is_cancelled_at_
 
     // The host's TaskStop sends tasks/cancel twice at the same instant: both are acknowledged,
     // and the OpenCode turn is aborted (its model stream is cut off).
-    let slow = handle(
-        &rig,
-        "opencode_start_task",
-        json!({"server_id": server, "prompt": "long work [[slow:30000]]"}),
-    )
-    .await;
+    let slow = start(&rig, "long work [[slow:30000]]").await;
     let id = slow.task.task_id.clone();
     rig.fake
         .wait_for_request(Duration::from_secs(30), |r| {
@@ -285,12 +279,7 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     let env = OpenCodeEnv::new().with_config(json!({ "permission": "ask" }));
     let rig = modern_rig(env, true, &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")]).await;
     let prompt = "needs a shell [[bash:echo permitted-$((6*7))]]";
-    let started = handle(
-        &rig,
-        "opencode_start_task",
-        json!({"server_id": rig.server_id(), "prompt": prompt}),
-    )
-    .await;
+    let started = start(&rig, prompt).await;
     let id = started.task.task_id.clone();
     let (asking, input_requests) = asked(&rig, &id).await;
     // It stays so until someone answers: the host polls again while its user decides.
@@ -325,12 +314,7 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     );
 
     // A declined (or dismissed) dialog refuses: the command never runs.
-    let refused = handle(
-        &rig,
-        "opencode_start_task",
-        json!({"server_id": rig.server_id(), "prompt": "again [[bash:echo refused-$((6*7))]]"}),
-    )
-    .await;
+    let refused = start(&rig, "again [[bash:echo refused-$((6*7))]]").await;
     let id = refused.task.task_id.clone();
     let (_, input_requests) = asked(&rig, &id).await;
     let declined = input_requests

@@ -48,7 +48,7 @@ pub const BRANCH_PREFIX: &str = "opencode-mcp/";
 #[cfg(all(test, unix))]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::process::Command;
 
     use super::*;
@@ -64,6 +64,26 @@ mod tests {
         assert!(out.status.success(), "git {args:?}: {out:?}");
     }
 
+    /// A repository at `<tmp>/repo` with a committer and one commit of `a.txt` ("one") plus
+    /// `files`, and `settings` in its config.
+    fn init_repo(tmp: &Path, settings: &[(&str, &str)], files: &[(&str, &str)]) -> PathBuf {
+        let repo = tmp.join("repo");
+        std::fs::create_dir_all(&repo).expect("repo dir");
+        sh(&repo, &["init", "--quiet", "-b", "main"]);
+        for (k, v) in [("user.name", "t"), ("user.email", "t@localhost")]
+            .iter()
+            .chain(settings)
+        {
+            sh(&repo, &["config", k, v]);
+        }
+        for (name, text) in std::iter::once(&("a.txt", "one\n")).chain(files) {
+            std::fs::write(repo.join(name), text).expect("write");
+            sh(&repo, &["add", name]);
+        }
+        sh(&repo, &["commit", "--quiet", "-m", "init"]);
+        repo
+    }
+
     fn hook(repo: &Path, name: &str) {
         let path = repo.join(".git/hooks").join(name);
         std::fs::write(&path, "#!/bin/sh\necho \"hook $0 ran\" >&2\nexit 1\n").expect("hook");
@@ -76,22 +96,13 @@ mod tests {
     #[tokio::test]
     async fn hooks_and_diff_settings_of_the_user_do_not_reach_the_gateways_git() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let repo = tmp.path().join("repo");
-        std::fs::create_dir_all(&repo).expect("repo dir");
-        sh(&repo, &["init", "--quiet", "-b", "main"]);
-        for (k, v) in [
-            ("user.name", "t"),
-            ("user.email", "t@localhost"),
+        let settings = [
             ("diff.noprefix", "true"),
             ("diff.mnemonicPrefix", "true"),
             ("diff.srcPrefix", "x/"),
             ("diff.dstPrefix", "y/"),
-        ] {
-            sh(&repo, &["config", k, v]);
-        }
-        std::fs::write(repo.join("a.txt"), "one\n").expect("write");
-        sh(&repo, &["add", "a.txt"]);
-        sh(&repo, &["commit", "--quiet", "-m", "init"]);
+        ];
+        let repo = init_repo(tmp.path(), &settings, &[]);
         hook(&repo, "post-checkout");
         hook(&repo, "reference-transaction");
 
@@ -132,15 +143,7 @@ mod tests {
     #[tokio::test]
     async fn an_apply_that_cannot_write_every_path_writes_none() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let repo = tmp.path().join("repo");
-        std::fs::create_dir_all(&repo).expect("repo dir");
-        sh(&repo, &["init", "--quiet", "-b", "main"]);
-        sh(&repo, &["config", "user.name", "t"]);
-        sh(&repo, &["config", "user.email", "t@localhost"]);
-        std::fs::write(repo.join("a.txt"), "one\n").expect("write");
-        std::fs::write(repo.join(".gitignore"), "foo\n").expect("write");
-        sh(&repo, &["add", "a.txt", ".gitignore"]);
-        sh(&repo, &["commit", "--quiet", "-m", "init"]);
+        let repo = init_repo(tmp.path(), &[], &[(".gitignore", "foo\n")]);
         let root = tmp.path().join("worktrees");
         let scratch = tmp.path().join("scratch");
         let created = create(&repo, &root, "tsk_2", Base::Head)

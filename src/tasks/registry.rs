@@ -763,6 +763,22 @@ mod tests {
         TaskEntry::in_first_turn(id, &format!("ses_{id}"))
     }
 
+    /// A registry writing to a store in a fresh temp directory (removed when the guard drops).
+    fn stored() -> (Registry, Store, TempDir) {
+        let dir =
+            TempDir(std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id())));
+        let store = Store::open(&dir.0).expect("open");
+        (Registry::new(Some(store.clone())), store, dir)
+    }
+
+    struct TempDir(std::path::PathBuf);
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn text_tail_keeps_the_last_characters_on_char_boundaries() {
         let mut e = entry("a");
@@ -852,9 +868,7 @@ mod tests {
     /// that left memory is applied to its record, never dropped.
     #[test]
     fn eviction_counts_from_last_use_and_an_update_reads_through() {
-        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
-        let store = Store::open(&dir).expect("open");
-        let r = Registry::new(Some(store.clone()));
+        let (r, store, _dir) = stored();
         let mut done = entry("done");
         done.finish(TaskStatus::Completed, None);
         // Finished an hour ago (as a record written by an earlier gateway says).
@@ -877,7 +891,6 @@ mod tests {
             Some("srv_new".to_string())
         );
         assert!(r.update("never", |_| ()).is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A task restored with a pending ask can have it cleared by the next permission sweep.
@@ -903,9 +916,7 @@ mod tests {
     /// only with some later durable change.
     #[test]
     fn a_released_idempotency_key_is_written() {
-        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
-        let store = Store::open(&dir).expect("open");
-        let r = Registry::new(Some(store.clone()));
+        let (r, store, _dir) = stored();
         let mut e = entry("keyed");
         e.rec.idempotency = Some(("k".into(), 7));
         r.insert(e);
@@ -915,7 +926,6 @@ mod tests {
             .expect("written");
         let on_disk = store.load("keyed").expect("the record");
         assert_eq!(on_disk.idempotency, None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
