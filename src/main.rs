@@ -118,78 +118,82 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::CheckConfig => match config::load(&sources) {
-            // Settings the repository's file may not make are not errors to serving (they are
-            // ignored, with a warning), but a check must not call such a file valid.
-            Ok(cfg) if !cfg.withheld.is_empty() => {
-                for w in &cfg.withheld {
-                    eprintln!("{w}");
+        Command::CheckConfig => {
+            match config::load(&sources, opencode_mcp::gateway::preset_issues) {
+                // Settings the repository's file may not make are not errors to serving (they are
+                // ignored, with a warning), but a check must not call such a file valid.
+                Ok(cfg) if !cfg.withheld.is_empty() => {
+                    for w in &cfg.withheld {
+                        eprintln!("{w}");
+                    }
+                    for mention in config::stale_mentions(&cfg) {
+                        eprintln!("{mention}");
+                    }
+                    eprintln!(
+                        "{} setting(s) of the repository's delegation.yaml are not applied",
+                        cfg.withheld.len()
+                    );
+                    ExitCode::FAILURE
                 }
-                for mention in config::stale_mentions(&cfg) {
-                    eprintln!("{mention}");
-                }
-                eprintln!(
-                    "{} setting(s) of the repository's delegation.yaml are not applied",
-                    cfg.withheld.len()
-                );
-                ExitCode::FAILURE
-            }
-            Ok(cfg) => {
-                // Literal tool names that name no enabled tool: prose the host may act on, but
-                // the gateway still works, so a warning and not a failure.
-                for mention in config::stale_mentions(&cfg) {
-                    eprintln!("{mention}");
-                }
-                eprintln!("configuration is valid");
-                // Kept worktrees are not a configuration error, but this is where a user looks.
-                if let Some(dir) = state_dir(&cfg) {
-                    let kept = opencode_mcp::tasks::gc::kept_count(&dir);
-                    if kept > 0 {
-                        eprintln!(
+                Ok(cfg) => {
+                    // Literal tool names that name no enabled tool: prose the host may act on, but
+                    // the gateway still works, so a warning and not a failure.
+                    for mention in config::stale_mentions(&cfg) {
+                        eprintln!("{mention}");
+                    }
+                    eprintln!("configuration is valid");
+                    // Kept worktrees are not a configuration error, but this is where a user looks.
+                    if let Some(dir) = state_dir(&cfg) {
+                        let kept = opencode_mcp::tasks::gc::kept_count(&dir);
+                        if kept > 0 {
+                            eprintln!(
                             "{kept} worktree(s) of expired tasks kept with changes never applied \
                              (under {}): list them with `opencode-mcp gc`",
                             opencode_mcp::tasks::gc::worktrees_dir(&dir).display()
                         );
-                    }
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::PrintConfig => match config::load(&sources) {
-            Ok(cfg) => match yaml_serde::to_string(&cfg) {
-                Ok(text) => {
-                    print!("{text}");
-                    for d in &cfg.derived {
-                        println!("# derived: {d}");
-                    }
-                    for w in &cfg.withheld {
-                        // One comment line each, whatever the repository wrote: a value with a
-                        // newline must not become a setting of the printed file.
-                        let line = format!(
-                            "# not applied from {}: {} = {}; in force: {}",
-                            w.file.display(),
-                            w.key,
-                            w.value,
-                            w.in_force
-                        );
-                        println!("{}", config::printable(&line));
+                        }
                     }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("{e}");
                     ExitCode::FAILURE
                 }
-            },
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
             }
-        },
+        }
+        Command::PrintConfig => {
+            match config::load(&sources, opencode_mcp::gateway::preset_issues) {
+                Ok(cfg) => match yaml_serde::to_string(&cfg) {
+                    Ok(text) => {
+                        print!("{text}");
+                        for d in &cfg.derived {
+                            println!("# derived: {d}");
+                        }
+                        for w in &cfg.withheld {
+                            // One comment line each, whatever the repository wrote: a value with a
+                            // newline must not become a setting of the printed file.
+                            let line = format!(
+                                "# not applied from {}: {} = {}; in force: {}",
+                                w.file.display(),
+                                w.key,
+                                w.value,
+                                w.in_force
+                            );
+                            println!("{}", config::printable(&line));
+                        }
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve => serve(&sources),
         Command::Doctor { json } => doctor(&sources, json),
         Command::Gc {
@@ -221,7 +225,7 @@ fn stored_records(
     sources: &Sources,
     who: &str,
 ) -> Option<(config::Config, Vec<opencode_mcp::tasks::TaskRecord>)> {
-    let cfg = match config::load(sources) {
+    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("{who}: {e}");
@@ -326,7 +330,7 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
 /// failures are ours to print.
 fn watch(sources: &Sources, task_id: &str) -> ExitCode {
     const WHO: &str = "opencode-mcp watch";
-    let cfg = match config::load(sources) {
+    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("{WHO}: {e}");
@@ -381,7 +385,7 @@ fn state_dir(cfg: &config::Config) -> Option<PathBuf> {
 /// `gc`: the listing (and what was removed) goes to stdout; failures to run go to stderr.
 fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
     use opencode_mcp::tasks::gc::{self, GcAction};
-    let cfg = match config::load(sources) {
+    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("opencode-mcp gc: {e}");
@@ -457,7 +461,10 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
     let Some(runtime) = runtime("opencode-mcp doctor") else {
         return ExitCode::FAILURE;
     };
-    let report = runtime.block_on(opencode_mcp::doctor::run(config::load(sources), &exe));
+    let report = runtime.block_on(opencode_mcp::doctor::run(
+        config::load(sources, opencode_mcp::gateway::preset_issues),
+        &exe,
+    ));
     // The server is stopped inside `run`; what may remain are cancelled pumps.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     if json {
@@ -515,7 +522,7 @@ fn serve(sources: &Sources) -> ExitCode {
     // still seen as a change.
     let watch = config::watch::Watch::new(sources);
     // A malformed config refuses to start: running on defaults the user did not choose is worse.
-    let cfg = match config::load(sources) {
+    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("opencode-mcp: refusing to start: {e}");

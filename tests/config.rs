@@ -9,8 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use opencode_mcp::config::{
-    self, json_schema, load_with_env, Action, Config, ConfigError, Origin, Sources, Tier,
-    DEFAULT_YAML,
+    self, json_schema, Action, Config, ConfigError, Origin, Sources, Tier, DEFAULT_YAML,
 };
 use tempfile::TempDir;
 
@@ -18,6 +17,14 @@ use tempfile::TempDir;
 // Helpers
 
 /// A fresh directory standing in for the directory the host starts us in.
+/// Loads as the gateway does: the file's own rules and the surface's (presets).
+fn load_with_env(
+    sources: &Sources,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    opencode_mcp::config::load_checked(sources, env, opencode_mcp::gateway::preset_issues)
+}
+
 fn workdir() -> TempDir {
     tempfile::tempdir().expect("create a temp dir")
 }

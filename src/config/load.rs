@@ -213,6 +213,18 @@ pub fn load_with_env(
     sources: &Sources,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Config, ConfigError> {
+    load_checked(sources, env, |_| Vec::new())
+}
+
+/// [`load_with_env`], with the rules only the surface can check (`surface`: the gateway's
+/// [`preset_issues`](crate::gateway::preset_issues), which needs the actions' argument schemas)
+/// reported with the file's own problems, attributed the same way. `config` stays below the
+/// gateway: it is handed the check, it does not reach up for it.
+pub fn load_checked(
+    sources: &Sources,
+    env: impl IntoIterator<Item = (String, String)>,
+    surface: SurfaceCheck,
+) -> Result<Config, ConfigError> {
     let mut layers = vec![Origin::BuiltIn];
     let mut figment = Figment::new().merge(Layer::built_in());
 
@@ -289,7 +301,8 @@ pub fn load_with_env(
                     value,
                 })
                 .collect();
-            let issues = validate::validate(&config);
+            let mut issues = validate::validate(&config);
+            issues.extend(surface(&config));
             problems.extend(issues.into_iter().map(|i| attribute(&figment, &layers, i)));
             if problems.is_empty() {
                 // Once, here: every consumer (tool table, prompts, instructions, print-config)
@@ -309,8 +322,10 @@ pub fn load_with_env(
                         .iter()
                         .any(|f| !f.is_empty() && (key == f || key.starts_with(&format!("{f}."))))
                 };
+                let mut issues = validate::validate(&config);
+                issues.extend(surface(&config));
                 problems.extend(
-                    validate::validate(&config)
+                    issues
                         .into_iter()
                         .filter(|i| {
                             !about_failed(&i.key) && !i.related.iter().any(|r| about_failed(r))
@@ -322,6 +337,9 @@ pub fn load_with_env(
         }
     }
 }
+
+/// Rules about a configuration that the surface checks (see [`load_checked`]).
+pub type SurfaceCheck = fn(&Config) -> Vec<Issue>;
 
 /// Deserializes the merged layers, collecting as many problems as serde lets us see.
 fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {

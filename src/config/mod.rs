@@ -44,7 +44,7 @@ mod yaml;
 pub use duration::HumanDuration;
 pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
 pub use error::{printable, printable_lines, ConfigError, Origin, Problem};
-pub use load::{load_with_env, BUILT_IN_NAME, FILE_NAME};
+pub use load::{load_checked, load_with_env, SurfaceCheck, BUILT_IN_NAME, FILE_NAME};
 pub use restart::{keep_running, NotApplied, RestartKey, RESTART_KEYS};
 pub use template::{
     placeholders, render, stale_mentions, tool_names, tool_placeholders, StaleMention,
@@ -52,7 +52,7 @@ pub use template::{
 };
 pub use trust::{Withheld, TRUST_KEYS};
 pub use types::*;
-pub(crate) use validate::Issue;
+pub use validate::Issue;
 pub use yaml::Yaml;
 
 use std::path::PathBuf;
@@ -117,14 +117,15 @@ fn xdg_dir_from(value: Option<PathBuf>, home: Option<PathBuf>, home_rel: &str) -
 }
 
 /// Loads and validates the layered configuration, reading `OPENCODE_MCP_*` variables from the
-/// process environment. See [`load_with_env`] to pass the environment explicitly.
-pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+/// process environment, with the surface's own checks (`surface`, see [`load_checked`]). See
+/// [`load_with_env`] to pass the environment explicitly.
+pub fn load(sources: &Sources, surface: SurfaceCheck) -> Result<Config, ConfigError> {
     let vars = std::env::vars_os().filter_map(|(name, value)| {
         // A variable whose name is not UTF-8 cannot be one of ours.
         let name = name.into_string().ok()?;
         Some((name, value.to_string_lossy().into_owned()))
     });
-    load_with_env(sources, vars)
+    load_checked(sources, vars, surface)
 }
 
 /// The JSON Schema of a `delegation.yaml` file (committed as `delegation.schema.json`;

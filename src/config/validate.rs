@@ -20,7 +20,7 @@ use super::types::{Action, Config, DEFAULT_HOST, MAX_INSTRUCTIONS_CHARS, MIN_RES
 /// compares it with. The loader reports whichever of them came from the latest layer, since
 /// that is the one the user most likely just changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Issue {
+pub struct Issue {
     pub key: String,
     pub related: Vec<String>,
     pub message: String,
@@ -63,7 +63,6 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     tools(config, &mut issues);
     prompts(config, &mut issues);
     tool_placeholders(config, &mut issues);
-    issues.0.extend(crate::gateway::preset_issues(config));
     state_dir(config, &mut issues);
     hosts(config, &mut issues);
     report(config, &mut issues);

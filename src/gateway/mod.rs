@@ -30,7 +30,7 @@ mod tools;
 
 pub use error::ToolError;
 pub use handler::{Gateway, SERVER_NAME};
-pub(crate) use preset::issues as preset_issues;
+pub use preset::issues as preset_issues;
 
 use std::time::Duration;
 
@@ -179,7 +179,7 @@ pub(crate) fn test_config() -> Config {
         cwd: std::path::PathBuf::from("/nonexistent/opencode-mcp-unit-tests"),
         user_dir: None,
     };
-    match crate::config::load_with_env(&sources, Vec::new()) {
+    match crate::config::load_checked(&sources, Vec::new(), preset_issues) {
         Ok(config) => config,
         Err(e) => panic!("the built-in config does not load: {e}"),
     }

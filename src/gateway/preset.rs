@@ -298,7 +298,7 @@ pub fn render(
 /// are not checked: their fixed values may name tiers a repository has replaced (the built-in
 /// `review` preset names `standard` and `strong`), which must not stop the gateway; enabling one
 /// checks it.
-pub(crate) fn issues(config: &Config) -> Vec<Issue> {
+pub fn issues(config: &Config) -> Vec<Issue> {
     let mut issues = Vec::new();
     for (name, tool) in config.enabled_tools() {
         let Some(preset) = Preset::of(tool) else {
