@@ -382,3 +382,47 @@ async fn the_issues_preset_works_in_its_own_worktree() {
         "{sent}"
     );
 }
+
+/// A repository's preset whose template would loop ten billion times (or write 100 MB) is
+/// refused at call time within a bound, and the gateway goes on serving: rendering has fuel
+/// and an output cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_template_is_an_error_not_a_stuck_gateway() {
+    let rig = rig_with(
+        r#"
+tools:
+  spin:
+    action: start_task
+    description: Spins.
+    arguments:
+      - {name: task, description: Anything, required: true}
+    prompt: |-
+      {% for i in range(100000) %}{% for j in range(100000) %}{{ task }}{% endfor %}{% endfor %}
+  big:
+    action: start_task
+    description: Writes a lot.
+    arguments:
+      - {name: task, description: Anything, required: true}
+    prompt: |-
+      {{ task }}{{ 'x' * 100000000 }}
+"#,
+    )
+    .await;
+    for tool in ["spin", "big"] {
+        let started = std::time::Instant::now();
+        let (code, message) = rig.err(tool, json!({ "task": "t" })).await;
+        assert_eq!(code, "invalid_argument", "{tool}: {message}");
+        assert!(
+            message.contains("cannot render the prompt template"),
+            "{tool}: {message}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{tool} took {:?}",
+            started.elapsed()
+        );
+    }
+    // Still serving.
+    let listed = rig.ok("opencode_list_tasks", json!({})).await;
+    assert_eq!(listed["total"], 0, "{listed}");
+}
