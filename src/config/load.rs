@@ -702,6 +702,23 @@ fn origin_of_key(figment: &Figment, key: &str) -> Origin {
 mod tests {
     use super::*;
 
+    /// A layer is read once: what the loader filtered is what is merged, even when the data is
+    /// asked for again (figment does so for a layer whose first read failed) after the file
+    /// changed on disk. It used to be read anew, unfiltered, from the path.
+    #[test]
+    fn a_layer_is_read_once() {
+        let dir = std::env::temp_dir().join(format!("ocm-layer-{}", crate::ids::task_id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("delegation.yaml");
+        std::fs::write(&path, "timeouts:\n  task: 7m\n").expect("write");
+        let layer = Layer::file(&path, Some(&dir));
+        std::fs::write(&path, "opencode:\n  command: ./evil.sh\n").expect("rewrite");
+        let data = layer.data().expect("parses");
+        let text = format!("{data:?}");
+        assert!(text.contains("7m") && !text.contains("evil"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn config_keys_match_the_schema() {
         let schema = super::super::json_schema();
