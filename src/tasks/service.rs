@@ -98,6 +98,9 @@ impl StartTask {
 /// What an `idempotency_key` is bound to: the argument fingerprint and the task it started.
 type KeySlot = Arc<tokio::sync::Mutex<Option<(u64, String)>>>;
 
+/// How many idempotency keys accumulate between prunes of those that stand for nothing.
+const KEYS_PRUNE_AT: usize = 1024;
+
 /// A validated `continue_task` request.
 #[derive(Debug, Clone, Default)]
 pub struct ContinueTask {
@@ -451,12 +454,19 @@ impl TaskService {
     }
 
     fn key_slot(&self, key: &str) -> KeySlot {
-        self.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.to_string())
-            .or_default()
-            .clone()
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        // Keys outlive their tasks (restore binds every stored one, expired records take none
+        // along): every KEYS_PRUNE_AT new keys, drop the ones bound to nothing or to a task
+        // that no longer exists. A key in use (its slot locked) is left alone.
+        if !keys.contains_key(key) && !keys.is_empty() && keys.len().is_multiple_of(KEYS_PRUNE_AT) {
+            keys.retain(|_, slot| match slot.try_lock() {
+                Ok(bound) => bound
+                    .as_ref()
+                    .is_some_and(|(_, task_id)| self.registry.get(task_id).is_some()),
+                Err(_) => true,
+            });
+        }
+        keys.entry(key.to_string()).or_default().clone()
     }
 
     /// Unbinds the task's `idempotency_key` (in memory and in its record, so a restart does not
@@ -839,6 +849,25 @@ pub fn default_title(prompt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys of tasks that are gone, or bound to nothing, do not pile up.
+    #[test]
+    fn idempotency_keys_of_gone_tasks_are_pruned() {
+        let mut config = crate::gateway::test_config();
+        let dir = std::env::temp_dir().join(format!("ocm-keys-{}", crate::ids::task_id()));
+        config.state_dir = Some(dir.display().to_string());
+        let service = TaskService::new(Arc::new(config));
+        for i in 0..KEYS_PRUNE_AT {
+            service.bind_key(format!("key-{i}"), 1, format!("tsk_gone_{i}"));
+        }
+        let held = service.key_slot("key-0");
+        let guard = held.try_lock().expect("not in use");
+        let _new = service.key_slot("another");
+        drop(guard);
+        let left = service.keys.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(left <= 2, "{left} keys left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn titles_come_from_the_first_non_empty_line() {

@@ -304,11 +304,23 @@ async fn resolve_owner(
         }
         chain.push(parent);
     }
-    ctx.foreign
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .extend(chain);
+    remember_foreign(
+        &mut ctx.foreign.lock().unwrap_or_else(|p| p.into_inner()),
+        chain,
+    );
     None
+}
+
+/// Most sessions known not to be any task's. A server shared with people and other tools
+/// shows many; past this the set starts over, and a session seen again costs one lookup.
+const MAX_FOREIGN: usize = 4096;
+
+/// Notes sessions that belong to no task, within [`MAX_FOREIGN`].
+fn remember_foreign(set: &mut HashSet<String>, sessions: Vec<String>) {
+    if set.len() + sessions.len() > MAX_FOREIGN {
+        set.clear();
+    }
+    set.extend(sessions);
 }
 
 fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
@@ -889,6 +901,20 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
 
 #[cfg(test)]
 mod tests {
+    /// The set of foreign sessions stays bounded however many a shared server shows.
+    #[test]
+    fn foreign_sessions_are_remembered_within_a_bound() {
+        let mut set = HashSet::new();
+        for i in 0..(3 * MAX_FOREIGN) {
+            remember_foreign(
+                &mut set,
+                vec![format!("ses_{i}"), format!("ses_{i}_parent")],
+            );
+            assert!(set.len() <= MAX_FOREIGN, "{}", set.len());
+        }
+        assert!(set.contains(&format!("ses_{}", 3 * MAX_FOREIGN - 1)));
+    }
+
     /// A check that panics leaves no entry behind, so the task can be checked again.
     #[tokio::test]
     async fn a_panicking_check_is_forgotten() {
