@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use opencode_mcp::config::{self, Sources};
+use opencode_mcp::gateway::load_config;
 
 /// `--version`: ours and the OpenCode API the client was generated from, since a gateway only
 /// speaks to the OpenCode releases whose API matches.
@@ -119,7 +120,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::CheckConfig => {
-            match config::load(&sources, opencode_mcp::gateway::preset_issues) {
+            match load_config(&sources) {
                 // Settings the repository's file may not make are not errors to serving (they are
                 // ignored, with a warning), but a check must not call such a file valid.
                 Ok(cfg) if !cfg.withheld.is_empty() => {
@@ -162,7 +163,7 @@ fn main() -> ExitCode {
             }
         }
         Command::PrintConfig => {
-            match config::load(&sources, opencode_mcp::gateway::preset_issues) {
+            match load_config(&sources) {
                 Ok(cfg) => match yaml_serde::to_string(&cfg) {
                     Ok(text) => {
                         print!("{text}");
@@ -225,7 +226,7 @@ fn stored_records(
     sources: &Sources,
     who: &str,
 ) -> Option<(config::Config, Vec<opencode_mcp::tasks::TaskRecord>)> {
-    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
+    let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("{who}: {e}");
@@ -330,7 +331,7 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
 /// failures are ours to print.
 fn watch(sources: &Sources, task_id: &str) -> ExitCode {
     const WHO: &str = "opencode-mcp watch";
-    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
+    let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("{WHO}: {e}");
@@ -385,7 +386,7 @@ fn state_dir(cfg: &config::Config) -> Option<PathBuf> {
 /// `gc`: the listing (and what was removed) goes to stdout; failures to run go to stderr.
 fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
     use opencode_mcp::tasks::gc::{self, GcAction};
-    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
+    let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("opencode-mcp gc: {e}");
@@ -461,10 +462,7 @@ fn doctor(sources: &Sources, json: bool) -> ExitCode {
     let Some(runtime) = runtime("opencode-mcp doctor") else {
         return ExitCode::FAILURE;
     };
-    let report = runtime.block_on(opencode_mcp::doctor::run(
-        config::load(sources, opencode_mcp::gateway::preset_issues),
-        &exe,
-    ));
+    let report = runtime.block_on(opencode_mcp::doctor::run(load_config(sources), &exe));
     // The server is stopped inside `run`; what may remain are cancelled pumps.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     if json {
@@ -522,7 +520,7 @@ fn serve(sources: &Sources) -> ExitCode {
     // still seen as a change.
     let watch = config::watch::Watch::new(sources);
     // A malformed config refuses to start: running on defaults the user did not choose is worse.
-    let cfg = match config::load(sources, opencode_mcp::gateway::preset_issues) {
+    let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("opencode-mcp: refusing to start: {e}");

@@ -32,6 +32,15 @@ pub use error::ToolError;
 pub use handler::{Gateway, SERVER_NAME};
 pub use preset::issues as preset_issues;
 
+/// Loads the layered configuration as the gateway serves it: the file's own rules and the
+/// surface's (presets' fixed values against their actions' arguments), which only the gateway
+/// can check. Every command that acts on a configuration loads it through here.
+pub fn load_config(
+    sources: &crate::config::Sources,
+) -> Result<crate::config::Config, crate::config::ConfigError> {
+    crate::config::load(sources, preset_issues)
+}
+
 use std::time::Duration;
 
 use rmcp::service::ServerInitializeError;

@@ -49,7 +49,7 @@ pub async fn run(gateway: Gateway, mut watch: Watch, peer: Peer<RoleServer>) {
     let listeners = gateway.listeners();
     loop {
         let changed = watch.changed().await;
-        let loaded = config::load(watch.sources(), super::preset_issues);
+        let loaded = super::load_config(watch.sources());
         let client = gateway.client();
         let outcome = apply(&gateway, loaded, &changed, client.as_deref());
         if let Outcome::Applied(changes) = outcome {
