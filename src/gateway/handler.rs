@@ -135,12 +135,12 @@ impl Gateway {
             tasks: &self.tasks,
             request: context,
         };
-        let ttl_ms = u64::try_from(surface.config.limits.finished_task_ttl.get().as_millis())
-            .unwrap_or(u64::MAX);
-        then(&ctx, ttl_ms).await.map_err(|mut e| {
-            e.message = surface.tools.name_tools_in(&e.message);
-            mcp_tasks::error_object(&e)
-        })
+        then(&ctx, mcp_tasks::ttl_ms(&surface.config))
+            .await
+            .map_err(|mut e| {
+                e.message = surface.tools.name_tools_in(&e.message);
+                mcp_tasks::error_object(&e)
+            })
     }
 
     /// The surface in force now: take it once per request.
@@ -296,8 +296,7 @@ impl ServerHandler for Gateway {
         let result = match outcome {
             Ok(value) => {
                 if mcp_tasks::requested(&context.meta) && mcp_tasks::runs_as_task(route.action) {
-                    let ttl = surface.config.limits.finished_task_ttl.get().as_millis();
-                    let ttl = u64::try_from(ttl).unwrap_or(u64::MAX);
+                    let ttl = mcp_tasks::ttl_ms(&surface.config);
                     if let Some(handle) = mcp_tasks::handle(&value, ttl) {
                         return Ok(handle.into());
                     }

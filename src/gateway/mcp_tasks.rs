@@ -50,6 +50,12 @@ pub const POLL_INTERVAL_MS: u64 = 1000;
 /// `data.code` carries the gateway's own code (`failed`, `timed_out`, ...).
 const TASK_FAILED: i64 = -32000;
 
+/// How long the host may ask for a task: as long as its record stays answerable
+/// (`limits.finished_task_ttl`).
+pub fn ttl_ms(config: &crate::config::Config) -> u64 {
+    u64::try_from(config.limits.finished_task_ttl.get().as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Whether this request's own `_meta` declares the tasks extension. Only the request counts: a
 /// host that negotiated with `initialize` never gets a handle (it did not say it can read one
 /// for this call).
@@ -84,7 +90,8 @@ pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
 
 /// `tasks/get`: the task or group `id` now, as the host's task states.
 pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, ToolError> {
-    let outcome = now(id, ctx).await?;
+    // The wait tool's answer for `id` at once: every state below is read from it.
+    let outcome = actions::wait_now(id, ctx).await?;
     let now = timestamp(Utc::now());
     let base = |status| {
         Task::new(id, status, now.clone(), now.clone())
@@ -107,8 +114,8 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
                     ask_form(&t.task_id, &t.title, ask)
                 })
                 .collect();
-            let task =
-                base(McpTaskStatus::InputRequired).with_status_message(status_message(&outcome));
+            let task = base(McpTaskStatus::InputRequired)
+                .with_status_message(actions::describe_unfinished(&outcome));
             return Ok(DetailedTask::new(
                 task,
                 TaskPayload::InputRequired {
@@ -116,7 +123,8 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
                 },
             ));
         }
-        let task = base(McpTaskStatus::Working).with_status_message(status_message(&outcome));
+        let task = base(McpTaskStatus::Working)
+            .with_status_message(actions::describe_unfinished(&outcome));
         return Ok(DetailedTask::new(task, TaskPayload::Working));
     }
     // One task (not a group): its own ending decides the state.
@@ -128,12 +136,7 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
                     return Ok(DetailedTask::new(task, TaskPayload::Cancelled));
                 }
                 TaskStatus::Failed | TaskStatus::TimedOut => {
-                    let error = failure(task);
-                    let message = error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string();
+                    let (message, error) = failure(task);
                     let task = base(McpTaskStatus::Failed).with_status_message(message);
                     return Ok(DetailedTask::new(task, TaskPayload::Failed { error }));
                 }
@@ -150,7 +153,7 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
 /// that names no ask still pending is skipped: the ask was answered another way (the model's
 /// `opencode_reply_permission`, a cancel) between the host's poll and the user's choice.
 pub async fn update(id: &str, responses: InputResponses, ctx: &Ctx<'_>) -> Result<(), ToolError> {
-    let outcome = now(id, ctx).await?;
+    let outcome = actions::wait_now(id, ctx).await?;
     for (key, response) in responses {
         let Some(task) = outcome
             .tasks
@@ -188,11 +191,6 @@ pub fn error_object(error: &ToolError) -> rmcp::ErrorData {
     }
 }
 
-/// The wait tool's answer for `id` at once: the snapshot every state above is read from.
-async fn now(id: &str, ctx: &Ctx<'_>) -> Result<WaitOutcome, ToolError> {
-    actions::wait_now(id, ctx).await
-}
-
 async fn run(action: Action, args: Value, ctx: &Ctx<'_>) -> Result<Value, ToolError> {
     let Value::Object(args) = args else {
         return Err(ToolError::internal(
@@ -216,8 +214,9 @@ fn final_result(mut outcome: WaitOutcome) -> Result<JsonObject, ToolError> {
     }
 }
 
-/// The error object of a failed or timed-out task: its error in words, and the gateway's code.
-fn failure(task: &TaskSnapshot) -> JsonObject {
+/// What a failed or timed-out task's state says: its error in words, and the error object
+/// carrying them with the gateway's code.
+fn failure(task: &TaskSnapshot) -> (String, JsonObject) {
     let why = task
         .error
         .as_ref()
@@ -240,7 +239,7 @@ fn failure(task: &TaskSnapshot) -> JsonObject {
         "data".into(),
         json!({"code": task.status.as_str(), "task_id": task.task_id}),
     );
-    error
+    (message, error)
 }
 
 /// The form that asks the user about one pending permission: what the task wants to run, and
@@ -299,11 +298,6 @@ fn reply_of(response: &Value) -> &'static str {
         (true, Some("always")) => "always",
         _ => "reject",
     }
-}
-
-/// What the host shows beside a running task: the wait's progress line without its count.
-fn status_message(outcome: &WaitOutcome) -> String {
-    actions::describe_unfinished(outcome)
 }
 
 /// The status word of a just-started task or group, as the handle's first message.
