@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use figment::error::Kind;
-use figment::providers::{Data, Format, Serialized};
+use figment::providers::{Format, Serialized};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::DeserializeOwned;
@@ -58,15 +58,15 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
 /// A YAML layer with the name errors should use for it.
 struct Layer {
     metadata: Metadata,
-    /// The parsed-on-demand text, or why the file could not be read.
-    data: Result<Data<Yaml>, String>,
+    /// The text (parsed on demand), or why the file could not be read.
+    text: Result<String, String>,
 }
 
 impl Layer {
     fn built_in() -> Self {
         Layer {
             metadata: Metadata::named(BUILT_IN_NAME),
-            data: Ok(Yaml::string(DEFAULT_YAML)),
+            text: Ok(DEFAULT_YAML.to_string()),
         }
     }
 
@@ -75,10 +75,14 @@ impl Layer {
     fn file(path: &Path, inside: Option<&Path>) -> Self {
         Layer {
             metadata: Metadata::from("file", figment::Source::File(path.to_path_buf())),
-            data: read_layer(path, inside)
-                .and_then(|text| top_level_mapping(&text).map(|()| text))
-                .map(|text| Yaml::string(&text)),
+            text: read_layer(path, inside),
         }
+    }
+
+    fn error(&self, why: String) -> figment::Error {
+        let mut error = figment::Error::from(why);
+        error.metadata = Some(self.metadata.clone());
+        error
     }
 }
 
@@ -88,21 +92,22 @@ impl Provider for Layer {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        match &self.data {
-            Ok(data) => data.data(),
-            Err(why) => {
-                let mut error = figment::Error::from(why.clone());
-                error.metadata = Some(self.metadata.clone());
-                Err(error)
-            }
-        }
+        let text = self.text.as_ref().map_err(|why| self.error(why.clone()))?;
+        // Only a text the parser refuses is looked at again: one that is not a mapping is
+        // named by its kind rather than in the parser's words, which quote it whole.
+        Yaml::string(text)
+            .data()
+            .map_err(|e| match top_level_mapping(text) {
+                Err(why) => self.error(why),
+                Ok(()) => e,
+            })
     }
 }
 
-/// A layer is a mapping of settings (or empty). Anything else is refused here, by its kind:
-/// the YAML parser's own message quotes a top-level string whole, and a file that is one long
-/// string may be a secret the repository's file points at. A syntax error is left to the
-/// parser, whose messages give a line and column, not contents.
+/// A layer is a mapping of settings (or empty). Anything else is refused by its kind: the YAML
+/// parser's own message quotes a top-level string whole, and a file that is one long string may
+/// be a secret the repository's file points at. A syntax error is left to the parser, whose
+/// messages give a line and column, not contents.
 fn top_level_mapping(text: &str) -> Result<(), String> {
     match yaml_serde::from_str::<yaml_serde::Value>(text) {
         Ok(yaml_serde::Value::Mapping(_) | yaml_serde::Value::Null) | Err(_) => Ok(()),
