@@ -25,6 +25,15 @@ fn load_with_env(
     opencode_mcp::config::load_checked(sources, env, opencode_mcp::gateway::preset_issues)
 }
 
+/// Writes the user's own `delegation.yaml` where [`run`] points `XDG_CONFIG_HOME`.
+fn write_user_file(cwd: &Path, text: &str) -> PathBuf {
+    write(
+        &cwd.join("xdg-config/opencode-mcp"),
+        "delegation.yaml",
+        text,
+    )
+}
+
 fn workdir() -> TempDir {
     tempfile::tempdir().expect("create a temp dir")
 }
@@ -1049,11 +1058,7 @@ fn check_config_rejects_a_bad_env_override() {
 #[test]
 fn check_config_reads_the_user_file_and_the_explicit_file() {
     let dir = workdir();
-    let user_file = write(
-        &dir.path().join("xdg-config/opencode-mcp"),
-        "delegation.yaml",
-        "limits:\n  max_tasks: 0\n",
-    );
+    let user_file = write_user_file(dir.path(), "limits:\n  max_tasks: 0\n");
     let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
     assert!(!ok);
     assert_mentions(
@@ -1254,11 +1259,7 @@ fn a_repository_cannot_loosen_the_permission_policy_with_any_yaml_shape() {
         "[allow]",
     ] {
         let dir = workdir();
-        write(
-            &dir.path().join("xdg-config/opencode-mcp"),
-            "delegation.yaml",
-            "opencode:\n  permission: deny\n",
-        );
+        write_user_file(dir.path(), "opencode:\n  permission: deny\n");
         write(
             dir.path(),
             "delegation.yaml",
@@ -1431,11 +1432,7 @@ fn repository_strings_are_printed_escaped() {
 #[test]
 fn a_repository_cannot_weaken_isolation_or_hide_where_tasks_work() {
     let dir = workdir();
-    write(
-        &dir.path().join("xdg-config/opencode-mcp"),
-        "delegation.yaml",
-        "isolation:\n  mode: worktree\n",
-    );
+    write_user_file(dir.path(), "isolation:\n  mode: worktree\n");
     write(
         dir.path(),
         "delegation.yaml",
