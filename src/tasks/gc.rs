@@ -57,6 +57,10 @@ pub(super) async fn clean_expired(
 ) {
     for e in expired {
         let _one_at_a_time = lock.lock().await;
+        if continued_elsewhere(worktrees, &e) {
+            tracing::info!(task = %e.task_id, "not cleaning the worktree of an expired task another gateway continued");
+            continue;
+        }
         let w = &e.workspace;
         let path = Path::new(&w.path);
         match git::pending(path, &w.base, w.applied.as_deref(), worktrees).await {
@@ -91,6 +95,16 @@ pub(super) async fn clean_expired(
             }
         }
     }
+}
+
+/// The task's record on disk holds a turn other than the one that expired: another gateway on
+/// the same state directory continued it (and its new turn runs in this worktree). A record
+/// still there with the expired turn is this gateway's own removal, not yet written.
+fn continued_elsewhere(worktrees: &Path, e: &Expired) -> bool {
+    let Some(state_dir) = worktrees.parent() else {
+        return false;
+    };
+    matches!(read_stored(state_dir, &e.task_id), Stored::Record(r) if r.turn != e.turn)
 }
 
 /// Where a worktree's task stands.
@@ -387,4 +401,54 @@ async fn remove_one(g: &GcWorktree) -> Result<(), String> {
     git::remove(origin, &g.path, &branch)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::record::TaskRecord;
+    use crate::tasks::store::Store;
+
+    /// An expired task's worktree is not cleaned when its record on disk holds a newer turn
+    /// (another gateway continued the task there); the record of the expired turn itself, or
+    /// none, leaves it to be cleaned.
+    #[test]
+    fn a_worktree_continued_by_another_gateway_is_not_cleaned() {
+        let state = std::env::temp_dir().join(format!("ocm-gc-{}", crate::ids::task_id()));
+        let store = Store::open(&state).expect("open");
+        let expired = |id: &str| Expired {
+            task_id: id.into(),
+            turn: 1,
+            title: "t".into(),
+            status: TaskStatus::Completed,
+            workspace: WorkspaceRecord {
+                origin: "/repo".into(),
+                path: "/w".into(),
+                branch: format!("{BRANCH_PREFIX}{id}"),
+                base: "b".into(),
+                applied: None,
+                discarded: false,
+            },
+        };
+        for (id, turn) in [("tsk_same", 1), ("tsk_newer", 2)] {
+            let mut rec = TaskRecord::new(
+                id.into(),
+                "srv".into(),
+                "ses".into(),
+                "/w".into(),
+                "t".into(),
+            );
+            rec.turn = turn;
+            store.submit(rec);
+        }
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        let worktrees = worktrees_dir(&state);
+        assert!(!continued_elsewhere(&worktrees, &expired("tsk_same")));
+        assert!(!continued_elsewhere(&worktrees, &expired("tsk_gone")));
+        assert!(continued_elsewhere(&worktrees, &expired("tsk_newer")));
+        drop(store);
+        let _ = std::fs::remove_dir_all(state);
+    }
 }

@@ -290,10 +290,9 @@ pub struct SessionOwner {
 struct Tables {
     tasks: HashMap<String, TaskEntry>,
     by_session: HashMap<String, SessionOwner>,
-    /// Finished tasks that left memory, with when they finished and their worktree: their
-    /// records are deleted from disk when they expire, and their worktrees handed back for
-    /// cleaning, without reading the state directory again.
-    on_disk: HashMap<String, (Instant, Option<Expired>)>,
+    /// Finished tasks that left memory: their records are deleted from disk when they expire,
+    /// and their worktrees handed back for cleaning, without reading the state directory again.
+    on_disk: HashMap<String, OnDisk>,
     /// Fan-out groups: id -> (target index, task id) of every member whose record exists, in
     /// memory or only on disk. A group outlives its members' stay in memory (a finished answer
     /// leaves memory long before a slower sibling finishes), and goes with their records.
@@ -342,6 +341,14 @@ impl Tables {
     }
 }
 
+/// A finished task that left memory, as it was when it left.
+struct OnDisk {
+    finished: Instant,
+    /// Its turn then: the record is deleted at expiry only if it still holds this turn.
+    turn: u32,
+    worktree: Option<Expired>,
+}
+
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
 /// when one is attached.
 pub struct Registry {
@@ -355,6 +362,9 @@ pub struct Registry {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expired {
     pub task_id: String,
+    /// The turn the record held when it expired: a record that holds another turn by the time
+    /// the worktree is cleaned was continued by another gateway, which still uses the worktree.
+    pub turn: u32,
     pub title: String,
     pub status: TaskStatus,
     pub workspace: WorkspaceRecord,
@@ -366,6 +376,7 @@ impl Expired {
         let w = e.rec.workspace.as_ref().filter(|w| !w.discarded)?;
         Some(Self {
             task_id: e.rec.id.clone(),
+            turn: e.rec.turn,
             title: e.rec.title.clone(),
             status: e.rec.status,
             workspace: w.clone(),
@@ -703,37 +714,44 @@ impl Registry {
             left_memory: old.len(),
             worktrees: Vec::new(),
         };
-        for (id, finished, expired) in &old {
-            let worktree = t.tasks.remove(id).and_then(|e| {
-                t.unindex(&e);
-                Expired::of(&e)
-            });
-            if *expired {
-                t.forget_member(id);
-                if let Some(store) = &self.store {
-                    store.submit_remove(id);
-                }
-                out.worktrees.extend(worktree);
+        for (id, finished, expired) in old {
+            let Some(e) = t.tasks.remove(&id) else {
+                continue;
+            };
+            t.unindex(&e);
+            let gone = OnDisk {
+                finished,
+                turn: e.rec.turn,
+                worktree: Expired::of(&e),
+            };
+            if expired {
+                self.expire(&mut t, &id, gone, &mut out);
             } else {
-                t.on_disk.insert(id.clone(), (*finished, worktree));
+                t.on_disk.insert(id, gone);
             }
         }
-        let gone: Vec<String> = t
+        let due: Vec<String> = t
             .on_disk
             .iter()
-            .filter(|(_, (finished, _))| finished.elapsed() >= disk_ttl)
+            .filter(|(_, d)| d.finished.elapsed() >= disk_ttl)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in gone {
-            if let Some((_, worktree)) = t.on_disk.remove(&id) {
-                out.worktrees.extend(worktree);
-            }
-            t.forget_member(&id);
-            if let Some(store) = &self.store {
-                store.submit_remove(&id);
+        for id in due {
+            if let Some(gone) = t.on_disk.remove(&id) {
+                self.expire(&mut t, &id, gone, &mut out);
             }
         }
         out
+    }
+
+    /// Deletes an expired task's record (as of the turn it left memory with: see
+    /// [`Store::submit_expire`]) and hands back its worktree.
+    fn expire(&self, t: &mut Tables, id: &str, gone: OnDisk, out: &mut Evicted) {
+        t.forget_member(id);
+        if let Some(store) = &self.store {
+            store.submit_expire(id, gone.turn);
+        }
+        out.worktrees.extend(gone.worktree);
     }
 }
 
@@ -926,6 +944,47 @@ mod tests {
             .expect("written");
         let on_disk = store.load("keyed").expect("the record");
         assert_eq!(on_disk.idempotency, None);
+    }
+
+    /// Another gateway on the same state directory continued a task this one holds as finished
+    /// (it read the record at its start): expiring it here leaves the newer record alone,
+    /// whether it expires from memory or after leaving memory.
+    #[test]
+    fn expiry_leaves_a_record_another_gateway_continued() {
+        let (r, store, _dir) = stored();
+        let hour = Duration::from_secs(3600);
+        for (id, leave_memory_first) in [("left", true), ("held", false)] {
+            let mut done = entry(id);
+            done.finish(TaskStatus::Completed, None);
+            r.insert(done.clone());
+            if leave_memory_first {
+                assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+            }
+            let mut continued = done.rec.clone();
+            continued.begin_turn("msg_2".into(), None, None);
+            store.submit(continued);
+            store
+                .flush_blocking(Duration::from_secs(10))
+                .expect("written");
+            r.evict_finished(Duration::ZERO, Duration::ZERO);
+            store
+                .flush_blocking(Duration::from_secs(10))
+                .expect("flushed");
+            assert_eq!(
+                store.load(id).map(|rec| rec.turn),
+                Some(2),
+                "{id}: the continued record survives this gateway's expiry"
+            );
+        }
+        // A record that still holds the expired turn is deleted.
+        let mut done = entry("own");
+        done.finish(TaskStatus::Completed, None);
+        r.insert(done);
+        r.evict_finished(Duration::ZERO, Duration::ZERO);
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("flushed");
+        assert!(store.load("own").is_none());
     }
 
     #[test]

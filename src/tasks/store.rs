@@ -60,6 +60,12 @@ pub enum StoreError {
 enum Op {
     Save(Box<TaskRecord>),
     Remove,
+    /// Remove the record only if the file still holds turn `turn`: a record expired by this
+    /// gateway may meanwhile have been continued by another one sharing the state directory,
+    /// whose newer turn must survive.
+    Expire {
+        turn: u32,
+    },
 }
 
 /// How often a failed write is tried again (a full disk may free up), and how long the writer
@@ -205,6 +211,13 @@ impl Store {
         self.enqueue(task_id.to_string(), Op::Remove);
     }
 
+    /// Queues the removal of an expired task's record, as of its turn `turn`: the file is left
+    /// alone if it holds another turn by then (another gateway on the same state directory
+    /// continued the task).
+    pub fn submit_expire(&self, task_id: &str, turn: u32) {
+        self.enqueue(task_id.to_string(), Op::Expire { turn });
+    }
+
     fn enqueue(&self, id: String, op: Op) {
         let shared = self.shared();
         let mut q = shared.lock();
@@ -243,7 +256,7 @@ impl Store {
             if let Some(op) = q.pending.get(task_id).or_else(|| q.writing.get(task_id)) {
                 return match op {
                     Op::Save(record) => Some(TaskRecord::clone(record)),
-                    Op::Remove => None,
+                    Op::Remove | Op::Expire { .. } => None,
                 };
             }
         }
@@ -469,10 +482,28 @@ fn apply(dir: &Path, task_id: &str, op: &Op) -> std::io::Result<()> {
     };
     match op {
         Op::Save(record) => write_record(dir, &path, record),
-        Op::Remove => match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+        Op::Remove => remove_record(&path),
+        Op::Expire { turn } => match read_record(&path) {
+            Ok(on_disk) if on_disk.turn != *turn => {
+                tracing::info!(
+                    task_id,
+                    turn = on_disk.turn,
+                    "not expiring a task record another gateway continued"
+                );
+                Ok(())
+            }
+            Ok(_) => remove_record(&path),
+            Err(ReadError::Missing) => Ok(()),
+            // Unreadable: reported where records are read; not this writer's to judge.
+            Err(ReadError::Bad(_)) => Ok(()),
         },
+    }
+}
+
+fn remove_record(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
