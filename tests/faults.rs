@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use support::fake_llm::echo_reply;
 use support::mcp::{Launch, McpClient, Sandbox};
 use support::procs;
-use support::rig::{wait_gone, Rig, TASK_TIMEOUT_MS};
+use support::rig::{poll_for, wait_gone, Rig, TASK_TIMEOUT_MS};
 use support::tcp_proxy::TcpProxy;
 use support::{opencode_bin, FakeLlm, OpenCodeEnv, OpenCodeServer};
 
@@ -352,20 +352,6 @@ async fn check_managed_server_security(server: &Value) -> String {
         .expect("health");
     assert_eq!(authed.status().as_u16(), 200);
     password
-}
-
-/// Calls `f` every 20 ms until it returns `Some`, for at most `within`.
-async fn poll_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

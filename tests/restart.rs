@@ -8,8 +8,9 @@ mod support;
 
 use serde_json::json;
 use support::fake_llm::echo_reply;
-use support::rig::{person_schema, wait_gone, Rig, TASK_TIMEOUT_MS};
-use support::OpenCodeEnv;
+use support::git::init_repo;
+use support::rig::{person_schema, poll_for, wait_gone, Rig, TASK_TIMEOUT_MS};
+use support::{FakeLlm, OpenCodeEnv};
 
 fn id(v: &serde_json::Value) -> String {
     v["task_id"].as_str().expect("task_id").to_string()
@@ -203,4 +204,66 @@ async fn a_structured_correction_under_way_is_adopted_and_checked_after_a_restar
         .filter(|r| !r.is_title_request())
         .count();
     assert_eq!(calls, 2, "{r}");
+}
+
+/// A turn concluded from the event stream has its changed files read in the background and
+/// saved with its record, so a restarted gateway still lists them; a record whose files were
+/// never read (its gateway died first) says why instead of reading as "changed nothing".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_files_survive_a_restart_and_a_missing_list_says_why() {
+    // OpenCode tracks a turn's files in a git repository.
+    let env = OpenCodeEnv::new();
+    init_repo(&env.work_dir(), &[("README", "files\n")]);
+    let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+    let task = id(&rig
+        .start_task("[[write:made.txt:made before the crash]]")
+        .await);
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["tasks"][0]["status"], "completed", "{w}");
+    let state = rig.env.root().join("state/opencode-mcp/tasks");
+    let record = |id: &str| -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(state.join(format!("{id}.json"))).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    // No result call: the background read alone puts them in the record.
+    let saved = poll_for(std::time::Duration::from_secs(30), || {
+        record(&task).filter(|r| r["files_changed"].is_array())
+    })
+    .await
+    .expect("the changed files reach the task's record without a result call");
+    assert!(
+        saved["files_changed"].to_string().contains("made.txt"),
+        "{saved}"
+    );
+
+    // A second task whose record lost its list: as a gateway killed before reading it leaves.
+    let unread = id(&rig.start_task("[[write:second.txt:also made]]").await);
+    rig.wait(&[&unread], "all", TASK_TIMEOUT_MS).await;
+    rig.kill_gateway().await;
+    let mut rec = record(&unread).expect("the second task's record");
+    rec["files_changed"] = serde_json::Value::Null;
+    std::fs::write(
+        state.join(format!("{unread}.json")),
+        serde_json::to_vec(&rec).expect("json"),
+    )
+    .expect("rewrite the record");
+    rig.relaunch().await;
+
+    let after = rig
+        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert!(
+        after["files_changed"].to_string().contains("made.txt"),
+        "{after}"
+    );
+    assert!(after.get("files_error").is_none(), "{after}");
+    let missing = rig
+        .ok("opencode_get_task_result", json!({ "task_id": unread }))
+        .await;
+    assert!(missing.get("files_changed").is_none(), "{missing}");
+    let why = missing["files_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("never read") && why.contains(rig.server_id().as_str()),
+        "a missing list says why: {missing}"
+    );
 }

@@ -186,6 +186,7 @@ mod tests {
             view: None,
             error: None,
             text_error: None,
+            files_error: None,
             structured: None,
             structured_error: None,
             structured_attempts: None,

@@ -64,6 +64,10 @@ pub struct TaskRecord {
     pub outcome_error: Option<String>,
     /// Files the current turn changed.
     pub files_changed: Option<Vec<FileChange>>,
+    /// Why the finished turn's changed files could not be read: reported with the result, so
+    /// that a missing list never reads as "changed nothing".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_error: Option<String>,
     /// Sessions of subagents the task started (their asks and activity are the task's).
     #[serde(default)]
     pub child_sessions: Vec<String>,
@@ -171,6 +175,7 @@ impl TaskRecord {
             outcome: None,
             outcome_error: None,
             files_changed: None,
+            files_error: None,
             child_sessions: Vec::new(),
             newest_message_id: None,
             idempotency: None,
@@ -211,6 +216,7 @@ impl TaskRecord {
         self.outcome = None;
         self.outcome_error = None;
         self.files_changed = None;
+        self.files_error = None;
     }
 
     /// Ends the turn with a terminal status.

@@ -404,6 +404,7 @@ fn durable(r: &TaskRecord) -> impl PartialEq {
         r.outcome.is_some(),
         r.outcome_error.is_some(),
         r.files_changed.is_some(),
+        r.files_error.is_some(),
         r.permission.as_ref().map(|p| p.id.clone()),
         r.server_id.clone(),
         r.child_sessions.len(),

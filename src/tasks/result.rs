@@ -91,6 +91,19 @@ impl TaskService {
                 }
             }
         }
+        // A finished turn without its list of changed files says why, so that no list never
+        // reads as "changed nothing"; while a wait returns at completion (`IfKnown`) the
+        // background read may simply not have landed yet.
+        let files_error = match (&entry.rec.files_changed, &entry.rec.files_error) {
+            (Some(_), _) => None,
+            _ if !finished => None,
+            (None, Some(why)) => Some(why.clone()),
+            (None, None) if server.is_none() => Some(format!(
+                "the turn's changed files were never read, and its OpenCode server {} is gone",
+                entry.rec.server_id
+            )),
+            (None, None) => None,
+        };
         let outcome: TurnState = entry.rec.outcome.clone().unwrap_or_default();
         if finished && entry.rec.outcome.is_none() && text_error.is_none() {
             text_error = Some("the turn's final text could not be read from OpenCode".into());
@@ -118,6 +131,7 @@ impl TaskService {
             view: None,
             error: entry.rec.error.clone(),
             text_error,
+            files_error,
             structured: round_over.and_then(|s| s.value.clone()),
             structured_error: round_over.and_then(|s| s.error.clone()),
             structured_attempts: structured.map(|s| s.attempts.clone()),

@@ -719,7 +719,7 @@ impl TaskService {
             .all()
             .into_iter()
             .filter(|s| s.exited().is_none())
-            .map(|s| async move { self.flush_outcomes(&s, false, SHUTDOWN_FLUSH).await });
+            .map(|s| async move { self.flush_outcomes(&s, true, SHUTDOWN_FLUSH).await });
         futures::future::join_all(flushes).await;
         self.pool.stop_all().await;
         // Stopping failed the tasks still running; those records, like any still queued, must

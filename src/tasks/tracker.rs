@@ -764,9 +764,12 @@ fn spawn_settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, tur
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(
-        async move { read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await },
-    );
+    tokio::spawn(async move {
+        read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+        // Then its changed files, off the completion path as for a turn concluded over HTTP:
+        // a record that has them answers for them after a restart too.
+        read_files(&ctx, &server, &task_id, turn).await;
+    });
 }
 
 /// How hard [`read_outcome`] tries.
@@ -860,9 +863,10 @@ async fn read_turn_once(
 }
 
 /// The files the turn changed (OpenCode's diff since our user message), once; for a structured
-/// task, those of every turn of the round, corrections included. Read when a result is asked for
-/// or the server is about to go, not at every completion: the diff is work for OpenCode that
-/// most turns' callers never look at.
+/// task, those of every turn of the round, corrections included. Read in the background right
+/// after the turn's outcome (never on the path a wait returns on), again when a result is asked
+/// for while they are still unknown, and before the server goes. A failed read is recorded
+/// (`files_error`) so that a result never presents "no list" as "nothing changed".
 pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
     let Some(entry) = ctx.registry.get(task_id) else {
         return;
@@ -887,6 +891,12 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
             Ok(files) => turns.push(files),
             Err(e) => {
                 tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
+                let why = format!("the turn's changed files could not be read from OpenCode: {e}");
+                ctx.registry.update(task_id, |e| {
+                    if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+                        e.rec.files_error = Some(why);
+                    }
+                });
                 return;
             }
         }
@@ -895,6 +905,7 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
     ctx.registry.update(task_id, |e| {
         if e.rec.turn == turn_no {
             e.rec.files_changed = Some(files);
+            e.rec.files_error = None;
         }
     });
 }

@@ -272,3 +272,18 @@ pub async fn wait_gone(pid: u32, within: Duration) -> bool {
     }
     !alive(pid)
 }
+
+/// Calls `f` every 20 ms until it returns `Some`, for at most `within`: for state the test can
+/// only observe from outside (a process table, a file the gateway writes).
+pub async fn poll_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
