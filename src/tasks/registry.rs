@@ -53,6 +53,9 @@ pub struct Live {
     /// wait returns early only for an ask the host has not been shown yet. Not saved: after a
     /// restart an ask is news again.
     pub ask_shown: bool,
+    /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
+    /// id, how many checks, since when (see [`super::turn::abandoned`]).
+    pub unfinished: Option<(String, u32, Instant)>,
     /// The check of this turn's structured answer runs (`structured::settle`): another
     /// conclusion of the same turn must not start a second one. Not saved: after a restart the
     /// check runs again.
@@ -76,6 +79,7 @@ impl Live {
             last_event: Instant::now(),
             permission_since: None,
             ask_shown: false,
+            unfinished: None,
             settling: false,
         }
     }

@@ -728,7 +728,10 @@ pub async fn check_completion(
             e.rec.note_message_id(newest);
         }
         let age = e.live.turn_started.elapsed().as_millis() as u64;
-        match turn::conclude(&turn, idle, e.live.session_error.as_ref(), age) {
+        let stuck = note_unfinished(&mut e.live, &turn, idle);
+        let verdict = turn::conclude(&turn, idle, e.live.session_error.as_ref(), age)
+            .or_else(|| turn::abandoned(&turn, idle, stuck));
+        match verdict {
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
                 if v.status == TaskStatus::Completed {
@@ -751,6 +754,33 @@ pub async fn check_completion(
     });
     if let Some(turn) = held.flatten() {
         structured::settle(ctx, server, task_id, turn).await;
+    }
+}
+
+/// Counts this check if it confirmed the session idle with the turn's newest step unfinished
+/// (the same step as the checks before it); any other finding starts the count over.
+fn note_unfinished(
+    live: &mut super::registry::Live,
+    turn: &TurnState,
+    idle: Idle,
+) -> turn::Unfinished {
+    let step = turn
+        .newest_message_id
+        .clone()
+        .filter(|_| idle == Idle::Confirmed && turn.assistant_messages > 0)
+        .filter(|_| !turn.latest_completed && turn.error.is_none());
+    let Some(step) = step else {
+        live.unfinished = None;
+        return turn::Unfinished::default();
+    };
+    let (checks, since) = match live.unfinished.take() {
+        Some((seen, checks, since)) if seen == step => (checks + 1, since),
+        _ => (1, Instant::now()),
+    };
+    live.unfinished = Some((step, checks, since));
+    turn::Unfinished {
+        checks,
+        for_ms: since.elapsed().as_millis() as u64,
     }
 }
 
@@ -975,6 +1005,39 @@ mod tests {
     }
 
     /// A server whose port nobody listens on.
+    /// Confirmed-idle checks that find the same unfinished step count up; any other finding
+    /// (another step, a remembered idle, a completed step) starts over.
+    #[test]
+    fn unfinished_steps_are_counted_per_step_and_only_when_idle_is_confirmed() {
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        let stuck = |newest: &str| TurnState {
+            user_message_seen: true,
+            assistant_messages: 1,
+            newest_message_id: Some(newest.into()),
+            ..TurnState::default()
+        };
+        let count =
+            |e: &mut TaskEntry, t: &TurnState, idle| note_unfinished(&mut e.live, t, idle).checks;
+        assert_eq!(count(&mut e, &stuck("m2"), Idle::Confirmed), 1);
+        assert_eq!(count(&mut e, &stuck("m2"), Idle::Confirmed), 2);
+        assert_eq!(
+            count(&mut e, &stuck("m3"), Idle::Confirmed),
+            1,
+            "another step"
+        );
+        assert_eq!(
+            count(&mut e, &stuck("m3"), Idle::Reported),
+            0,
+            "not confirmed"
+        );
+        let done = TurnState {
+            latest_completed: true,
+            ..stuck("m3")
+        };
+        assert_eq!(count(&mut e, &stuck("m3"), Idle::Confirmed), 1);
+        assert_eq!(count(&mut e, &done, Idle::Confirmed), 0, "completed");
+    }
+
     fn unreachable_server() -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

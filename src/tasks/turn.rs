@@ -285,6 +285,39 @@ pub fn conclude(
     }
 }
 
+/// How often, and for how long, checks that confirmed the session idle have found the turn's
+/// newest step neither completed nor failed (the same step each time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unfinished {
+    pub checks: u32,
+    pub for_ms: u64,
+}
+
+/// A step that stays unfinished in an idle session this many confirmed checks in a row, over at
+/// least [`ABANDONED_AFTER_MS`], was abandoned. OpenCode completes (or fails) a step before the
+/// session goes idle, so on a healthy server this never holds for long; it does for good when
+/// the OpenCode process died mid-step and came back (an attached server restarted), and only
+/// the task's deadline would end the task otherwise.
+pub const ABANDONED_AFTER_CHECKS: u32 = 3;
+pub const ABANDONED_AFTER_MS: u64 = 10_000;
+
+/// The verdict on a turn [`conclude`] leaves open although the session is confirmed idle: its
+/// newest step never completed and never failed, and has stayed so (see [`Unfinished`]).
+pub fn abandoned(turn: &TurnState, idle: Idle, stuck: Unfinished) -> Option<Verdict> {
+    let unfinished = turn.assistant_messages > 0 && !turn.latest_completed && turn.error.is_none();
+    (idle == Idle::Confirmed
+        && unfinished
+        && stuck.checks >= ABANDONED_AFTER_CHECKS
+        && stuck.for_ms >= ABANDONED_AFTER_MS)
+        .then(|| Verdict {
+            status: TaskStatus::Failed,
+            error: Some(ErrorInfo {
+                name: "StepAbandoned".into(),
+                message: "the session is idle but its last step never completed: the OpenCode server likely stopped in the middle of it; continue the task to try again".into(),
+            }),
+        })
+}
+
 /// The verdict from the event stream alone: idle, and the newest reply of the turn is final.
 pub fn conclude_from_events(latest: Option<&ReplySeen>) -> Option<Verdict> {
     let reply = latest.filter(|r| r.ends_turn())?;
@@ -509,6 +542,52 @@ mod tests {
         let lost = derive(&[user("m0")], "m1");
         let verdict = conclude(&lost, Idle::Confirmed, None, 60_000).expect("lost");
         assert_eq!(verdict.error.map(|e| e.name).as_deref(), Some("PromptLost"));
+    }
+
+    /// An idle session whose newest step never completed (its OpenCode died mid-step) is
+    /// concluded after enough confirmed checks over enough time, never from one check, a
+    /// remembered idle, or a step that did complete.
+    #[test]
+    fn a_step_left_unfinished_in_an_idle_session_is_abandoned_after_a_while() {
+        let stuck = derive(&[user("m1"), running("m2", "m1")], "m1");
+        assert!(conclude(&stuck, Idle::Confirmed, None, 60_000).is_none());
+        let long = Unfinished {
+            checks: ABANDONED_AFTER_CHECKS,
+            for_ms: ABANDONED_AFTER_MS,
+        };
+        let verdict = abandoned(&stuck, Idle::Confirmed, long).expect("abandoned");
+        assert_eq!(verdict.status, TaskStatus::Failed);
+        assert_eq!(
+            verdict.error.map(|e| e.name).as_deref(),
+            Some("StepAbandoned")
+        );
+        let few = Unfinished {
+            checks: ABANDONED_AFTER_CHECKS - 1,
+            ..long
+        };
+        let quick = Unfinished {
+            for_ms: ABANDONED_AFTER_MS - 1,
+            ..long
+        };
+        for (name, turn, idle, seen) in [
+            ("too few checks", &stuck, Idle::Confirmed, few),
+            ("too short", &stuck, Idle::Confirmed, quick),
+            ("a remembered idle", &stuck, Idle::Reported, long),
+            (
+                "nothing answered yet",
+                &derive(&[user("m1")], "m1"),
+                Idle::Confirmed,
+                long,
+            ),
+            (
+                "a completed step",
+                &derive(&[user("m1"), reply("m2", "m1", "tool-calls", "")], "m1"),
+                Idle::Confirmed,
+                long,
+            ),
+        ] {
+            assert!(abandoned(turn, idle, seen).is_none(), "{name}");
+        }
     }
 
     #[test]
