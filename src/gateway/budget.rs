@@ -181,6 +181,7 @@ mod tests {
             next_offset: None,
             offset: 0,
             text_capped: false,
+            messages_capped: false,
             files_changed: Vec::new(),
             workspace: None,
             view: None,

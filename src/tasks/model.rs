@@ -229,6 +229,10 @@ pub struct TaskResult {
     /// The answer was longer than `limits.max_result_chars` and was cut there.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub text_capped: bool,
+    /// The turn had more messages than the gateway reads back (2,000): `tokens`, `cost` and
+    /// `tools` count its newest messages only (the answer and the status are unaffected).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub messages_capped: bool,
     /// Files this turn changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_changed: Vec<FileChange>,

@@ -126,6 +126,7 @@ impl TaskService {
             next_offset: None,
             offset: 0,
             text_capped: outcome.text_capped,
+            messages_capped: outcome.messages_capped,
             files_changed: entry.rec.files_changed.clone().unwrap_or_default(),
             workspace,
             view: None,

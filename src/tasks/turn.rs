@@ -68,6 +68,11 @@ pub struct TurnState {
     /// The part of `tokens` spent writing compaction summaries.
     #[serde(default)]
     pub compaction_tokens: Tokens,
+    /// The turn had more messages than the gateway reads back: our user message was not among
+    /// them, and `tokens`, `cost`, `steps` and `tools` count the newest messages only. The verdict
+    /// and the answer are unaffected (they come from the newest messages).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub messages_capped: bool,
     /// The newest message id of the session seen in the read (ours or OpenCode's): the next
     /// message id we mint must sort above it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,11 +98,21 @@ pub fn derive(messages: &[MessageView], user_message_id: &str) -> TurnState {
         newest_message_id: messages.iter().map(|m| m.id.clone()).max(),
         ..TurnState::default()
     };
-    let Some(start) = messages.iter().position(|m| m.id == user_message_id) else {
-        return state;
+    // Message ids ascend, and ours was minted above every id seen before it: a list whose
+    // oldest message is newer than ours was cut by the reader's page limit inside a very long
+    // turn. It is judged from what was read (the newest messages decide), and says so.
+    let turn = match messages.iter().position(|m| m.id == user_message_id) {
+        Some(start) => &messages[start + 1..],
+        None if messages
+            .first()
+            .is_some_and(|m| m.id.as_str() > user_message_id) =>
+        {
+            state.messages_capped = true;
+            messages
+        }
+        None => return state,
     };
     state.user_message_seen = true;
-    let turn = &messages[start + 1..];
     let mut newest: Option<&MessageView> = None;
     let mut answer: Option<&MessageView> = None;
     for m in turn {
@@ -528,6 +543,29 @@ mod tests {
             assert_eq!(verdict.map(|v| v.status), expected, "{name}");
             assert_eq!(turn.text, text, "{name}");
         }
+    }
+
+    /// A turn longer than what is read back (our message is older than every message read) is
+    /// judged from its newest messages and says its counts are partial; a list that simply
+    /// lacks our message (older messages only) is still a lost prompt.
+    #[test]
+    fn a_turn_longer_than_the_read_is_judged_from_its_newest_messages() {
+        let cut = derive(
+            &[
+                reply("m5", "m4", "tool-calls", "step"),
+                user("m6"),
+                reply("m7", "m6", "stop", "final"),
+            ],
+            "m1",
+        );
+        assert!(cut.user_message_seen && cut.finished && cut.messages_capped);
+        assert_eq!(cut.text, "final");
+        let verdict = conclude(&cut, Idle::Confirmed, None, 60_000).expect("over");
+        assert_eq!(verdict.status, TaskStatus::Completed);
+        let lost = derive(&[user("m0"), reply("m00", "m0", "stop", "x")], "m1");
+        assert!(!lost.user_message_seen && !lost.messages_capped);
+        let whole = derive(&[user("m1"), reply("m2", "m1", "stop", "x")], "m1");
+        assert!(!whole.messages_capped);
     }
 
     #[test]
