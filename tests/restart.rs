@@ -267,3 +267,56 @@ async fn changed_files_survive_a_restart_and_a_missing_list_says_why() {
         "a missing list says why: {missing}"
     );
 }
+
+/// A turn on an attached server that finished while the gateway was down for longer than
+/// `timeouts.task` keeps its answer: the deadline that fires at once after the restart reads
+/// the turn before it claims it, instead of reporting a completed answer `timed_out`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_finished_during_a_long_downtime_keeps_its_answer() {
+    let limit = std::time::Duration::from_secs(4);
+    let (mut rig, opencode) = Rig::attached(
+        OpenCodeEnv::new(),
+        &[
+            ("OPENCODE_MCP_TIMEOUTS__TASK", "4s"),
+            ("OPENCODE_MCP_TIMEOUTS__STALL", "2s"),
+        ],
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let prompt = "finishes while nobody watches [[delay:300]]";
+    let task = id(&rig.start_task(prompt).await);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("finishes while nobody watches")
+        })
+        .await;
+    rig.kill_gateway().await;
+
+    // OpenCode finishes the turn on its own: its session leaves the busy list.
+    let dir = support::opencode_server::encode(&rig.env.work_dir().display().to_string());
+    let idle_within = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, busy) = opencode
+            .get_json(&format!("/session/status?directory={dir}"))
+            .await;
+        if code.is_success() && busy.as_object().is_some_and(|m| m.is_empty()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < idle_within,
+            "the turn never ended in OpenCode: {busy}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The scenario: the gateway stays down past the task's deadline.
+    tokio::time::sleep_until(started + limit + std::time::Duration::from_millis(500)).await;
+    rig.relaunch().await;
+
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let r = rig
+        .ok("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(prompt), "{r}");
+}

@@ -8,6 +8,7 @@ use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::service::TaskService;
 use super::tracker::{self, Attempts, TrackerContext};
+use super::turn::Idle;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
 
 /// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
@@ -78,6 +79,10 @@ pub(super) fn arm_deadline(
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = tokio::time::sleep(after) => {
+                // The turn may have ended without the gateway seeing it yet (events missed, or
+                // it ended while the gateway was down, so this deadline fires at once after a
+                // restart): read it first, and claim only a turn that is really still running.
+                tracker::check_completion(&ctx, &server, &task_id, Idle::No, Some(turn)).await;
                 let error = ErrorInfo {
                     name: "TaskTimeout".into(),
                     message: format!(

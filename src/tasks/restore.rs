@@ -147,15 +147,11 @@ impl TaskService {
             };
             // A turn whose answer was being checked had finished within its deadline; after a
             // long downtime an armed deadline would fire before the check and throw the answer
-            // away. A correction it opens gets a deadline of its own.
-            // A turn whose deadline passed while the gateway was down may have finished in
-            // time: the completion check below reads that, and gets its reads' worth of time
-            // before the deadline can claim the turn (a zero deadline reported a completed
-            // answer `timed_out`).
+            // away. A correction it opens gets a deadline of its own. A turn whose deadline
+            // passed while the gateway was down gets a deadline that fires now: it reads the
+            // turn before it claims it, so a turn that finished in the meantime keeps its answer.
             if !checking {
-                let grace = self.config().timeouts.request.get() * 2;
-                let left = limit.saturating_sub(elapsed).max(grace);
-                self.arm_deadline(&server, &id, turn, left);
+                self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
             }
             tracker::spawn_check(&self.tracker, &server, id, Idle::No, None);
         }
