@@ -18,9 +18,14 @@ fn id(v: &serde_json::Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_ones() {
-    let mut rig = Rig::start(&[]).await;
+    // Finished tasks leave memory after a second: the follow-up below is of a task that left
+    // memory, read back from its record (a server started for it once evicted it on its first
+    // tick, and the task then sat pending until its deadline).
+    let in_memory = std::time::Duration::from_secs(1);
+    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY", "1s")]).await;
     let done = id(&rig.start_task("finished before the crash").await);
     let before = rig.finish(&done).await;
+    let finished = tokio::time::Instant::now();
     assert_eq!(before["status"], "completed");
     let running = id(&rig.start_task("cut short [[slow:30000]]").await);
     rig.fake
@@ -55,7 +60,9 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
 
     // A follow-up of the finished task: its server went with the old gateway, and the new
     // gateway's server carries the session on (OpenCode keeps it in its own storage), with the
-    // history of the first turn.
+    // history of the first turn. The scenario: the task has been out of use for longer than its
+    // stay in memory.
+    tokio::time::sleep_until(finished + 2 * in_memory).await;
     let follow_up = "and after the restart";
     rig.ok(
         "opencode_continue_task",

@@ -11,9 +11,9 @@
 //!   server pool holds them.
 //! - `timeouts.server_start`, `timeouts.request`: given to the server pool and each server's
 //!   HTTP client when it is made.
-//! - `limits.progress_tail_chars`, `limits.max_result_chars`, `limits.finished_task_ttl`: the
-//!   task tracker is built with them at start; a task's kept text and expiry must not change
-//!   under it.
+//! - `limits.progress_tail_chars`, `limits.max_result_chars`, `limits.finished_task_ttl`,
+//!   `limits.finished_in_memory`: the task tracker is built with them at start; a task's kept
+//!   text and expiry must not change under it.
 //! - `instructions`: sent to the host once, at `initialize`; a connected host keeps them.
 //! - `reload`: whether the files are watched at all is decided at start.
 //!
@@ -60,6 +60,7 @@ pub const RESTART_KEYS: &[RestartKey] = restart_keys![
     "limits.progress_tail_chars" => limits.progress_tail_chars;
     "limits.max_result_chars" => limits.max_result_chars;
     "limits.finished_task_ttl" => limits.finished_task_ttl;
+    "limits.finished_in_memory" => limits.finished_in_memory;
     "instructions" => instructions;
     "reload" => reload;
 ];

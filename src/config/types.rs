@@ -320,6 +320,10 @@ pub struct Limits {
     pub max_tasks: u32,
     /// How long a finished task stays answerable (its record is then deleted).
     pub finished_task_ttl: HumanDuration,
+    /// How long a finished task stays in memory after it finished or was last used; then only
+    /// its record in the state directory answers for it (read back by id when asked for). At
+    /// most `finished_task_ttl`.
+    pub finished_in_memory: HumanDuration,
     /// Characters of streamed text shown as the tail in progress reports.
     #[schemars(range(min = 1))]
     pub progress_tail_chars: u32,

@@ -133,13 +133,8 @@ pub(super) async fn abort_turn(
 ) -> Result<Option<u32>, OpencodeError> {
     let registry = &ctx.registry;
     let claimed = registry.update(task_id, |e| {
-        let other_turn = turn.is_some_and(|t| t != e.rec.turn);
-        if other_turn || e.rec.status.is_terminal() || e.live.aborting {
-            None
-        } else {
-            e.live.aborting = true;
-            Some(e.clone())
-        }
+        let turn = turn.unwrap_or(e.rec.turn);
+        e.claim_abort(turn).then(|| e.clone())
     });
     let Some(Some(entry)) = claimed else {
         return Ok(None);
@@ -156,7 +151,7 @@ pub(super) async fn abort_turn(
     }
     match server.api.abort(&rec.directory, &rec.session_id).await {
         Err(e) if if_fails == IfAbortFails::KeepRunning => {
-            registry.update(task_id, |e| e.live.aborting = false);
+            registry.update(task_id, |e| e.abort_refused(rec.turn));
             Err(e)
         }
         outcome => {
@@ -171,7 +166,7 @@ pub(super) async fn abort_turn(
                 }
             }
             let finished = registry.update(task_id, |e| {
-                (e.rec.turn == rec.turn && !e.rec.status.is_terminal()).then(|| {
+                e.is_aborting(rec.turn).then(|| {
                     e.finish(status, error);
                     e.rec.turn
                 })

@@ -24,6 +24,37 @@ use super::store::Store;
 use super::turn::ReplySeen;
 use crate::opencode::{ErrorInfo, PermissionAsk};
 
+/// Where a task's current turn stands in the gateway's hands. It changes only under the
+/// registry lock, through the claims on [`TaskEntry`] ([`TaskEntry::claim_abort`],
+/// [`TaskEntry::claim_check`], ...), each of which names the phase it moves from: so two actors
+/// (an event verdict, a completion check, a structured check, a cancel, the deadline,
+/// `stop_server`, a continue) can never both act on one turn, whatever order their awaits end in.
+///
+/// ```text
+///          claim_check             finish
+///   Open ─────────────────▶ Checking ──────────▶ Finished ──begin_turn──▶ Open
+///    ▲ ▲ ◀── release_check ──┘ │ claim_abort        ▲
+///    │ └───── abort_refused ── Aborting ◀───────────┼──── claim_abort ── Open
+///    │                            └───── finish ────┘
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The turn runs in OpenCode (`status` pending, running or waiting_permission): its events
+    /// and completion checks decide it.
+    Open,
+    /// The turn's answer is in and is being checked against the task's output schema
+    /// (`structured::settle`). `structured.checking` is its durable twin: a gateway that
+    /// restarts meanwhile reads the turn again and checks the answer again.
+    Checking,
+    /// A cancel, the deadline or `stop_server` claimed the turn and is aborting it: nothing
+    /// else decides it meanwhile. If OpenCode refuses the abort (a cancel), the turn is open
+    /// again, even if it was being checked: that check gave up when the abort claimed the
+    /// turn, and the next completion check claims it for a new one.
+    Aborting,
+    /// The turn is over: `status` is terminal.
+    Finished,
+}
+
 /// What the gateway knows about a task's current turn that is not worth saving: progress fed by
 /// events, and the monotonic clocks durations are measured with.
 #[derive(Debug, Clone)]
@@ -34,8 +65,8 @@ pub struct Live {
     /// has been finished *and* unused for the memory TTL, so one just read back from disk for a
     /// follow-up, an apply or a discard stays while that operation runs.
     pub last_used: Instant,
-    /// A cancel or deadline abort is in flight: events must not decide the status meanwhile.
-    pub aborting: bool,
+    /// Where the turn stands (see [`Phase`]); change it only through the claims.
+    phase: Phase,
     /// A `session.error` seen during this turn (async failures arrive only this way).
     pub session_error: Option<ErrorInfo>,
     /// The newest assistant message of the turn, as the event stream reported it.
@@ -56,10 +87,6 @@ pub struct Live {
     /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
     /// id, how many checks, since when (see [`super::turn::abandoned`]).
     pub unfinished: Option<(String, u32, Instant)>,
-    /// The check of this turn's structured answer runs (`structured::settle`): another
-    /// conclusion of the same turn must not start a second one. Not saved: after a restart the
-    /// check runs again.
-    pub settling: bool,
 }
 
 impl Live {
@@ -68,7 +95,7 @@ impl Live {
             turn_started,
             finished_at: None,
             last_used: Instant::now(),
-            aborting: false,
+            phase: Phase::Open,
             session_error: None,
             latest_reply: None,
             current_tool: None,
@@ -80,7 +107,6 @@ impl Live {
             permission_since: None,
             ask_shown: false,
             unfinished: None,
-            settling: false,
         }
     }
 }
@@ -109,6 +135,11 @@ impl TaskEntry {
         if let Some(finished) = live.finished_at {
             live.last_used = finished;
         }
+        // A turn read back is finished or open: a check or abort under way died with the
+        // gateway that ran it, and is claimed again by whoever runs it now.
+        if rec.status.is_terminal() {
+            live.phase = Phase::Finished;
+        }
         // A pending ask read back is as old as the restore: a permission list read after it that
         // no longer has the ask (answered while the gateway was down) clears it. Without a time
         // the sweep never did, and the task showed `waiting_permission` for good.
@@ -129,10 +160,74 @@ impl TaskEntry {
         self.live = Live::new(Instant::now());
     }
 
+    /// Where the turn stands.
+    pub fn phase(&self) -> Phase {
+        self.live.phase
+    }
+
+    /// The turn runs in OpenCode, and only its events and completion checks decide it.
+    pub fn is_open(&self) -> bool {
+        self.live.phase == Phase::Open
+    }
+
+    /// The turn is over and nothing acts on it any more: it may be continued, applied or
+    /// discarded.
+    pub fn is_settled(&self) -> bool {
+        self.live.phase == Phase::Finished
+    }
+
+    /// Claims turn `turn` for an abort, from open or checking; `false` when the task is on
+    /// another turn, finished, or already being aborted (a second abort is a no-op).
+    pub fn claim_abort(&mut self, turn: u32) -> bool {
+        let claimable = matches!(self.live.phase, Phase::Open | Phase::Checking);
+        if !claimable || self.rec.turn != turn {
+            return false;
+        }
+        self.live.phase = Phase::Aborting;
+        true
+    }
+
+    /// Turn `turn` is claimed by an abort.
+    pub fn is_aborting(&self, turn: u32) -> bool {
+        self.rec.turn == turn && self.live.phase == Phase::Aborting
+    }
+
+    /// OpenCode refused the abort of turn `turn`: it runs on, open.
+    pub fn abort_refused(&mut self, turn: u32) {
+        if self.is_aborting(turn) {
+            self.live.phase = Phase::Open;
+        }
+    }
+
+    /// Claims the open turn for the check of its structured answer; `false` when it is not
+    /// open (a check already runs, an abort claimed it, or it is over).
+    pub fn claim_check(&mut self) -> bool {
+        if self.live.phase != Phase::Open {
+            return false;
+        }
+        self.live.phase = Phase::Checking;
+        true
+    }
+
+    /// Turn `turn` is being checked (not aborted, finished or followed by another turn).
+    pub fn is_checking(&self, turn: u32) -> bool {
+        self.rec.turn == turn && self.live.phase == Phase::Checking
+    }
+
+    /// The check of turn `turn` ended without finishing it or opening a correction (an abort
+    /// claimed the turn meanwhile and was refused): the turn is open again, so the next
+    /// completion check claims it for a check of its own.
+    pub fn release_check(&mut self, turn: u32) {
+        if self.is_checking(turn) {
+            self.live.phase = Phase::Open;
+        }
+    }
+
     /// A permission ask of the task (or of one of its subagents) is pending: the task waits for
-    /// it. A finished or aborting task, or the ask it already shows, is left as it is.
+    /// it. A turn that is not open (over, being checked or aborted), or the ask it already
+    /// shows, is left as it is.
     pub fn ask_permission(&mut self, ask: PermissionAsk) {
-        if self.rec.status.is_terminal() || self.live.aborting {
+        if !self.is_open() {
             return;
         }
         if self.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
@@ -165,7 +260,7 @@ impl TaskEntry {
         self.rec.finish(status, error);
         self.live.current_tool = None;
         self.live.retry = None;
-        self.live.aborting = false;
+        self.live.phase = Phase::Finished;
         self.live.finished_at = Some(Instant::now());
     }
 
@@ -397,40 +492,13 @@ pub struct Evicted {
     pub worktrees: Vec<Expired>,
 }
 
-/// What makes a change worth writing to disk (progress is not).
-fn durable(r: &TaskRecord) -> impl PartialEq {
-    (
-        r.status,
-        r.turn,
-        // A released idempotency key must reach the disk, or a retry after a restart is handed
-        // the task the key no longer stands for.
-        r.idempotency.clone(),
-        r.outcome.is_some(),
-        r.outcome_error.is_some(),
-        r.files_changed.is_some(),
-        r.files_error.is_some(),
-        r.permission.as_ref().map(|p| p.id.clone()),
-        r.server_id.clone(),
-        r.child_sessions.len(),
-        r.workspace.clone(),
-        r.structured.as_ref().map(|s| {
-            (
-                s.checking,
-                s.attempts.len(),
-                s.value.is_some(),
-                s.error.is_some(),
-            )
-        }),
-    )
-}
-
 /// What a waiter can observe (a change wakes them).
 fn observable(e: &TaskEntry) -> impl PartialEq {
     (
         e.rec.status,
         e.rec.turn,
         e.rec.permission.as_ref().map(|p| p.id.clone()),
-        e.live.aborting,
+        e.live.phase,
     )
 }
 
@@ -589,7 +657,7 @@ impl Registry {
         Some(task_id)
     }
 
-    /// Applies `f` to the task; writes the record if its durable part changed and wakes
+    /// Applies `f` to the task; writes the record if it changed and wakes
     /// waiters if something they observe changed. A finished task that left memory is read back
     /// first, so a change is never lost to eviction: `None` means the task does not exist (or
     /// is another gateway's unfinished one).
@@ -601,9 +669,11 @@ impl Registry {
             let mut t = self.lock();
             let entry = t.tasks.get_mut(task_id)?;
             entry.live.last_used = Instant::now();
-            let (before, seen) = (durable(&entry.rec), observable(entry));
+            // Everything in the record is saved and nothing else is (progress lives in `Live`):
+            // any change of the record is written, so no field can be forgotten.
+            let (before, seen) = (entry.rec.clone(), observable(entry));
             let r = f(entry);
-            if before != durable(&entry.rec) {
+            if entry.rec != before {
                 self.persist(&entry.rec);
             }
             (r, seen != observable(entry))
@@ -867,6 +937,52 @@ mod tests {
         assert!(e.snapshot(true, stall).progress.expect("progress").stalled);
         e.rec.status = TaskStatus::WaitingPermission;
         assert!(!e.snapshot(true, stall).progress.expect("progress").stalled);
+    }
+
+    /// Each claim moves only from the phase it names and only on the turn it names: a second
+    /// abort, a check of a turn an abort claimed, a stale turn's abort or check, and anything
+    /// on a finished turn are refused.
+    #[test]
+    fn claims_move_only_from_the_phase_and_turn_they_name() {
+        let mut e = entry("a");
+        assert_eq!(e.phase(), Phase::Open);
+        assert!(!e.claim_abort(2), "another turn");
+        assert!(e.claim_check());
+        assert!(!e.claim_check(), "one check per turn");
+        assert!(e.claim_abort(1), "an abort may claim a turn being checked");
+        assert!(!e.claim_abort(1), "a second abort is a no-op");
+        assert!(!e.claim_check() && !e.is_checking(1));
+        e.release_check(1);
+        assert_eq!(
+            e.phase(),
+            Phase::Aborting,
+            "a check ending does not undo an abort"
+        );
+        e.abort_refused(1);
+        assert_eq!(
+            e.phase(),
+            Phase::Open,
+            "a refused abort leaves the turn open"
+        );
+        e.ask_permission(PermissionAsk {
+            id: "per_1".into(),
+            session_id: "ses_a".into(),
+            permission: "bash".into(),
+            patterns: vec![],
+            metadata: serde_json::Value::Null,
+        });
+        assert_eq!(e.rec.status, TaskStatus::WaitingPermission);
+        assert!(e.claim_abort(1));
+        e.finish(TaskStatus::Cancelled, None);
+        assert!(e.is_settled());
+        assert!(!e.claim_abort(1) && !e.claim_check());
+        e.begin_turn("msg_2".into(), None, None);
+        assert!(e.is_open() && !e.claim_abort(1) && e.claim_abort(2));
+        // A task read back from disk is finished or open: a claim died with its gateway.
+        let mut on_disk = e.rec.clone();
+        assert!(TaskEntry::from_record(on_disk.clone()).is_open());
+        on_disk.finish(TaskStatus::Completed, None);
+        assert!(TaskEntry::from_record(on_disk).is_settled());
     }
 
     #[test]

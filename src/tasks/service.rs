@@ -22,10 +22,6 @@ use crate::opencode::{
     resolve_directory, OpencodeError, PermissionReply, Server, ServerInfo, ServerPool, StopInfo,
 };
 
-/// Finished tasks stay in memory this long after they finish (a host usually reads the result
-/// within seconds); then only their record on disk answers for them.
-const FINISHED_IN_MEMORY: Duration = Duration::from_secs(600);
-
 /// How long `stop_server` waits for what is unread of its finished turns.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// How long shutdown waits for outcomes still being read: hosts send SIGINT, SIGTERM and SIGKILL
@@ -165,7 +161,7 @@ impl TaskService {
             registry: registry.clone(),
             tail_chars: config.limits.progress_tail_chars as usize,
             max_result_chars: config.limits.max_result_chars as usize,
-            memory_ttl: FINISHED_IN_MEMORY,
+            memory_ttl: config.limits.finished_in_memory.get(),
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
             foreign: Default::default(),
@@ -600,7 +596,7 @@ impl TaskService {
                 e.rec.status.as_str()
             ))
         };
-        if !entry.rec.status.is_terminal() || entry.live.aborting {
+        if !entry.is_settled() {
             return Err(still_running(&entry));
         }
         if entry.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
@@ -774,13 +770,10 @@ pub(super) async fn open_turn(
         .registry
         .update(task_id, |e| {
             let ready = match follows {
-                Follows::Finished => e.rec.status.is_terminal(),
-                Follows::Correction => {
-                    !e.rec.status.is_terminal()
-                        && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(e.rec.turn)
-                }
+                Follows::Finished => e.is_settled(),
+                Follows::Correction => e.is_checking(expected_turn),
             };
-            if e.rec.turn != expected_turn || !ready || e.live.aborting {
+            if e.rec.turn != expected_turn || !ready {
                 return Err(TaskError::Conflict(format!(
                     "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
                     e.rec.id,

@@ -339,14 +339,15 @@ fn next(checked: Result<Value, Vec<String>>, earlier: usize, retries: u32) -> Ne
 /// [`settle`]. Returns whether it held the turn. A turn already held is not held twice.
 pub fn hold(e: &mut TaskEntry) -> Hold {
     let turn = e.rec.turn;
-    let Some(s) = e.rec.structured.as_mut() else {
+    if e.rec.structured.is_none() {
         return Hold::No;
-    };
-    if e.live.settling {
+    }
+    if !e.claim_check() {
         return Hold::Already;
     }
-    e.live.settling = true;
-    s.checking = Some(turn);
+    if let Some(s) = e.rec.structured.as_mut() {
+        s.checking = Some(turn);
+    }
     e.rec.status = TaskStatus::Running;
     Hold::Held(turn)
 }
@@ -364,10 +365,7 @@ pub enum Hold {
 
 /// Whether `e` is still holding `turn` for its check (not cancelled, timed out or moved on).
 fn holding(e: &TaskEntry, turn: u32) -> bool {
-    e.rec.turn == turn
-        && !e.rec.status.is_terminal()
-        && !e.live.aborting
-        && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(turn)
+    e.is_checking(turn)
 }
 
 /// Checks the held answer of `turn` and finishes the task, or opens a correction turn. A check
@@ -376,14 +374,7 @@ fn holding(e: &TaskEntry, turn: u32) -> bool {
 /// and the task would sit `running` until its deadline with a valid answer.
 pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     check_held(ctx, server, task_id, turn).await;
-    ctx.registry.update(task_id, |e| {
-        let still_held = e.rec.turn == turn
-            && !e.rec.status.is_terminal()
-            && e.rec.structured.as_ref().and_then(|s| s.checking) == Some(turn);
-        if still_held {
-            e.live.settling = false;
-        }
-    });
+    ctx.registry.update(task_id, |e| e.release_check(turn));
 }
 
 async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::model::{RetryInfo, TaskStatus};
-use super::registry::{Registry, SessionOwner};
+use super::registry::{Phase, Registry, SessionOwner};
 use super::structured::{self, Hold};
 use super::turn::{self, Idle, ReplySeen, TurnState};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
@@ -485,7 +485,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
             then = Then::Check(Idle::No);
         }
         Event::SessionDeleted { session_id } => {
-            if !e.live.aborting {
+            if e.phase() != Phase::Aborting {
                 e.finish(TaskStatus::Failed, Some(session_deleted(session_id)));
                 return Then::Deleted(e.rec.turn);
             }
@@ -545,7 +545,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
     }
     // Idle, and the events already showed the turn's final reply: the turn is over without a
     // round trip; its outcome is read over HTTP off the waiters' path.
-    if matches!(then, Then::Check(Idle::Reported)) && !e.live.aborting {
+    if matches!(then, Then::Check(Idle::Reported)) && e.is_open() {
         if let Some(v) = turn::conclude_from_events(e.live.latest_reply.as_ref()) {
             if v.status == TaskStatus::Completed {
                 match structured::hold(e) {
@@ -659,7 +659,7 @@ pub async fn check_completion(
     let Some(entry) = registry.get(task_id) else {
         return;
     };
-    if entry.rec.status.is_terminal() || entry.live.aborting {
+    if !entry.is_open() {
         return;
     }
     let known = match for_turn {
@@ -721,7 +721,7 @@ pub async fn check_completion(
         }
     }
     let held = registry.update(task_id, |e| {
-        if e.rec.turn != entry.rec.turn || e.rec.status.is_terminal() || e.live.aborting {
+        if e.rec.turn != entry.rec.turn || !e.is_open() {
             return None;
         }
         if let Some(newest) = &turn.newest_message_id {
@@ -1079,9 +1079,9 @@ mod tests {
             registry.update("tsk_a", structured::hold),
             Some(Hold::Held(1))
         );
-        registry.update("tsk_a", |e| e.live.aborting = true);
+        assert_eq!(registry.update("tsk_a", |e| e.claim_abort(1)), Some(true));
         structured::settle(&ctx, &server, "tsk_a", 1).await;
-        registry.update("tsk_a", |e| e.live.aborting = false);
+        registry.update("tsk_a", |e| e.abort_refused(1));
         assert_eq!(
             registry.update("tsk_a", structured::hold),
             Some(Hold::Held(1))

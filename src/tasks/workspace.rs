@@ -216,7 +216,7 @@ impl TaskService {
     /// The task, refused (`conflict`) while its agent may still write to the worktree.
     fn settled(&self, task_id: &str, what: &str) -> Result<TaskEntry, TaskError> {
         let entry = self.entry(task_id)?;
-        if !entry.rec.status.is_terminal() || entry.live.aborting {
+        if !entry.is_settled() {
             return Err(TaskError::Conflict(format!(
                 "task {task_id} is still {}: its agent may still be writing; wait for it \
                  (opencode_wait_for_task) or cancel it before you {what} it",
