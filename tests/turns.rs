@@ -573,6 +573,56 @@ async fn record_turn_fixtures() {
 // ---------------------------------------------------------------------------------------------
 // End to end through the gateway.
 
+/// What the gateway assembles from the event stream up to a turn's `session.idle` frame is the
+/// turn a read of its messages over HTTP gives (text, tokens, cost, tools, steps, compactions):
+/// the gateway answers a wait at that frame from the streamed view, without the read.
+#[tokio::test]
+async fn the_turn_streamed_up_to_its_idle_frame_is_the_turn_read_over_http() {
+    let d = Direct::start(OpenCodeEnv::new().with_small_model()).await;
+    d.warm_up(FAKE_SMALL_MODEL).await;
+    for prompt in [
+        "compact me [[usage:5000]] [[bash:echo hi]]",
+        "two steps [[write:streamed.txt:written]]",
+        "just text",
+    ] {
+        let mut events = GlobalEvents::subscribe(&d.server).await;
+        let s = d.create_session(prompt).await;
+        d.prompt(&s, FAKE_SMALL_MODEL, prompt).await;
+        events
+            .wait_for(TURN, |e| {
+                e["type"] == "session.idle" && e["properties"]["sessionID"] == s
+            })
+            .await;
+        let messages = d.get(&format!("/session/{s}/message")).await;
+        let user = messages
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["info"]["role"] == "user"))
+            .and_then(|m| m["info"]["id"].as_str())
+            .expect("our user message")
+            .to_owned();
+        let read = opencode_mcp::tasks::turn::from_messages_json(&messages.to_string(), &user)
+            .expect("the messages decode");
+        let mut streamed = opencode_mcp::tasks::stream::StreamedTurn::default();
+        for e in &events.seen {
+            let event = opencode_mcp::opencode::events::decode_event(&e.to_string());
+            if event.session_id() == Some(s.as_str()) {
+                streamed.apply(&user, &event);
+            }
+        }
+        let seen = streamed
+            .derive(&user)
+            .unwrap_or_else(|| panic!("{prompt}: the stream showed the whole turn"));
+        assert!(read.finished && read.steps >= 1, "{prompt}: {read:?}");
+        if prompt.starts_with("compact") {
+            assert_eq!(read.compactions, 1, "{prompt}: {read:?}");
+        }
+        if prompt.starts_with("two steps") {
+            assert_eq!(read.tools.len(), 1, "{prompt}: {read:?}");
+        }
+        assert_eq!(seen, read, "{prompt}");
+    }
+}
+
 fn task_id(v: &Value) -> String {
     v["task_id"].as_str().expect("task_id").to_owned()
 }

@@ -15,7 +15,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::api::Api;
-use super::types::{error_info_from_json, ErrorInfo, PermissionAsk, SessionActivity};
+use super::types::{
+    error_info_from_json, ErrorInfo, PermissionAsk, SessionActivity, Tokens, ToolCall,
+};
 
 /// What the pump reports to the tracker.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,8 +26,10 @@ pub enum PumpEvent {
     Connected,
     /// The stream broke; the pump is reconnecting.
     Disconnected(String),
-    /// An event from OpenCode.
-    Event(Event),
+    /// An event from OpenCode (boxed: an event is far larger than the other variants).
+    Event(Box<Event>),
+    /// An event was dropped (larger than [`MAX_EVENT_BYTES`]): what it said is unknown.
+    Dropped,
 }
 
 /// The OpenCode events the tracker understands.
@@ -56,6 +60,10 @@ pub enum Event {
         agent: Option<String>,
         /// `provider/model` of an assistant message.
         model: Option<String>,
+        /// Epoch ms of `time.completed`.
+        completed_at: Option<u64>,
+        tokens: Tokens,
+        cost: f64,
     },
     /// `session.created` / `session.updated`: how a subagent's child session (one with a
     /// `parentID`) is tied to the task of its parent.
@@ -114,13 +122,17 @@ impl Event {
 pub enum PartEvent {
     Text {
         text: String,
+        /// Neither synthetic nor ignored: part of what the model wrote.
+        counted: bool,
     },
     Tool {
-        tool: String,
-        /// `pending`, `running`, `completed`, `error`.
-        status: String,
+        /// The call as a read of the turn over HTTP reports it.
+        call: ToolCall,
+        /// What progress shows: OpenCode's title, else the tool's main argument, on one line.
         title: Option<String>,
     },
+    /// A user message holding this part asks for a compaction.
+    Compaction,
     StepStart,
     StepFinish,
     Other,
@@ -141,6 +153,8 @@ pub struct SseParser {
     has_data: bool,
     /// The current line or event passed [`MAX_EVENT_BYTES`]: skip to the end of the event.
     oversized: bool,
+    /// Events dropped for their size since the last [`SseParser::take_dropped`].
+    dropped: u32,
 }
 
 impl SseParser {
@@ -164,10 +178,18 @@ impl SseParser {
         out
     }
 
+    /// How many events were dropped for their size since the last call.
+    pub fn take_dropped(&mut self) -> u32 {
+        std::mem::take(&mut self.dropped)
+    }
+
     fn on_line(&mut self, line: &[u8], out: &mut Vec<String>) {
         if line.is_empty() {
             if self.has_data && !self.oversized {
                 out.push(std::mem::take(&mut self.data));
+            }
+            if self.oversized {
+                self.dropped = self.dropped.saturating_add(1);
             }
             self.data.clear();
             self.has_data = false;
@@ -254,6 +276,9 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                 model: s(info, "providerID")
                     .zip(s(info, "modelID"))
                     .map(|(p, m)| format!("{p}/{m}")),
+                completed_at: info.pointer("/time/completed").and_then(Value::as_u64),
+                tokens: tokens_of(info.get("tokens")),
+                cost: info.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
             }
         }
         "session.created" | "session.updated" => {
@@ -274,16 +299,14 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
             let decoded = match part.get("type").and_then(Value::as_str).unwrap_or("") {
                 "text" => PartEvent::Text {
                     text: s(part, "text").unwrap_or_default(),
+                    counted: part.get("synthetic").and_then(Value::as_bool) != Some(true)
+                        && part.get("ignored").and_then(Value::as_bool) != Some(true),
                 },
                 "tool" => PartEvent::Tool {
-                    tool: s(part, "tool").unwrap_or_default(),
-                    status: part
-                        .pointer("/state/status")
-                        .and_then(Value::as_str)
-                        .unwrap_or("pending")
-                        .to_string(),
+                    call: tool_call(part),
                     title: tool_title(part),
                 },
+                "compaction" => PartEvent::Compaction,
                 "step-start" => PartEvent::StepStart,
                 "step-finish" => PartEvent::StepFinish,
                 _ => PartEvent::Other,
@@ -425,9 +448,12 @@ async fn stream_once(
         };
         for data in parser.feed(&chunk) {
             let event = decode_event(&data);
-            if event != Event::Other && tx.send(PumpEvent::Event(event)).is_err() {
+            if event != Event::Other && tx.send(PumpEvent::Event(Box::new(event))).is_err() {
                 return Ok(());
             }
+        }
+        if parser.take_dropped() > 0 && tx.send(PumpEvent::Dropped).is_err() {
+            return Ok(());
         }
     }
 }
@@ -438,6 +464,47 @@ const TITLE_CHARS: usize = 200;
 /// What a tool call is doing, in a few words: OpenCode's own title when it gave one, else the
 /// call's main argument (a shell tool's command, an edit's file, a search's pattern), so
 /// progress reads `running bash: cargo test`, not just `running bash`. One line, bounded.
+/// The tool call of a `tool` part, as `messages::view` reads it from the same part over HTTP:
+/// the status, OpenCode's title once running or completed, the error once failed.
+fn tool_call(part: &Value) -> ToolCall {
+    let state = part.get("state").unwrap_or(&Value::Null);
+    let status = state
+        .get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("pending")
+        .to_string();
+    let (title, error) = match status.as_str() {
+        "running" | "completed" => (s(state, "title"), None),
+        "error" => (None, s(state, "error")),
+        _ => (None, None),
+    };
+    ToolCall {
+        tool: s(part, "tool").unwrap_or_default(),
+        status,
+        title,
+        error,
+    }
+}
+
+/// An assistant message's token counts, as `messages::view` reads them (negative or missing
+/// counts are 0).
+fn tokens_of(tokens: Option<&Value>) -> Tokens {
+    let n = |path: &str| {
+        tokens
+            .and_then(|t| t.pointer(path))
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+            .max(0.0) as u64
+    };
+    Tokens {
+        input: n("/input"),
+        output: n("/output"),
+        reasoning: n("/reasoning"),
+        cache_read: n("/cache/read"),
+        cache_write: n("/cache/write"),
+    }
+}
+
 fn tool_title(part: &Value) -> Option<String> {
     let state = part.get("state")?;
     let title = state
@@ -646,6 +713,9 @@ mod tests {
                 summary: false,
                 agent: None,
                 model: None,
+                completed_at: Some(2),
+                tokens: Tokens::default(),
+                cost: 0.0,
             }
         );
         let e = decode_event(
@@ -658,8 +728,12 @@ mod tests {
                 message_id: "msg_2".into(),
                 part_id: "prt_1".into(),
                 part: PartEvent::Tool {
-                    tool: "bash".into(),
-                    status: "running".into(),
+                    call: ToolCall {
+                        tool: "bash".into(),
+                        status: "running".into(),
+                        title: Some("ls".into()),
+                        error: None,
+                    },
                     title: Some("ls".into())
                 }
             }

@@ -4,7 +4,9 @@
 //!   "it is over, and this is its answer".
 //! - `record` (the durable record), `registry` (live tasks: record + progress under one lock),
 //!   `store` (the records on disk).
-//! - `tracker`: feeds OpenCode's events and HTTP reads into `turn` and the registry.
+//! - `tracker`: feeds OpenCode's events and HTTP reads into `turn` and the registry; `stream`
+//!   assembles a turn's messages from the events, so a turn ended by its idle frame has its
+//!   answer without a read.
 //! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
 //!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`, and
 //!   `workspace` (a task's git worktree: create, diff, apply, discard).
@@ -28,6 +30,7 @@ mod result;
 pub use result::Files;
 mod service;
 mod store;
+pub mod stream;
 pub mod structured;
 mod tracker;
 pub mod turn;

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
 use super::record::{TaskRecord, WorkspaceRecord};
 use super::store::Store;
+use super::stream::StreamedTurn;
 use super::turn::ReplySeen;
 use crate::opencode::{ErrorInfo, PermissionAsk};
 
@@ -71,6 +72,8 @@ pub struct Live {
     pub session_error: Option<ErrorInfo>,
     /// The newest assistant message of the turn, as the event stream reported it.
     pub latest_reply: Option<ReplySeen>,
+    /// The turn's messages as the event stream showed them (see `stream.rs`).
+    pub streamed: StreamedTurn,
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
     pub steps: u32,
@@ -98,6 +101,7 @@ impl Live {
             phase: Phase::Open,
             session_error: None,
             latest_reply: None,
+            streamed: StreamedTurn::default(),
             current_tool: None,
             text_tail: String::new(),
             steps: 0,
@@ -260,6 +264,8 @@ impl TaskEntry {
         self.rec.finish(status, error);
         self.live.current_tool = None;
         self.live.retry = None;
+        // The answer is in the record now (or is read over HTTP): the streamed copy goes.
+        self.live.streamed = StreamedTurn::default();
         self.live.phase = Phase::Finished;
         self.live.finished_at = Some(Instant::now());
     }

@@ -100,13 +100,28 @@ pub async fn run(
             }
             msg = events.recv() => match msg {
                 None => return,
-                Some(PumpEvent::Connected) => spawn_reconcile(&ctx, &server, true),
+                Some(PumpEvent::Connected) => {
+                    // Events before this connect were not seen: no open turn's streamed view
+                    // is whole (a turn opened while the stream was down included).
+                    mark_gaps(&ctx, &server);
+                    spawn_reconcile(&ctx, &server, true);
+                }
                 Some(PumpEvent::Disconnected(reason)) => {
                     tracing::debug!(server_id = %server.id, %reason, "event stream disconnected");
+                    mark_gaps(&ctx, &server);
                 }
-                Some(PumpEvent::Event(event)) => apply(&ctx, &server, event),
+                Some(PumpEvent::Dropped) => mark_gaps(&ctx, &server),
+                Some(PumpEvent::Event(event)) => apply(&ctx, &server, *event),
             }
         }
+    }
+}
+
+/// Events of the server's open turns may have been missed: their streamed views are not used
+/// (their answers are read over HTTP).
+fn mark_gaps(ctx: &TrackerContext, server: &Server) {
+    for id in unfinished_on(&ctx.registry, &server.id) {
+        ctx.registry.update(&id, |e| e.live.streamed.mark_gap());
     }
 }
 
@@ -421,14 +436,9 @@ fn apply_child(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: 
         Event::PermissionAsked(ask) => e.ask_permission(ask.clone()),
         Event::PermissionReplied { request_id, .. } => e.permission_answered(request_id),
         Event::PartUpdated {
-            part:
-                PartEvent::Tool {
-                    tool,
-                    status,
-                    title,
-                },
+            part: PartEvent::Tool { call, title },
             ..
-        } => track_tool(e, tool, status, title),
+        } => track_tool(e, &call.tool, &call.status, title),
         Event::PartDelta { field, delta, .. } if field == "text" => {
             e.push_text(delta, ctx.tail_chars)
         }
@@ -454,6 +464,9 @@ fn track_tool(
 /// An event of the task's own session.
 fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &Event) -> Then {
     let mut then = Then::Nothing;
+    if e.is_open() {
+        e.live.streamed.apply(&e.rec.user_message_id, event);
+    }
     match event {
         Event::SessionStatus { activity, .. } => match activity {
             SessionActivity::Busy => {
@@ -526,13 +539,12 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
             }
         }
         Event::PartUpdated { part, .. } => match part {
-            PartEvent::Tool {
-                tool,
-                status,
-                title,
-            } => track_tool(e, tool, status, title),
+            PartEvent::Tool { call, title } => track_tool(e, &call.tool, &call.status, title),
             PartEvent::StepFinish => e.live.steps += 1,
-            PartEvent::Text { .. } | PartEvent::StepStart | PartEvent::Other => {}
+            PartEvent::Text { .. }
+            | PartEvent::Compaction
+            | PartEvent::StepStart
+            | PartEvent::Other => {}
         },
         Event::PartDelta { field, delta, .. } => {
             if field == "text" {
@@ -553,6 +565,18 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::registry::TaskEntry, event: &E
                     Hold::Already => return Then::Nothing,
                     Hold::No => {}
                 }
+            }
+            // The answer as streamed, when the stream showed all of it: the wait that returns
+            // now carries it without a read. Otherwise it is read over HTTP (off this path).
+            match e.live.streamed.derive(&e.rec.user_message_id) {
+                Some(state) if state.finished => {
+                    e.rec.outcome = Some(state.cap_text(ctx.max_result_chars));
+                }
+                _ => tracing::debug!(
+                    task_id = %e.rec.id,
+                    gap = e.live.streamed.has_gap(),
+                    "the stream did not show the whole turn; reading it over HTTP"
+                ),
             }
             e.finish(v.status, v.error);
             return Then::ReadOutcome(e.rec.turn);
