@@ -65,14 +65,20 @@ pub enum GatewayError {
 pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), GatewayError> {
     let gateway = Gateway::new(config);
     let tasks = gateway.tasks();
-    // Tasks a previous gateway left in the state directory answer again from the first call.
-    tasks.restore();
+    // Tasks a previous gateway left in the state directory answer again from the first call
+    // (every task action waits for them), but are read only once the handshake is over: the
+    // `initialize` reply never waits for a full state directory.
+    let (handshake_done, handshake) = tokio::sync::oneshot::channel::<()>();
+    tasks.restore(async move {
+        // Sent when the host is initialized, dropped when it never is: either way, read.
+        let _ = handshake.await;
+    });
     let stop = CancellationToken::new();
     // The handlers are installed here, before the first byte is served: installed inside the
     // spawned task, a SIGTERM right after `initialize` could still meet the default action and
     // kill the process without stopping its servers.
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
-    let served = serve(gateway, stop, watch).await;
+    let served = serve(gateway, stop, watch, handshake_done).await;
     signals.abort();
     tracing::info!("stopping managed OpenCode servers");
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())
@@ -91,6 +97,7 @@ async fn serve(
     gateway: Gateway,
     stop: CancellationToken,
     watch: Option<Watch>,
+    handshake_done: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(), GatewayError> {
     let handler = gateway.clone();
     // `stdio_pipes` reads stdin through the reactor when it is a pipe (as hosts launch us), so a
@@ -111,6 +118,7 @@ async fn serve(
         Err(e) => return Err(GatewayError::Transport(e.to_string())),
     };
     tracing::info!("serving MCP on stdio");
+    let _ = handshake_done.send(());
     // Started once the host is initialized: its list-changed notifications go to that peer.
     let reloading = watch.map(|w| tokio::spawn(reload::run(gateway, w, running.peer().clone())));
     let ended = running.waiting().await;

@@ -20,16 +20,19 @@ impl TaskService {
     /// and finish normally. Unfinished tasks of another gateway that is still running are left to
     /// it.
     ///
-    /// The store is read on a blocking thread so `initialize` is answered at once (a full store
-    /// takes about 10 ms per 1,000 records); every action that reads tasks waits for it
-    /// ([`Self::restored`]). Adopting, which needs the network, runs after that in the background.
-    pub fn restore(self: &Arc<Self>) {
+    /// The store is read on a blocking thread once `after` resolves (the gateway passes the end
+    /// of the host's handshake), so a full state directory (about 10 ms of reading per 1,000
+    /// records) never delays the `initialize` reply, on two cores least of all; every action
+    /// that reads tasks waits for it ([`Self::restored`]). Adopting, which needs the network,
+    /// runs after that in the background.
+    pub fn restore(self: &Arc<Self>, after: impl std::future::Future<Output = ()> + Send + 'static) {
         let Some(store) = self.registry.store().cloned() else {
             return;
         };
         self.restored.send_replace(false);
         let this = self.clone();
         tokio::spawn(async move {
+            after.await;
             let loaded = tokio::task::spawn_blocking(move || store.load_all()).await;
             let adopt = match loaded {
                 Ok((records, bad)) => this.take_over(records, bad),
