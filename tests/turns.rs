@@ -623,6 +623,40 @@ async fn the_turn_streamed_up_to_its_idle_frame_is_the_turn_read_over_http() {
     }
 }
 
+/// A task cancelled while OpenCode still sets up its first turn in a directory it has not
+/// served before leaves that directory usable: the next task there completes. OpenCode 1.18.33
+/// loads a directory's providers inside its first turn and caches that load's interruption, so
+/// every later prompt there failed ("All fibers interrupted without error") until the instance
+/// was disposed; the gateway's abort now waits for the turn's first reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_at_once_leaves_its_directory_usable() {
+    let rig = Rig::start(&[]).await;
+    for round in 0..3 {
+        let dir = rig.env.work_dir().join(format!("fresh-{round}"));
+        support::git::init_repo(&dir, &[("README", "fresh\n")]);
+        let dir = dir.display().to_string();
+        let first = task_id(
+            &rig.start_task_with(json!({ "prompt": "slow [[slow:20000]]", "directory": dir }))
+                .await,
+        );
+        let cancelled = rig
+            .ok("opencode_cancel_task", json!({ "task_id": first }))
+            .await;
+        assert_eq!(
+            cancelled["status"], "cancelled",
+            "round {round}: {cancelled}"
+        );
+        let prompt = format!("after the cancel, round {round}");
+        let next = task_id(
+            &rig.start_task_with(json!({ "prompt": prompt, "directory": dir }))
+                .await,
+        );
+        let r = rig.finish(&next).await;
+        assert_eq!(r["status"], "completed", "round {round}: {r}");
+        assert_eq!(r["text"], echo_reply(&prompt), "round {round}: {r}");
+    }
+}
+
 fn task_id(v: &Value) -> String {
     v["task_id"].as_str().expect("task_id").to_owned()
 }

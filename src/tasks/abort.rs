@@ -115,6 +115,49 @@ fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn
     });
 }
 
+/// How long after its prompt a turn's abort may wait for the turn's first reply (see
+/// [`wait_for_first_reply`]). OpenCode creates it within about 1.5 s of the prompt in a
+/// directory it has not served before, at once in one it has; a stream that shows no events,
+/// or a turn adopted after a restart (whose earlier replies this gateway never saw), must not
+/// hold a cancel for long.
+const FIRST_REPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until the turn's first assistant message exists (the event stream shows it), the turn
+/// ends otherwise, or `gave_up` ([`FIRST_REPLY_WAIT`] after the prompt) passes. OpenCode 1.18.33 loads a directory's
+/// providers inside the first turn there, before that message, and caches the interruption
+/// when that turn is aborted: every later prompt in the directory then fails ("All fibers
+/// interrupted without error", from `SessionPrompt.getModel`) until the instance is disposed,
+/// which for a task's worktree means its continues never run. An abort that early was also
+/// ignored at times (answered `true`, the turn ran on). Measured: aborted 50 ms to 1 s after
+/// the prompt, 28 of 31 poisoned the directory; aborted after the first reply, 0 of 10.
+async fn wait_for_first_reply(
+    ctx: &TrackerContext,
+    task_id: &str,
+    turn: u32,
+    gave_up: tokio::time::Instant,
+) {
+    let registry = &ctx.registry;
+    let mut changed = registry.subscribe();
+    loop {
+        let waiting = registry
+            .get(task_id)
+            .is_some_and(|e| e.is_aborting(turn) && e.live.latest_reply.is_none());
+        if !waiting {
+            return;
+        }
+        if tokio::time::timeout_at(gave_up, changed.changed())
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                task_id,
+                "no reply {FIRST_REPLY_WAIT:?} after the prompt; aborting the turn anyway"
+            );
+            return;
+        }
+    }
+}
+
 /// Aborts a task's turn (`turn`, or whatever turn is current when `None`): claims it (so events
 /// cannot decide its status meanwhile, and a second abort is a no-op), rejects a permission it
 /// waits on (OpenCode's abort leaves the ask listed), aborts the session (OpenCode passes the
@@ -139,6 +182,10 @@ pub(super) async fn abort_turn(
     let Some(Some(entry)) = claimed else {
         return Ok(None);
     };
+    if entry.live.latest_reply.is_none() {
+        let gave_up = tokio::time::Instant::from_std(entry.live.turn_started + FIRST_REPLY_WAIT);
+        wait_for_first_reply(ctx, task_id, entry.rec.turn, gave_up).await;
+    }
     let rec = &entry.rec;
     if let Some(ask) = &rec.permission {
         if let Err(e) = server

@@ -505,6 +505,8 @@ fn observable(e: &TaskEntry) -> impl PartialEq {
         e.rec.turn,
         e.rec.permission.as_ref().map(|p| p.id.clone()),
         e.live.phase,
+        // The turn's first reply (an abort waits for it: see `abort.rs`).
+        e.live.latest_reply.is_some(),
     )
 }
 
