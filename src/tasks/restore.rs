@@ -25,7 +25,10 @@ impl TaskService {
     /// records) never delays the `initialize` reply, on two cores least of all; every action
     /// that reads tasks waits for it ([`Self::restored`]). Adopting, which needs the network,
     /// runs after that in the background.
-    pub fn restore(self: &Arc<Self>, after: impl std::future::Future<Output = ()> + Send + 'static) {
+    pub fn restore(
+        self: &Arc<Self>,
+        after: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let Some(store) = self.registry.store().cloned() else {
             return;
         };
