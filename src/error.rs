@@ -20,6 +20,8 @@ pub enum ErrorCode {
     Conflict,
     /// A configured cap was hit (tracked tasks, prompt size).
     LimitExceeded,
+    /// A spending cap was reached (`limits.max_cost_usd_per_day`).
+    BudgetExceeded,
     /// OpenCode could not be reached or started.
     OpencodeUnavailable,
     /// OpenCode answered with an error.
@@ -35,6 +37,7 @@ impl ErrorCode {
             ErrorCode::InvalidArgument => "invalid_argument",
             ErrorCode::Conflict => "conflict",
             ErrorCode::LimitExceeded => "limit_exceeded",
+            ErrorCode::BudgetExceeded => "budget_exceeded",
             ErrorCode::OpencodeUnavailable => "opencode_unavailable",
             ErrorCode::OpencodeError => "opencode_error",
             ErrorCode::Internal => "internal",

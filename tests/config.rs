@@ -298,6 +298,7 @@ tiers:
         name: name.into(),
         handles: handles.into(),
         models: models.iter().map(|m| m.to_string()).collect(),
+        ..Tier::default()
     };
     expected.tiers = vec![
         tier("fast", "renames and docs", &["acme/small-1"]),
@@ -455,6 +456,7 @@ fn env_values_take_the_type_of_their_key() {
         name: "fast".into(),
         handles: "docs".into(),
         models: vec!["acme/m-1".into()],
+        ..Tier::default()
     }];
     assert_eq!(cfg, expected);
 }

@@ -188,6 +188,7 @@ mod tests {
             name: "new".into(),
             handles: "anything".into(),
             models: vec![],
+            ..Tier::default()
         });
         let file = PathBuf::from("/p/delegation.yaml");
         let kept = keep_running(&mut new, &running, std::slice::from_ref(&file));

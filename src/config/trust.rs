@@ -40,6 +40,14 @@ pub const ISOLATION_KEY: &str = "isolation.mode";
 /// `isolation: none` edits the checkout). `isolation: worktree` is tightening and is taken.
 pub const UNFIXABLE_ARGUMENTS: &[&str] = &["directory", "isolation"];
 
+/// Spending caps, which a repository may only lower (a cap where the layers below set none is
+/// lowering too).
+pub const CAP_KEYS: &[&str] = &[
+    "limits.max_cost_usd",
+    "limits.max_tokens",
+    "limits.max_cost_usd_per_day",
+];
+
 /// A setting of the repository's file that was not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Withheld {
@@ -55,7 +63,9 @@ pub struct Withheld {
 
 impl fmt::Display for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = if self.key == PERMISSION_KEY {
+        let why = if CAP_KEYS.contains(&self.key.as_str()) {
+            "a repository's delegation.yaml may lower a spending cap, never raise or remove it"
+        } else if self.key == PERMISSION_KEY {
             "a repository's delegation.yaml may tighten the permission policy, never loosen it"
         } else if self.key == ISOLATION_KEY {
             "a repository's delegation.yaml may tighten isolation (`none` < `worktree`), never \
@@ -169,6 +179,40 @@ pub fn filter(dict: &mut Dict, below: &dyn Fn(&str) -> Option<String>) -> Vec<(S
                 if let Some(value) = entry.remove("action") {
                     withheld.push((format!("tools.{name}.action"), show(&value)));
                 }
+            }
+        }
+    }
+    withheld
+}
+
+/// Removes the spending caps a repository layer would raise or remove ([`CAP_KEYS`]). `below`
+/// reads the cap the layers below set (`None`: no cap). Judged on the raw value: only a number
+/// at most the one below is taken; a null (no cap), a string, a map or anything else is
+/// withheld when there is a cap below, so the typed extraction never sees it. Returns the
+/// withheld keys and their values.
+pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<(String, String)> {
+    let mut withheld = Vec::new();
+    for key in CAP_KEYS {
+        let Some(value) = lookup(dict, key) else {
+            continue;
+        };
+        let given = match value {
+            Value::Num(_, n) => n
+                .to_f64()
+                .or_else(|| n.to_u128().map(|v| v as f64))
+                .or_else(|| n.to_i128().map(|v| v as f64)),
+            _ => None,
+        };
+        let taken = match (given, below(key)) {
+            (Some(v), Some(cap)) => v <= cap,
+            (Some(_), None) => true,
+            // No number: only harmless when nothing below caps it either (the typed extraction
+            // then reports a wrong shape).
+            (None, cap) => cap.is_none(),
+        };
+        if !taken {
+            if let Some(value) = take(dict, key) {
+                withheld.push((key.to_string(), show(&value)));
             }
         }
     }
@@ -356,5 +400,36 @@ mod tests {
             "OPENCODE_MCP_OPENCODE__COMMAND"
         );
         assert_eq!(env_name("state_dir"), "OPENCODE_MCP_STATE_DIR");
+    }
+    /// A repository may lower a spending cap or set one where none is, never raise or remove
+    /// one, whatever shape its value has.
+    #[test]
+    fn a_repository_may_only_lower_spending_caps() {
+        let below = |cap: Option<f64>| {
+            move |key: &str| (key == "limits.max_cost_usd").then_some(cap).flatten()
+        };
+        for (yaml, cap, taken) in [
+            ("limits: {max_cost_usd: 0.5}", Some(1.0), true),
+            ("limits: {max_cost_usd: 1}", Some(1.0), true),
+            ("limits: {max_cost_usd: 2}", Some(1.0), false),
+            ("limits: {max_cost_usd: ~}", Some(1.0), false),
+            ("limits: {max_cost_usd: '0.5'}", Some(1.0), false),
+            ("limits: {max_cost_usd: {a: 1}}", Some(1.0), false),
+            ("limits: {max_cost_usd: 100}", None, true),
+            ("limits: {max_cost_usd: ~}", None, true),
+        ] {
+            let mut d = dict(yaml);
+            let withheld = filter_caps(&mut d, &below(cap));
+            assert_eq!(
+                withheld.is_empty(),
+                taken,
+                "{yaml} over {cap:?}: {withheld:?}"
+            );
+            assert_eq!(
+                lookup(&d, "limits.max_cost_usd").is_some(),
+                taken,
+                "{yaml} over {cap:?}: left in the layer only when taken"
+            );
+        }
     }
 }

@@ -336,6 +336,72 @@ pub struct Limits {
     /// session, sent the validation errors). 0: never; the mismatch is reported at once.
     #[schemars(range(max = MAX_STRUCTURED_RETRIES))]
     pub structured_retries: u32,
+    /// Most USD one turn of a task may cost (every step, subagents and compaction included, as
+    /// OpenCode reports it while the turn streams); past it the turn is aborted and the task
+    /// ends `failed` (`BudgetExceeded`), its partial answer kept. Unset: no cap. A tier's
+    /// `max_cost_usd` and a call's `budget` can only lower it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Most tokens one turn may use (input, output, reasoning, cache reads and writes, summed the
+    /// same way). Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Most USD the tasks of one UTC day may cost together: once the day's recorded spend
+    /// reaches it, new tasks are refused (`budget_exceeded`) until midnight UTC; running tasks
+    /// finish. Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd_per_day: Option<f64>,
+}
+
+/// Largest cap in USD accepted anywhere (a guard against a typo, not a policy).
+pub const MAX_COST_USD: f64 = 1_000_000.0;
+/// Largest token cap accepted anywhere.
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// Caps on what one turn of a task may spend (see `limits.max_cost_usd`); unset: no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Most USD the turn may cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Most tokens the turn may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+}
+
+impl Budget {
+    /// The lower of each cap.
+    pub fn tightest(self, other: Budget) -> Budget {
+        fn lower<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+                (a, b) => a.or(b),
+            }
+        }
+        Budget {
+            max_cost_usd: lower(self.max_cost_usd, other.max_cost_usd),
+            max_tokens: lower(self.max_tokens, other.max_tokens),
+        }
+    }
+
+    /// No cap at all.
+    pub fn is_unlimited(&self) -> bool {
+        self.max_cost_usd.is_none() && self.max_tokens.is_none()
+    }
+
+    /// What spending `cost` USD and `tokens` tokens passed, if it passed a cap: "cost $X of
+    /// max_cost_usd $Y" and/or "N tokens of max_tokens M".
+    pub fn passed_by(&self, cost: f64, tokens: u64) -> Option<String> {
+        let mut over = Vec::new();
+        if let Some(cap) = self.max_cost_usd.filter(|cap| cost > *cap) {
+            over.push(format!("it cost ${cost:.4}, above max_cost_usd ${cap}"));
+        }
+        if let Some(cap) = self.max_tokens.filter(|cap| tokens > *cap) {
+            over.push(format!("it used {tokens} tokens, above max_tokens {cap}"));
+        }
+        (!over.is_empty()).then(|| over.join(", and "))
+    }
 }
 
 /// The most automatic corrections `limits.structured_retries` allows: each is a full model turn.
@@ -412,7 +478,7 @@ pub struct HostLimits {
 }
 
 /// A tier of models and the difficulty of work it should take.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Tier {
     /// Name used as `tier` in `opencode_start_task` (e.g. `fast`); unique among tiers.
@@ -426,6 +492,33 @@ pub struct Tier {
     #[serde(default)]
     #[schemars(inner(regex(pattern = MODEL_ID_PATTERN)))]
     pub models: Vec<String>,
+    /// Most USD one turn of this tier's tasks may cost; lowers `limits.max_cost_usd`, never
+    /// raises it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Most tokens one turn of this tier's tasks may use; lowers `limits.max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+}
+
+impl Tier {
+    /// This tier's own caps.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            max_cost_usd: self.max_cost_usd,
+            max_tokens: self.max_tokens,
+        }
+    }
+}
+
+impl Limits {
+    /// The gateway-wide caps of one turn.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            max_cost_usd: self.max_cost_usd,
+            max_tokens: self.max_tokens,
+        }
+    }
 }
 
 /// One tool in the MCP tool set.

@@ -14,7 +14,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::template::{self, TIERS_PLACEHOLDER};
-use super::types::{Action, Config, DEFAULT_HOST, MAX_INSTRUCTIONS_CHARS, MIN_RESULT_CHARS};
+use super::types::{
+    Action, Config, DEFAULT_HOST, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS, MAX_TOKENS,
+    MIN_RESULT_CHARS,
+};
 
 /// One violated rule. `key` is the setting to blame; `related` are other settings the rule
 /// compares it with. The loader reports whichever of them came from the latest layer, since
@@ -277,8 +280,49 @@ fn timeouts(config: &Config, issues: &mut Issues) {
     }
 }
 
+/// Spending caps: a positive, finite number within [`MAX_COST_USD`] / [`MAX_TOKENS`] (0 would
+/// stop every task at its first step; unset is how to say "no cap").
+fn caps<const C: usize, const T: usize>(
+    issues: &mut Issues,
+    at: &str,
+    costs: [(&str, Option<f64>); C],
+    tokens: [(&str, Option<u64>); T],
+) {
+    for (name, value) in costs {
+        if let Some(v) = value.filter(|v| !(v.is_finite() && *v > 0.0 && *v <= MAX_COST_USD)) {
+            issues.push(
+                format!("{at}.{name}"),
+                format!(
+                    "expected an amount in USD above 0 and at most {MAX_COST_USD} (leave it unset \
+                     for no cap), found {v}"
+                ),
+            );
+        }
+    }
+    for (name, value) in tokens {
+        if let Some(v) = value.filter(|v| *v == 0 || *v > MAX_TOKENS) {
+            issues.push(
+                format!("{at}.{name}"),
+                format!(
+                    "expected a number of tokens above 0 and at most {MAX_TOKENS} (leave it unset \
+                     for no cap), found {v}"
+                ),
+            );
+        }
+    }
+}
+
 fn limits(config: &Config, issues: &mut Issues) {
     let l = &config.limits;
+    caps(
+        issues,
+        "limits",
+        [
+            ("max_cost_usd", l.max_cost_usd),
+            ("max_cost_usd_per_day", l.max_cost_usd_per_day),
+        ],
+        [("max_tokens", l.max_tokens)],
+    );
     let counts = [
         ("max_prompt_bytes", l.max_prompt_bytes),
         ("max_wait_ids", l.max_wait_ids),
@@ -362,6 +406,12 @@ fn tiers(config: &Config, issues: &mut Issues) {
             format!("{at}.handles"),
             &tier.handles,
             "a description of the work this tier handles",
+        );
+        caps(
+            issues,
+            &at,
+            [("max_cost_usd", tier.max_cost_usd)],
+            [("max_tokens", tier.max_tokens)],
         );
         for (j, model) in tier.models.iter().enumerate() {
             if !is_model_id(model) {

@@ -144,11 +144,13 @@ mod tests {
                 name: "fast".into(),
                 handles: "renames".into(),
                 models: vec![],
+                ..Tier::default()
             },
             Tier {
                 name: "strong".into(),
                 handles: "reviews".into(),
                 models: vec!["a/b".into(), "c/d".into()],
+                ..Tier::default()
             },
         ];
         assert_eq!(

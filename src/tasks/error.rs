@@ -16,6 +16,9 @@ pub enum TaskError {
     Conflict(String),
     #[error("{0}")]
     LimitExceeded(String),
+    /// The day's spending cap is reached.
+    #[error("{0}")]
+    BudgetExceeded(String),
     #[error(transparent)]
     Opencode(#[from] OpencodeError),
     #[error(transparent)]
@@ -29,6 +32,7 @@ impl Coded for TaskError {
             TaskError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             TaskError::Conflict(_) => ErrorCode::Conflict,
             TaskError::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            TaskError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
             TaskError::Opencode(e) => e.code(),
             TaskError::Git(e) => match e {
                 GitError::Missing { .. }

@@ -15,6 +15,7 @@
 //!   `opencode-mcp tasks` and their tools).
 //! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
 //!   validating the JSON their answer ends with, and the bounded automatic corrections.
+//! - `spend`: spend guards: a task's caps, what its turn spent so far, the day's total.
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
@@ -29,6 +30,7 @@ mod restore;
 mod result;
 pub use result::Files;
 mod service;
+mod spend;
 mod store;
 pub mod stream;
 pub mod structured;

@@ -79,6 +79,16 @@ pub struct Progress {
     /// The provider is failing and OpenCode is retrying.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryInfo>,
+    /// A task with spending caps: what this turn has spent so far, in USD as OpenCode reports
+    /// it (all steps and subagents)...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spent_usd: Option<f64>,
+    /// ...and in tokens (input, output, reasoning, cache reads and writes)...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spent_tokens: Option<u64>,
+    /// ...against these caps: past one, the turn is stopped (`BudgetExceeded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::config::Budget>,
 }
 
 /// OpenCode's retry state for a failing provider.

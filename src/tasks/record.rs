@@ -94,6 +94,10 @@ pub struct TaskRecord {
     /// (see `structured.rs`); absent for other tasks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured: Option<StructuredState>,
+    /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
+    /// call's, the lowest of each); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::config::Budget>,
 }
 
 /// Tokens, cost and wall time of finished turns.
@@ -182,6 +186,7 @@ impl TaskRecord {
             workspace: None,
             group: None,
             structured: None,
+            budget: None,
             earlier: Spent::default(),
         }
     }

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
 use super::record::{TaskRecord, WorkspaceRecord};
+use super::spend::Spending;
 use super::store::Store;
 use super::stream::StreamedTurn;
 use super::turn::ReplySeen;
@@ -74,6 +75,8 @@ pub struct Live {
     pub latest_reply: Option<ReplySeen>,
     /// The turn's messages as the event stream showed them (see `stream.rs`).
     pub streamed: StreamedTurn,
+    /// What the turn has spent so far, from the stream (see `spend.rs`).
+    pub spending: Spending,
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
     pub steps: u32,
@@ -102,6 +105,7 @@ impl Live {
             session_error: None,
             latest_reply: None,
             streamed: StreamedTurn::default(),
+            spending: Spending::default(),
             current_tool: None,
             text_tail: String::new(),
             steps: 0,
@@ -327,6 +331,9 @@ impl TaskEntry {
                     && r.status != TaskStatus::WaitingPermission
                     && since_event > stall,
                 retry: self.live.retry.clone(),
+                spent_usd: r.budget.map(|_| self.live.spending.total().0),
+                spent_tokens: r.budget.map(|_| self.live.spending.total().1),
+                budget: r.budget,
             }
         });
         // A structured task's value and errors are the finished round's only.
@@ -449,6 +456,9 @@ impl Tables {
 /// A finished task that left memory, as it was when it left.
 struct OnDisk {
     finished: Instant,
+    /// What it spent that counts toward the day its turn finished (see [`Registry::spent_since`]):
+    /// epoch ms of the finish, and the cost.
+    spent: (u64, f64),
     /// Its turn then: the record is deleted at expiry only if it still holds this turn.
     turn: u32,
     worktree: Option<Expired>,
@@ -496,6 +506,21 @@ pub struct Evicted {
     pub left_memory: usize,
     /// Worktrees whose task's record was deleted in this pass.
     pub worktrees: Vec<Expired>,
+}
+
+/// A finished task's spend that counts toward a day: when its turn finished, and the turn's
+/// cost (as read, else as streamed) plus its earlier turns' if the task was started the same
+/// day.
+fn day_spend(e: &TaskEntry) -> (u64, f64) {
+    let finished = e.rec.finished_ms.unwrap_or_default();
+    let turn = e
+        .rec
+        .outcome
+        .as_ref()
+        .map_or_else(|| e.live.spending.total().0, |o| o.cost);
+    let same_day = finished / 86_400_000 == e.rec.started_ms() / 86_400_000;
+    let earlier = if same_day { e.rec.earlier.cost } else { 0.0 };
+    (finished, turn + earlier)
 }
 
 /// What a waiter can observe (a change wakes them).
@@ -804,6 +829,7 @@ impl Registry {
             t.unindex(&e);
             let gone = OnDisk {
                 finished,
+                spent: day_spend(&e),
                 turn: e.rec.turn,
                 worktree: Expired::of(&e),
             };
@@ -825,6 +851,32 @@ impl Registry {
             }
         }
         out
+    }
+
+    /// The recorded cost of what finished at or after `since` (epoch ms), plus what running turns
+    /// spent so far: the day's spend for `limits.max_cost_usd_per_day` (see `spend.rs`).
+    pub fn spent_since(&self, since: u64) -> f64 {
+        let t = self.lock();
+        let in_memory = t.tasks.values().map(|e| {
+            if e.rec.status.is_terminal() {
+                match day_spend(e) {
+                    (at, cost) if at >= since => cost,
+                    _ => 0.0,
+                }
+            } else {
+                let earlier = if e.rec.started_ms() >= since {
+                    e.rec.earlier.cost
+                } else {
+                    0.0
+                };
+                earlier + e.live.spending.total().0
+            }
+        });
+        let on_disk = t.on_disk.values().filter_map(|d| {
+            let (at, cost) = d.spent;
+            (at >= since).then_some(cost)
+        });
+        in_memory.chain(on_disk).sum()
     }
 
     /// Deletes an expired task's record (as of the turn it left memory with: see

@@ -188,6 +188,7 @@ mod tests {
             name: "fast".into(),
             handles: "x".into(),
             models: models.iter().map(|m| m.to_string()).collect(),
+            ..Tier::default()
         }
     }
 

@@ -12,9 +12,11 @@ use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::record::{GroupMember, TaskRecord};
 use super::registry::{Registry, TaskEntry};
+use super::spend;
 use super::store::{self, Store};
 use super::structured::{self, StructuredState};
 use super::tracker::{self, TrackerContext};
+use crate::config::Budget;
 use crate::config::{Config, Isolation};
 use crate::git::Base;
 use crate::ids;
@@ -52,6 +54,8 @@ pub struct StartTask {
     pub group: Option<GroupMember>,
     /// A JSON Schema the answer must end with a matching JSON value of (see `structured.rs`).
     pub output_schema: Option<serde_json::Value>,
+    /// The call's own spending caps (they may only lower those in force; see `spend.rs`).
+    pub budget: Budget,
 }
 
 impl StartTask {
@@ -78,8 +82,10 @@ impl StartTask {
             }),
             schema.as_deref(),
         ];
+        // Hashed only when given, so a key's fingerprint is what it was before budgets existed.
+        let budget = (!self.budget.is_unlimited()).then(|| format!("{:?}", self.budget));
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for field in fields {
+        for field in fields.into_iter().chain(budget.as_deref().map(Some)) {
             // A marker per field keeps `None` apart from `Some("")` and fields apart.
             let bytes = field.map_or(&[0xff_u8][..], str::as_bytes);
             for b in bytes.iter().chain(&[0x00]) {
@@ -501,6 +507,8 @@ impl TaskService {
         }
         let server = self.server(&req.server_id)?;
         self.ensure_capacity(1)?;
+        let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
+        self.within_daily_cap()?;
         let directory = match req.directory {
             Some(d) => resolve_directory(Some(d))?,
             None => server.directory.clone(),
@@ -550,6 +558,7 @@ impl TaskService {
         rec.idempotency = idempotency;
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
+        rec.budget = (!budget.is_unlimited()).then_some(budget);
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
         let prompt = match &req.output_schema {

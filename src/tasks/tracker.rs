@@ -377,6 +377,11 @@ enum Then {
     Deleted(u32),
     /// A structured task's turn completed and is held: check its answer.
     Settle(u32),
+    /// The turn passed one of the task's spending caps (`why` says which, by how much).
+    OverBudget {
+        turn: u32,
+        why: String,
+    },
 }
 
 /// Applies one event to the task of its session, if it is ours.
@@ -405,11 +410,16 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
             if e.rec.status.is_terminal() {
                 return Then::Nothing;
             }
-            if owner.child {
+            note_spending(e, &event, owner.child);
+            let then = if owner.child {
                 apply_child(ctx, e, &event);
                 Then::Nothing
             } else {
                 apply_own(ctx, e, &event)
+            };
+            match then {
+                Then::Nothing | Then::Check(_) => over_budget(e).unwrap_or(then),
+                ended => ended,
             }
         })
         .unwrap_or(Then::Nothing);
@@ -418,6 +428,10 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
         Then::Check(idle) => spawn_check(ctx, server, owner.task_id, idle, None),
         Then::ReadOutcome(turn) => spawn_outcome(ctx, server, owner.task_id, turn),
         Then::Settle(turn) => spawn_settle(ctx, server, owner.task_id, turn),
+        Then::OverBudget { turn, why } => {
+            let (ctx, server, id) = (ctx.clone(), server.clone(), owner.task_id);
+            tokio::spawn(async move { stop_over_budget(&ctx, &server, &id, turn, why).await });
+        }
         Then::Deleted(turn) => {
             let (ctx, server, id) = (ctx.clone(), server.clone(), owner.task_id);
             tokio::spawn(async move {
@@ -427,6 +441,67 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
                 read_outcome(&ctx, &server, &id, turn, Attempts::Once).await;
             });
         }
+    }
+}
+
+/// Notes what an assistant message of the turn (the task's own, or a subagent's) reports it
+/// has spent so far.
+fn note_spending(e: &mut super::registry::TaskEntry, event: &Event, child: bool) {
+    if let Event::MessageUpdated {
+        message_id,
+        role,
+        cost,
+        tokens,
+        ..
+    } = event
+    {
+        let ours = child || ReplySeen::in_turn(message_id, &e.rec.user_message_id);
+        if role == "assistant" && ours {
+            e.live.spending.note(message_id, *cost, tokens);
+        }
+    }
+}
+
+/// The open turn has spent past one of its task's caps.
+fn over_budget(e: &super::registry::TaskEntry) -> Option<Then> {
+    let budget = e.rec.budget.as_ref().filter(|_| e.is_open())?;
+    let (cost, tokens) = e.live.spending.total();
+    let why = budget.passed_by(cost, tokens)?;
+    Some(Then::OverBudget {
+        turn: e.rec.turn,
+        why,
+    })
+}
+
+/// Aborts a turn that passed a spending cap: the task ends `failed` (`BudgetExceeded`), and its
+/// partial answer and changed files are read as after any abort.
+async fn stop_over_budget(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+    why: String,
+) {
+    tracing::info!(task_id, %why, "the turn passed its budget; aborting it");
+    let error = ErrorInfo {
+        name: "BudgetExceeded".into(),
+        message: format!(
+            "the turn was stopped because {why}; its partial answer and changed files are kept"
+        ),
+    };
+    let stopped = super::abort::abort_turn(
+        ctx,
+        server,
+        task_id,
+        Some(turn),
+        TaskStatus::Failed,
+        Some(error),
+        super::abort::IfAbortFails::FinishAnyway,
+    )
+    .await;
+    if let Ok(Some(turn)) = stopped {
+        read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+        read_files(ctx, server, task_id, turn).await;
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::config::{Config, Isolation};
+use crate::config::{Budget, Config, Isolation, MAX_COST_USD, MAX_TOKENS};
 use crate::gateway::error::ToolError;
 use crate::git::Base;
 
@@ -90,6 +90,28 @@ pub fn tier(
         )));
     }
     Ok(Some(tier))
+}
+
+/// A call's spending caps: each given one a positive, finite number within the bounds the
+/// configuration also has (whether it lowers the caps in force is the service's check).
+pub fn budget(field: &str, budget: Option<Budget>) -> Result<Budget, ToolError> {
+    let budget = budget.unwrap_or_default();
+    if let Some(v) = budget
+        .max_cost_usd
+        .filter(|v| !(v.is_finite() && *v > 0.0 && *v <= MAX_COST_USD))
+    {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}.max_cost_usd` must be an amount in USD above 0 and at most {MAX_COST_USD}, \
+             found {v}"
+        )));
+    }
+    if let Some(v) = budget.max_tokens.filter(|v| *v == 0 || *v > MAX_TOKENS) {
+        return Err(ToolError::invalid_argument(format!(
+            "`{field}.max_tokens` must be a number of tokens above 0 and at most {MAX_TOKENS}, \
+             found {v}"
+        )));
+    }
+    Ok(budget)
 }
 
 /// Where a task works: `isolation` (default: the config's) and, for a worktree, its `base`

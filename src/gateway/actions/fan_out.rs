@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::start_task::{refine_prompt, server_id, StartTask};
 use super::{checks, ActionSpec, Ctx};
-use crate::config::{Config, Isolation};
+use crate::config::{Budget, Config, Isolation};
 use crate::gateway::error::ToolError;
 use crate::gateway::schema::property;
 use crate::git::Base;
@@ -66,6 +66,10 @@ pub struct Args {
     /// A JSON Schema every answer must end with a matching JSON value for (as for start task):
     /// each task's answer is checked and corrected on its own, and carries `structured`.
     pub output_schema: Option<serde_json::Map<String, Value>>,
+    /// Caps on what each task's turn may spend (`max_cost_usd`, `max_tokens`), as on the start
+    /// task tool: each task stops on its own when it passes them. Only lowers the caps of
+    /// delegation.yaml.
+    pub budget: Option<Budget>,
     /// `lean` (default) or `full` (also the OpenCode ids, directory, agent, turn).
     #[serde(default)]
     pub detail: Detail,
@@ -182,6 +186,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let title = checks::optional_name("title", args.title)?;
     let idempotency_key = checks::optional_name("idempotency_key", args.idempotency_key)?;
     let output_schema = checks::output_schema(args.output_schema)?;
+    let budget = checks::budget("budget", args.budget)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let server_id = server_id(args.server_id, ctx).await?;
     // The starts run at once and each checks the limit for itself, so all of them would pass it
@@ -219,6 +224,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
                 index,
             }),
             output_schema: output_schema.clone(),
+            budget,
         }
     });
     let started = futures::future::join_all(requests.map(|r| ctx.tasks.start(r))).await;
@@ -282,6 +288,7 @@ mod tests {
             title: None,
             idempotency_key: None,
             output_schema: None,
+            budget: None,
             detail: Detail::Lean,
         }
     }

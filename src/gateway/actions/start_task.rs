@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{checks, ActionSpec, Ctx};
-use crate::config::{Config, Isolation};
+use crate::config::{Budget, Config, Isolation};
 use crate::gateway::error::ToolError;
 use crate::gateway::schema::{property, require_first};
 use crate::git::Base;
@@ -66,6 +66,10 @@ pub struct Args {
     /// parsed `structured` value or `structured_error`. References to other documents are
     /// refused (nothing is fetched).
     pub output_schema: Option<serde_json::Map<String, Value>>,
+    /// Caps on what the task's turn may spend (`max_cost_usd` in USD, `max_tokens`): past either,
+    /// the turn is stopped and the task ends `failed` (`BudgetExceeded`), its partial answer and
+    /// changed files kept. It can only lower the caps of delegation.yaml (`limits`, the tier's).
+    pub budget: Option<Budget>,
     /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
     /// directory, agent, model, turn, tokens, cost, tool calls and timings.
     #[serde(default)]
@@ -161,6 +165,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         ));
     }
     let output_schema = checks::output_schema(args.output_schema)?;
+    let budget = checks::budget("budget", args.budget)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let request = tasks::StartTask {
         server_id: server_id(args.server_id, ctx).await?,
@@ -175,6 +180,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         base,
         group: None,
         output_schema,
+        budget,
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

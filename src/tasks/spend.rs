@@ -1,0 +1,211 @@
+//! Spend guards: what a task's turn may cost, what it has cost so far, and the day's total.
+//!
+//! - **The caps of a task** are the lowest of `limits.max_cost_usd` / `limits.max_tokens`, its
+//!   tier's, and its start call's `budget` ([`caps`]); a call may lower them, never raise them
+//!   (it is refused, naming the cap in force). They are kept in the task's record and apply to
+//!   every turn of it, each on its own.
+//! - **Spent so far** is summed from the event stream while the turn runs ([`Spending`]): every
+//!   assistant message's cost and tokens as OpenCode reports them in `message.updated` (it
+//!   updates them at each step's end), of the task's own session and of its subagents' child
+//!   sessions, compaction summaries included. When the sum passes a cap, the tracker aborts the
+//!   turn at once: the task ends `failed` (`BudgetExceeded`, saying what was spent against which
+//!   cap), and its partial answer and changed files are read as after any abort.
+//! - **The day's spend** (`limits.max_cost_usd_per_day`): the recorded cost of the turns that
+//!   finished since midnight UTC, the earlier turns of tasks started today, and what running
+//!   turns have spent so far ([`Registry::spent_since`](super::registry::Registry::spent_since)).
+//!   Once it reaches the cap, new tasks are refused until midnight UTC; running ones finish.
+
+use std::collections::HashMap;
+
+use super::error::TaskError;
+use super::service::TaskService;
+use crate::config::{Budget, Config};
+use crate::opencode::Tokens;
+
+/// The caps of a new task: `limits`, its tier's and the call's, the lowest of each. A call's cap
+/// above the one in force is refused rather than ignored, so the caller knows its number was
+/// not what applied.
+pub fn caps(config: &Config, tier: Option<&str>, call: Budget) -> Result<Budget, TaskError> {
+    let tier_caps = tier.and_then(|t| config.tier(t)).map(|t| t.budget());
+    let in_force = config
+        .limits
+        .budget()
+        .tightest(tier_caps.unwrap_or_default());
+    let source = |tier_set: bool, key: &str| match (tier_set, tier) {
+        (true, Some(t)) => format!("tier `{t}`'s {key}"),
+        _ => format!("limits.{key}"),
+    };
+    if let (Some(asked), Some(cap)) = (call.max_cost_usd, in_force.max_cost_usd) {
+        if asked > cap {
+            let from_tier = tier_caps.and_then(|t| t.max_cost_usd) == Some(cap);
+            return Err(TaskError::InvalidArgument(format!(
+                "`budget.max_cost_usd` {asked} is above the cap in force, {cap} ({}): a call's \
+                 budget may only lower it",
+                source(from_tier, "max_cost_usd")
+            )));
+        }
+    }
+    if let (Some(asked), Some(cap)) = (call.max_tokens, in_force.max_tokens) {
+        if asked > cap {
+            let from_tier = tier_caps.and_then(|t| t.max_tokens) == Some(cap);
+            return Err(TaskError::InvalidArgument(format!(
+                "`budget.max_tokens` {asked} is above the cap in force, {cap} ({}): a call's \
+                 budget may only lower it",
+                source(from_tier, "max_tokens")
+            )));
+        }
+    }
+    Ok(in_force.tightest(call))
+}
+
+/// Every token a message used, as the caps count them.
+pub fn total_tokens(t: &Tokens) -> u64 {
+    t.input
+        .saturating_add(t.output)
+        .saturating_add(t.reasoning)
+        .saturating_add(t.cache_read)
+        .saturating_add(t.cache_write)
+}
+
+/// What the current turn has spent so far, per assistant message (its own session's and its
+/// subagents'), as the newest `message.updated` of each reported it.
+#[derive(Debug, Clone, Default)]
+pub struct Spending {
+    by_message: HashMap<String, (f64, u64)>,
+}
+
+impl Spending {
+    /// Notes the cost and tokens a message reports now (replacing what it reported before).
+    pub fn note(&mut self, message_id: &str, cost: f64, tokens: &Tokens) {
+        let cost = if cost.is_finite() && cost > 0.0 {
+            cost
+        } else {
+            0.0
+        };
+        self.by_message
+            .insert(message_id.to_string(), (cost, total_tokens(tokens)));
+    }
+
+    /// USD and tokens so far.
+    pub fn total(&self) -> (f64, u64) {
+        self.by_message
+            .values()
+            .fold((0.0, 0u64), |(c, t), (mc, mt)| {
+                (c + mc, t.saturating_add(*mt))
+            })
+    }
+}
+
+/// Midnight UTC of today, and of tomorrow, in epoch milliseconds.
+fn today_utc() -> (u64, u64) {
+    let now = chrono::Utc::now();
+    let start = now
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|d| d.and_utc().timestamp_millis())
+        .unwrap_or_default();
+    let start = u64::try_from(start).unwrap_or_default();
+    (start, start + 24 * 3600 * 1000)
+}
+
+impl TaskService {
+    /// Refuses a new task once the day's spend reached `limits.max_cost_usd_per_day`.
+    pub(super) fn within_daily_cap(&self) -> Result<(), TaskError> {
+        let Some(cap) = self.config().limits.max_cost_usd_per_day else {
+            return Ok(());
+        };
+        let (today, tomorrow) = today_utc();
+        let spent = self.registry.spent_since(today);
+        if spent < cap {
+            return Ok(());
+        }
+        let now = super::record::epoch_ms(std::time::SystemTime::now());
+        let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
+        Err(TaskError::BudgetExceeded(format!(
+            "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \
+             no new task until it resets at 00:00 UTC (in {}); running tasks go on",
+            humantime::format_duration(left)
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(limit: Option<f64>, tier: Option<f64>) -> Config {
+        let mut c = crate::gateway::test_config();
+        c.limits.max_cost_usd = limit;
+        c.limits.max_tokens = Some(1_000);
+        if let Some(t) = c.tiers.first_mut() {
+            t.max_cost_usd = tier;
+        }
+        c
+    }
+
+    /// The lowest cap wins, a call may lower any, and a call above the one in force is refused
+    /// naming where that cap comes from.
+    #[test]
+    fn a_tasks_caps_are_the_lowest_and_a_call_only_lowers_them() {
+        let fast = crate::gateway::test_config()
+            .tiers
+            .first()
+            .map(|t| t.name.clone())
+            .expect("a tier");
+        let call = |cost: Option<f64>, tokens: Option<u64>| Budget {
+            max_cost_usd: cost,
+            max_tokens: tokens,
+        };
+        let c = config(Some(2.0), Some(0.5));
+        let caps_of = |tier: Option<&str>, b| caps(&c, tier, b);
+        assert_eq!(
+            caps_of(Some(&fast), Budget::default()).ok(),
+            Some(call(Some(0.5), Some(1_000)))
+        );
+        assert_eq!(
+            caps_of(None, call(Some(1.0), None)).ok(),
+            Some(call(Some(1.0), Some(1_000)))
+        );
+        let above_tier = caps_of(Some(&fast), call(Some(1.0), None))
+            .expect_err("above the tier")
+            .to_string();
+        assert!(
+            above_tier.contains(&format!("tier `{fast}`")),
+            "{above_tier}"
+        );
+        let above_limits = caps_of(None, call(None, Some(5_000)))
+            .expect_err("above limits")
+            .to_string();
+        assert!(above_limits.contains("limits.max_tokens"), "{above_limits}");
+        // No cap in force: a call sets one.
+        let open = config(None, None);
+        assert_eq!(
+            caps(&open, None, call(Some(3.0), None)).ok(),
+            Some(call(Some(3.0), Some(1_000)))
+        );
+    }
+
+    #[test]
+    fn spending_sums_the_newest_report_of_each_message() {
+        let mut s = Spending::default();
+        let tokens = |n| Tokens {
+            input: n,
+            output: 1,
+            ..Tokens::default()
+        };
+        s.note("msg_1", 0.25, &tokens(10));
+        s.note("msg_1", 0.5, &tokens(20));
+        s.note("msg_2", f64::NAN, &tokens(5));
+        assert_eq!(s.total(), (0.5, 27));
+        let cap = Budget {
+            max_cost_usd: Some(0.4),
+            max_tokens: None,
+        };
+        let why = cap.passed_by(0.5, 27).expect("over");
+        assert!(why.contains("max_cost_usd"), "{why}");
+        assert!(
+            cap.passed_by(0.4, 27).is_none(),
+            "reaching a cap is not passing it"
+        );
+    }
+}

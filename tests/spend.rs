@@ -1,0 +1,102 @@
+//! Spend guards end to end: a real gateway over stdio, a real OpenCode, and the scripted fake
+//! LLM, whose `[[usage:<n>]]` makes every step of a turn report `n` prompt tokens (the fake
+//! model costs $1 per million input tokens, so `[[usage:100000]]` is about $0.10 a step).
+
+mod support;
+
+use serde_json::json;
+use support::rig::{Rig, TASK_TIMEOUT_MS};
+
+/// A task whose steps report growing cost is stopped within one step of passing its budget:
+/// it ends `failed` (`BudgetExceeded`, naming the cap), its partial turn is readable, and what
+/// it spent counts toward the day, whose cap then refuses the next task saying when it resets.
+/// A call's budget above the cap in force is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__MAX_COST_USD", "1"),
+        ("OPENCODE_MCP_LIMITS__MAX_COST_USD_PER_DAY", "0.2"),
+    ])
+    .await;
+
+    // Above the cap in force: refused before anything starts.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": "x", "budget": { "max_cost_usd": 5 } }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains("limits.max_cost_usd"), "{message}");
+    for bad in [
+        json!({ "max_cost_usd": 0 }),
+        json!({ "max_cost_usd": -1 }),
+        json!({ "max_tokens": 0 }),
+    ] {
+        let (code, message) = rig
+            .err(
+                "opencode_start_task",
+                json!({ "server_id": "default", "prompt": "x", "budget": bad }),
+            )
+            .await;
+        assert_eq!(code, "invalid_argument", "{bad}: {message}");
+    }
+
+    // Six steps planned at about $0.10 each, under a $0.25 budget.
+    let steps: String = (1..=5)
+        .map(|i| format!(" [[bash:echo step {i}]]"))
+        .collect();
+    let prompt = format!("spend [[usage:100000]]{steps}");
+    let started = rig
+        .start_task_with(json!({ "prompt": prompt, "budget": { "max_cost_usd": 0.25 } }))
+        .await;
+    let task = started["task_id"].as_str().expect("task_id").to_string();
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let r = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task, "detail": "full" }),
+        )
+        .await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["name"], "BudgetExceeded", "{r}");
+    let why = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("max_cost_usd $0.25"), "{why}");
+    assert!(
+        r.get("text_error").is_none(),
+        "the partial turn is readable: {r}"
+    );
+    let st = rig
+        .ok(
+            "opencode_get_task_status",
+            json!({ "task_id": task, "detail": "full" }),
+        )
+        .await;
+    let session = st["session_id"].as_str().unwrap_or_else(|| panic!("{st}"));
+    let asked = rig
+        .requests_for(session)
+        .into_iter()
+        .filter(|q| !q.is_title_request())
+        .count();
+    // The cap is passed when the third step reports its cost; the fourth may be under way.
+    assert!(
+        (3..=4).contains(&asked),
+        "stopped within one step of passing the cap: {asked} model calls of 6 planned"
+    );
+    let spent = r["cost"].as_f64().unwrap_or_default();
+    assert!(spent > 0.25, "what it spent is recorded: {r}");
+
+    // The day's recorded spend is past its cap: the next task is refused, running ones are not.
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": "one more" }),
+        )
+        .await;
+    assert_eq!(code, "budget_exceeded", "{message}");
+    assert!(
+        message.contains("max_cost_usd_per_day") && message.contains("00:00 UTC"),
+        "{message}"
+    );
+}
