@@ -509,16 +509,6 @@ const MALFORMED: &[Case] = &[
         &["{file}", "`timeouts.stall`", "shorter than `timeouts.task`"],
     ),
     (
-        "finished tasks kept in memory after their records are deleted",
-        "limits:\n  finished_in_memory: 2d\n  finished_task_ttl: 1d\n",
-        &[],
-        &[
-            "{file}",
-            "`limits.finished_in_memory`",
-            "at most `limits.finished_task_ttl`",
-        ],
-    ),
-    (
         "ask for permissions with no tool to answer them",
         "opencode:\n  permission: ask\ntools:\n  opencode_reply_permission:\n    enabled: false\n",
         &[],

@@ -321,8 +321,8 @@ pub struct Limits {
     /// How long a finished task stays answerable (its record is then deleted).
     pub finished_task_ttl: HumanDuration,
     /// How long a finished task stays in memory after it finished or was last used; then only
-    /// its record in the state directory answers for it (read back by id when asked for). At
-    /// most `finished_task_ttl`.
+    /// its record in the state directory answers for it (read back by id when asked for). A
+    /// longer value than `finished_task_ttl` acts as that.
     pub finished_in_memory: HumanDuration,
     /// Characters of streamed text shown as the tail in progress reports.
     #[schemars(range(min = 1))]

@@ -355,18 +355,6 @@ fn limits(config: &Config, issues: &mut Issues) {
             "expected a duration greater than zero, found 0s",
         );
     }
-    if l.finished_in_memory.get() > l.finished_task_ttl.get() {
-        issues.push_related(
-            "limits.finished_in_memory",
-            "limits.finished_task_ttl",
-            format!(
-                "expected `limits.finished_in_memory` ({}) to be at most \
-                 `limits.finished_task_ttl` ({}): a task cannot stay in memory after its record \
-                 is deleted",
-                l.finished_in_memory, l.finished_task_ttl
-            ),
-        );
-    }
     if l.finished_task_ttl.get() == Duration::ZERO {
         issues.push(
             "limits.finished_task_ttl",

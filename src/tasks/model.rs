@@ -177,9 +177,14 @@ pub struct TaskSnapshot {
     /// (detail `full`)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
-    /// (detail `full`) The model the turn asked for (`provider/model`), or the one that answered.
+    /// (detail `full`) The model that answered (`provider/model`) as OpenCode reports it, else
+    /// the one the turn asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// (detail `full`) Present only when the model that answered is not the one the turn asked
+    /// for: the one asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_requested: Option<String>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,6 +213,7 @@ impl TaskSnapshot {
             self.agent = None;
             self.turn = None;
             self.structured_attempts = None;
+            self.model_requested = None;
             if self.group_id.is_none() {
                 self.model = None;
                 self.tokens = None;
@@ -279,9 +285,13 @@ pub struct TaskResult {
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
-    /// (detail `full`)
+    /// (detail `full`) The model that answered, as OpenCode reports it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// (detail `full`) Present only when the model that answered is not the one the turn asked
+    /// for: the one asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_requested: Option<String>,
     /// (detail `full`)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
@@ -326,6 +336,7 @@ impl TaskResult {
         if detail == Detail::Lean {
             self.turn = None;
             self.model = None;
+            self.model_requested = None;
             self.agent = None;
             self.tokens = None;
             self.cost = None;

@@ -243,6 +243,13 @@ impl TaskRecord {
         }
     }
 
+    /// The model the turn asked for, when OpenCode answered with another one (a provider
+    /// fallback, an agent pinning its own model): results and the task list flag it.
+    pub fn model_requested_if_other(&self, answered: Option<&str>) -> Option<String> {
+        let asked = self.model.as_deref()?;
+        (answered.is_some_and(|a| a != asked)).then(|| asked.to_string())
+    }
+
     /// When the task was started (epoch ms): its first turn, or the current one for records
     /// written before that was kept.
     pub fn started_ms(&self) -> u64 {

@@ -312,6 +312,22 @@ impl TaskEntry {
             .or_else(|| r.model.clone())
     }
 
+    /// The model the turn asked for, if another one answered.
+    pub fn model_requested(&self) -> Option<String> {
+        let answered = self
+            .rec
+            .outcome
+            .as_ref()
+            .and_then(|o| o.model.clone())
+            .or_else(|| {
+                self.live
+                    .latest_reply
+                    .as_ref()
+                    .and_then(|s| s.model.clone())
+            });
+        self.rec.model_requested_if_other(answered.as_deref())
+    }
+
     /// The snapshot status and wait report.
     pub fn snapshot(&self, include_progress: bool, stall: Duration) -> TaskSnapshot {
         let r = &self.rec;
@@ -360,6 +376,7 @@ impl TaskEntry {
             directory: Some(r.directory.clone()),
             agent: self.agent(),
             model: self.model(),
+            model_requested: self.model_requested(),
             turn: Some(r.turn),
             group_id: r.group.as_ref().map(|g| g.id.clone()),
             tokens: r

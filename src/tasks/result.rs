@@ -138,6 +138,7 @@ impl TaskService {
             structured_attempts: structured.map(|s| s.attempts.clone()),
             turn: Some(entry.rec.turn),
             model: entry.model(),
+            model_requested: entry.model_requested(),
             agent: entry.agent(),
             tokens: Some(outcome.tokens),
             cost: Some(outcome.cost),

@@ -167,7 +167,12 @@ impl TaskService {
             registry: registry.clone(),
             tail_chars: config.limits.progress_tail_chars as usize,
             max_result_chars: config.limits.max_result_chars as usize,
-            memory_ttl: config.limits.finished_in_memory.get(),
+            // No task stays in memory once its record is gone.
+            memory_ttl: config
+                .limits
+                .finished_in_memory
+                .get()
+                .min(config.limits.finished_task_ttl.get()),
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
             foreign: Default::default(),

@@ -213,6 +213,9 @@ pub struct TaskLine {
     /// default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Present only when the model that answered is not the one asked for: the one asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_requested: Option<String>,
     pub title: String,
     /// Milliseconds since the task was started.
     pub age_ms: u64,
@@ -255,6 +258,8 @@ pub fn list(
                 .as_ref()
                 .and_then(|o| o.model.clone())
                 .or_else(|| r.model.clone()),
+            model_requested: r
+                .model_requested_if_other(r.outcome.as_ref().and_then(|o| o.model.as_deref())),
             title: r.title.clone(),
             age_ms: now_ms.saturating_sub(r.started_ms()),
             duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
@@ -275,12 +280,19 @@ pub fn list_text(lines: &[TaskLine]) -> String {
         } else {
             l.status.as_str().to_string()
         };
+        let model = match &l.model_requested {
+            Some(asked) => format!(
+                "{} (asked {asked})",
+                l.model.as_deref().unwrap_or(DEFAULT_MODEL)
+            ),
+            None => l.model.as_deref().unwrap_or(DEFAULT_MODEL).to_string(),
+        };
         out.push_str(&format!(
             "{:<21} {:<18} {:<10} {:<32} {:>8} {:>8}  {}\n",
             l.task_id,
             status,
             l.tier.as_deref().unwrap_or("-"),
-            l.model.as_deref().unwrap_or(DEFAULT_MODEL),
+            model,
             format_ms(l.age_ms),
             l.duration_ms.map_or_else(|| "-".to_string(), format_ms),
             l.title
@@ -451,6 +463,27 @@ mod tests {
         assert_eq!(r.total.tasks, 2);
         assert_eq!(r.total.tokens.input, 307);
         assert_eq!(report(&[], Some(0), 6_000, PRICE).total, Usage::default());
+    }
+
+    /// A task answered by another model than the one it asked for is flagged in the list; one
+    /// that asked for none (the server's default) or got the one it asked for is not.
+    #[test]
+    fn a_task_answered_by_another_model_is_flagged() {
+        let mut records = sample();
+        if let Some(o) = records[0].outcome.as_mut() {
+            o.model = Some("acme/fallback".into());
+        }
+        let asked = records[0].model.clone();
+        records[1].model = None;
+        let lines = list(&records, None, 6_000, &|_| true);
+        let flagged: Vec<(&str, Option<&str>)> = lines
+            .iter()
+            .map(|l| (l.task_id.as_str(), l.model_requested.as_deref()))
+            .filter(|(_, m)| m.is_some())
+            .collect();
+        assert_eq!(flagged, [(records[0].id.as_str(), asked.as_deref())]);
+        let text = list_text(&lines);
+        assert!(text.contains("acme/fallback (asked "), "{text}");
     }
 
     #[test]

@@ -441,6 +441,7 @@ mod tests {
             directory: Some("/tmp".into()),
             agent: None,
             model: None,
+            model_requested: None,
             turn: Some(1),
             group_id: None,
             tokens: None,
