@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::config::{Config, ConfigError};
 use crate::opencode::{split_model, ModelCatalog, OpencodeError, ServerPool};
-use crate::tasks::resolve_tier;
+use crate::tasks::{check_variant, resolve_tier};
 use crate::OPENCODE_API_VERSION;
 
 /// Offered models named in a failed tier's line, at most (a catalog can hold hundreds).
@@ -468,9 +468,21 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
                 };
             }
             match resolved.model {
-                Some(model) if resolved.available => {
-                    Check::new(name, Status::Ok, format!("resolves to {model}"))
-                }
+                Some(model) if resolved.available => match tier.variant.as_deref() {
+                    None => Check::new(name, Status::Ok, format!("resolves to {model}")),
+                    Some(v) => match check_variant(v, Some(&model), catalog) {
+                        Ok(()) => Check::new(
+                            name,
+                            Status::Ok,
+                            format!("resolves to {model}, variant {v}"),
+                        ),
+                        Err(e) => Check::new(name, Status::Fail, e.to_string()).fix(format!(
+                            "set tier `{}`'s `variant` in delegation.yaml to one its model offers, \
+                             or remove it",
+                            tier.name
+                        )),
+                    },
+                },
                 _ => Check::new(
                     name,
                     Status::Fail,

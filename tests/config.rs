@@ -509,6 +509,12 @@ const MALFORMED: &[Case] = &[
         &["{file}", "`timeouts.stall`", "shorter than `timeouts.task`"],
     ),
     (
+        "a tier's variant without a model it belongs to",
+        "tiers:\n  - {name: fast, handles: x, variant: high}\n  - {name: standard, handles: y}\n  - {name: strong, handles: z}\n",
+        &[],
+        &["{file}", "`tiers.0.variant`", "expected `models` beside variant `high`"],
+    ),
+    (
         "ask for permissions with no tool to answer them",
         "opencode:\n  permission: ask\ntools:\n  opencode_reply_permission:\n    enabled: false\n",
         &[],

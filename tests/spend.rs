@@ -1,11 +1,13 @@
-//! Spend guards end to end: a real gateway over stdio, a real OpenCode, and the scripted fake
-//! LLM, whose `[[usage:<n>]]` makes every step of a turn report `n` prompt tokens (the fake
-//! model costs $1 per million input tokens, so `[[usage:100000]]` is about $0.10 a step).
+//! Spend guards and model control end to end: a real gateway over stdio, a real OpenCode, and
+//! the scripted fake LLM, whose `[[usage:<n>]]` makes every step of a turn report `n` prompt
+//! tokens (the fake model costs $1 per million input tokens, so `[[usage:100000]]` is about
+//! $0.10 a step), and which records every request OpenCode sends it.
 
 mod support;
 
 use serde_json::json;
 use support::rig::{Rig, TASK_TIMEOUT_MS};
+use support::{FakeLlm, OpenCodeEnv, FAKE_MODEL, FAKE_PROVIDER, FAKE_STRONG_MODEL};
 
 /// A task whose steps report growing cost is stopped within one step of passing its budget:
 /// it ends `failed` (`BudgetExceeded`, naming the cap), its partial turn is readable, and what
@@ -99,4 +101,85 @@ async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
         message.contains("max_cost_usd_per_day") && message.contains("00:00 UTC"),
         "{message}"
     );
+}
+
+/// A variant (reasoning effort) reaches the model request as OpenCode sends it, from a tier's
+/// config or a call; a variant the model lacks, one on a model without variants, and one with
+/// no model named are refused with what would be valid (OpenCode itself accepts any word and
+/// silently runs without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_variant_reaches_the_model_and_a_wrong_one_is_refused() {
+    let env = OpenCodeEnv::new().with_config(json!({ "provider": { FAKE_PROVIDER: { "models": {
+        FAKE_MODEL: { "variants": {
+            "high": { "reasoningEffort": "high" },
+            "low": { "reasoningEffort": "low" }
+        } }
+    } } } }));
+    let model = format!("{FAKE_PROVIDER}/{FAKE_MODEL}");
+    let strong = format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}");
+    std::fs::write(
+        env.work_dir().join("delegation.yaml"),
+        format!(
+            "tiers:\n  - {{name: fast, handles: quick work, models: [{model}], variant: low}}\n  \
+             - {{name: standard, handles: most work, models: [{model}]}}\n  \
+             - {{name: strong, handles: hard work, models: [{strong}]}}\n"
+        ),
+    )
+    .expect("write the repository's delegation.yaml");
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    for (args, effort) in [
+        (json!({ "prompt": "on the tier", "tier": "fast" }), "low"),
+        (
+            json!({ "prompt": "on the call", "model": model, "variant": "high" }),
+            "high",
+        ),
+    ] {
+        let started = rig.start_task_with(args.clone()).await;
+        let task = started["task_id"].as_str().expect("task_id").to_string();
+        let r = rig.finish(&task).await;
+        assert_eq!(r["status"], "completed", "{args}: {r}");
+        let full = rig
+            .ok(
+                "opencode_get_task_status",
+                json!({ "task_id": task, "detail": "full" }),
+            )
+            .await;
+        assert_eq!(full["variant"], effort, "{full}");
+        let session = full["session_id"].as_str().expect("session_id");
+        let sent: Vec<String> = rig
+            .requests_for(session)
+            .into_iter()
+            .filter(|q| !q.is_title_request())
+            .map(|q| {
+                q.body["reasoning_effort"]
+                    .as_str()
+                    .unwrap_or("(none)")
+                    .to_string()
+            })
+            .collect();
+        assert!(
+            !sent.is_empty() && sent.iter().all(|e| e == effort),
+            "{args}: the model was asked with {sent:?}"
+        );
+    }
+
+    for (args, says) in [
+        (
+            json!({ "server_id": "default", "prompt": "x", "model": model, "variant": "nope" }),
+            "its variants are: high, low",
+        ),
+        (
+            json!({ "server_id": "default", "prompt": "x", "model": strong, "variant": "high" }),
+            "has no variants",
+        ),
+        (
+            json!({ "server_id": "default", "prompt": "x", "variant": "high" }),
+            "needs a model",
+        ),
+    ] {
+        let (code, message) = rig.err("opencode_start_task", args.clone()).await;
+        assert_eq!(code, "invalid_argument", "{args}: {message}");
+        assert!(message.contains(says), "{args}: {message}");
+    }
 }

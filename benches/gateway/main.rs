@@ -278,6 +278,9 @@ async fn run() -> Result<(), BoxError> {
     );
 
     let mut out = figures::Collected::default();
+    // What ships: the binary, and what a download of it weighs (gzip -9 of the binary, as the
+    // npm platform tarball carries it, less the tar headers and package.json).
+    figures::binary_size(&mut out, &bin);
     // First, while no OpenCode runs: it is git and the disk alone.
     if knobs.runs("worktree") {
         step(&format!(
@@ -397,8 +400,12 @@ async fn run() -> Result<(), BoxError> {
                 "cold start with {stored} stored tasks: {} reps",
                 knobs.cold_reps
             ));
+            // The empty store again, right before, so both ran under the same load (the first
+            // cold start ran minutes earlier, on a quieter machine or a busier one).
+            let (empty, _) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
+            let empty = Some(Summary::of(&empty)).or(cold_empty);
             let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
-            figures::cold_start_stored(&mut out, stored, cold_empty, &g, &t);
+            figures::cold_start_stored(&mut out, stored, empty, &g, &t);
         }
 
         // The main gateway after everything: how much it grew and burned over the run.

@@ -499,6 +499,12 @@ pub struct Tier {
     /// Most tokens one turn of this tier's tasks may use; lowers `limits.max_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// The variant of the tier's model to run (its reasoning effort, e.g. `high`), as the
+    /// model's provider config names them; checked against the model's variants on the server
+    /// when a task starts (and by `doctor`). A tier naming one must list `models`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub variant: Option<String>,
 }
 
 impl Tier {

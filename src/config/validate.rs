@@ -401,6 +401,20 @@ fn tiers(config: &Config, issues: &mut Issues) {
             [("max_cost_usd", tier.max_cost_usd)],
             [("max_tokens", tier.max_tokens)],
         );
+        match tier.variant.as_deref() {
+            Some(v) if v.trim().is_empty() => issues.push(
+                format!("{at}.variant"),
+                "expected a variant name such as `high`, found empty text",
+            ),
+            Some(v) if tier.models.is_empty() => issues.push(
+                format!("{at}.variant"),
+                format!(
+                    "expected `models` beside variant `{v}`: a variant belongs to a model, and \
+                     this tier names none (the server's default could be any)"
+                ),
+            ),
+            _ => {}
+        }
         for (j, model) in tier.models.iter().enumerate() {
             if !is_model_id(model) {
                 issues.push(

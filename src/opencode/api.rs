@@ -22,6 +22,16 @@ const MESSAGE_PAGE: u32 = 50;
 /// newest part first).
 const MAX_MESSAGE_PAGES: usize = 40;
 
+/// What a prompt runs on; `None`: the server's default agent or model, no variant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOn<'a> {
+    pub agent: Option<&'a str>,
+    /// `provider/model`.
+    pub model: Option<&'a str>,
+    /// One of the model's variants (e.g. a reasoning effort).
+    pub variant: Option<&'a str>,
+}
+
 /// Basic-auth user name OpenCode expects.
 pub const AUTH_USER: &str = "opencode";
 
@@ -156,9 +166,24 @@ impl Api {
             .flat_map(|p| p.models.keys().map(move |m| format!("{}/{}", p.id, m)))
             .collect();
         models.sort();
+        let variants = r
+            .providers
+            .iter()
+            .flat_map(|p| {
+                p.models
+                    .iter()
+                    .filter(|(_, m)| !m.variants.is_empty())
+                    .map(|(id, m)| {
+                        let mut names: Vec<String> = m.variants.keys().cloned().collect();
+                        names.sort();
+                        (format!("{}/{}", p.id, id), names)
+                    })
+            })
+            .collect();
         Ok(ModelCatalog {
             models,
             defaults: r.default.into_iter().collect(),
+            variants,
         })
     }
 
@@ -216,9 +241,13 @@ impl Api {
         session_id: &str,
         message_id: &str,
         text: &str,
-        agent: Option<&str>,
-        model: Option<&str>,
+        on: RunOn<'_>,
     ) -> Result<(), OpencodeError> {
+        let RunOn {
+            agent,
+            model,
+            variant,
+        } = on;
         let model = match model {
             Some(m) => {
                 let (provider, model) = split_model(m).ok_or_else(|| {
@@ -249,7 +278,7 @@ impl Api {
             parts: vec![part.into()],
             system: None,
             tools: Default::default(),
-            variant: None,
+            variant: variant.map(String::from),
         };
         self.client
             .session_prompt_async()

@@ -16,7 +16,7 @@ mod process;
 pub mod supervisor;
 mod types;
 
-pub use api::{Api, AUTH_USER};
+pub use api::{Api, RunOn, AUTH_USER};
 pub use error::OpencodeError;
 pub use messages::messages_from_json;
 pub use pool::{

@@ -26,11 +26,19 @@ pub struct ModelCatalog {
     pub models: Vec<String>,
     /// provider id -> default model id.
     pub defaults: BTreeMap<String, String>,
+    /// `provider/model` -> the names of its variants (reasoning effort levels and the like, as
+    /// the provider's config defines them); models without variants are absent.
+    pub variants: BTreeMap<String, Vec<String>>,
 }
 
 impl ModelCatalog {
     pub fn contains(&self, model: &str) -> bool {
         self.models.iter().any(|m| m == model)
+    }
+
+    /// The variants `model` offers (none for an unknown model).
+    pub fn variants_of(&self, model: &str) -> &[String] {
+        self.variants.get(model).map_or(&[], Vec::as_slice)
     }
 }
 

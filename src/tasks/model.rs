@@ -185,6 +185,9 @@ pub struct TaskSnapshot {
     /// for: the one asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_requested: Option<String>,
+    /// (detail `full`) The model variant the turn ran with (e.g. its reasoning effort).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -214,6 +217,7 @@ impl TaskSnapshot {
             self.turn = None;
             self.structured_attempts = None;
             self.model_requested = None;
+            self.variant = None;
             if self.group_id.is_none() {
                 self.model = None;
                 self.tokens = None;
@@ -292,6 +296,9 @@ pub struct TaskResult {
     /// for: the one asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_requested: Option<String>,
+    /// (detail `full`) The model variant the turn ran with (e.g. its reasoning effort).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// (detail `full`)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
@@ -337,6 +344,7 @@ impl TaskResult {
             self.turn = None;
             self.model = None;
             self.model_requested = None;
+            self.variant = None;
             self.agent = None;
             self.tokens = None;
             self.cost = None;

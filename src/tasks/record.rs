@@ -98,6 +98,10 @@ pub struct TaskRecord {
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<crate::config::Budget>,
+    /// The model variant every turn runs with (the call's, else the tier's); cleared when a
+    /// continue names a model of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 /// Tokens, cost and wall time of finished turns.
@@ -187,6 +191,7 @@ impl TaskRecord {
             group: None,
             structured: None,
             budget: None,
+            variant: None,
             earlier: Spent::default(),
         }
     }

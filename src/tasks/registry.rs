@@ -377,6 +377,7 @@ impl TaskEntry {
             agent: self.agent(),
             model: self.model(),
             model_requested: self.model_requested(),
+            variant: r.variant.clone(),
             turn: Some(r.turn),
             group_id: r.group.as_ref().map(|g| g.id.clone()),
             tokens: r

@@ -61,7 +61,9 @@ impl TaskService {
         })
     }
 
-    /// Checks agent, model and tier against the live server; returns the model to use.
+    /// Checks agent, model, tier and variant against the live server; returns the model and
+    /// variant to use. The variant is the call's, else the tier's; it must be one the chosen
+    /// model offers (OpenCode itself takes any word and silently runs the model without it).
     pub(super) async fn choose(
         &self,
         server: &Server,
@@ -69,7 +71,8 @@ impl TaskService {
         agent: Option<&str>,
         model: Option<&str>,
         tier: Option<&str>,
-    ) -> Result<Option<String>, TaskError> {
+        variant: Option<&str>,
+    ) -> Result<Choice, TaskError> {
         // One snapshot for the whole choice: a reload meanwhile does not mix two tier lists.
         let config = self.config();
         let tier =
@@ -89,7 +92,9 @@ impl TaskService {
                 )?),
                 None => None,
             };
-        let need_models = model.is_some() || tier.is_some_and(|t| !t.models.is_empty());
+        let variant = variant.or(tier.and_then(|t| t.variant.as_deref()));
+        let need_models =
+            model.is_some() || variant.is_some() || tier.is_some_and(|t| !t.models.is_empty());
         let (agents, catalog) = tokio::join!(
             async {
                 match agent {
@@ -118,16 +123,15 @@ impl TaskService {
             }
         }
         let catalog = catalog?.unwrap_or_default();
-        if let Some(m) = model {
+        let chosen = if let Some(m) = model {
             if !catalog.contains(m) {
                 return Err(TaskError::InvalidArgument(format!(
                     "unknown model `{m}`; this server offers: {}",
                     list_some(&catalog.models)
                 )));
             }
-            return Ok(Some(m.to_string()));
-        }
-        if let Some(t) = tier {
+            Some(m.to_string())
+        } else if let Some(t) = tier {
             let r = resolve_tier(t, &catalog);
             if !r.available {
                 return Err(TaskError::InvalidArgument(format!(
@@ -137,10 +141,52 @@ impl TaskService {
                     list_some(&catalog.models)
                 )));
             }
-            return Ok(r.model);
+            r.model
+        } else {
+            None
+        };
+        if let Some(v) = variant {
+            check_variant(v, chosen.as_deref(), &catalog)?;
         }
-        Ok(None)
+        Ok(Choice {
+            model: chosen,
+            variant: variant.map(str::to_string),
+        })
     }
+}
+
+/// What a task runs on: the model (`None`: the server's default) and its variant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Choice {
+    pub model: Option<String>,
+    pub variant: Option<String>,
+}
+
+/// `variant` must be one `model` offers; a model without variants refuses any, and so does the
+/// server's default model (it is not known which one that is).
+pub fn check_variant(
+    variant: &str,
+    model: Option<&str>,
+    catalog: &ModelCatalog,
+) -> Result<(), TaskError> {
+    let Some(model) = model else {
+        return Err(TaskError::InvalidArgument(format!(
+            "variant `{variant}` needs a model: name one with `model` (or a tier that lists \
+             models); the server's default model is not known to offer it"
+        )));
+    };
+    let offered = catalog.variants_of(model);
+    if offered.iter().any(|v| v == variant) {
+        return Ok(());
+    }
+    Err(TaskError::InvalidArgument(if offered.is_empty() {
+        format!("model `{model}` has no variants, so variant `{variant}` cannot run on it")
+    } else {
+        format!(
+            "model `{model}` has no variant `{variant}`; its variants are: {}",
+            offered.join(", ")
+        )
+    }))
 }
 
 /// A tier's model on a server: the first listed model the server offers; a tier that lists no
@@ -196,7 +242,7 @@ mod tests {
     fn tiers_resolve_to_the_first_offered_model() {
         let catalog = ModelCatalog {
             models: vec!["a/one".into(), "b/two".into()],
-            defaults: Default::default(),
+            ..ModelCatalog::default()
         };
         assert_eq!(
             resolve_tier(&tier(&["z/nope", "b/two", "a/one"]), &catalog).model,

@@ -139,6 +139,7 @@ impl TaskService {
             turn: Some(entry.rec.turn),
             model: entry.model(),
             model_requested: entry.model_requested(),
+            variant: entry.rec.variant.clone(),
             agent: entry.agent(),
             tokens: Some(outcome.tokens),
             cost: Some(outcome.cost),

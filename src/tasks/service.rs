@@ -12,6 +12,7 @@ use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::record::{GroupMember, TaskRecord};
 use super::registry::{Registry, TaskEntry};
+use super::resolve::Choice;
 use super::spend;
 use super::store::{self, Store};
 use super::structured::{self, StructuredState};
@@ -21,7 +22,8 @@ use crate::config::{Config, Isolation};
 use crate::git::Base;
 use crate::ids;
 use crate::opencode::{
-    resolve_directory, OpencodeError, PermissionReply, Server, ServerInfo, ServerPool, StopInfo,
+    resolve_directory, OpencodeError, PermissionReply, RunOn, Server, ServerInfo, ServerPool,
+    StopInfo,
 };
 
 /// How long `stop_server` waits for what is unread of its finished turns.
@@ -56,6 +58,8 @@ pub struct StartTask {
     pub output_schema: Option<serde_json::Value>,
     /// The call's own spending caps (they may only lower those in force; see `spend.rs`).
     pub budget: Budget,
+    /// The model variant to run (reasoning effort), in place of the tier's.
+    pub variant: Option<String>,
 }
 
 impl StartTask {
@@ -82,10 +86,16 @@ impl StartTask {
             }),
             schema.as_deref(),
         ];
-        // Hashed only when given, so a key's fingerprint is what it was before budgets existed.
+        // Hashed only when given, so a key's fingerprint is what it was before budgets and
+        // variants existed.
         let budget = (!self.budget.is_unlimited()).then(|| format!("{:?}", self.budget));
+        let variant = self.variant.as_ref().map(|v| format!("variant:{v}"));
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for field in fields.into_iter().chain(budget.as_deref().map(Some)) {
+        let given: Vec<String> = [budget, variant].into_iter().flatten().collect();
+        for field in fields
+            .into_iter()
+            .chain(given.iter().map(|f| Some(f.as_str())))
+        {
             // A marker per field keeps `None` apart from `Some("")` and fields apart.
             let bytes = field.map_or(&[0xff_u8][..], str::as_bytes);
             for b in bytes.iter().chain(&[0x00]) {
@@ -518,13 +528,14 @@ impl TaskService {
             Some(d) => resolve_directory(Some(d))?,
             None => server.directory.clone(),
         };
-        let model = self
+        let Choice { model, variant } = self
             .choose(
                 &server,
                 &directory,
                 req.agent.as_deref(),
                 req.model.as_deref(),
                 req.tier.as_deref(),
+                req.variant.as_deref(),
             )
             .await?;
         let title = req
@@ -564,6 +575,7 @@ impl TaskService {
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
         rec.budget = (!budget.is_unlimited()).then_some(budget);
+        rec.variant = variant.clone();
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
         let prompt = match &req.output_schema {
@@ -581,8 +593,11 @@ impl TaskService {
                 &session_id,
                 &message_id,
                 &prompt,
-                req.agent.as_deref(),
-                model.as_deref(),
+                RunOn {
+                    agent: req.agent.as_deref(),
+                    model: model.as_deref(),
+                    variant: variant.as_deref(),
+                },
             )
             .await
         {
@@ -630,13 +645,22 @@ impl TaskService {
                     agent.as_deref(),
                     req.model.as_deref(),
                     None,
+                    None,
                 )
                 .await?
+                .model
             }
             None => {
                 if req.agent.is_some() {
-                    self.choose(&server, &entry.rec.directory, agent.as_deref(), None, None)
-                        .await?;
+                    self.choose(
+                        &server,
+                        &entry.rec.directory,
+                        agent.as_deref(),
+                        None,
+                        None,
+                        None,
+                    )
+                    .await?;
                 }
                 entry.rec.model.clone()
             }
@@ -659,8 +683,10 @@ impl TaskService {
             model,
             |e| {
                 if own_model {
-                    // A model of its own: the turn is no longer the tier's work.
+                    // A model of its own: the turn is no longer the tier's work, and the tier's
+                    // variant belongs to the tier's model.
                     e.rec.tier = None;
+                    e.rec.variant = None;
                 }
                 if let Some(s) = e.rec.structured.as_mut() {
                     s.restart();
@@ -807,10 +833,10 @@ pub(super) async fn open_turn(
             prepare(e);
             let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
             e.begin_turn(message_id.clone(), agent.clone(), model.clone());
-            Ok((previous, message_id, e.rec.turn))
+            Ok((previous, message_id, e.rec.turn, e.rec.variant.clone()))
         })
         .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
-    let (previous, message_id, turn) = claimed?;
+    let (previous, message_id, turn, variant) = claimed?;
     drop(git_guard);
     if let Err(e) = server
         .api
@@ -819,8 +845,11 @@ pub(super) async fn open_turn(
             &entry.rec.session_id,
             &message_id,
             prompt,
-            agent.as_deref(),
-            model.as_deref(),
+            RunOn {
+                agent: agent.as_deref(),
+                model: model.as_deref(),
+                variant: variant.as_deref(),
+            },
         )
         .await
     {

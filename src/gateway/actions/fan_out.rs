@@ -225,6 +225,8 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
             }),
             output_schema: output_schema.clone(),
             budget,
+            // Each target runs its tier's own variant.
+            variant: None,
         }
     });
     let started = futures::future::join_all(requests.map(|r| ctx.tasks.start(r))).await;

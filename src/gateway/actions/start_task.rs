@@ -39,6 +39,10 @@ pub struct Args {
     /// A configured model tier, cheapest that can do the job. Do not combine with `model`.
     #[schemars(length(min = 1))]
     pub tier: Option<String>,
+    /// The model's variant to run, e.g. its reasoning effort (`high`), in place of the tier's;
+    /// one the chosen model offers (an unknown one is refused with the model's variants).
+    #[schemars(length(min = 1))]
+    pub variant: Option<String>,
     /// Absolute path the session works in. Default: the server's directory. With isolation
     /// `worktree`, the repository around it is the one the task gets a worktree of.
     #[schemars(length(min = 1))]
@@ -166,6 +170,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
     }
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
+    let variant = checks::optional_name("variant", args.variant)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let request = tasks::StartTask {
         server_id: server_id(args.server_id, ctx).await?,
@@ -181,6 +186,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         group: None,
         output_schema,
         budget,
+        variant,
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

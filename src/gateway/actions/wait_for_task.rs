@@ -442,6 +442,7 @@ mod tests {
             agent: None,
             model: None,
             model_requested: None,
+            variant: None,
             turn: Some(1),
             group_id: None,
             tokens: None,
