@@ -27,6 +27,7 @@ pub mod gateway;
 pub mod git;
 pub mod ids;
 pub mod logging;
+pub mod memory;
 pub mod opencode;
 pub mod private_files;
 pub mod tasks;

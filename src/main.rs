@@ -516,6 +516,7 @@ fn runtime(who: &str) -> Option<tokio::runtime::Runtime> {
 }
 
 fn serve(sources: &Sources) -> ExitCode {
+    opencode_mcp::memory::limit_arenas();
     // The files are read for the watch before the config is loaded, so an edit in between is
     // still seen as a change.
     let watch = config::watch::Watch::new(sources);

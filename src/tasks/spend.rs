@@ -31,28 +31,33 @@ pub fn caps(config: &Config, tier: Option<&str>, call: Budget) -> Result<Budget,
         .limits
         .budget()
         .tightest(tier_caps.unwrap_or_default());
-    let source = |tier_set: bool, key: &str| match (tier_set, tier) {
-        (true, Some(t)) => format!("tier `{t}`'s {key}"),
-        _ => format!("limits.{key}"),
-    };
-    if let (Some(asked), Some(cap)) = (call.max_cost_usd, in_force.max_cost_usd) {
-        if asked > cap {
-            let from_tier = tier_caps.and_then(|t| t.max_cost_usd) == Some(cap);
-            return Err(TaskError::InvalidArgument(format!(
-                "`budget.max_cost_usd` {asked} is above the cap in force, {cap} ({}): a call's \
-                 budget may only lower it",
-                source(from_tier, "max_cost_usd")
-            )));
-        }
-    }
-    if let (Some(asked), Some(cap)) = (call.max_tokens, in_force.max_tokens) {
-        if asked > cap {
-            let from_tier = tier_caps.and_then(|t| t.max_tokens) == Some(cap);
-            return Err(TaskError::InvalidArgument(format!(
-                "`budget.max_tokens` {asked} is above the cap in force, {cap} ({}): a call's \
-                 budget may only lower it",
-                source(from_tier, "max_tokens")
-            )));
+    // Tokens compare as f64 too: exact far beyond any cap accepted (MAX_TOKENS < 2^53).
+    let checks = [
+        (
+            "max_cost_usd",
+            call.max_cost_usd,
+            in_force.max_cost_usd,
+            tier_caps.and_then(|t| t.max_cost_usd),
+        ),
+        (
+            "max_tokens",
+            call.max_tokens.map(|v| v as f64),
+            in_force.max_tokens.map(|v| v as f64),
+            tier_caps.and_then(|t| t.max_tokens).map(|v| v as f64),
+        ),
+    ];
+    for (key, asked, cap, tier_cap) in checks {
+        if let (Some(asked), Some(cap)) = (asked, cap) {
+            if asked > cap {
+                let source = match tier {
+                    Some(t) if tier_cap == Some(cap) => format!("tier `{t}`'s {key}"),
+                    _ => format!("limits.{key}"),
+                };
+                return Err(TaskError::InvalidArgument(format!(
+                    "`budget.{key}` {asked} is above the cap in force, {cap} ({source}): a call's \
+                     budget may only lower it"
+                )));
+            }
         }
     }
     Ok(in_force.tightest(call))

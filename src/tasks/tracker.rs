@@ -138,6 +138,7 @@ pub fn evict(ctx: &TrackerContext) {
             worktrees = evicted.worktrees.len(),
             "finished tasks left memory"
         );
+        crate::memory::give_back();
     }
     if evicted.worktrees.is_empty() {
         return;
