@@ -88,6 +88,16 @@ async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
     );
     let spent = r["cost"].as_f64().unwrap_or_default();
     assert!(spent > 0.25, "what it spent is recorded: {r}");
+    let usage = rig.ok("opencode_usage", json!({})).await;
+    let counted = usage["total"]["cost"].as_f64().unwrap_or_default();
+    assert!(
+        (counted - spent).abs() < 1e-9,
+        "the usage report counts what the stopped task spent: {usage}"
+    );
+    assert_eq!(
+        usage["total"]["priced_cost"], 0.0,
+        "OpenCode reported it: {usage}"
+    );
 
     // The day's recorded spend is past its cap: the next task is refused, running ones are not.
     let (code, message) = rig

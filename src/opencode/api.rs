@@ -13,7 +13,7 @@ use super::error::OpencodeError;
 use super::messages;
 use super::types::{
     session_activity_from_json, split_model, AgentInfo, FileChange, MessageView, ModelCatalog,
-    PermissionAsk, PermissionReply, SessionActivity,
+    PermissionAsk, PermissionReply, Price, SessionActivity,
 };
 
 /// Messages read per request when reading a turn: most turns fit in one page.
@@ -180,10 +180,27 @@ impl Api {
                     })
             })
             .collect();
+        let prices = r
+            .providers
+            .iter()
+            .flat_map(|p| {
+                p.models.iter().map(|(id, m)| {
+                    let c = &m.cost;
+                    let price = Price {
+                        input: c.input,
+                        output: c.output,
+                        cache_read: c.cache.read,
+                        cache_write: c.cache.write,
+                    };
+                    (format!("{}/{}", p.id, id), price)
+                })
+            })
+            .collect();
         Ok(ModelCatalog {
             models,
             defaults: r.default.into_iter().collect(),
             variants,
+            prices,
         })
     }
 

@@ -26,6 +26,6 @@ pub(crate) use process::find_program;
 pub use process::kill_group;
 pub use types::{
     error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,
-    ErrorInfo, FileChange, MessageView, ModelCatalog, PermissionAsk, PermissionReply, Role,
+    ErrorInfo, FileChange, MessageView, ModelCatalog, PermissionAsk, PermissionReply, Price, Role,
     SessionActivity, Tokens, ToolCall,
 };

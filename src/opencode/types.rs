@@ -29,6 +29,38 @@ pub struct ModelCatalog {
     /// `provider/model` -> the names of its variants (reasoning effort levels and the like, as
     /// the provider's config defines them); models without variants are absent.
     pub variants: BTreeMap<String, Vec<String>>,
+    /// `provider/model` -> its price as the catalog lists it.
+    pub prices: BTreeMap<String, Price>,
+}
+
+/// A model's price in the catalog, in USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Price {
+    pub input: f64,
+    pub output: f64,
+    #[serde(default)]
+    pub cache_read: f64,
+    #[serde(default)]
+    pub cache_write: f64,
+}
+
+impl Price {
+    /// What `tokens` cost at this price: input at the input price, output and reasoning at the
+    /// output price, cache reads and writes at their own prices.
+    pub fn of(&self, tokens: &Tokens) -> f64 {
+        let per = |n: u64, usd_per_mtok: f64| n as f64 * usd_per_mtok / 1_000_000.0;
+        per(tokens.input, self.input)
+            + per(tokens.output.saturating_add(tokens.reasoning), self.output)
+            + per(tokens.cache_read, self.cache_read)
+            + per(tokens.cache_write, self.cache_write)
+    }
+
+    /// Every price is zero (a free or local model).
+    pub fn is_free(&self) -> bool {
+        [self.input, self.output, self.cache_read, self.cache_write]
+            .iter()
+            .all(|p| *p <= 0.0)
+    }
 }
 
 impl ModelCatalog {

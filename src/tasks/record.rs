@@ -102,6 +102,10 @@ pub struct TaskRecord {
     /// continue names a model of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// The model the task was started on and its price in the server's catalog then: what the
+    /// usage report prices its turns at when OpenCode reports no cost for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<(String, crate::opencode::Price)>,
 }
 
 /// Tokens, cost and wall time of finished turns.
@@ -192,6 +196,7 @@ impl TaskRecord {
             structured: None,
             budget: None,
             variant: None,
+            price: None,
             earlier: Spent::default(),
         }
     }

@@ -149,17 +149,23 @@ impl TaskService {
             check_variant(v, chosen.as_deref(), &catalog)?;
         }
         Ok(Choice {
+            price: chosen
+                .as_deref()
+                .and_then(|m| catalog.prices.get(m))
+                .copied(),
             model: chosen,
             variant: variant.map(str::to_string),
         })
     }
 }
 
-/// What a task runs on: the model (`None`: the server's default) and its variant.
+/// What a task runs on: the model (`None`: the server's default), its variant, and its price
+/// in the catalog (for the usage report, when OpenCode reports no cost).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Choice {
     pub model: Option<String>,
     pub variant: Option<String>,
+    pub price: Option<crate::opencode::Price>,
 }
 
 /// `variant` must be one `model` offers; a model without variants refuses any, and so does the

@@ -528,7 +528,11 @@ impl TaskService {
             Some(d) => resolve_directory(Some(d))?,
             None => server.directory.clone(),
         };
-        let Choice { model, variant } = self
+        let Choice {
+            model,
+            variant,
+            price,
+        } = self
             .choose(
                 &server,
                 &directory,
@@ -576,6 +580,7 @@ impl TaskService {
         rec.tier = req.tier.clone();
         rec.budget = (!budget.is_unlimited()).then_some(budget);
         rec.variant = variant.clone();
+        rec.price = price.map(|p| (model.clone().unwrap_or_default(), p));
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
         let prompt = match &req.output_schema {

@@ -5,10 +5,17 @@
 //! (`opencode-mcp usage`, `opencode-mcp tasks`, over the state directory without a gateway), so
 //! the two can never disagree about what was spent.
 //!
-//! What a record holds is its *current turn*: a `continue_task` replaces the previous turn's
-//! outcome, so a task's tokens and cost here are those of its latest turn, exactly what its own
-//! `get_task_result` reports. The one exception: a structured task's automatic corrections
-//! (which the host never asked for) are added to the turn the host asked for.
+//! **Counting.** Every turn of a task counts: a record holds its current turn's outcome (what
+//! `get_task_result` reports) and the sums of its earlier turns (follow-ups and a structured
+//! task's automatic corrections), and the report adds both. A task counts once, in the period
+//! of its latest turn.
+//!
+//! **Reported and priced.** `cost` is what OpenCode reported for each turn. For a turn it
+//! reported no cost for (0: a provider without prices in OpenCode's catalog at the time, a free
+//! or local model), the turn's tokens are priced at the price the server's catalog listed for
+//! the model the task was started on, when that is the model that answered (input, output and
+//! reasoning, cache reads and cache writes each at their own price); that part is also reported
+//! apart as `priced_cost`, so a reader can tell measured from estimated.
 
 use std::collections::BTreeMap;
 
@@ -18,7 +25,7 @@ use serde::Serialize;
 use super::model::TaskStatus;
 use super::record::TaskRecord;
 use crate::config::ReferencePrice;
-use crate::opencode::Tokens;
+use crate::opencode::{Price, Tokens};
 
 /// Shown for tasks started without a tier (an explicit model, or the server's default).
 pub const NO_TIER: &str = "(none)";
@@ -34,8 +41,12 @@ pub struct Usage {
     pub statuses: BTreeMap<String, u32>,
     /// Tokens, summed over the tasks' latest turns.
     pub tokens: Tokens,
-    /// USD, as OpenCode reported it (0 for models it has no price for).
+    /// USD: as OpenCode reported it, and for turns it reported none for, priced from the
+    /// model's catalog price (see `priced_cost`).
     pub cost: f64,
+    /// The part of `cost` the gateway priced from the catalog (turns OpenCode reported no cost
+    /// for); 0 when every figure is reported.
+    pub priced_cost: f64,
     /// Milliseconds from each turn's start to its end (to now for a task still running).
     pub wall_ms: u64,
     /// USD the same tokens would have cost at `report.reference_price`.
@@ -51,16 +62,25 @@ impl Usage {
             .statuses
             .entry(r.status.as_str().to_string())
             .or_default() += 1;
+        let answered = r.outcome.as_ref().and_then(|o| o.model.as_deref());
+        let catalog = r
+            .price
+            .as_ref()
+            .filter(|(model, _)| answered.is_none_or(|a| a == model))
+            .map(|(_, p)| *p);
+        let mut count = |tokens: &Tokens, reported: f64| {
+            let (cost, priced) = turn_cost(reported, tokens, catalog);
+            self.tokens.add(tokens);
+            self.cost += cost;
+            self.priced_cost += priced;
+            self.reference_cost += reference_cost(tokens, price);
+        };
         if let Some(o) = &r.outcome {
-            self.tokens.add(&o.tokens);
-            self.cost += o.cost;
-            self.reference_cost += reference_cost(&o.tokens, price);
+            count(&o.tokens, o.cost);
         }
         // Follow-ups and automatic corrections replaced the outcomes of the turns before them:
         // those turns count with what the record kept of them.
-        self.tokens.add(&r.earlier.tokens);
-        self.cost += r.earlier.cost;
-        self.reference_cost += reference_cost(&r.earlier.tokens, price);
+        count(&r.earlier.tokens, r.earlier.cost);
         let end = r.finished_ms.unwrap_or(now_ms);
         self.wall_ms += end.saturating_sub(r.turn_started_ms) + r.earlier.wall_ms;
         self.saving = self.reference_cost - self.cost;
@@ -90,6 +110,21 @@ pub struct UsageReport {
     pub tiers: Vec<Group>,
     /// Per model, by name.
     pub models: Vec<Group>,
+}
+
+/// A turn's cost and the part of it priced here: what OpenCode reported, or, when it reported
+/// nothing (0, or not a number), `tokens` at the catalog price if there is one.
+pub fn turn_cost(reported: f64, tokens: &Tokens, catalog: Option<Price>) -> (f64, f64) {
+    if reported.is_finite() && reported > 0.0 {
+        return (reported, 0.0);
+    }
+    match catalog.filter(|p| !p.is_free()) {
+        Some(p) => {
+            let priced = p.of(tokens);
+            (priced, priced)
+        }
+        None => (0.0, 0.0),
+    }
 }
 
 /// What `tokens` would cost at `price`: prompt tokens (cache reads and writes included, since a
@@ -180,6 +215,14 @@ impl UsageReport {
                 out.push_str(&row(&g.name, &g.usage));
             }
             out.push_str(&row("total", &self.total));
+        }
+        if self.total.priced_cost > 0.0 {
+            out.push_str(&format!(
+                "\ncost: ${:.4} as OpenCode reported it, ${:.4} priced from the model catalog for \
+                 turns it reported no cost for\n",
+                self.total.cost - self.total.priced_cost,
+                self.total.priced_cost
+            ));
         }
         out
     }
@@ -463,6 +506,58 @@ mod tests {
         assert_eq!(r.total.tasks, 2);
         assert_eq!(r.total.tokens.input, 307);
         assert_eq!(report(&[], Some(0), 6_000, PRICE).total, Usage::default());
+    }
+
+    /// A reported cost is taken as is; a turn reported at 0 is priced at the catalog price of
+    /// the model it was started on (cache reads and writes at their own prices), unless another
+    /// model answered or the model is free; the priced part is reported apart.
+    #[test]
+    fn turns_without_a_reported_cost_are_priced_from_the_catalog() {
+        let price = Price {
+            input: 2.0,
+            output: 10.0,
+            cache_read: 0.5,
+            cache_write: 4.0,
+        };
+        let t = tokens(1_000_000, 100_000, 100_000, 2_000_000, 250_000);
+        // 2 + 2 (output and reasoning at 10) + 1 (cache reads at 0.5) + 1 (writes at 4).
+        let priced = 2.0 + 2.0 + 1.0 + 1.0;
+        assert_eq!(turn_cost(0.25, &t, Some(price)), (0.25, 0.0));
+        let (cost, part) = turn_cost(0.0, &t, Some(price));
+        assert!((cost - priced).abs() < 1e-9 && (part - priced).abs() < 1e-9);
+        assert_eq!(turn_cost(0.0, &t, Some(Price::default())), (0.0, 0.0));
+        assert_eq!(turn_cost(f64::NAN, &t, None), (0.0, 0.0));
+
+        let mut free = rec(
+            "f",
+            None,
+            "local/model",
+            TaskStatus::Completed,
+            1_000,
+            Some(2_000),
+            t,
+            0.0,
+        );
+        free.price = Some(("local/model".into(), price));
+        free.earlier.tokens = tokens(1_000_000, 0, 0, 0, 0);
+        let r = report(&[free.clone()], None, 3_000, ReferencePrice::default());
+        assert!(
+            (r.total.cost - (priced + 2.0)).abs() < 1e-9,
+            "{:?}",
+            r.total
+        );
+        assert!((r.total.priced_cost - r.total.cost).abs() < 1e-9);
+        assert!(
+            r.text().contains("priced from the model catalog"),
+            "{}",
+            r.text()
+        );
+        // Another model answered: its price is not known, nothing is priced.
+        if let Some(o) = free.outcome.as_mut() {
+            o.model = Some("other/model".into());
+        }
+        let r = report(&[free], None, 3_000, ReferencePrice::default());
+        assert_eq!((r.total.cost, r.total.priced_cost), (0.0, 0.0));
     }
 
     /// A task answered by another model than the one it asked for is flagged in the list; one
