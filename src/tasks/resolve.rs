@@ -92,6 +92,7 @@ impl TaskService {
                 )?),
                 None => None,
             };
+        let call_variant = variant;
         let variant = variant.or(tier.and_then(|t| t.variant.as_deref()));
         let need_models =
             model.is_some() || variant.is_some() || tier.is_some_and(|t| !t.models.is_empty());
@@ -146,7 +147,14 @@ impl TaskService {
             None
         };
         if let Some(v) = variant {
-            check_variant(v, chosen.as_deref(), &catalog)?;
+            check_variant(v, chosen.as_deref(), &catalog).map_err(|e| match tier {
+                // The tier's own variant: say where it is set.
+                Some(t) if call_variant.is_none() => TaskError::InvalidArgument(format!(
+                    "tier `{}` in delegation.yaml (`variant`): {e}",
+                    t.name
+                )),
+                _ => e,
+            })?;
         }
         Ok(Choice {
             price: chosen
