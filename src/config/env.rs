@@ -75,8 +75,12 @@ pub(crate) fn origin_of_name(name: &str) -> Option<Origin> {
 /// `OPENCODE_MCP_A____B`) are returned as problems.
 pub(crate) fn collect(
     env: impl IntoIterator<Item = (String, String)>,
-    schema: &serde_json::Value,
+    schema: impl Fn() -> serde_json::Value,
 ) -> (Vec<EnvVar>, Vec<Problem>) {
+    // Generated only when a variable needs it: most starts have none, and generating the
+    // config's schema was one of the larger costs of a cold start.
+    let built = std::cell::OnceCell::new();
+    let schema = || built.get_or_init(&schema);
     let mut vars = Vec::new();
     let mut problems = Vec::new();
     for (name, raw) in env {
@@ -104,7 +108,7 @@ pub(crate) fn collect(
             continue;
         }
         let segments: Vec<&str> = key.split('.').collect();
-        let value = if expects_string(schema, &segments) {
+        let value = if expects_string(schema(), &segments) {
             Value::from(raw)
         } else {
             // figment's own literal syntax; infallible (falls back to a string).
@@ -153,10 +157,9 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> (Vec<EnvVar>, Vec<Problem>) {
-        let schema = crate::config::json_schema();
         collect(
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())),
-            &schema,
+            crate::config::json_schema,
         )
     }
 

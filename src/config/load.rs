@@ -289,8 +289,7 @@ pub fn load_checked(
         });
     }
 
-    let schema = super::json_schema();
-    let (vars, mut problems) = env::collect(env, &schema);
+    let (vars, mut problems) = env::collect(env, super::json_schema);
     for var in vars {
         layers.push(Origin::Env(var.name().to_string()));
         figment = figment.merge(var);

@@ -138,7 +138,7 @@ impl Gateway {
         then(&ctx, mcp_tasks::ttl_ms(&surface.config))
             .await
             .map_err(|mut e| {
-                e.message = surface.tools.name_tools_in(&e.message);
+                e.message = surface.tools().name_tools_in(&e.message);
                 mcp_tasks::error_object(&e)
             })
     }
@@ -267,12 +267,12 @@ impl ServerHandler for Gateway {
         } = request;
         let name = name.as_ref();
         let surface = self.surface();
-        let Some(route) = surface.tools.route(name) else {
+        let Some(route) = surface.tools().route(name) else {
             return Err(McpError::invalid_params(
                 format!(
                     "unknown tool `{name}`: it does not exist or is disabled in delegation.yaml; \
                      the tools are: {}",
-                    surface.tools.names().join(", ")
+                    surface.tools().names().join(", ")
                 ),
                 Some(json!({ "tool": name })),
             ));
@@ -304,7 +304,7 @@ impl ServerHandler for Gateway {
                 CallToolResult::structured(value)
             }
             Err(mut e) => {
-                e.message = surface.tools.name_tools_in(&e.message);
+                e.message = surface.tools().name_tools_in(&e.message);
                 // An internal error is the gateway's own fault: the user should see it. The rest
                 // (bad arguments, unknown ids, conflicts) is the host's to handle.
                 if e.code == crate::error::ErrorCode::Internal {

@@ -165,7 +165,7 @@ mod tests {
             })
         );
         let after = g.surface();
-        assert!(after.tools.route("status").is_some());
+        assert!(after.tools().route("status").is_some());
         assert_eq!(after.config.state_dir, before.config.state_dir);
         assert_eq!(
             after.config.timeouts.task.get(),

@@ -9,7 +9,7 @@
 //! those learn to build is reloaded with no change here.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rmcp::model::Prompt;
 
@@ -21,7 +21,9 @@ use crate::config::{Config, HostLimits};
 #[derive(Debug)]
 pub struct Surface {
     pub config: Arc<Config>,
-    pub tools: Arc<ToolTable>,
+    /// Built on first use (the first `tools/list` or call), not before `initialize` is
+    /// answered: generating every tool's schemas was the largest cost of a cold start.
+    tools: OnceLock<Arc<ToolTable>>,
     /// The tool table as each host sees it (its own wait bound in the schemas), built on its
     /// first `tools/list`; there are only ever a handful of host names.
     host_tools: Mutex<HashMap<String, Arc<ToolTable>>>,
@@ -40,11 +42,17 @@ pub struct Changes {
 impl Surface {
     pub fn new(config: Arc<Config>) -> Self {
         Self {
-            tools: Arc::new(ToolTable::new(&config)),
+            tools: OnceLock::new(),
             prompts: Arc::new(prompts::list(&config)),
             host_tools: Mutex::default(),
             config,
         }
+    }
+
+    /// The tool table of this configuration.
+    pub fn tools(&self) -> &Arc<ToolTable> {
+        self.tools
+            .get_or_init(|| Arc::new(ToolTable::new(&self.config)))
     }
 
     /// The limits of the host that called itself `client` at `initialize`.
@@ -57,7 +65,7 @@ impl Surface {
     pub fn tools_for(&self, client: Option<&str>) -> Arc<ToolTable> {
         let limits = self.host(client);
         if limits.wait_max >= self.config.timeouts.wait_max.get() {
-            return self.tools.clone();
+            return self.tools().clone();
         }
         let mut table = self.host_tools.lock().unwrap_or_else(|p| p.into_inner());
         table
@@ -106,7 +114,7 @@ mod tests {
                 prompts: false
             }
         );
-        assert_eq!(new.tools.tools().len(), old.tools.tools().len() + 1);
+        assert_eq!(new.tools().tools().len(), old.tools().tools().len() + 1);
     }
 
     #[test]
