@@ -681,6 +681,38 @@ mod tests {
     }
 
     #[test]
+    fn a_tiers_variant_is_checked_against_its_model() {
+        let mut config = crate::gateway::test_config();
+        config.tiers = vec![
+            crate::config::Tier {
+                name: "fast".into(),
+                handles: "x".into(),
+                models: vec!["p/m".into()],
+                variant: Some("high".into()),
+                ..Default::default()
+            },
+            crate::config::Tier {
+                name: "odd".into(),
+                handles: "y".into(),
+                models: vec!["p/m".into()],
+                variant: Some("max".into()),
+                ..Default::default()
+            },
+        ];
+        let catalog = ModelCatalog {
+            models: vec!["p/m".into()],
+            variants: [("p/m".to_string(), vec!["high".into(), "low".into()])].into(),
+            ..ModelCatalog::default()
+        };
+        let checks = tier_checks(&config, &catalog);
+        assert_eq!(checks[0].status, Status::Ok, "{:?}", checks[0]);
+        assert!(checks[0].detail.contains("variant high"), "{:?}", checks[0]);
+        assert_eq!(checks[1].status, Status::Fail, "{:?}", checks[1]);
+        assert!(checks[1].detail.contains("high, low"), "{:?}", checks[1]);
+        assert!(checks[1].fix.as_deref().unwrap_or_default().contains("odd"));
+    }
+
+    #[test]
     fn only_failures_make_the_report_fail() {
         let exe = Path::new("/x");
         let warn = Report::new(vec![Check::new("a", Status::Warn, "w")], exe);
