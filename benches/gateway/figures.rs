@@ -237,6 +237,33 @@ pub fn cold_start_stored(
     )));
 }
 
+/// The soak: RSS per round, and whether it stayed flat (within 10 %) once finished tasks began
+/// leaving memory (the rounds after the first `in_memory` seconds).
+pub fn soak(
+    out: &mut Collected,
+    rss: &[f64],
+    per_round: usize,
+    every_secs: u64,
+    in_memory_secs: u64,
+) {
+    let settled_from = (in_memory_secs.div_ceil(every_secs.max(1)) as usize + 1).min(rss.len());
+    let settled = &rss[settled_from.min(rss.len().saturating_sub(1))..];
+    let first = settled.first().copied().unwrap_or(0.0);
+    let last = settled.last().copied().unwrap_or(0.0);
+    let peak = settled.iter().copied().fold(0.0, f64::max);
+    let flat = first > 0.0 && peak <= first * 1.1;
+    out.figures.push(
+        Figure::new("soak_rss", format!("RSS at a steady rate ({per_round} tasks every {every_secs} s), last round"), "MiB")
+            .gateway(Summary::of(&[last]))
+            .target("flat within 10 % once tasks leave memory", flat)
+            .note(format!(
+                "per round: {}; from round {} on (finished tasks leave memory after {in_memory_secs} s): first {first:.1}, peak {peak:.1}",
+                rss.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+                settled_from + 1
+            )),
+    );
+}
+
 /// The size of the measured binary and of its gzip -9 stream (about the npm platform tarball).
 pub fn binary_size(out: &mut Collected, bin: &std::path::Path) {
     let mb = |bytes: u64| bytes as f64 / 1e6;

@@ -74,12 +74,26 @@ struct Knobs {
     /// Files in the `worktree` scenario's repository, and creations timed per side.
     worktree_files: usize,
     worktree_reps: usize,
+    /// The steady-rate soak: rounds, tasks per round, seconds per round, and how long a
+    /// finished task stays in the soak gateway's memory (`limits.finished_in_memory`).
+    soak_rounds: usize,
+    soak_tasks: usize,
+    soak_every_secs: u64,
+    soak_in_memory_secs: u64,
     only: Option<BTreeSet<String>>,
 }
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 6] = ["start", "cycle", "scale", "cold", "footprint", "worktree"];
+const SCENARIOS: [&str; 7] = [
+    "start",
+    "cycle",
+    "scale",
+    "cold",
+    "footprint",
+    "worktree",
+    "soak",
+];
 
 fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
     match std::env::var(name) {
@@ -132,6 +146,10 @@ impl Knobs {
             idle_secs: env_num("BENCH_IDLE_SECS", q(10, 3) as u64)?,
             worktree_files: env_num("BENCH_WORKTREE_FILES", 10_000)?,
             worktree_reps: env_num("BENCH_WORKTREE_REPS", q(10, 5))?,
+            soak_rounds: env_num("BENCH_SOAK_ROUNDS", q(12, 6))?,
+            soak_tasks: env_num("BENCH_SOAK_TASKS", q(300, 100))?,
+            soak_every_secs: env_num("BENCH_SOAK_EVERY_SECS", q(60, 20) as u64)?,
+            soak_in_memory_secs: env_num("BENCH_SOAK_IN_MEMORY_SECS", q(120, 30) as u64)?,
             only,
         })
     }
@@ -311,6 +329,10 @@ async fn run() -> Result<(), BoxError> {
         let launch = gw::launch(&env, &fake.url(), &server, &state("main"));
         let footprint_launch = gw::launch(&env, &fake.url(), &server, &state("footprint"));
         let cold_launch = gw::launch(&env, &fake.url(), &server, &state("cold"));
+        let soak_launch = gw::launch(&env, &fake.url(), &server, &state("soak")).env(
+            "OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY",
+            format!("{}s", knobs.soak_in_memory_secs),
+        );
         let gateway = Gw::start(&launch).await?;
         let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);
 
@@ -406,6 +428,29 @@ async fn run() -> Result<(), BoxError> {
             let empty = Some(Summary::of(&empty)).or(cold_empty);
             let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
             figures::cold_start_stored(&mut out, stored, empty, &g, &t);
+        }
+
+        // A gateway that works at a steady rate for longer than its finished tasks stay in
+        // memory: its RSS must stop growing once they start leaving.
+        if knobs.runs("soak") {
+            step(&format!(
+                "soak: {} rounds of {} tasks, one every {} s; finished tasks leave memory after {} s",
+                knobs.soak_rounds, knobs.soak_tasks, knobs.soak_every_secs, knobs.soak_in_memory_secs
+            ));
+            let rss = scenarios::soak(
+                &soak_launch,
+                knobs.soak_rounds,
+                knobs.soak_tasks,
+                Duration::from_secs(knobs.soak_every_secs),
+            )
+            .await?;
+            figures::soak(
+                &mut out,
+                &rss,
+                knobs.soak_tasks,
+                knobs.soak_every_secs,
+                knobs.soak_in_memory_secs,
+            );
         }
 
         // The main gateway after everything: how much it grew and burned over the run.

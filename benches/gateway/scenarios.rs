@@ -549,3 +549,41 @@ pub async fn orchestrator_cycle(gw: &Gw, reps: usize) -> Result<Cycle, BoxError>
     }
     Ok(out)
 }
+
+/// The steady-rate soak: `rounds` rounds of `per_round` trivial tasks (batches of 50, each
+/// waited out), one round every `every`, on one gateway; its RSS (MiB) after each round.
+pub async fn soak(
+    launch: &Spawn,
+    rounds: usize,
+    per_round: usize,
+    every: Duration,
+) -> Result<Vec<f64>, BoxError> {
+    let client = Gw::connect(launch).await?;
+    let pid = client.pid().ok_or("the gateway has no pid")?;
+    let gateway = Gw::attach(client).await?;
+    let gw = &gateway;
+    let mut rss = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let started = Instant::now();
+        let mut done = 0;
+        while done < per_round {
+            let batch = (per_round - done).min(50);
+            let starts =
+                join_all((done..done + batch).map(|k| async move {
+                    gw.start_task(&format!("bench soak {round} {k}")).await
+                }))
+                .await;
+            let ids = starts
+                .into_iter()
+                .map(|s| s.map(|s| s.task_id))
+                .collect::<Result<Vec<_>, _>>()?;
+            gw.wait_all(&ids, FINISH_LIMIT).await?;
+            done += batch;
+        }
+        // The round's pace is the scenario, not a synchronisation: the next round starts
+        // `every` after this one did.
+        tokio::time::sleep_until((started + every).into()).await;
+        rss.push(rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0));
+    }
+    Ok(rss)
+}
