@@ -10,6 +10,7 @@ use super::service::TaskService;
 use super::tracker::{self, Attempts, TrackerContext};
 use super::turn::Idle;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
+use tokio_util::sync::CancellationToken;
 
 /// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +72,18 @@ pub(super) fn arm_deadline(
     after: Duration,
     limit: Duration,
 ) {
+    let timer = CancellationToken::new();
+    let armed = ctx.registry.update(task_id, |e| {
+        let open = e.rec.turn == turn && !e.rec.status.is_terminal();
+        if open {
+            e.stop_deadline();
+            e.live.deadline = Some(timer.clone());
+        }
+        open
+    });
+    if armed != Some(true) {
+        return;
+    }
     let ctx = ctx.clone();
     let server = server.clone();
     let task_id = task_id.to_string();
@@ -78,6 +91,8 @@ pub(super) fn arm_deadline(
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
+            // The turn ended (or a newer one began): nothing to time out.
+            _ = timer.cancelled() => {}
             _ = tokio::time::sleep(after) => {
                 // The turn may have ended without the gateway seeing it yet (events missed, or
                 // it ended while the gateway was down, so this deadline fires at once after a

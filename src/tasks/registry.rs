@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
 use super::record::{TaskRecord, WorkspaceRecord};
@@ -69,6 +70,10 @@ pub struct Live {
     pub last_used: Instant,
     /// Where the turn stands (see [`Phase`]); change it only through the claims.
     phase: Phase,
+    /// Cancels the turn's `timeouts.task` timer (`abort.rs`): the timer task goes when the turn
+    /// ends, instead of sleeping out the whole deadline (30 minutes by default) for every turn
+    /// that ended long before, which made memory grow with history at a steady rate.
+    pub deadline: Option<CancellationToken>,
     /// A `session.error` seen during this turn (async failures arrive only this way).
     pub session_error: Option<ErrorInfo>,
     /// The newest assistant message of the turn, as the event stream reported it.
@@ -102,6 +107,7 @@ impl Live {
             finished_at: None,
             last_used: Instant::now(),
             phase: Phase::Open,
+            deadline: None,
             session_error: None,
             latest_reply: None,
             streamed: StreamedTurn::default(),
@@ -165,7 +171,15 @@ impl TaskEntry {
         model: Option<String>,
     ) {
         self.rec.begin_turn(user_message_id, agent, model);
+        self.stop_deadline();
         self.live = Live::new(Instant::now());
+    }
+
+    /// Ends the current turn's deadline timer, if one is armed.
+    pub fn stop_deadline(&mut self) {
+        if let Some(timer) = self.live.deadline.take() {
+            timer.cancel();
+        }
     }
 
     /// Where the turn stands.
@@ -271,6 +285,7 @@ impl TaskEntry {
         // The answer is in the record now (or is read over HTTP): the streamed copy goes.
         self.live.streamed = StreamedTurn::default();
         self.live.phase = Phase::Finished;
+        self.stop_deadline();
         self.live.finished_at = Some(Instant::now());
     }
 
@@ -625,7 +640,8 @@ impl Registry {
     pub fn remove(&self, task_id: &str) {
         {
             let mut t = self.lock();
-            if let Some(e) = t.tasks.remove(task_id) {
+            if let Some(mut e) = t.tasks.remove(task_id) {
+                e.stop_deadline();
                 t.unindex(&e);
             }
             t.forget_member(task_id);
@@ -1061,6 +1077,30 @@ mod tests {
         assert!(TaskEntry::from_record(on_disk.clone()).is_open());
         on_disk.finish(TaskStatus::Completed, None);
         assert!(TaskEntry::from_record(on_disk).is_settled());
+    }
+
+    /// A turn's deadline timer ends with the turn (finished, followed by another, or the task
+    /// removed), so no timer task outlives the turn it guards.
+    #[test]
+    fn a_turns_deadline_timer_ends_with_the_turn() {
+        let armed = |e: &mut TaskEntry| {
+            let timer = CancellationToken::new();
+            e.live.deadline = Some(timer.clone());
+            timer
+        };
+        let mut e = entry("a");
+        let first = armed(&mut e);
+        e.begin_turn("msg_2".into(), None, None);
+        assert!(first.is_cancelled(), "a new turn ends the old turn's timer");
+        let second = armed(&mut e);
+        e.finish(TaskStatus::Completed, None);
+        assert!(second.is_cancelled(), "a finished turn ends its timer");
+        let r = Registry::default();
+        let mut running = entry("b");
+        let third = armed(&mut running);
+        r.insert(running);
+        r.remove("b");
+        assert!(third.is_cancelled(), "a removed task ends its timer");
     }
 
     #[test]
