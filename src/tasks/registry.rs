@@ -494,7 +494,8 @@ struct OnDisk {
     spent: (u64, f64),
     /// Its turn then: the record is deleted at expiry only if it still holds this turn.
     turn: u32,
-    worktree: Option<Expired>,
+    /// Boxed: most tasks have no worktree, and this map holds a day of finished tasks.
+    worktree: Option<Box<Expired>>,
 }
 
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
@@ -865,7 +866,7 @@ impl Registry {
                 finished,
                 spent: day_spend(&e),
                 turn: e.rec.turn,
-                worktree: Expired::of(&e),
+                worktree: Expired::of(&e).map(Box::new),
             };
             if expired {
                 self.expire(&mut t, &id, gone, &mut out);
@@ -920,7 +921,7 @@ impl Registry {
         if let Some(store) = &self.store {
             store.submit_expire(id, gone.turn);
         }
-        out.worktrees.extend(gone.worktree);
+        out.worktrees.extend(gone.worktree.map(|w| *w));
     }
 }
 
