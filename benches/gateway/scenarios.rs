@@ -373,23 +373,9 @@ pub async fn footprint(
     f.idle_window_secs = idle_window.as_secs_f64();
 
     let t0 = Instant::now();
-    let mut done = 0;
-    while done < tasks {
-        let batch = (tasks - done).min(50);
-        let starts = join_all(
-            (done..done + batch)
-                .map(|k| async move { gw.start_task(&format!("bench rss {k}")).await }),
-        )
-        .await;
-        let ids = starts
-            .into_iter()
-            .map(|s| s.map(|s| s.task_id))
-            .collect::<Result<Vec<_>, _>>()?;
-        gw.wait_all(&ids, FINISH_LIMIT).await?;
-        done += batch;
-    }
+    run_in_batches(gw, tasks, |k| format!("bench rss {k}")).await?;
     f.load_secs = t0.elapsed().as_secs_f64();
-    f.tracked_tasks = done;
+    f.tracked_tasks = tasks;
     tokio::time::sleep(Duration::from_secs(1)).await;
     f.rss_loaded = rss_samples(pid).await?;
     f.hwm_loaded = rss_mb(pid).map(|(_, hwm)| hwm).unwrap_or(0.0);
@@ -565,25 +551,36 @@ pub async fn soak(
     let mut rss = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let started = Instant::now();
-        let mut done = 0;
-        while done < per_round {
-            let batch = (per_round - done).min(50);
-            let starts =
-                join_all((done..done + batch).map(|k| async move {
-                    gw.start_task(&format!("bench soak {round} {k}")).await
-                }))
-                .await;
-            let ids = starts
-                .into_iter()
-                .map(|s| s.map(|s| s.task_id))
-                .collect::<Result<Vec<_>, _>>()?;
-            gw.wait_all(&ids, FINISH_LIMIT).await?;
-            done += batch;
-        }
+        run_in_batches(gw, per_round, |k| format!("bench soak {round} {k}")).await?;
         // The round's pace is the scenario, not a synchronisation: the next round starts
         // `every` after this one did.
         tokio::time::sleep_until((started + every).into()).await;
         rss.push(rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0));
     }
     Ok(rss)
+}
+
+/// Runs `total` trivial tasks through the gateway in batches of 50, each batch started at once
+/// and waited out.
+async fn run_in_batches(
+    gw: &Gw,
+    total: usize,
+    prompt: impl Fn(usize) -> String,
+) -> Result<(), BoxError> {
+    let mut done = 0;
+    while done < total {
+        let batch = (total - done).min(50);
+        let starts = join_all((done..done + batch).map(|k| {
+            let p = prompt(k);
+            async move { gw.start_task(&p).await }
+        }))
+        .await;
+        let ids = starts
+            .into_iter()
+            .map(|s| s.map(|s| s.task_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        gw.wait_all(&ids, FINISH_LIMIT).await?;
+        done += batch;
+    }
+    Ok(())
 }
