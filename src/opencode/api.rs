@@ -160,48 +160,31 @@ impl Api {
             .await
             .map_err(|e| OpencodeError::from_client("GET /config/providers", e))?
             .into_inner();
-        let mut models: Vec<String> = r
-            .providers
-            .iter()
-            .flat_map(|p| p.models.keys().map(move |m| format!("{}/{}", p.id, m)))
-            .collect();
-        models.sort();
-        let variants = r
-            .providers
-            .iter()
-            .flat_map(|p| {
-                p.models
-                    .iter()
-                    .filter(|(_, m)| !m.variants.is_empty())
-                    .map(|(id, m)| {
-                        let mut names: Vec<String> = m.variants.keys().cloned().collect();
-                        names.sort();
-                        (format!("{}/{}", p.id, id), names)
-                    })
-            })
-            .collect();
-        let prices = r
-            .providers
-            .iter()
-            .flat_map(|p| {
-                p.models.iter().map(|(id, m)| {
-                    let c = &m.cost;
-                    let price = Price {
-                        input: c.input,
-                        output: c.output,
-                        cache_read: c.cache.read,
-                        cache_write: c.cache.write,
-                    };
-                    (format!("{}/{}", p.id, id), price)
-                })
-            })
-            .collect();
-        Ok(ModelCatalog {
-            models,
+        let mut catalog = ModelCatalog {
             defaults: r.default.into_iter().collect(),
-            variants,
-            prices,
-        })
+            ..ModelCatalog::default()
+        };
+        for p in &r.providers {
+            for (id, m) in &p.models {
+                let name = format!("{}/{}", p.id, id);
+                if !m.variants.is_empty() {
+                    let mut names: Vec<String> = m.variants.keys().cloned().collect();
+                    names.sort();
+                    catalog.variants.insert(name.clone(), names);
+                }
+                let c = &m.cost;
+                let price = Price {
+                    input: c.input,
+                    output: c.output,
+                    cache_read: c.cache.read,
+                    cache_write: c.cache.write,
+                };
+                catalog.prices.insert(name.clone(), price);
+                catalog.models.push(name);
+            }
+        }
+        catalog.models.sort();
+        Ok(catalog)
     }
 
     /// `POST /session?directory=`: a new session with a title (without one, OpenCode spends an
