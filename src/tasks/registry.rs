@@ -312,25 +312,9 @@ impl TaskEntry {
             .or_else(|| r.agent.clone())
     }
 
-    /// The model that answered, else the one asked for.
-    pub fn model(&self) -> Option<String> {
-        let r = &self.rec;
-        r.outcome
-            .as_ref()
-            .and_then(|o| o.model.clone())
-            .or_else(|| {
-                self.live
-                    .latest_reply
-                    .as_ref()
-                    .and_then(|s| s.model.clone())
-            })
-            .or_else(|| r.model.clone())
-    }
-
-    /// The model the turn asked for, if another one answered.
-    pub fn model_requested(&self) -> Option<String> {
-        let answered = self
-            .rec
+    /// The model that answered, as the outcome (else the event stream) reports it.
+    fn answered_model(&self) -> Option<String> {
+        self.rec
             .outcome
             .as_ref()
             .and_then(|o| o.model.clone())
@@ -339,8 +323,18 @@ impl TaskEntry {
                     .latest_reply
                     .as_ref()
                     .and_then(|s| s.model.clone())
-            });
-        self.rec.model_requested_if_other(answered.as_deref())
+            })
+    }
+
+    /// The model that answered, else the one asked for.
+    pub fn model(&self) -> Option<String> {
+        self.answered_model().or_else(|| self.rec.model.clone())
+    }
+
+    /// The model the turn asked for, if another one answered.
+    pub fn model_requested(&self) -> Option<String> {
+        self.rec
+            .model_requested_if_other(self.answered_model().as_deref())
     }
 
     /// The snapshot status and wait report.
