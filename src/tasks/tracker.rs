@@ -867,8 +867,7 @@ fn note_unfinished(
     let step = turn
         .newest_message_id
         .clone()
-        .filter(|_| idle == Idle::Confirmed && turn.assistant_messages > 0)
-        .filter(|_| !turn.latest_completed && turn.error.is_none());
+        .filter(|_| idle == Idle::Confirmed && turn.newest_step_unfinished());
     let Some(step) = step else {
         live.unfinished = None;
         return turn::Unfinished::default();
@@ -1104,7 +1103,6 @@ mod tests {
         registry
     }
 
-    /// A server whose port nobody listens on.
     /// Confirmed-idle checks that find the same unfinished step count up; any other finding
     /// (another step, a remembered idle, a completed step) starts over.
     #[test]
@@ -1138,6 +1136,7 @@ mod tests {
         assert_eq!(count(&mut e, &done, Idle::Confirmed), 0, "completed");
     }
 
+    /// A server whose port nobody listens on.
     fn unreachable_server() -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

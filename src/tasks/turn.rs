@@ -80,6 +80,12 @@ pub struct TurnState {
 }
 
 impl TurnState {
+    /// The turn's newest step has neither completed nor failed (it is streaming, or its
+    /// OpenCode stopped in the middle of it).
+    pub fn newest_step_unfinished(&self) -> bool {
+        self.assistant_messages > 0 && !self.latest_completed && self.error.is_none()
+    }
+
     /// Keeps at most `max` characters of the text (memory and state files stay bounded).
     pub fn cap_text(mut self, max: usize) -> Self {
         if let Some((cut, _)) = self.text.char_indices().nth(max) {
@@ -319,9 +325,8 @@ pub const ABANDONED_AFTER_MS: u64 = 10_000;
 /// The verdict on a turn [`conclude`] leaves open although the session is confirmed idle: its
 /// newest step never completed and never failed, and has stayed so (see [`Unfinished`]).
 pub fn abandoned(turn: &TurnState, idle: Idle, stuck: Unfinished) -> Option<Verdict> {
-    let unfinished = turn.assistant_messages > 0 && !turn.latest_completed && turn.error.is_none();
     (idle == Idle::Confirmed
-        && unfinished
+        && turn.newest_step_unfinished()
         && stuck.checks >= ABANDONED_AFTER_CHECKS
         && stuck.for_ms >= ABANDONED_AFTER_MS)
         .then(|| Verdict {
