@@ -8,7 +8,7 @@ use super::error::TaskError;
 use super::model::TaskResult;
 use super::service::TaskService;
 use super::tracker::{self, Attempts};
-use super::turn::{self, TurnState};
+use super::turn::TurnState;
 
 /// Whether a result may ask OpenCode for the turn's changed files when they are not known yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,14 +61,8 @@ impl TaskService {
                     }
                 } else {
                     // A running turn: what it has said so far.
-                    let rec = &entry.rec;
-                    if let Ok(m) = s
-                        .api
-                        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
-                        .await
-                    {
-                        let partial = turn::derive(&m, &rec.user_message_id)
-                            .cap_text(self.config().limits.max_result_chars as usize);
+                    let max_chars = self.config().limits.max_result_chars as usize;
+                    if let Ok(partial) = tracker::read_turn(s, &entry.rec, max_chars).await {
                         entry.rec.outcome = Some(partial);
                     }
                 }

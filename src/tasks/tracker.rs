@@ -767,12 +767,8 @@ pub async fn check_completion(
         _ => known,
     };
     let rec = &entry.rec;
-    let messages = match server
-        .api
-        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
-        .await
-    {
-        Ok(m) => m,
+    let mut turn = match read_turn(server, rec, ctx.max_result_chars).await {
+        Ok(turn) => turn,
         Err(e) if e.http_status() == Some(404) => {
             registry.update(task_id, |e| {
                 if e.rec.turn == entry.rec.turn && !e.rec.status.is_terminal() {
@@ -787,7 +783,6 @@ pub async fn check_completion(
             return;
         }
     };
-    let mut turn = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
     let idle = if turn.finished && known != Idle::No {
         known
     } else {
@@ -806,14 +801,8 @@ pub async fn check_completion(
     // the two reads is missing from them, and "idle without a final answer" would judge a
     // completed turn stopped. Read them again, now that the session is known to be idle.
     if !turn.finished && idle == Idle::Confirmed {
-        match server
-            .api
-            .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
-            .await
-        {
-            Ok(again) => {
-                turn = turn::derive(&again, &rec.user_message_id).cap_text(ctx.max_result_chars);
-            }
+        match read_turn(server, rec, ctx.max_result_chars).await {
+            Ok(again) => turn = again,
             Err(e) => {
                 tracing::debug!(task_id, error = %e, "completion check: second read failed; will retry");
                 return;
@@ -962,6 +951,20 @@ pub async fn read_outcome(
     });
 }
 
+/// Reads the task's current turn over HTTP (paging back to its user message) and judges it with
+/// [`turn::derive`], keeping at most `max_chars` of its text.
+pub(super) async fn read_turn(
+    server: &Server,
+    rec: &super::record::TaskRecord,
+    max_chars: usize,
+) -> Result<TurnState, crate::opencode::OpencodeError> {
+    let messages = server
+        .api
+        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+        .await?;
+    Ok(turn::derive(&messages, &rec.user_message_id).cap_text(max_chars))
+}
+
 /// One read of a finished turn; a read that does not yet show the final reply is an error (the
 /// caller retries), and so is a session that is gone (`true`: retrying is pointless).
 async fn read_turn_once(
@@ -969,12 +972,9 @@ async fn read_turn_once(
     server: &Server,
     rec: &super::record::TaskRecord,
 ) -> Result<TurnState, (String, bool)> {
-    let messages = server
-        .api
-        .turn_messages(&rec.directory, &rec.session_id, &rec.user_message_id)
+    let state = read_turn(server, rec, ctx.max_result_chars)
         .await
         .map_err(|e| (e.to_string(), e.http_status() == Some(404)))?;
-    let state = turn::derive(&messages, &rec.user_message_id).cap_text(ctx.max_result_chars);
     // A structured turn held for its check completed, like a `completed` one.
     let completed = rec.status == TaskStatus::Completed
         || rec
