@@ -74,7 +74,7 @@ pub(super) fn arm_deadline(
 ) {
     let timer = CancellationToken::new();
     let armed = ctx.registry.update(task_id, |e| {
-        let open = e.rec.turn == turn && !e.rec.status.is_terminal();
+        let open = e.rec.turn == turn && !e.is_settled();
         if open {
             e.stop_deadline();
             e.live.deadline = Some(timer.clone());
