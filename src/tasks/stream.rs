@@ -29,10 +29,9 @@ use crate::opencode::{MessageView, Role, ToolCall};
 struct Streamed {
     /// Everything but the text and tools, from the newest `message.updated`.
     info: Option<MessageView>,
-    /// Text parts that count (neither synthetic nor ignored), by part id (ids ascend).
+    /// Text parts that count (neither synthetic nor ignored), by part id (ids ascend). Deltas
+    /// grow only these, so a synthetic or ignored part's never reach the answer.
     texts: BTreeMap<String, String>,
-    /// Parts known to be text parts that do not count: their deltas are not the answer.
-    skipped: Vec<String>,
     tools: BTreeMap<String, ToolCall>,
     /// A newer answer started: this message's text can no longer be the answer and is gone.
     text_dropped: bool,
@@ -123,11 +122,7 @@ impl StreamedTurn {
                 let m = self.messages.entry(message_id.clone()).or_default();
                 match part {
                     PartEvent::Text { text, counted } => {
-                        if !*counted {
-                            if !m.skipped.contains(part_id) {
-                                m.skipped.push(part_id.clone());
-                            }
-                        } else if !m.text_dropped {
+                        if *counted && !m.text_dropped {
                             m.texts.insert(part_id.clone(), text.clone());
                         }
                     }
