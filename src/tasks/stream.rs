@@ -35,6 +35,8 @@ struct Streamed {
     tools: BTreeMap<String, ToolCall>,
     /// A newer answer started: this message's text can no longer be the answer and is gone.
     text_dropped: bool,
+    /// A user message holding a `compaction` part (the part may come before the message).
+    compaction: bool,
 }
 
 /// The messages of one turn, assembled from events.
@@ -94,7 +96,6 @@ impl StreamedTurn {
                     }
                 }
                 let m = self.messages.entry(message_id.clone()).or_default();
-                let compaction = m.info.as_ref().is_some_and(|i| i.compaction);
                 m.info = Some(MessageView {
                     id: message_id.clone(),
                     role,
@@ -104,7 +105,7 @@ impl StreamedTurn {
                     finish: finish.clone(),
                     error: error.clone(),
                     summary: *summary,
-                    compaction,
+                    compaction: false,
                     agent: agent.clone(),
                     model: model.clone(),
                     tokens: *tokens,
@@ -129,17 +130,7 @@ impl StreamedTurn {
                     PartEvent::Tool { call, .. } => {
                         m.tools.insert(part_id.clone(), call.clone());
                     }
-                    PartEvent::Compaction => {
-                        if let Some(info) = m.info.as_mut() {
-                            info.compaction = true;
-                        } else {
-                            // Info arrives later: remembered in a placeholder it will keep.
-                            m.info = Some(MessageView {
-                                compaction: true,
-                                ..MessageView::default()
-                            });
-                        }
-                    }
+                    PartEvent::Compaction => m.compaction = true,
                     PartEvent::StepStart | PartEvent::StepFinish | PartEvent::Other => {}
                 }
             }
@@ -175,9 +166,9 @@ impl StreamedTurn {
             role: Role::User,
             ..MessageView::default()
         });
-        for (id, m) in &self.messages {
-            let info = m.info.as_ref().filter(|i| i.id == *id)?;
-            let mut view = info.clone();
+        for m in self.messages.values() {
+            let mut view = m.info.clone()?;
+            view.compaction = m.compaction;
             view.text = m
                 .texts
                 .values()
