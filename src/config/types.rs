@@ -371,6 +371,17 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// A cap in USD the configuration and a call may set: positive, finite, at most
+    /// [`MAX_COST_USD`] (0 would stop every turn at its first step; unset means no cap).
+    pub fn cost_cap_ok(usd: f64) -> bool {
+        usd.is_finite() && usd > 0.0 && usd <= MAX_COST_USD
+    }
+
+    /// A cap in tokens the configuration and a call may set: above 0, at most [`MAX_TOKENS`].
+    pub fn token_cap_ok(tokens: u64) -> bool {
+        tokens > 0 && tokens <= MAX_TOKENS
+    }
+
     /// The lower of each cap.
     pub fn tightest(self, other: Budget) -> Budget {
         fn lower<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {

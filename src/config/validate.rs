@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::template::{self, TIERS_PLACEHOLDER};
 use super::types::{
-    Action, Config, DEFAULT_HOST, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS, MAX_TOKENS,
+    Action, Budget, Config, DEFAULT_HOST, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS, MAX_TOKENS,
     MIN_RESULT_CHARS,
 };
 
@@ -289,7 +289,7 @@ fn caps<const C: usize, const T: usize>(
     tokens: [(&str, Option<u64>); T],
 ) {
     for (name, value) in costs {
-        if let Some(v) = value.filter(|v| !(v.is_finite() && *v > 0.0 && *v <= MAX_COST_USD)) {
+        if let Some(v) = value.filter(|v| !Budget::cost_cap_ok(*v)) {
             issues.push(
                 format!("{at}.{name}"),
                 format!(
@@ -300,7 +300,7 @@ fn caps<const C: usize, const T: usize>(
         }
     }
     for (name, value) in tokens {
-        if let Some(v) = value.filter(|v| *v == 0 || *v > MAX_TOKENS) {
+        if let Some(v) = value.filter(|v| !Budget::token_cap_ok(*v)) {
             issues.push(
                 format!("{at}.{name}"),
                 format!(

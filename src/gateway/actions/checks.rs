@@ -96,16 +96,13 @@ pub fn tier(
 /// configuration also has (whether it lowers the caps in force is the service's check).
 pub fn budget(field: &str, budget: Option<Budget>) -> Result<Budget, ToolError> {
     let budget = budget.unwrap_or_default();
-    if let Some(v) = budget
-        .max_cost_usd
-        .filter(|v| !(v.is_finite() && *v > 0.0 && *v <= MAX_COST_USD))
-    {
+    if let Some(v) = budget.max_cost_usd.filter(|v| !Budget::cost_cap_ok(*v)) {
         return Err(ToolError::invalid_argument(format!(
             "`{field}.max_cost_usd` must be an amount in USD above 0 and at most {MAX_COST_USD}, \
              found {v}"
         )));
     }
-    if let Some(v) = budget.max_tokens.filter(|v| *v == 0 || *v > MAX_TOKENS) {
+    if let Some(v) = budget.max_tokens.filter(|v| !Budget::token_cap_ok(*v)) {
         return Err(ToolError::invalid_argument(format!(
             "`{field}.max_tokens` must be a number of tokens above 0 and at most {MAX_TOKENS}, \
              found {v}"
