@@ -127,6 +127,10 @@ pub fn cold_start(out: &mut Collected, gateway_ms: &[f64], true_ms: &[f64]) -> S
     gs
 }
 
+fn split((anon, file): (f64, f64)) -> String {
+    format!("{anon:.2} + {file:.2} MiB")
+}
+
 /// Figures 5 (RSS idle and with tasks) and 6 (CPU while tasks stream), and OpenCode's CPU.
 pub fn footprint(out: &mut Collected, f: &Footprint) {
     let idle = Summary::of(&f.rss_idle);
@@ -136,8 +140,11 @@ pub fn footprint(out: &mut Collected, f: &Footprint) {
             .gateway(idle)
             .target("≤ 10 MiB", idle.p50 <= 10.0)
             .note(format!(
-                "after initialize, before attaching: {:.2} MiB",
-                Summary::of(&f.rss_initialized).p50
+                "after initialize, before attaching: {:.2} MiB; anonymous + file-backed: {} \
+                 before attaching, {} attached",
+                Summary::of(&f.rss_initialized).p50,
+                split(f.split_initialized),
+                split(f.split_idle)
             )),
     );
     out.figures.push(
@@ -149,8 +156,12 @@ pub fn footprint(out: &mut Collected, f: &Footprint) {
         .gateway(loaded)
         .target("≤ 25 MiB", loaded.p50 <= 25.0)
         .note(format!(
-            "peak (VmHWM) {:.2} MiB; the {} tasks took {:.1} s in batches of 50",
-            f.hwm_loaded, f.tracked_tasks, f.load_secs
+            "peak (VmHWM) {:.2} MiB; anonymous + file-backed {}; the {} tasks took {:.1} s in \
+             batches of 50",
+            f.hwm_loaded,
+            split(f.split_loaded),
+            f.tracked_tasks,
+            f.load_secs
         )),
     );
     let one = |v: f64| Summary::of(&[v]);
@@ -197,6 +208,10 @@ pub fn footprint(out: &mut Collected, f: &Footprint) {
         json!({
             "rss_initialized_mib": f.rss_initialized, "rss_idle_mib": f.rss_idle,
             "rss_loaded_mib": f.rss_loaded, "hwm_loaded_mib": f.hwm_loaded,
+            "anon_file_mib": {
+                "initialized": f.split_initialized, "idle": f.split_idle,
+                "loaded": f.split_loaded,
+            },
             "tracked_tasks": f.tracked_tasks, "load_secs": f.load_secs,
             "idle_cpu_secs": f.idle_cpu_secs, "idle_window_secs": f.idle_window_secs,
             "opencode_idle_cpu_secs": f.opencode_idle_cpu_secs,

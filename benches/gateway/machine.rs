@@ -77,6 +77,16 @@ pub fn rss_mb(pid: u32) -> Option<(f64, f64)> {
     Some((rss as f64 / 1024.0, hwm as f64 / 1024.0))
 }
 
+/// `pid`'s resident memory split into (anonymous, file-backed) MiB: file pages are the binary's
+/// own code and data mapped in (shared with the page cache), anonymous ones its heap and stacks,
+/// so the two say whether a figure moved because of allocations or because more code ran.
+pub fn rss_split_mb(pid: u32) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let anon = status_kb(&text, "RssAnon")?;
+    let file = status_kb(&text, "RssFile")?;
+    Some((anon as f64 / 1024.0, file as f64 / 1024.0))
+}
+
 /// User plus system CPU time `pid` has used so far, in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::direct::{gateway_title, Direct};
 use crate::gw::{check_completed, Gw};
-use crate::machine::{cpu_seconds, rss_mb};
+use crate::machine::{cpu_seconds, rss_mb, rss_split_mb};
 use crate::sse::IdleWatch;
 use crate::support::fake_llm::FakeLlm;
 use crate::support::mcp::Launch as Spawn;
@@ -309,6 +309,10 @@ pub struct Footprint {
     pub rss_idle: Vec<f64>,
     pub rss_loaded: Vec<f64>,
     pub hwm_loaded: f64,
+    /// (anonymous, file-backed) MiB at each of the three readings.
+    pub split_initialized: (f64, f64),
+    pub split_idle: (f64, f64),
+    pub split_loaded: (f64, f64),
     pub tracked_tasks: usize,
     /// Seconds taken to run the tracked tasks (batches of 50).
     pub load_secs: f64,
@@ -339,6 +343,10 @@ async fn rss_samples(pid: u32) -> Result<Vec<f64>, BoxError> {
     Ok(v)
 }
 
+fn split(pid: u32) -> Result<(f64, f64), BoxError> {
+    rss_split_mb(pid).ok_or_else(|| "cannot read the gateway's RssAnon/RssFile".into())
+}
+
 fn cpu(pid: u32, what: &str) -> Result<f64, BoxError> {
     cpu_seconds(pid).ok_or_else(|| format!("cannot read /proc/{pid}/stat ({what})").into())
 }
@@ -361,10 +369,12 @@ pub async fn footprint(
     let pid = client.pid().ok_or("the gateway has no pid")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     f.rss_initialized = rss_samples(pid).await?;
+    f.split_initialized = split(pid)?;
     let gateway = Gw::attach(client).await?;
     let gw = &gateway;
     tokio::time::sleep(Duration::from_secs(1)).await;
     f.rss_idle = rss_samples(pid).await?;
+    f.split_idle = split(pid)?;
 
     let (c0, o0) = (cpu(pid, "gateway")?, cpu(opencode_pid, "opencode")?);
     tokio::time::sleep(idle_window).await;
@@ -378,6 +388,7 @@ pub async fn footprint(
     f.tracked_tasks = tasks;
     tokio::time::sleep(Duration::from_secs(1)).await;
     f.rss_loaded = rss_samples(pid).await?;
+    f.split_loaded = split(pid)?;
     f.hwm_loaded = rss_mb(pid).map(|(_, hwm)| hwm).unwrap_or(0.0);
 
     // CPU: `busy` turns whose answers stream slowly through the whole window, driven directly
