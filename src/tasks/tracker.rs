@@ -86,6 +86,8 @@ pub async fn run(
         }
     };
     tokio::pin!(exited);
+    // The registry's change count when memory was last given back (see `give_back_when_quiet`).
+    let mut trimmed_at = 0;
     loop {
         tokio::select! {
             how = &mut exited => {
@@ -95,7 +97,10 @@ pub async fn run(
             }
             _ = server.stop.cancelled() => return,
             _ = reconcile.tick() => {
-                evict(&ctx);
+                if evict(&ctx) {
+                    trimmed_at = ctx.registry.subscribe().borrow().to_owned();
+                }
+                give_back_when_quiet(&ctx, &mut trimmed_at);
                 spawn_reconcile(&ctx, &server, false);
             }
             msg = events.recv() => match msg {
@@ -128,11 +133,14 @@ fn mark_gaps(ctx: &TrackerContext, server: &Server) {
 /// Lets finished tasks go (see [`Registry::evict_finished`]) and, in the background, cleans the
 /// worktrees of those whose records were deleted: nobody can reach them through the gateway any
 /// more, so they would pile up in the state directory otherwise.
-pub fn evict(ctx: &TrackerContext) {
+///
+/// Returns whether freed memory was given back to the system (it is when tasks left memory).
+pub fn evict(ctx: &TrackerContext) -> bool {
     let evicted = ctx
         .registry
         .evict_finished(ctx.memory_ttl, ctx.finished_ttl);
-    if evicted.left_memory > 0 {
+    let trimmed = evicted.left_memory > 0;
+    if trimmed {
         tracing::debug!(
             tasks = evicted.left_memory,
             worktrees = evicted.worktrees.len(),
@@ -140,14 +148,29 @@ pub fn evict(ctx: &TrackerContext) {
         );
         crate::memory::give_back();
     }
-    if evicted.worktrees.is_empty() {
+    if !evicted.worktrees.is_empty() {
+        if let Some(dir) = ctx.worktrees.clone() {
+            let lock = ctx.git_lock.clone();
+            tokio::spawn(
+                async move { super::gc::clean_expired(&lock, &dir, evicted.worktrees).await },
+            );
+        }
+    }
+    trimmed
+}
+
+/// Gives freed memory back once a burst of work is over: when no task is running and tasks
+/// changed since the last time. A fan-out of many tasks leaves the allocator holding the
+/// buffers its turns used (event frames, streamed views, HTTP bodies) in free chunks between
+/// live ones; without this they stay resident until finished tasks leave memory, minutes
+/// later. At most once per quiet spell, so a steady load pays nothing.
+fn give_back_when_quiet(ctx: &TrackerContext, trimmed_at: &mut u64) {
+    let changes = *ctx.registry.subscribe().borrow();
+    if changes == *trimmed_at || ctx.registry.any(|e| !e.is_settled()) {
         return;
     }
-    let Some(dir) = ctx.worktrees.clone() else {
-        return;
-    };
-    let lock = ctx.git_lock.clone();
-    tokio::spawn(async move { super::gc::clean_expired(&lock, &dir, evicted.worktrees).await });
+    *trimmed_at = changes;
+    crate::memory::give_back();
 }
 
 /// The safety net, kept cheap: per directory in use, one `GET /session/status` and one
