@@ -92,6 +92,16 @@ impl Provider for Layer {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        if self.metadata.name == BUILT_IN_NAME {
+            // Parsed once per process: a start merges the built-in layer and also reads it on
+            // its own (to drop empty sections of the other layers), and YAML parsing was the
+            // largest piece of a cold start's own work.
+            static PARSED: std::sync::OnceLock<Result<Map<Profile, Dict>, figment::Error>> =
+                std::sync::OnceLock::new();
+            return PARSED
+                .get_or_init(|| Yaml::string(DEFAULT_YAML).data())
+                .clone();
+        }
         let text = self.text.as_ref().map_err(|why| self.error(why.clone()))?;
         // Only a text the parser refuses is looked at again: one that is not a mapping is
         // named by its kind rather than in the parser's words, which quote it whole.
