@@ -96,11 +96,12 @@ impl Provider for Layer {
             // Parsed once per process: a start merges the built-in layer and also reads it on
             // its own (to drop empty sections of the other layers), and YAML parsing was the
             // largest piece of a cold start's own work.
-            static PARSED: std::sync::OnceLock<Result<Map<Profile, Dict>, figment::Error>> =
+            static PARSED: std::sync::OnceLock<Result<Map<Profile, Dict>, String>> =
                 std::sync::OnceLock::new();
             return PARSED
-                .get_or_init(|| Yaml::string(DEFAULT_YAML).data())
-                .clone();
+                .get_or_init(|| Yaml::string(DEFAULT_YAML).data().map_err(|e| e.to_string()))
+                .clone()
+                .map_err(|why| self.error(why));
         }
         let text = self.text.as_ref().map_err(|why| self.error(why.clone()))?;
         // Only a text the parser refuses is looked at again: one that is not a mapping is
