@@ -432,4 +432,34 @@ mod tests {
             );
         }
     }
+
+    /// The rest of the rules, each on the shape that reaches it: a withheld cap says why in
+    /// its own words, an isolation word nobody ranks is withheld under any floor, and a tool
+    /// entry that is not a map is left for the typed extraction to report.
+    #[test]
+    fn unranked_isolation_words_non_map_tools_and_the_reason_for_a_cap() {
+        let withheld = Withheld {
+            file: PathBuf::from("/r/delegation.yaml"),
+            key: "limits.max_cost_usd".to_string(),
+            value: "5".to_string(),
+            in_force: "1 (built-in delegation.yaml)".to_string(),
+        }
+        .to_string();
+        assert!(
+            withheld.contains("may lower a spending cap, never raise or remove it"),
+            "{withheld}"
+        );
+
+        let mut d = dict("isolation:\n  mode: sandbox\ntools:\n  odd: 3\n");
+        let keys: Vec<String> = filter(&mut d, &policy(None))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["isolation.mode"], "an unknown mode is withheld");
+        assert!(lookup(&d, "isolation.mode").is_none());
+        assert!(
+            matches!(lookup(&d, "tools.odd"), Some(Value::Num(..))),
+            "a tool entry that is not a map stays for the typed extraction"
+        );
+    }
 }

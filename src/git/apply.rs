@@ -126,22 +126,37 @@ pub async fn apply(
     )
     .await?
     .stdout;
+    let names = files.iter().map(|f| f.file.clone()).collect();
+    write_patch(origin, patch, label, names).await?;
+    Ok(Applied { files })
+}
+
+/// Writes `patch` into the working tree of `origin` with one `git apply`, which checks every
+/// hunk before it writes any file: a hunk that no longer matches (the tree changed after the
+/// merge was computed) fails it with nothing written. `files` are the ones the patch touches,
+/// for the error.
+pub(super) async fn write_patch(
+    origin: &Path,
+    patch: Vec<u8>,
+    label: &str,
+    files: Vec<String>,
+) -> Result<(), GitError> {
     let applied = Cmd::new(origin, &["apply", "-p1", "--whitespace=nowarn", "-"])
         .stdin(patch)
         .output()
         .await?;
-    if applied.code != Some(0) {
-        return Err(GitError::Conflict {
-            message: format!(
-                "the working tree of {} changed while {label} was being applied, and nothing \
-                 was applied ({}); apply it again",
-                origin.display(),
-                applied.stderr
-            ),
-            files: files.into_iter().map(|f| f.file).collect(),
-        });
+    if applied.code == Some(0) {
+        return Ok(());
     }
-    Ok(Applied { files })
+    Err(GitError::Conflict {
+        message: format!(
+            "the working tree of {} changed while {label} was being applied, and nothing was \
+             applied ({}); apply it again",
+            origin.display(),
+            applied.stderr
+        ),
+        files,
+    })
 }
 
 /// The paths the change would write but cannot: a file it adds whose parent directory is a file
@@ -198,10 +213,11 @@ async fn conflict_hunks(origin: &Path, output: &str, label: &str) -> String {
         if budget == 0 || tree.is_empty() {
             break;
         }
-        let Ok(out) = git(origin, &["show", &format!("{tree}:{file}")]).await else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
+        // A file git cannot show reads as one without markers: left out.
+        let text = git(origin, &["show", &format!("{tree}:{file}")])
+            .await
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
         let regions = conflict_regions(&text, budget, label);
         if regions.is_empty() {
             continue;

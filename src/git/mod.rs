@@ -177,4 +177,168 @@ mod tests {
             "mine\n"
         );
     }
+
+    /// A task started on a fresh worktree of `repo` (its base is HEAD) whose `edits` are
+    /// committed as its state: (base, tip).
+    async fn task_state(
+        repo: &Path,
+        tmp: &Path,
+        id: &str,
+        edits: &[(&str, Option<&str>)],
+    ) -> (String, String) {
+        let created = create(repo, &tmp.join("worktrees"), id, Base::Head)
+            .await
+            .expect("worktree");
+        for (name, text) in edits {
+            let path = created.path.join(name);
+            match text {
+                Some(text) => std::fs::write(&path, text).expect("write"),
+                None => std::fs::remove_file(&path).expect("remove"),
+            }
+        }
+        let tip = commit_state(&created.path, &tmp.join("scratch"), id)
+            .await
+            .expect("commit state");
+        (created.base, tip)
+    }
+
+    /// A conflict changes nothing and quotes the conflicting regions, sides named in words, up
+    /// to sixty lines; a file with no markers (deleted by the task, edited by the user) is named
+    /// but not quoted.
+    #[tokio::test]
+    async fn a_conflict_writes_nothing_and_quotes_the_regions_within_bounds() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let big: String = (0..80).map(|i| format!("line {i}\n")).collect();
+        let files: Vec<(String, String)> = ["b.txt", "c.txt", "d.txt", "e.txt"]
+            .iter()
+            .map(|n| (n.to_string(), big.clone()))
+            .collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .chain([("a0.txt", "keep me\n")])
+            .collect();
+        let repo = init_repo(tmp.path(), &[], &refs);
+        // The task rewrites every line of b..e and deletes gone.txt; the user does likewise
+        // with other words, and edits gone.txt.
+        let theirs: Vec<String> = (0..4).map(|_| "task\n".repeat(80)).collect();
+        let mut edits: Vec<(&str, Option<&str>)> = ["b.txt", "c.txt", "d.txt", "e.txt"]
+            .iter()
+            .zip(&theirs)
+            .map(|(n, t)| (*n, Some(t.as_str())))
+            .collect();
+        edits.push(("a0.txt", None));
+        let (base, tip) = task_state(&repo, tmp.path(), "tsk_c", &edits).await;
+        for name in ["b.txt", "c.txt", "d.txt", "e.txt"] {
+            std::fs::write(repo.join(name), "user\n".repeat(80)).expect("write");
+        }
+        std::fs::write(repo.join("a0.txt"), "edited\n").expect("write");
+
+        let err = apply(
+            &repo,
+            &base,
+            &tip,
+            &tmp.path().join("scratch"),
+            "task tsk_c",
+        )
+        .await
+        .expect_err("both sides rewrote the same lines");
+        let GitError::Conflict { message, files } = err else {
+            panic!("not a conflict: {err}");
+        };
+        assert!(files.contains(&"a0.txt".to_string()), "{files:?}");
+        assert!(
+            !message.contains("--- a0.txt"),
+            "no markers, not quoted: {message}"
+        );
+        assert!(message.contains("<<<<<<< working tree"), "{message}");
+        assert!(
+            message.contains('…'),
+            "the quote is cut at 60 lines: {message}"
+        );
+        assert_eq!(
+            message.matches("\n--- ").count(),
+            1,
+            "b.txt's region alone fills the sixty lines: {message}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("b.txt")).expect("read"),
+            "user\n".repeat(80),
+            "nothing was written"
+        );
+    }
+
+    /// Applying what is already there changes nothing and says so (no files); a file the task
+    /// adds that exists in the working tree as an ignored file (the snapshot leaves those out)
+    /// is not overwritten.
+    #[tokio::test]
+    async fn an_apply_of_what_is_there_is_empty_and_ignored_files_are_not_overwritten() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = init_repo(tmp.path(), &[], &[(".gitignore", "*.env\n")]);
+        let scratch = tmp.path().join("scratch");
+        let created = create(&repo, &tmp.path().join("worktrees"), "tsk_d", Base::Head)
+            .await
+            .expect("worktree");
+        std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
+        std::fs::write(created.path.join("new.env"), "task\n").expect("write");
+        sh(&created.path, &["add", "-f", "new.env"]);
+        let tip = commit_state(&created.path, &scratch, "tsk_d")
+            .await
+            .expect("commit state");
+        std::fs::write(repo.join("new.env"), "mine\n").expect("write");
+        let err = apply(&repo, &created.base, &tip, &scratch, "task tsk_d")
+            .await
+            .expect_err("new.env is in the way");
+        assert!(
+            err.to_string()
+                .contains("`new.env` already exists, untracked"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("new.env")).expect("read"),
+            "mine\n"
+        );
+
+        let (base, tip) = task_state(&repo, tmp.path(), "tsk_f", &[("a.txt", Some("uno\n"))]).await;
+        let first = apply(&repo, &base, &tip, &scratch, "task tsk_f")
+            .await
+            .expect("apply");
+        assert_eq!(first.files.len(), 1, "{first:?}");
+        let again = apply(&repo, &base, &tip, &scratch, "task tsk_f")
+            .await
+            .expect("apply again");
+        assert!(again.files.is_empty(), "already applied: {again:?}");
+    }
+
+    /// Git's own failures name the step: a directory that is no repository fails the snapshot,
+    /// a commit that does not exist fails the merge (with the git version it needs), and a patch
+    /// the working tree no longer takes changes nothing.
+    #[tokio::test]
+    async fn failures_of_each_step_say_which_and_change_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir_all(&plain).expect("dir");
+        let scratch = tmp.path().join("scratch");
+        let err = apply(&plain, "HEAD", "HEAD", &scratch, "task tsk_e")
+            .await
+            .expect_err("not a repository");
+        assert!(matches!(err, GitError::Snapshot { .. }), "{err:?}");
+
+        let repo = init_repo(tmp.path(), &[], &[]);
+        let missing = "0123456789012345678901234567890123456789";
+        let err = apply(&repo, missing, missing, &scratch, "task tsk_e")
+            .await
+            .expect_err("no such commit");
+        assert!(err.to_string().contains("git 2.40 or newer"), "{err}");
+
+        let patch = b"--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-not what is there\n+new\n".to_vec();
+        let err = super::apply::write_patch(&repo, patch, "task tsk_e", vec!["a.txt".to_string()])
+            .await
+            .expect_err("the hunk does not match");
+        assert!(err.to_string().contains("nothing was applied"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(repo.join("a.txt")).expect("read"),
+            "one\n"
+        );
+    }
 }
