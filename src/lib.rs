@@ -21,6 +21,7 @@
 //! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
 
 pub mod config;
+pub mod coverage;
 pub mod doctor;
 pub mod error;
 pub mod gateway;

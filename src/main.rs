@@ -93,6 +93,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    opencode_mcp::coverage::write_whole_profiles();
     // A managed OpenCode's supervisor is this binary too (see `opencode::supervisor`).
     if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
         return code;

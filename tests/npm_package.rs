@@ -52,6 +52,8 @@ impl Tree {
     fn isolate<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
         let home = self.path("home");
         cmd.env_clear()
+            // Under coverage (see the README) the packaged binary writes its counts there.
+            .envs(std::env::var_os("LLVM_PROFILE_FILE").map(|v| ("LLVM_PROFILE_FILE", v)))
             .current_dir(self.path("cwd"))
             .env("HOME", &home)
             .env("XDG_CONFIG_HOME", home.join(".config"))

@@ -192,6 +192,7 @@ impl OpenCodeEnv {
         let config = serde_json::to_string(&self.config(fake_llm_base_url))
             .expect("serialize the OpenCode config");
         vars.push(("OPENCODE_CONFIG_CONTENT".into(), config));
+        vars.extend(coverage_var());
         vars
     }
 
@@ -263,4 +264,15 @@ pub fn merge(base: &mut Value, extra: Value) {
         }
         (slot, value) => *slot = value,
     }
+}
+
+/// `LLVM_PROFILE_FILE`, when the suite runs under coverage (`cargo tarpaulin`, see the README):
+/// the gateway binaries the tests spawn are instrumented too, and write their counts where this
+/// names (the pattern carries `%p`, so processes do not clobber each other). Without it a child
+/// that lost its environment to `env_clear` would write `default_*.profraw` in its working
+/// directory, and its lines would count as untested. Unset in a plain `cargo test`.
+pub fn coverage_var() -> Option<(String, String)> {
+    std::env::var("LLVM_PROFILE_FILE")
+        .ok()
+        .map(|v| ("LLVM_PROFILE_FILE".to_string(), v))
 }

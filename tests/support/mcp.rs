@@ -73,6 +73,9 @@ impl Launch {
             "XDG_CONFIG_HOME".into(),
             home.join(".config").into_os_string(),
         ));
+        env.extend(
+            super::isolation::coverage_var().map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
         Self {
             client_name: "opencode-mcp-tests".into(),
             check_results: true,
@@ -434,6 +437,7 @@ impl Drop for McpClient {
     /// A test that never closes its client is still held to the protocol: what a host would
     /// have rejected fails it here.
     fn drop(&mut self) {
+        self.stop_for_coverage();
         let found = self.stdout_violations();
         if !found.is_empty() && !std::thread::panicking() {
             panic!("the gateway broke the MCP protocol:\n{}", found.join("\n"));
@@ -452,6 +456,33 @@ async fn bounded<T>(
 }
 
 impl McpClient {
+    /// Under coverage (see the README), a client dropped without [`Self::close`] stops its
+    /// gateway with SIGTERM and waits (at most 10 s) for it to exit: the SIGKILL of
+    /// `kill_on_drop` would leave no profile, and the lines that test ran would count as
+    /// untested. A plain `cargo test` keeps the immediate kill.
+    fn stop_for_coverage(&mut self) {
+        let Some(pid) = self
+            .pid
+            .filter(|_| super::isolation::coverage_var().is_some())
+        else {
+            return;
+        };
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return;
+        };
+        // SAFETY: kill(2) on our own child, which has not been reaped (try_wait said so).
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// What the server said at `initialize`.
     pub fn server_info(&self) -> Option<ServerPeerInfo> {
         self.service().peer_info().map(|i| i.as_ref().clone())
