@@ -220,11 +220,30 @@ fn printed_config_loads_back_unchanged() {
 // ---------------------------------------------------------------------------------------------
 // The committed schema
 
+/// The committed schema is what the documented command prints (`opencode-mcp config-schema`,
+/// run as the binary), which is the library's schema.
 #[test]
 fn committed_schema_is_current() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("delegation.schema.json");
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let dir = TempDir::new().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
+        .arg("config-schema")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("HOME", dir.path())
+        // Under coverage (see the README) the binary writes its counts there.
+        .envs(std::env::var_os("LLVM_PROFILE_FILE").map(|v| ("LLVM_PROFILE_FILE", v)))
+        .output()
+        .expect("run opencode-mcp config-schema");
+    assert!(out.status.success(), "config-schema failed: {out:?}");
+    let printed = String::from_utf8(out.stdout).expect("the schema is UTF-8");
     let current = serde_json::to_string_pretty(&json_schema()).expect("schema serializes");
+    assert_eq!(
+        printed.trim_end(),
+        current,
+        "the command prints the library's schema"
+    );
     assert!(
         committed.trim_end() == current,
         "delegation.schema.json is out of date: run `cargo run -- config-schema > \

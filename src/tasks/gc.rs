@@ -451,4 +451,139 @@ mod tests {
         drop(store);
         let _ = std::fs::remove_dir_all(state);
     }
+
+    /// A repository at `<tmp>/repo` with one commit, for real worktrees.
+    fn repo(tmp: &Path) -> PathBuf {
+        let repo = tmp.join("repo");
+        std::fs::create_dir_all(&repo).expect("repo dir");
+        std::fs::write(repo.join("a.txt"), "one\n").expect("write");
+        for args in [
+            &["init", "--quiet", "-b", "main"][..],
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@localhost",
+                "add",
+                "a.txt",
+            ],
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@localhost",
+                "commit",
+                "--quiet",
+                "-m",
+                "init",
+            ],
+        ] {
+            let out = std::process::Command::new("git")
+                .args(args)
+                .current_dir(&repo)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .output()
+                .expect("git runs");
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+        }
+        repo
+    }
+
+    fn expired_of(c: &git::Created, id: &str) -> Expired {
+        Expired {
+            task_id: id.into(),
+            turn: 1,
+            title: format!("task {id}"),
+            status: TaskStatus::Completed,
+            workspace: WorkspaceRecord {
+                origin: c.origin.display().to_string(),
+                path: c.path.display().to_string(),
+                branch: c.branch.clone(),
+                base: c.base.clone(),
+                applied: None,
+                discarded: false,
+            },
+        }
+    }
+
+    /// On real worktrees: an expired task's empty worktree is removed and one with unapplied
+    /// work kept with a note, which `gc` then reports as kept; a worktree with neither record
+    /// nor note is described from git alone and spared while young; a directory that is no
+    /// worktree any more is named with what to do.
+    #[tokio::test]
+    async fn expired_worktrees_are_removed_or_kept_and_gc_describes_every_kind() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = repo(tmp.path());
+        let state = tmp.path().join("state");
+        let worktrees = worktrees_dir(&state);
+        let make = |id: &'static str| {
+            let (repo, worktrees) = (repo.clone(), worktrees.clone());
+            async move {
+                git::create(&repo, &worktrees, id, git::Base::Head)
+                    .await
+                    .unwrap_or_else(|e| panic!("worktree {id}: {e}"))
+            }
+        };
+        let empty = make("tsk_empty").await;
+        let kept = make("tsk_kept").await;
+        std::fs::write(kept.path.join("a.txt"), "two\n").expect("write");
+        let stray = make("tsk_stray").await;
+        std::fs::write(stray.path.join("b.txt"), "new\n").expect("write");
+        std::fs::create_dir_all(worktrees.join("tsk_broken")).expect("dir");
+
+        let lock = tokio::sync::Mutex::new(());
+        clean_expired(
+            &lock,
+            &worktrees,
+            vec![
+                expired_of(&empty, "tsk_empty"),
+                expired_of(&kept, "tsk_kept"),
+            ],
+        )
+        .await;
+        assert!(!empty.path.exists(), "nothing in it: removed");
+        assert!(kept.path.exists(), "unapplied work: kept");
+        assert_eq!(kept_count(&state), 1);
+
+        let found = list(&state).await;
+        let by_id = |id: &str| {
+            found
+                .iter()
+                .find(|g| g.task_id == id)
+                .unwrap_or_else(|| panic!("{id} listed: {found:?}"))
+        };
+        let k = by_id("tsk_kept");
+        assert_eq!(k.owner, Owner::Kept);
+        assert_eq!(k.title.as_deref(), Some("task tsk_kept"));
+        assert_eq!((k.changed_files, k.unapplied), (Some(1), Some(true)));
+        let s = by_id("tsk_stray");
+        assert_eq!(s.owner, Owner::Unknown);
+        assert_eq!(s.branch.as_deref(), Some("opencode-mcp/tsk_stray"));
+        assert_eq!(s.changed_files, Some(1), "the untracked b.txt");
+        let b = by_id("tsk_broken");
+        assert!(
+            b.problem
+                .as_deref()
+                .is_some_and(|p| p.contains("not a git worktree any more")),
+            "{b:?}"
+        );
+
+        let done = remove_orphans(&state, false, found).await;
+        let action = |id: &str| {
+            done.iter()
+                .find(|(g, _)| g.task_id == id)
+                .map(|(_, a)| a.clone())
+                .unwrap_or_else(|| panic!("{id} decided: {done:?}"))
+        };
+        assert!(
+            matches!(action("tsk_stray"), GcAction::Kept(why) if why.contains("created less than")),
+            "a young worktree with no record may be a task being started"
+        );
+        assert!(
+            matches!(action("tsk_kept"), GcAction::Kept(_)),
+            "unapplied work stays without --force"
+        );
+        assert!(kept.path.exists() && stray.path.exists());
+    }
 }
