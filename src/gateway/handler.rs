@@ -254,7 +254,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let tools = self.surface().tools_for(self.host_of(&context).as_deref());
-        Ok(ListToolsResult::with_all_items(tools.tools().to_vec()))
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(

@@ -1,32 +1,27 @@
 //! [`Surface`]: everything a reload can change, as one immutable snapshot.
 //!
-//! The config, the tool table built from it, the per-host tool tables and the prompt list belong
-//! together: a tool listed from one config and dispatched with another's limits would be a call
-//! that saw half of each. So they are built together from one [`Config`] and replaced together:
-//! the gateway holds an `Arc<Surface>` behind a lock taken only to clone or replace it, and every
-//! request takes one snapshot at its start and uses it to the end. A reload builds a whole new
-//! surface with the same functions start-up uses (`ToolTable::new`, `prompts::list`), so whatever
+//! The config, the tool routes built from it and the prompt list belong together: a tool listed
+//! from one config and dispatched with another's limits would be a call that saw half of each.
+//! So they are built together from one [`Config`] and replaced together: the gateway holds an
+//! `Arc<Surface>` behind a lock taken only to clone or replace it, and every request takes one
+//! snapshot at its start and uses it to the end. A reload builds a whole new surface with the
+//! same functions start-up uses (`ToolTable::new`, `tools::list`, `prompts::list`), so whatever
 //! those learn to build is reloaded with no change here.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
-use rmcp::model::Prompt;
+use rmcp::model::{Prompt, Tool};
 
 use super::prompts;
-use super::tools::ToolTable;
+use super::tools::{self, ToolTable};
 use crate::config::{Config, HostLimits};
 
 /// One configuration and what is built from it for the host.
 #[derive(Debug)]
 pub struct Surface {
     pub config: Arc<Config>,
-    /// Built on first use (the first `tools/list` or call), not before `initialize` is
-    /// answered: generating every tool's schemas was the largest cost of a cold start.
+    /// Built on first use (the first call), not before `initialize` is answered.
     tools: OnceLock<Arc<ToolTable>>,
-    /// The tool table as each host sees it (its own wait bound in the schemas), built on its
-    /// first `tools/list`; there are only ever a handful of host names.
-    host_tools: Mutex<HashMap<String, Arc<ToolTable>>>,
     pub prompts: Arc<Vec<Prompt>>,
 }
 
@@ -44,12 +39,11 @@ impl Surface {
         Self {
             tools: OnceLock::new(),
             prompts: Arc::new(prompts::list(&config)),
-            host_tools: Mutex::default(),
             config,
         }
     }
 
-    /// The tool table of this configuration.
+    /// Where this configuration's tool calls go.
     pub fn tools(&self) -> &Arc<ToolTable> {
         self.tools
             .get_or_init(|| Arc::new(ToolTable::new(&self.config)))
@@ -60,30 +54,23 @@ impl Surface {
         self.config.host(client)
     }
 
-    /// The tool list for a host: the wait tool's `timeout_ms` bound and default are what that
-    /// host sits through.
-    pub fn tools_for(&self, client: Option<&str>) -> Arc<ToolTable> {
+    /// The tool list for a host, built for this `tools/list` (see `tools::list`): the wait
+    /// tool's `timeout_ms` bound and default are what that host sits through.
+    pub fn tools_for(&self, client: Option<&str>) -> Vec<Tool> {
         let limits = self.host(client);
         if limits.wait_max >= self.config.timeouts.wait_max.get() {
-            return self.tools().clone();
+            return tools::list(&self.config);
         }
-        let mut table = self.host_tools.lock().unwrap_or_else(|p| p.into_inner());
-        table
-            .entry(client.unwrap_or_default().to_string())
-            .or_insert_with(|| {
-                let mut seen = self.config.as_ref().clone();
-                seen.timeouts.wait_max = limits.wait_max.into();
-                seen.timeouts.wait_default =
-                    seen.timeouts.wait_default.get().min(limits.wait_max).into();
-                Arc::new(ToolTable::new(&seen))
-            })
-            .clone()
+        let mut seen = self.config.as_ref().clone();
+        seen.timeouts.wait_max = limits.wait_max.into();
+        seen.timeouts.wait_default = seen.timeouts.wait_default.get().min(limits.wait_max).into();
+        tools::list(&seen)
     }
 
     /// What a host called `client` would find changed going from `self` to `new`.
     pub fn changes(&self, new: &Surface, client: Option<&str>) -> Changes {
         Changes {
-            tools: self.tools_for(client).tools() != new.tools_for(client).tools(),
+            tools: self.tools_for(client) != new.tools_for(client),
             prompts: *self.prompts != *new.prompts || self.config.prompts != new.config.prompts,
         }
     }
@@ -114,7 +101,8 @@ mod tests {
                 prompts: false
             }
         );
-        assert_eq!(new.tools().tools().len(), old.tools().tools().len() + 1);
+        assert_eq!(new.tools_for(None).len(), old.tools_for(None).len() + 1);
+        assert_eq!(new.tools().names().len(), old.tools().names().len() + 1);
     }
 
     #[test]

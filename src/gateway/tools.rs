@@ -1,10 +1,15 @@
 //! The tool table: which tools exist, as the config declares them.
 //!
 //! Code knows *actions*; `delegation.yaml` decides which tools exist, what they are called and how
-//! they are described. This table joins the two once, at startup: for each enabled tool, the name
-//! and description (and optional title) from the config, and from the action the input schema
-//! (refined with the config's limits and tiers), the output schema and the annotations. The result
-//! is sorted by name so `tools/list` is stable whatever the config's order.
+//! they are described. Two things are built from the config:
+//! - [`ToolTable`]: where each enabled tool's calls go (its action, and a preset tool's preset),
+//!   kept for the life of the configuration and looked up on every call;
+//! - [`list`]: the tools as `tools/list` shows them: name and description (and optional title)
+//!   from the config, and from the action the input schema (refined with the config's limits
+//!   and tiers), the output schema and the annotations, sorted by name so the list is stable
+//!   whatever the config's order. It is built for each `tools/list` and not kept: the schemas
+//!   come to about 800 KB as JSON values, which a gateway would otherwise hold (once per host
+//!   bound) for a list a host asks for once per session.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,11 +20,12 @@ use super::actions;
 use super::preset::Preset;
 use crate::config::{Action, Config, ToolConfig};
 
-/// The enabled tools, as listed to the host and looked up on every call.
+/// Where the enabled tools' calls go, looked up on every call.
 #[derive(Debug, Clone)]
 pub struct ToolTable {
-    tools: Vec<Tool>,
     routes: HashMap<String, Route>,
+    /// The enabled tool names, sorted (for error messages).
+    names: Vec<String>,
     /// Default tool names (`opencode_<action>`) and the enabled tool that now does that action,
     /// where they differ: error messages written in code name the default tools.
     renamed: Vec<(String, String)>,
@@ -35,22 +41,20 @@ pub struct Route {
 
 impl ToolTable {
     pub fn new(config: &Config) -> Self {
-        let (mut tools, routes): (Vec<Tool>, HashMap<String, Route>) = config
+        let routes: HashMap<String, Route> = config
             .enabled_tools()
-            .map(|(name, tool)| {
-                let (described, route) = describe(name, tool, config);
-                (described, (name.to_string(), route))
-            })
-            .unzip();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
+            .map(|(name, tool)| (name.to_string(), route(tool, config)))
+            .collect();
+        let mut names: Vec<String> = routes.keys().cloned().collect();
+        names.sort();
         let renamed = crate::config::tool_names(config)
             .into_iter()
             .map(|(action, name)| (format!("opencode_{}", action.as_str()), name))
             .filter(|(default, name)| default != name)
             .collect();
         Self {
-            tools,
             routes,
+            names,
             renamed,
         }
     }
@@ -79,11 +83,6 @@ impl ToolTable {
         out
     }
 
-    /// The tools for `tools/list`, sorted by name.
-    pub fn tools(&self) -> &[Tool] {
-        &self.tools
-    }
-
     /// Where a call to an enabled tool goes.
     pub fn route(&self, name: &str) -> Option<&Route> {
         self.routes.get(name)
@@ -91,14 +90,36 @@ impl ToolTable {
 
     /// The enabled tool names, sorted (for error messages).
     pub fn names(&self) -> Vec<&str> {
-        self.tools.iter().map(|t| t.name.as_ref()).collect()
+        self.names.iter().map(String::as_str).collect()
     }
+}
+
+/// The enabled tools as `tools/list` shows them, sorted by name.
+pub fn list(config: &Config) -> Vec<Tool> {
+    let mut tools: Vec<Tool> = config
+        .enabled_tools()
+        .map(|(name, tool)| describe(name, tool, config).0)
+        .collect();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    tools
 }
 
 /// The input schema of `action` as a plain tool bound to it shows it (config refinements
 /// included): what a preset's fixed values are checked against and starts from.
 pub fn action_input_schema(action: Action, config: &Config) -> JsonObject {
     actions::tool_parts(action, config).input
+}
+
+/// Where the calls of a config entry go. Only a preset tool needs its schema built (its preset
+/// accepts what that schema lists).
+fn route(tool: &ToolConfig, config: &Config) -> Route {
+    match Preset::of(tool) {
+        None => Route {
+            action: tool.action,
+            preset: None,
+        },
+        Some(_) => describe("", tool, config).1,
+    }
 }
 
 /// The tool a config entry describes, and where its calls go.
@@ -142,8 +163,9 @@ mod tests {
     fn every_action_has_object_schemas_without_refs() {
         let config = crate::gateway::test_config();
         let table = ToolTable::new(&config);
-        assert_eq!(table.tools().len(), Action::ALL.len());
-        for tool in table.tools() {
+        let tools = list(&config);
+        assert_eq!(tools.len(), Action::ALL.len());
+        for tool in &tools {
             let input = Value::Object(tool.input_schema.as_ref().clone());
             assert_eq!(input["type"], "object", "{}", tool.name);
             let output = tool
@@ -164,18 +186,23 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
+        let listed: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(
+            listed, names,
+            "the list and the routes name the same tools, in order"
+        );
     }
 
     #[test]
     fn schemas_carry_config_limits() {
         let config = crate::gateway::test_config();
-        let table = ToolTable::new(&config);
+        let tools = list(&config);
         let schema_of = |action: Action| {
             let (name, _) = config
                 .enabled_tools()
                 .find(|(_, t)| t.action == action)
                 .unwrap_or_else(|| panic!("no tool for {action:?}"));
-            let tool = table.tools().iter().find(|t| t.name == name).cloned();
+            let tool = tools.iter().find(|t| t.name == name).cloned();
             Value::Object(
                 tool.map(|t| t.input_schema.as_ref().clone())
                     .unwrap_or_default(),
