@@ -783,12 +783,12 @@ impl Registry {
         members.into_iter().map(|(_, id)| id).collect()
     }
 
-    /// Ids of tasks in memory matching `pred`.
     /// Whether any task in memory matches `pred`.
     pub fn any(&self, pred: impl Fn(&TaskEntry) -> bool) -> bool {
         self.lock().tasks.values().any(|e| pred(e))
     }
 
+    /// Ids of tasks in memory matching `pred`.
     pub fn ids_where(&self, pred: impl Fn(&TaskEntry) -> bool) -> Vec<String> {
         self.lock()
             .tasks
