@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::diff::{summary, DiffFile, DiffStatus};
 use super::run::{commit_tree, git, Cmd, GitError};
-use super::worktree::snapshot_tree;
+use super::worktree::{as_snapshot_error, snapshot_tree};
 
 /// What an apply did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,15 +33,9 @@ pub async fn apply(
     scratch: &Path,
     label: &str,
 ) -> Result<Applied, GitError> {
-    let ours_tree = snapshot_tree(origin, scratch).await.map_err(|e| match e {
-        GitError::Failed {
-            command, stderr, ..
-        } => GitError::Snapshot {
-            dir: origin.to_path_buf(),
-            detail: format!("`git {command}`: {stderr}"),
-        },
-        other => other,
-    })?;
+    let ours_tree = snapshot_tree(origin, scratch)
+        .await
+        .map_err(|e| as_snapshot_error(origin, e))?;
     let head = git(origin, &["rev-parse", "--verify", "HEAD^{commit}"])
         .await?
         .line();

@@ -136,7 +136,9 @@ async fn head(repo: &Path) -> Result<String, GitError> {
     }
 }
 
-fn as_snapshot_error(dir: &Path, e: GitError) -> GitError {
+/// A failed snapshot of `dir` (git's failure or the temporary index's), as the error that says
+/// the uncommitted changes could not be read; used by create and by apply.
+pub(super) fn as_snapshot_error(dir: &Path, e: GitError) -> GitError {
     match e {
         GitError::Failed {
             command, stderr, ..
