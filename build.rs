@@ -5,6 +5,10 @@
 //! and pretty-printed into `$OUT_DIR/opencode_client.rs`, which `src/opencode/client.rs` includes.
 //! The normalised spec is written next to it for inspection.
 //!
+//! It also converts the built-in `delegation.yaml` to JSON (`$OUT_DIR/delegation.builtin.json`,
+//! see [`builtin_config`]): parsing those 20 KB of YAML was half of a cold start's own work,
+//! and JSON of the same data parses in a tenth of the time.
+//!
 //! It also exports `openapi/OPENCODE_VERSION` (the `opencode-ai` release the spec came from) as
 //! the compile-time env `OPENCODE_API_VERSION`, so `opencode-mcp --version` names the OpenCode the
 //! client was generated from without a second copy of the number to keep in step.
@@ -28,10 +32,12 @@ fn run() -> Result<(), String> {
         "openapi/operations.txt",
         "openapi/normalize.rs",
         "openapi/OPENCODE_VERSION",
+        "delegation.yaml",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
+    builtin_config(&out_dir)?;
 
     let api_version = opencode_version(
         &std::fs::read_to_string("openapi/OPENCODE_VERSION")
@@ -78,6 +84,27 @@ fn run() -> Result<(), String> {
     std::fs::write(out_dir.join("opencode_client.rs"), code)
         .map_err(|e| format!("writing the generated client: {e}"))?;
     Ok(())
+}
+
+/// Writes the data of `delegation.yaml` as JSON to `$OUT_DIR/delegation.builtin.json`, which the
+/// gateway reads as its built-in layer. The YAML stays the one source (and is still compiled in
+/// for `config-schema`'s users and the tests); this is the same data read the way the gateway
+/// reads YAML (merge keys applied), so a unit test can compare the two.
+fn builtin_config(out_dir: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string("delegation.yaml")
+        .map_err(|e| format!("reading delegation.yaml: {e}"))?;
+    let mut value: yaml_serde::Value =
+        yaml_serde::from_str(&text).map_err(|e| format!("delegation.yaml: {e}"))?;
+    value
+        .apply_merge()
+        .map_err(|e| format!("delegation.yaml: {e}"))?;
+    if !value.is_mapping() {
+        return Err("delegation.yaml must be a mapping of settings".into());
+    }
+    let json = serde_json::to_string(&value)
+        .map_err(|e| format!("delegation.yaml cannot be written as JSON: {e}"))?;
+    std::fs::write(out_dir.join("delegation.builtin.json"), json)
+        .map_err(|e| format!("writing delegation.builtin.json: {e}"))
 }
 
 /// The version in `openapi/OPENCODE_VERSION`: one line, `MAJOR.MINOR.PATCH` with an optional

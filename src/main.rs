@@ -10,6 +10,18 @@ use clap::{Parser, Subcommand};
 use opencode_mcp::config::{self, Sources};
 use opencode_mcp::gateway::load_config;
 
+/// `pow` is the one function of the C maths library the binary calls (tokio's scheduler
+/// statistics and minijinja's `**` operator use it). Defined here from the pure-Rust `libm`
+/// crate, the linker (which drops unused libraries, `--as-needed`) leaves `libm.so.6` out, so the
+/// gateway no longer maps and relocates it at every start: about 0.5 MiB less resident while
+/// idle (measured with `/proc/<pid>/smaps`). The symbol is the binary's own: it is not exported,
+/// so no shared library resolves to it. The library and its tests keep the system's.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[no_mangle]
+pub extern "C" fn pow(x: f64, y: f64) -> f64 {
+    libm::pow(x, y)
+}
+
 /// `--version`: ours and the OpenCode API the client was generated from, since a gateway only
 /// speaks to the OpenCode releases whose API matches.
 const VERSION: &str = concat!(
@@ -562,4 +574,20 @@ fn serve(sources: &Sources) -> ExitCode {
 /// `$XDG_CONFIG_HOME/opencode-mcp`, else `$HOME/.config/opencode-mcp`.
 fn user_config_dir() -> Option<PathBuf> {
     opencode_mcp::config::xdg_dir("XDG_CONFIG_HOME", ".config")
+}
+
+#[cfg(test)]
+mod tests {
+    /// The binary's own `pow` (the one `f64::powf` calls here) keeps C's special cases.
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn pow_is_the_c_function() {
+        assert_eq!(super::pow(2.0, 10.0), 1024.0);
+        assert_eq!(2f64.powf(10.0), 1024.0);
+        assert!((super::pow(2.0, 0.5) - std::f64::consts::SQRT_2).abs() < 1e-15);
+        assert_eq!(super::pow(f64::NAN, 0.0), 1.0);
+        assert_eq!(super::pow(0.0, -1.0), f64::INFINITY);
+        assert!(super::pow(-8.0, 1.0 / 3.0).is_nan());
+        assert_eq!(super::pow(0.9, 1e6), 0.0);
+    }
 }

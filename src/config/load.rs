@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use figment::error::Kind;
-use figment::providers::{Format, Serialized};
+use figment::providers::{Format, Json, Serialized};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::DeserializeOwned;
@@ -30,7 +30,7 @@ use super::types::{
 };
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
-use super::{Sources, DEFAULT_YAML};
+use super::{Sources, DEFAULT_JSON};
 
 /// How the compiled-in default is named in errors.
 pub const BUILT_IN_NAME: &str = "built-in delegation.yaml";
@@ -58,7 +58,8 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
 /// A YAML layer with the name errors should use for it.
 struct Layer {
     metadata: Metadata,
-    /// The text (parsed on demand), or why the file could not be read.
+    /// The text (parsed on demand), or why the file could not be read. Empty for the built-in
+    /// layer, whose data come from [`DEFAULT_JSON`].
     text: Result<String, String>,
 }
 
@@ -66,7 +67,7 @@ impl Layer {
     fn built_in() -> Self {
         Layer {
             metadata: Metadata::named(BUILT_IN_NAME),
-            text: Ok(DEFAULT_YAML.to_string()),
+            text: Ok(String::new()),
         }
     }
 
@@ -94,12 +95,12 @@ impl Provider for Layer {
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         if self.metadata.name == BUILT_IN_NAME {
             // Parsed once per process: a start merges the built-in layer and also reads it on
-            // its own (to drop empty sections of the other layers), and YAML parsing was the
-            // largest piece of a cold start's own work.
+            // its own (to drop empty sections of the other layers). From the JSON `build.rs`
+            // made of it: parsing the YAML was the largest piece of a cold start's own work.
             static PARSED: std::sync::OnceLock<Result<Map<Profile, Dict>, String>> =
                 std::sync::OnceLock::new();
             return PARSED
-                .get_or_init(|| Yaml::string(DEFAULT_YAML).data().map_err(|e| e.to_string()))
+                .get_or_init(|| Json::string(DEFAULT_JSON).data().map_err(|e| e.to_string()))
                 .clone()
                 .map_err(|why| self.error(why));
         }
@@ -748,6 +749,22 @@ mod tests {
         from_schema.sort_unstable();
         ours.sort_unstable();
         assert_eq!(from_schema, ours);
+    }
+
+    /// The built-in layer is read from the JSON `build.rs` made of `delegation.yaml`: it must be
+    /// the very data the YAML gives when read as any other layer is.
+    #[test]
+    fn built_in_json_is_the_yaml() {
+        let from_yaml = Yaml::string(crate::config::DEFAULT_YAML)
+            .data()
+            .expect("the YAML parses");
+        let from_json = Layer::built_in().data().expect("the JSON parses");
+        assert_eq!(from_json, from_yaml);
+        let keys = from_json
+            .get(&Profile::Default)
+            .map(|d| d.len())
+            .unwrap_or(0);
+        assert!(keys >= 5, "only {keys} top-level settings");
     }
 
     #[test]

@@ -94,8 +94,20 @@ struct Queue {
     retries: HashMap<String, u32>,
     /// The last handle is gone: drain and stop.
     closing: bool,
-    /// Cleared when the writer thread ends, however it ends.
-    writer_alive: bool,
+    /// The writer thread's state.
+    writer: Writer,
+}
+
+/// The writer thread starts with the first write, not when the store opens: a gateway that is
+/// only asked for its tools (or only reads old tasks) never needs it, and its start was on the
+/// path to the `initialize` reply.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    #[default]
+    NotStarted,
+    Running,
+    /// Ended (or could not be started); changes are no longer saved.
+    Stopped,
 }
 
 struct Shared {
@@ -150,7 +162,7 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (creating) `<state_dir>/tasks` and starts its writer thread.
+    /// Opens (creating) `<state_dir>/tasks`; its writer thread starts with the first write.
     ///
     /// Directories created here are `0700`; an existing `tasks` directory that others can read
     /// is tightened to `0700` (it is ours alone). `state_dir` itself is left as it is when it
@@ -160,17 +172,10 @@ impl Store {
         create_private_dir(&dir)?;
         let shared = Arc::new(Shared {
             dir,
-            queue: Mutex::new(Queue {
-                writer_alive: true,
-                ..Queue::default()
-            }),
+            queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             progress: Condvar::new(),
         });
-        let writer = shared.clone();
-        std::thread::Builder::new()
-            .name("opencode-mcp-store".into())
-            .spawn(move || run_writer(&writer))?;
         let owner = OwnerLock::acquire(state_dir)
             .inspect_err(|e| {
                 tracing::warn!(
@@ -221,7 +226,22 @@ impl Store {
     fn enqueue(&self, id: String, op: Op) {
         let shared = self.shared();
         let mut q = shared.lock();
-        if !q.writer_alive {
+        if q.writer == Writer::NotStarted {
+            // Under the queue lock, so only one caller starts it; the thread's first act is to
+            // take that lock, so it waits for this operation to be queued.
+            let writer = self.handle.shared.clone();
+            q.writer = match std::thread::Builder::new()
+                .name("opencode-mcp-store".into())
+                .spawn(move || run_writer(&writer))
+            {
+                Ok(_) => Writer::Running,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the task store's writer thread");
+                    Writer::Stopped
+                }
+            };
+        }
+        if q.writer == Writer::Stopped {
             drop(q);
             tracing::warn!(task_id = %id, "the task store's writer has stopped; this change is not saved");
             return;
@@ -362,7 +382,7 @@ fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
     let mut q = shared.lock();
     let target = q.submitted;
     while q.applied < target {
-        if !q.writer_alive {
+        if q.writer == Writer::Stopped {
             return Err(StoreError::WriterStopped);
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -388,12 +408,12 @@ fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
     }
 }
 
-/// Clears `writer_alive` and wakes flushers when the writer thread ends, even by a panic.
+/// Marks the writer stopped and wakes flushers when the writer thread ends, even by a panic.
 struct WriterAlive<'a>(&'a Shared);
 
 impl Drop for WriterAlive<'_> {
     fn drop(&mut self) {
-        self.0.lock().writer_alive = false;
+        self.0.lock().writer = Writer::Stopped;
         self.0.progress.notify_all();
     }
 }
