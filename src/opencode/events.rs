@@ -148,39 +148,68 @@ pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// complete events. Only `data:` lines matter here (OpenCode sends no `event:` or `id:`).
 #[derive(Debug, Default)]
 pub struct SseParser {
+    /// The start of a line whose end has not arrived yet.
     line: Vec<u8>,
     data: String,
     has_data: bool,
-    /// The current line or event passed [`MAX_EVENT_BYTES`]: skip to the end of the event.
+    /// The current event passed [`MAX_EVENT_BYTES`]: skip to its end.
     oversized: bool,
+    /// The current line passed it: skip to its end.
+    line_dropped: bool,
     /// Events dropped for their size since the last [`SseParser::take_dropped`].
     dropped: u32,
 }
 
 impl SseParser {
-    /// Feeds a chunk; returns the payloads of the events it completed.
+    /// Feeds a chunk; returns the payloads of the events it completed. A line that ends inside
+    /// the chunk is read where it lies; only the unfinished last one is copied (this runs on
+    /// every frame of every session on the server).
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
-        for &b in chunk {
-            if b == b'\n' {
-                let mut line = std::mem::take(&mut self.line);
-                if line.last() == Some(&b'\r') {
-                    line.pop();
+        let mut rest = chunk;
+        while let Some(end) = memchr::memchr(b'\n', rest) {
+            let piece = &rest[..end];
+            rest = &rest[end + 1..];
+            if self.line.is_empty() && !self.line_dropped {
+                if self.fits(piece.len()) {
+                    self.on_line(without_cr(piece), &mut out);
+                } else {
+                    self.oversized = true;
                 }
-                self.on_line(&line, &mut out);
-            } else if self.line.len() + self.data.len() < MAX_EVENT_BYTES {
-                self.line.push(b);
-            } else {
-                self.oversized = true;
-                self.line.clear();
+                continue;
+            }
+            self.keep(piece);
+            let line = std::mem::take(&mut self.line);
+            if !std::mem::take(&mut self.line_dropped) {
+                self.on_line(without_cr(&line), &mut out);
             }
         }
+        self.keep(rest);
         out
     }
 
     /// How many events were dropped for their size since the last call.
     pub fn take_dropped(&mut self) -> u32 {
         std::mem::take(&mut self.dropped)
+    }
+
+    /// Whether `more` bytes of the current line still fit in the event.
+    fn fits(&self, more: usize) -> bool {
+        self.line.len() + self.data.len() + more <= MAX_EVENT_BYTES
+    }
+
+    /// Keeps part of an unfinished line, or drops the line (and its event) once it is too long.
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.line_dropped || bytes.is_empty() {
+            return;
+        }
+        if self.fits(bytes.len()) {
+            self.line.extend_from_slice(bytes);
+        } else {
+            self.oversized = true;
+            self.line_dropped = true;
+            self.line = Vec::new();
+        }
     }
 
     fn on_line(&mut self, line: &[u8], out: &mut Vec<String>) {
@@ -211,25 +240,56 @@ impl SseParser {
     }
 }
 
+/// A line without the `\r` of a CRLF ending.
+fn without_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
 /// Decodes one `data:` payload of `/global/event` (`{directory, payload: {type, properties}}`)
 /// or of `/event` (`{type, properties}`). Never fails: what it cannot read is [`Event::Other`].
+///
+/// Only the envelope is read first: about half of what OpenCode streams (by bytes, measured
+/// on a fan-out) is of kinds the gateway ignores (`sync`, `session.diff`, `plugin.added`), and
+/// their properties are skipped without being built into a JSON tree.
 pub fn decode_event(data: &str) -> Event {
-    let Ok(value) = serde_json::from_str::<Value>(data) else {
+    let Ok(frame) = serde_json::from_str::<Frame>(data) else {
         return Event::Other;
     };
-    let payload = value.get("payload").unwrap_or(&value);
-    let kind = payload.get("type").and_then(Value::as_str).unwrap_or("");
-    let props = payload.get("properties").unwrap_or(&Value::Null);
-    decode_properties(kind, props).unwrap_or(Event::Other)
+    let frame = match frame.payload {
+        Some(payload) => match serde_json::from_str::<Frame>(payload.get()) {
+            Ok(inner) => inner,
+            Err(_) => return Event::Other,
+        },
+        None => frame,
+    };
+    let kind = frame.kind.as_deref().unwrap_or("");
+    decode_properties(kind, frame.properties).unwrap_or(Event::Other)
+}
+
+/// A frame of `/global/event` (`{directory, payload: {type, properties}}`, the payload being
+/// itself a frame) or of `/event` (`{type, properties}`), other fields ignored.
+#[derive(serde::Deserialize)]
+struct Frame<'a> {
+    #[serde(borrow, default)]
+    payload: Option<&'a serde_json::value::RawValue>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    properties: Option<&'a serde_json::value::RawValue>,
 }
 
 fn s(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(String::from)
 }
 
-fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
+/// Decodes the properties of an event of `kind`; they are parsed only for the kinds it knows.
+fn decode_properties(kind: &str, raw: Option<&serde_json::value::RawValue>) -> Option<Event> {
+    let parse = || -> Option<Value> {
+        raw.map_or(Some(Value::Null), |r| serde_json::from_str(r.get()).ok())
+    };
     Some(match kind {
         "session.status" => {
+            let p = &parse()?;
             let status = p.get("status")?;
             let activity = match status.get("type").and_then(Value::as_str)? {
                 "idle" => SessionActivity::Idle,
@@ -246,20 +306,27 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                 activity,
             }
         }
-        "session.idle" => Event::SessionIdle {
-            session_id: s(p, "sessionID")?,
-        },
-        "session.error" => Event::SessionError {
-            session_id: s(p, "sessionID"),
-            error: p
-                .get("error")
-                .map(error_info_from_json)
-                .unwrap_or(ErrorInfo {
-                    name: "UnknownError".into(),
-                    message: "OpenCode reported a session error without details".into(),
-                }),
-        },
+        "session.idle" => {
+            let p = &parse()?;
+            Event::SessionIdle {
+                session_id: s(p, "sessionID")?,
+            }
+        }
+        "session.error" => {
+            let p = &parse()?;
+            Event::SessionError {
+                session_id: s(p, "sessionID"),
+                error: p
+                    .get("error")
+                    .map(error_info_from_json)
+                    .unwrap_or(ErrorInfo {
+                        name: "UnknownError".into(),
+                        message: "OpenCode reported a session error without details".into(),
+                    }),
+            }
+        }
         "message.updated" => {
+            let p = &parse()?;
             let info = p.get("info")?;
             Event::MessageUpdated {
                 session_id: s(info, "sessionID").or_else(|| s(p, "sessionID"))?,
@@ -282,19 +349,24 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
             }
         }
         "session.created" | "session.updated" => {
+            let p = &parse()?;
             let info = p.get("info")?;
             Event::SessionInfo {
                 session_id: s(info, "id").or_else(|| s(p, "sessionID"))?,
                 parent_id: s(info, "parentID"),
             }
         }
-        "session.deleted" => Event::SessionDeleted {
-            session_id: p
-                .get("info")
-                .and_then(|i| s(i, "id"))
-                .or_else(|| s(p, "sessionID"))?,
-        },
+        "session.deleted" => {
+            let p = &parse()?;
+            Event::SessionDeleted {
+                session_id: p
+                    .get("info")
+                    .and_then(|i| s(i, "id"))
+                    .or_else(|| s(p, "sessionID"))?,
+            }
+        }
         "message.part.updated" => {
+            let p = &parse()?;
             let part = p.get("part")?;
             let decoded = match part.get("type").and_then(Value::as_str).unwrap_or("") {
                 "text" => PartEvent::Text {
@@ -318,33 +390,42 @@ fn decode_properties(kind: &str, p: &Value) -> Option<Event> {
                 part: decoded,
             }
         }
-        "message.part.delta" => Event::PartDelta {
-            session_id: s(p, "sessionID")?,
-            message_id: s(p, "messageID")?,
-            part_id: s(p, "partID").unwrap_or_default(),
-            field: s(p, "field").unwrap_or_default(),
-            delta: s(p, "delta").unwrap_or_default(),
-        },
-        "permission.asked" => Event::PermissionAsked(PermissionAsk {
-            id: s(p, "id")?,
-            session_id: s(p, "sessionID")?,
-            permission: s(p, "permission").unwrap_or_default(),
-            patterns: p
-                .get("patterns")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            metadata: p.get("metadata").cloned().unwrap_or(Value::Null),
-        }),
-        "permission.replied" => Event::PermissionReplied {
-            session_id: s(p, "sessionID")?,
-            request_id: s(p, "requestID")?,
-        },
+        "message.part.delta" => {
+            let p = &parse()?;
+            Event::PartDelta {
+                session_id: s(p, "sessionID")?,
+                message_id: s(p, "messageID")?,
+                part_id: s(p, "partID").unwrap_or_default(),
+                field: s(p, "field").unwrap_or_default(),
+                delta: s(p, "delta").unwrap_or_default(),
+            }
+        }
+        "permission.asked" => {
+            let p = &parse()?;
+            Event::PermissionAsked(PermissionAsk {
+                id: s(p, "id")?,
+                session_id: s(p, "sessionID")?,
+                permission: s(p, "permission").unwrap_or_default(),
+                patterns: p
+                    .get("patterns")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(String::from)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                metadata: p.get("metadata").cloned().unwrap_or(Value::Null),
+            })
+        }
+        "permission.replied" => {
+            let p = &parse()?;
+            Event::PermissionReplied {
+                session_id: s(p, "sessionID")?,
+                request_id: s(p, "requestID")?,
+            }
+        }
         _ => Event::Other,
     })
 }
@@ -650,6 +731,33 @@ mod tests {
         }
         assert!(p.line.len() < MAX_EVENT_BYTES);
         assert!(p.feed(b"\n\ndata: {}\n\n") == vec!["{}".to_string()]);
+    }
+
+    /// A line longer than the cap drops its event (counted), whether it arrives in one chunk or
+    /// across several, and the next event is read as usual.
+    #[test]
+    fn an_oversized_event_is_counted_and_the_next_one_read() {
+        let big = format!("data: {}\n", "x".repeat(MAX_EVENT_BYTES));
+        for cut in [None, Some(10), Some(big.len() - 1)] {
+            let mut p = SseParser::default();
+            let got = match cut {
+                None => p.feed(big.as_bytes()),
+                Some(at) => {
+                    let (a, b) = big.as_bytes().split_at(at);
+                    let mut got = p.feed(a);
+                    got.extend(p.feed(b));
+                    got
+                }
+            };
+            assert!(got.is_empty(), "cut {cut:?}");
+            assert_eq!(
+                p.feed(b"\ndata: ok\n\n"),
+                vec!["ok".to_string()],
+                "cut {cut:?}"
+            );
+            assert_eq!(p.take_dropped(), 1, "cut {cut:?}");
+            assert!(p.line.capacity() < MAX_EVENT_BYTES, "cut {cut:?}");
+        }
     }
 
     /// A running tool without a title of OpenCode's own is named by its main argument, on one
