@@ -1325,9 +1325,9 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
             claude_code::tail(&session.gateway_log(), 4000)
         )
     };
-    // The first prompt goes in once the gateway is connected (its tools are then offered).
+    // The first prompt goes in once the gateway's tools are listed (they are then offered).
     session
-        .wait_for_log(Duration::from_secs(60), "Successfully connected")
+        .wait_until_tools_listed(Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
     session.say("Delegate the background work to OpenCode.");
     let read = session.tmux.wait_for(Duration::from_secs(120), |pane| {
@@ -1452,7 +1452,7 @@ fn claude_code_2026_asks_its_user_for_a_tasks_permission() {
     .with_version(&version);
     let session = claude.interactive(&api);
     session
-        .wait_for_log(Duration::from_secs(60), "Successfully connected")
+        .wait_until_tools_listed(Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
     session.say("Delegate the shell work to OpenCode.");
     let describe = || {

@@ -608,6 +608,12 @@ impl Registry {
         self.changed.subscribe()
     }
 
+    /// The change count: it moves on every observable change, so two equal readings mean
+    /// nothing changed in between.
+    pub fn version(&self) -> u64 {
+        *self.changed.borrow()
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }

@@ -98,7 +98,7 @@ pub async fn run(
             _ = server.stop.cancelled() => return,
             _ = reconcile.tick() => {
                 if evict(&ctx) {
-                    trimmed_at = ctx.registry.subscribe().borrow().to_owned();
+                    trimmed_at = ctx.registry.version();
                 }
                 give_back_when_quiet(&ctx, &mut trimmed_at);
                 spawn_reconcile(&ctx, &server, false);
@@ -165,7 +165,7 @@ pub fn evict(ctx: &TrackerContext) -> bool {
 /// live ones; without this they stay resident until finished tasks leave memory, minutes
 /// later. At most once per quiet spell, so a steady load pays nothing.
 fn give_back_when_quiet(ctx: &TrackerContext, trimmed_at: &mut u64) {
-    let changes = *ctx.registry.subscribe().borrow();
+    let changes = ctx.registry.version();
     if changes == *trimmed_at || ctx.registry.any(|e| !e.is_settled()) {
         return;
     }

@@ -493,6 +493,26 @@ impl Interactive {
         ))
     }
 
+    /// Waits until Claude Code is connected to the gateway and the gateway has answered its
+    /// `tools/list` (the gateway logs its answers at debug level). "Connected" alone comes
+    /// before the tools are fetched: a prompt typed in between goes out without the gateway's
+    /// tools (seen on a loaded machine), and the model never sees them.
+    pub fn wait_until_tools_listed(&self, within: Duration) -> Result<(), String> {
+        let start = Instant::now();
+        self.wait_for_log(within, "Successfully connected")?;
+        while start.elapsed() < within {
+            if self.gateway_log().contains("ListToolsResult") {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!(
+            "the gateway did not answer tools/list within {within:?} (is it run with \
+             OPENCODE_MCP_LOG=debug?); gateway log tail:\n{}",
+            tail(&self.gateway_log(), 4000)
+        ))
+    }
+
     /// Types `text` at the prompt and sends it.
     pub fn say(&self, text: &str) {
         self.tmux.type_text(text);
