@@ -6,8 +6,8 @@
 //! The normalised spec is written next to it for inspection.
 //!
 //! It also converts the built-in `delegation.yaml` to JSON (`$OUT_DIR/delegation.builtin.json`,
-//! see [`builtin_config`]): parsing those 20 KB of YAML was half of a cold start's own work,
-//! and JSON of the same data parses in a tenth of the time.
+//! see [`builtin_config`]): in a start timeline the config load took 1.0 ms, 60 % of it (by
+//! perf) parsing those 20 KB of YAML; reading the JSON instead made starts 0.6 ms faster.
 //!
 //! It also exports `openapi/OPENCODE_VERSION` (the `opencode-ai` release the spec came from) as
 //! the compile-time env `OPENCODE_API_VERSION`, so `opencode-mcp --version` names the OpenCode the
