@@ -693,6 +693,20 @@ fn claude_code_picks_up_a_reload(version: &str) {
     }
 }
 
+/// The check every Claude Code run ends with: a debug log with a line of the plugin marketplace's
+/// GitHub probe (as the 2026 release wrote before it was told not to install the marketplace)
+/// fails, naming that line; a log of calls to 127.0.0.1 only passes.
+#[test]
+fn a_claude_code_run_that_reached_for_github_is_refused() {
+    let local = "[DEBUG] MCP server \"opencode\": Successfully connected (transport: stdio)\n\
+                 [WARN] Official marketplace GCS fetch failed: connect ECONNREFUSED 127.0.0.1:9\n";
+    assert_eq!(claude_code::stayed_local(local), Ok(()));
+    let probe = "[DEBUG] SSH config check: code=255 configured=false";
+    let refused = claude_code::stayed_local(&format!("{local}{probe}\n"))
+        .expect_err("an ssh probe of github.com must fail the run");
+    assert!(refused.contains(probe), "{refused}");
+}
+
 /// Claude Code, headless, delegates through the gateway: start a server, list agents, start two
 /// tasks, wait for both (with progress), read a result, meet an error; and when it exits, the
 /// gateway and its OpenCode are gone. The assertions are on the `tool_result` blocks Claude Code

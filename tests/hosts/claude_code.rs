@@ -9,8 +9,10 @@
 //!
 //! Isolation: Claude Code gets an empty environment plus a temp `HOME`/`CLAUDE_CONFIG_DIR`, the
 //! fake's URL and a dummy key, its non-essential traffic, telemetry, error reporting and
-//! auto-updater switched off, and a proxy on a closed 127.0.0.1 port for anything that would
-//! still try to leave the machine. The gateway it starts gets the [`OpenCodeEnv`] isolation.
+//! auto-updater switched off, the official plugin marketplace not installed, and a proxy on a
+//! closed 127.0.0.1 port for anything that would still try to leave the machine. Every run's
+//! debug log is checked for the traces of an attempt that bypasses the proxy ([`stayed_local`]).
+//! The gateway it starts gets the [`OpenCodeEnv`] isolation.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -293,6 +295,12 @@ impl ClaudeCode {
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
             ("DISABLE_AUTOUPDATER", "1".into()),
             ("DISABLE_ERROR_REPORTING", "1".into()),
+            // The 2026 releases otherwise install the official plugin marketplace at start: an
+            // `ssh git@github.com` probe (which no proxy setting stops) and then a `git clone`.
+            (
+                "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL",
+                "1".into(),
+            ),
             // Newer releases defer MCP tools behind a search tool the scripted model does not
             // use; with this off, every tool is in every request, as in the older releases.
             ("ENABLE_TOOL_SEARCH", "false".into()),
@@ -402,10 +410,14 @@ impl ClaudeCode {
                 }
             }
         };
+        let debug_log = std::fs::read_to_string(&debug_file).unwrap_or_default();
+        if let Err(e) = stayed_local(&debug_log) {
+            panic!("{e}");
+        }
         Run {
             output,
             elapsed: started.elapsed(),
-            debug_log: std::fs::read_to_string(&debug_file).unwrap_or_default(),
+            debug_log,
             gateway_log: String::new(),
             seen_pids,
         }
@@ -439,6 +451,32 @@ impl ClaudeCode {
     }
 }
 
+/// What Claude Code logs (at debug level) when it reaches for an address off this machine by a
+/// way that the dead proxy does not stop: `ssh git@github.com` to choose how to clone a plugin
+/// marketplace, and the clone itself. A test must not talk to anything off the machine, so a run
+/// whose log holds one of these fails, naming the line, rather than passing because the machine
+/// happened to have no network.
+const LEFT_THE_MACHINE: [&str; 3] = [
+    "SSH config check",
+    "Marketplace checkout probe",
+    "Attempting to auto-install official marketplace",
+];
+
+/// `Err` naming the first line of `debug_log` that shows an attempt to leave the machine.
+pub fn stayed_local(debug_log: &str) -> Result<(), String> {
+    match debug_log
+        .lines()
+        .find(|line| LEFT_THE_MACHINE.iter().any(|trace| line.contains(trace)))
+    {
+        None => Ok(()),
+        Some(line) => Err(format!(
+            "Claude Code tried to reach an address off this machine (a test must not); its \
+             debug log says: {line}\nIts environment needs another switch for this (see \
+             `ClaudeCode::command`)."
+        )),
+    }
+}
+
 /// The last `n` bytes of `s` (at a char boundary).
 pub fn tail(s: &str, n: usize) -> &str {
     let mut start = s.len().saturating_sub(n);
@@ -459,11 +497,23 @@ pub fn background_id(tool_result: &str) -> String {
         .to_string()
 }
 
-/// An interactive Claude Code in a terminal.
+/// An interactive Claude Code in a terminal. When it is dropped at the end of a test that has
+/// not already failed, its debug log is checked as a headless run's is ([`stayed_local`]).
 pub struct Interactive {
     pub tmux: Tmux,
     debug_file: PathBuf,
     gateway_log: PathBuf,
+}
+
+impl Drop for Interactive {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if let Err(e) = stayed_local(&self.debug_log()) {
+            panic!("{e}");
+        }
+    }
 }
 
 impl Interactive {
