@@ -263,11 +263,14 @@ pub fn load_checked(
             && !user_file.as_deref().is_some_and(|u| same_file(u, p))
     });
     let user_file = user_file.filter(|p| p.is_file());
-    let built_in = Layer::built_in()
-        .data()
-        .ok()
-        .and_then(|mut d| d.remove(&Profile::Default))
-        .unwrap_or_default();
+    // What the file layers' empty sections are checked against; most starts have no file.
+    let built_in = std::cell::LazyCell::new(|| {
+        Layer::built_in()
+            .data()
+            .ok()
+            .and_then(|mut d| d.remove(&Profile::Default))
+            .unwrap_or_default()
+    });
     let mut withheld: Vec<(PathBuf, String, String)> = Vec::new();
     for path in user_file.iter().chain(&repo_file).chain(&explicit) {
         layers.push(Origin::File(path.clone()));
@@ -301,7 +304,7 @@ pub fn load_checked(
         });
     }
 
-    let (vars, mut problems) = env::collect(env, super::json_schema);
+    let (vars, mut problems) = env::collect(env, super::env_schema);
     for var in vars {
         layers.push(Origin::Env(var.name().to_string()));
         figment = figment.merge(var);
@@ -361,12 +364,13 @@ pub type SurfaceCheck = fn(&Config) -> Vec<Issue>;
 
 /// Deserializes the merged layers, collecting as many problems as serde lets us see.
 fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
-    // Fails only when some layer could not be read or parsed; then every such layer is listed.
-    let root = figment.find_value("").map_err(problems_from)?;
+    // Each look at the whole of a figment merges its layers into a new tree: on success once.
     let first = match figment.extract::<Config>() {
         Ok(config) => return Ok(config),
         Err(e) => e,
     };
+    // Fails only when some layer could not be read or parsed; then every such layer is listed.
+    let root = figment.find_value("").map_err(problems_from)?;
     let mut problems = Vec::new();
     if let Some(dict) = root.as_dict() {
         for (key, value) in dict {
