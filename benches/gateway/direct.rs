@@ -37,6 +37,17 @@ impl Direct {
     /// Creates a session with `title` and sends `prompt` to it; returns the session id once
     /// OpenCode has accepted the prompt (204).
     pub async fn start(&self, title: &str, prompt: &str) -> Result<String, BoxError> {
+        self.start_on(title, prompt, None).await
+    }
+
+    /// [`Self::start`], running the prompt on `model` (`provider/model`) when given, as the
+    /// gateway sends it.
+    pub async fn start_on(
+        &self,
+        title: &str,
+        prompt: &str,
+        model: Option<&str>,
+    ) -> Result<String, BoxError> {
         let response = self
             .post(&format!("/session?{}", self.dir_query))
             .json(&json!({ "title": title }))
@@ -50,7 +61,13 @@ impl Direct {
             .to_string();
         let response = self
             .post(&format!("/session/{id}/prompt_async?{}", self.dir_query))
-            .json(&json!({ "parts": [{ "type": "text", "text": prompt }] }))
+            .json(&{
+                let mut body = json!({ "parts": [{ "type": "text", "text": prompt }] });
+                if let Some((provider, model)) = model.and_then(|m| m.split_once('/')) {
+                    body["model"] = json!({ "providerID": provider, "modelID": model });
+                }
+                body
+            })
             .send()
             .await?;
         if response.status() != reqwest::StatusCode::NO_CONTENT {

@@ -99,13 +99,22 @@ impl Gw {
     }
 
     pub async fn start_task(&self, prompt: &str) -> Result<Started, BoxError> {
-        let v = self
-            .ok(
-                "opencode_start_task",
-                // The benchmark compares sessions with direct ones: it needs the ids.
-                json!({ "server_id": self.server_id, "prompt": prompt, "detail": "full" }),
-            )
-            .await?;
+        self.start_task_on(prompt, None).await
+    }
+
+    /// `start_task`, naming `model` (`provider/model`) when given: the gateway checks it against
+    /// the server's model catalog before the prompt goes out.
+    pub async fn start_task_on(
+        &self,
+        prompt: &str,
+        model: Option<&str>,
+    ) -> Result<Started, BoxError> {
+        // The benchmark compares sessions with direct ones: it needs the ids.
+        let mut args = json!({ "server_id": self.server_id, "prompt": prompt, "detail": "full" });
+        if let Some(model) = model {
+            args["model"] = json!(model);
+        }
+        let v = self.ok("opencode_start_task", args).await?;
         let field = |k: &str| {
             v[k].as_str()
                 .map(String::from)

@@ -83,10 +83,14 @@ struct Knobs {
     only: Option<BTreeSet<String>>,
 }
 
+/// The model `start_model` names: the fake's second one, so that it is not the server's default.
+const START_MODEL: &str = "fake/fake-strong";
+
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "start",
+    "start_model",
     "cycle",
     "scale",
     "cold",
@@ -364,9 +368,28 @@ async fn run() -> Result<(), BoxError> {
                 knobs.start_warmup,
                 knobs.start_pairs,
                 knobs.start_delay_ms,
+                None,
             )
             .await?;
             figures::start(&mut out, &r);
+        }
+
+        if knobs.runs("start_model") {
+            step(&format!(
+                "start_task naming a model: {} pairs",
+                knobs.start_pairs
+            ));
+            let r = scenarios::start_round_trip(
+                &gateway,
+                &direct,
+                &watch,
+                knobs.start_warmup,
+                knobs.start_pairs,
+                knobs.start_delay_ms,
+                Some(START_MODEL),
+            )
+            .await?;
+            figures::start_model(&mut out, &r);
         }
 
         if knobs.runs("cycle") {

@@ -146,9 +146,11 @@ pub struct StartResults {
 }
 
 /// `pairs` measured pairs (after `warmup` unmeasured ones) of one gateway `start_task` and one
-/// direct create + prompt. The fake LLM answers after `delay_ms`, so the turn's own work never
-/// overlaps the measured calls; every turn is waited out (unmeasured for the start figure)
-/// before the next call.
+/// direct create + prompt, both running on `model` when given (the gateway then checks it
+/// against the server's catalog first). The fake LLM answers after `delay_ms`, so the turn's own
+/// work never overlaps the measured calls; every turn is waited out (unmeasured for the start
+/// figure) before the next call.
+#[allow(clippy::too_many_arguments)]
 pub async fn start_round_trip(
     gw: &Gw,
     direct: &Direct,
@@ -156,6 +158,7 @@ pub async fn start_round_trip(
     warmup: usize,
     pairs: usize,
     delay_ms: u64,
+    model: Option<&str>,
 ) -> Result<StartResults, BoxError> {
     let mut r = StartResults::default();
     for i in 0..warmup + pairs {
@@ -163,7 +166,7 @@ pub async fn start_round_trip(
         for gateway_side in [i % 2 == 0, i % 2 != 0] {
             if gateway_side {
                 let prompt = format!("bench start gateway {i} [[delay:{delay_ms}]]");
-                let (start, noticed) = gateway_turn(gw, watch, &prompt).await?;
+                let (start, noticed) = gateway_turn(gw, watch, &prompt, model).await?;
                 if measured {
                     r.gateway_ms.push(start);
                     match noticed {
@@ -174,7 +177,9 @@ pub async fn start_round_trip(
             } else {
                 let prompt = format!("bench start direct {i} [[delay:{delay_ms}]]");
                 let t0 = Instant::now();
-                let session = direct.start(&gateway_title(&prompt), &prompt).await?;
+                let session = direct
+                    .start_on(&gateway_title(&prompt), &prompt, model)
+                    .await?;
                 let elapsed = ms(t0.elapsed());
                 let idle = watch
                     .wait_all(std::slice::from_ref(&session), FINISH_LIMIT)
@@ -198,9 +203,10 @@ async fn gateway_turn(
     gw: &Gw,
     watch: &IdleWatch,
     prompt: &str,
+    model: Option<&str>,
 ) -> Result<(f64, Option<f64>), BoxError> {
     let t0 = Instant::now();
-    let started = gw.start_task(prompt).await?;
+    let started = gw.start_task_on(prompt, model).await?;
     let start_ms = ms(t0.elapsed());
     let handle = gw
         .client

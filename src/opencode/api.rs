@@ -6,10 +6,12 @@
 //! through `/repo/a` too.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::client::{types, Client};
 use super::error::OpencodeError;
+use super::listings::{Listing, Remembered};
 use super::messages;
 use super::types::{
     session_activity_from_json, split_model, AgentInfo, FileChange, MessageView, ModelCatalog,
@@ -44,7 +46,16 @@ pub struct Api {
     /// Same auth, connect timeout only: for the long-lived event stream.
     stream_http: reqwest::Client,
     base_url: String,
+    /// The server's agents and models as last read (see `listings`), shared by the clones.
+    listings: Arc<Listings>,
 }
+
+#[derive(Debug, Default)]
+struct Listings {
+    agents: Remembered<Vec<AgentInfo>>,
+    models: Remembered<ModelCatalog>,
+}
+
 impl Api {
     /// A client for `base_url` (e.g. `http://127.0.0.1:4096`), authenticating with `password`
     /// when given. `request_timeout` bounds every call: the generated client's own default
@@ -104,6 +115,7 @@ impl Api {
             http,
             stream_http,
             base_url,
+            listings: Arc::default(),
         })
     }
 
@@ -129,6 +141,32 @@ impl Api {
 
     /// `GET /agent`: the agents a task may be given (hidden ones left out).
     pub async fn agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
+        let at = Instant::now();
+        let agents = self.read_agents(directory).await?;
+        self.listings.agents.put(directory, agents.clone(), at);
+        Ok(agents)
+    }
+
+    /// The agents of `directory` as read within `listings::FRESH_FOR`, else read now.
+    pub async fn recent_agents(
+        &self,
+        directory: &str,
+    ) -> Result<Listing<Vec<AgentInfo>>, OpencodeError> {
+        if let Some(value) = self.listings.agents.recent(directory, Instant::now()) {
+            return Ok(Listing {
+                value,
+                remembered: true,
+            });
+        }
+        let at = Instant::now();
+        let agents = self.read_agents(directory).await?;
+        Ok(Listing {
+            value: self.listings.agents.put(directory, agents, at),
+            remembered: false,
+        })
+    }
+
+    async fn read_agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
         let r = self
             .client
             .app_agents()
@@ -152,6 +190,32 @@ impl Api {
 
     /// `GET /config/providers`: every model as `provider/model`, sorted.
     pub async fn models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {
+        let at = Instant::now();
+        let catalog = self.read_models(directory).await?;
+        self.listings.models.put(directory, catalog.clone(), at);
+        Ok(catalog)
+    }
+
+    /// The model catalog of `directory` as read within `listings::FRESH_FOR`, else read now.
+    pub async fn recent_models(
+        &self,
+        directory: &str,
+    ) -> Result<Listing<ModelCatalog>, OpencodeError> {
+        if let Some(value) = self.listings.models.recent(directory, Instant::now()) {
+            return Ok(Listing {
+                value,
+                remembered: true,
+            });
+        }
+        let at = Instant::now();
+        let catalog = self.read_models(directory).await?;
+        Ok(Listing {
+            value: self.listings.models.put(directory, catalog, at),
+            remembered: false,
+        })
+    }
+
+    async fn read_models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {
         let r = self
             .client
             .config_providers()

@@ -2,6 +2,7 @@
 //! managed `opencode serve` processes, the server pool, and the SSE event pump.
 //!
 //! - `api`: the typed facade over the generated client (one method per call we make).
+//! - `listings`: the server's agents and models, remembered for a minute for `start_task`.
 //! - `types`: the value types the facade returns; `messages`: session messages normalised into
 //!   [`MessageView`], the one view the turn logic judges.
 
@@ -10,6 +11,7 @@ pub mod client;
 pub mod credentials;
 mod error;
 pub mod events;
+mod listings;
 mod messages;
 mod pool;
 mod process;
@@ -18,6 +20,7 @@ mod types;
 
 pub use api::{Api, RunOn, AUTH_USER};
 pub use error::OpencodeError;
+pub use listings::{Listing, FRESH_FOR};
 pub use messages::messages_from_json;
 pub use pool::{
     is_loopback_url, resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo,

@@ -64,6 +64,10 @@ impl TaskService {
     /// Checks agent, model, tier and variant against the live server; returns the model and
     /// variant to use. The variant is the call's, else the tier's; it must be one the chosen
     /// model offers (OpenCode itself takes any word and silently runs the model without it).
+    ///
+    /// The server's listings are those read within the last minute if any (see
+    /// `opencode::listings`); a choice they refuse is checked once more against fresh ones, so
+    /// only what the server offers now can fail the call.
     pub(super) async fn choose(
         &self,
         server: &Server,
@@ -92,26 +96,89 @@ impl TaskService {
                 )?),
                 None => None,
             };
-        let call_variant = variant;
-        let variant = variant.or(tier.and_then(|t| t.variant.as_deref()));
-        let need_models =
-            model.is_some() || variant.is_some() || tier.is_some_and(|t| !t.models.is_empty());
+        let asked = Asked {
+            agent,
+            model,
+            tier,
+            variant,
+        };
+        let need_agents = agent.is_some();
+        let need_models = model.is_some()
+            || asked.variant().is_some()
+            || tier.is_some_and(|t| !t.models.is_empty());
+        let api = &server.api;
         let (agents, catalog) = tokio::join!(
             async {
-                match agent {
-                    Some(_) => server.api.agents(directory).await.map(Some),
-                    None => Ok(None),
+                match need_agents {
+                    true => api.recent_agents(directory).await.map(Some),
+                    false => Ok(None),
                 }
             },
             async {
-                if need_models {
-                    server.api.models(directory).await.map(Some)
-                } else {
-                    Ok(None)
+                match need_models {
+                    true => api.recent_models(directory).await.map(Some),
+                    false => Ok(None),
                 }
             }
         );
-        if let (Some(name), Some(agents)) = (agent, agents?) {
+        let (agents, catalog) = (agents?, catalog?);
+        let remembered = agents.as_ref().is_some_and(|l| l.remembered)
+            || catalog.as_ref().is_some_and(|l| l.remembered);
+        let decided = asked.decide(
+            agents.as_ref().map(|l| l.value.as_slice()),
+            catalog.as_ref().map(|l| &*l.value),
+        );
+        match decided {
+            Err(TaskError::InvalidArgument(why)) if remembered => {
+                tracing::debug!(
+                    "the remembered listings of {directory} refuse the choice ({why}); reading \
+                     them again"
+                );
+                let (agents, catalog) = tokio::join!(
+                    async {
+                        match need_agents {
+                            true => api.agents(directory).await.map(Some),
+                            false => Ok(None),
+                        }
+                    },
+                    async {
+                        match need_models {
+                            true => api.models(directory).await.map(Some),
+                            false => Ok(None),
+                        }
+                    }
+                );
+                asked.decide(agents?.as_deref(), catalog?.as_ref())
+            }
+            decided => decided,
+        }
+    }
+}
+
+/// What a `start_task` or `continue_task` asked to run on.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    agent: Option<&'a str>,
+    model: Option<&'a str>,
+    tier: Option<&'a Tier>,
+    /// The call's own variant.
+    variant: Option<&'a str>,
+}
+
+impl Asked<'_> {
+    /// The call's variant, else the tier's.
+    fn variant(&self) -> Option<&str> {
+        self.variant
+            .or(self.tier.and_then(|t| t.variant.as_deref()))
+    }
+
+    /// The choice, judged against the server's listings (`None`: not needed for this call).
+    fn decide(
+        &self,
+        agents: Option<&[AgentInfo]>,
+        catalog: Option<&ModelCatalog>,
+    ) -> Result<Choice, TaskError> {
+        if let (Some(name), Some(agents)) = (self.agent, agents) {
             if !agents.iter().any(|a| a.name == name) {
                 return Err(TaskError::InvalidArgument(format!(
                     "unknown agent `{name}`; this server offers: {}",
@@ -123,8 +190,9 @@ impl TaskService {
                 )));
             }
         }
-        let catalog = catalog?.unwrap_or_default();
-        let chosen = if let Some(m) = model {
+        let empty = ModelCatalog::default();
+        let catalog = catalog.unwrap_or(&empty);
+        let chosen = if let Some(m) = self.model {
             if !catalog.contains(m) {
                 return Err(TaskError::InvalidArgument(format!(
                     "unknown model `{m}`; this server offers: {}",
@@ -132,8 +200,8 @@ impl TaskService {
                 )));
             }
             Some(m.to_string())
-        } else if let Some(t) = tier {
-            let r = resolve_tier(t, &catalog);
+        } else if let Some(t) = self.tier {
+            let r = resolve_tier(t, catalog);
             if !r.available {
                 return Err(TaskError::InvalidArgument(format!(
                     "tier `{}` lists {} but this server offers none of them; it offers: {}",
@@ -146,10 +214,11 @@ impl TaskService {
         } else {
             None
         };
+        let variant = self.variant();
         if let Some(v) = variant {
-            check_variant(v, chosen.as_deref(), &catalog).map_err(|e| match tier {
+            check_variant(v, chosen.as_deref(), catalog).map_err(|e| match self.tier {
                 // The tier's own variant: say where it is set.
-                Some(t) if call_variant.is_none() => TaskError::InvalidArgument(format!(
+                Some(t) if self.variant.is_none() => TaskError::InvalidArgument(format!(
                     "tier `{}` in delegation.yaml (`variant`): {e}",
                     t.name
                 )),
