@@ -33,11 +33,13 @@ fn run() -> Result<(), String> {
         "openapi/normalize.rs",
         "openapi/OPENCODE_VERSION",
         "delegation.yaml",
+        "delegation.schema.json",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
     builtin_config(&out_dir)?;
+    env_schema(&out_dir)?;
 
     let api_version = opencode_version(
         &std::fs::read_to_string("openapi/OPENCODE_VERSION")
@@ -84,6 +86,46 @@ fn run() -> Result<(), String> {
     std::fs::write(out_dir.join("opencode_client.rs"), code)
         .map_err(|e| format!("writing the generated client: {e}"))?;
     Ok(())
+}
+
+/// Writes the committed `delegation.schema.json` to `$OUT_DIR/delegation.schema.types.json` with
+/// only the keywords that say where a value goes and what type it is (`type`, `properties`,
+/// `additionalProperties`, `$ref`, `$defs`). The gateway types `OPENCODE_MCP_*` values by it at
+/// every start that has one (`src/config/env.rs`); the descriptions it leaves out were four
+/// fifths of the text, and parsing the whole schema was a sixth of the config load (perf).
+fn env_schema(out_dir: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string("delegation.schema.json")
+        .map_err(|e| format!("reading delegation.schema.json: {e}"))?;
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("delegation.schema.json: {e}"))?;
+    let json = serde_json::to_string(&types_only(&schema, false))
+        .map_err(|e| format!("delegation.schema.json: {e}"))?;
+    std::fs::write(out_dir.join("delegation.schema.types.json"), json)
+        .map_err(|e| format!("writing delegation.schema.types.json: {e}"))
+}
+
+/// `node` with only the typing keywords; `names`: `node` maps names to schemas (the value of
+/// `properties` or `$defs`), whose keys are all kept.
+fn types_only(node: &serde_json::Value, names: bool) -> serde_json::Value {
+    const KEPT: [&str; 5] = [
+        "type",
+        "properties",
+        "additionalProperties",
+        "$ref",
+        "$defs",
+    ];
+    match node {
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(key, _)| names || KEPT.contains(&key.as_str()))
+            .map(|(key, value)| {
+                let holds_names = !names && (key == "properties" || key == "$defs");
+                (key.clone(), types_only(value, holds_names))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        other => other.clone(),
+    }
 }
 
 /// Writes the data of `delegation.yaml` as JSON to `$OUT_DIR/delegation.builtin.json`, which the

@@ -163,6 +163,59 @@ mod tests {
         )
     }
 
+    /// Every key path of the generated schema (maps' entries under the name `any`), to the
+    /// depth `OPENCODE_MCP_*` names reach.
+    fn key_paths(schema: &serde_json::Value) -> Vec<Vec<String>> {
+        fn walk(
+            root: &serde_json::Value,
+            node: &serde_json::Value,
+            path: &mut Vec<String>,
+            out: &mut Vec<Vec<String>>,
+        ) {
+            let node = resolve(root, node);
+            if path.len() >= 4 {
+                return;
+            }
+            let props = node.get("properties").and_then(|p| p.as_object());
+            let entries = props.into_iter().flatten().map(|(k, v)| (k.clone(), v));
+            let any = node
+                .get("additionalProperties")
+                .filter(|v| v.is_object())
+                .map(|v| ("any".to_string(), v));
+            for (key, child) in entries.chain(any) {
+                path.push(key);
+                out.push(path.clone());
+                walk(root, child, path, out);
+                path.pop();
+            }
+        }
+        let mut out = Vec::new();
+        walk(schema, schema, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// The environment layer types values by the trimmed copy of the committed schema
+    /// (`build.rs`): for every key, it must say what the generated schema says. A failure here
+    /// after changing a config type means `delegation.schema.json` is out of date: run
+    /// `cargo run -- config-schema > delegation.schema.json`.
+    #[test]
+    fn the_env_layer_types_every_key_as_the_current_schema_does() {
+        let current = crate::config::json_schema();
+        let used = crate::config::env_schema();
+        let paths = key_paths(&current);
+        assert!(paths.len() > 50, "{} key paths", paths.len());
+        for path in &paths {
+            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+            assert_eq!(
+                expects_string(&used, &segments),
+                expects_string(&current, &segments),
+                "{}",
+                path.join(".")
+            );
+        }
+        assert!(used.to_string().len() * 3 < current.to_string().len());
+    }
+
     #[test]
     fn schema_types_guide_values() {
         let schema = crate::config::json_schema();
