@@ -139,7 +139,8 @@ impl Api {
         Ok(r.into_inner().version)
     }
 
-    /// `GET /agent`: the agents a task may be given (hidden ones left out).
+    /// `GET /agent`: the agents a task may be given (hidden ones left out), read now and
+    /// remembered for [`Self::recent_agents`].
     pub async fn agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
         let at = Instant::now();
         let agents = self.read_agents(directory).await?;
@@ -188,7 +189,8 @@ impl Api {
             .collect())
     }
 
-    /// `GET /config/providers`: every model as `provider/model`, sorted.
+    /// `GET /config/providers`: every model as `provider/model`, sorted; read now and remembered
+    /// for [`Self::recent_models`].
     pub async fn models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {
         let at = Instant::now();
         let catalog = self.read_models(directory).await?;
