@@ -21,40 +21,23 @@ pub struct Collected {
 /// Figure 1b: `start_task` naming a model, which the gateway checks against the server's model
 /// catalog (`GET /config/providers`, remembered for a minute) before sending the prompt.
 pub fn start_model(out: &mut Collected, r: &StartResults) {
-    let g = Summary::of(&r.gateway_ms);
-    let d = Summary::of(&r.direct_ms);
-    let per_pair: Vec<f64> = r
-        .gateway_ms
-        .iter()
-        .zip(&r.direct_ms)
-        .map(|(g, d)| ratio(*g, *d))
-        .collect();
-    let ratio_p50 = ratio(g.p50, d.p50);
-    out.figures.push(
+    out.figures.push(round_trip(
         Figure::new(
             "start_task_model_round_trip",
             "start_task naming a model",
             "ms",
-        )
-        .gateway(g)
-        .baseline(
-            "POST /session + POST prompt_async with the model (reqwest)",
-            d,
-        )
-        .target("≤ 1.05×", ratio_p50 <= 1.05)
-        .note(format!(
-            "median of per-pair ratios {:.3}×; gateway - direct p50 = {:.2} ms",
-            Summary::of(&per_pair).p50,
-            g.p50 - d.p50
-        )),
-    );
+        ),
+        "POST /session + POST prompt_async with the model (reqwest)",
+        r,
+    ));
     out.extra.insert(
         "start_model_round_trip_samples".into(),
         json!({ "gateway_ms": r.gateway_ms, "direct_ms": r.direct_ms }),
     );
 }
 
-pub fn start(out: &mut Collected, r: &StartResults) {
+/// `figure` filled with a start round trip against its direct baseline (`baseline` names it).
+fn round_trip(figure: Figure, baseline: &str, r: &StartResults) -> Figure {
     let g = Summary::of(&r.gateway_ms);
     let d = Summary::of(&r.direct_ms);
     let pair_ratios: Vec<f64> = r
@@ -63,19 +46,24 @@ pub fn start(out: &mut Collected, r: &StartResults) {
         .zip(&r.direct_ms)
         .map(|(g, d)| ratio(*g, *d))
         .collect();
-    let per_pair = Summary::of(&pair_ratios);
     let ratio_p50 = ratio(g.p50, d.p50);
-    out.figures.push(
-        Figure::new("start_task_round_trip", "start_task round trip", "ms")
-            .gateway(g)
-            .baseline("POST /session + POST prompt_async (reqwest)", d)
-            .target("≤ 1.05×", ratio_p50 <= 1.05)
-            .note(format!(
-                "median of per-pair ratios {:.3}×; gateway - direct p50 = {:.2} ms",
-                per_pair.p50,
-                g.p50 - d.p50
-            )),
-    );
+    figure
+        .gateway(g)
+        .baseline(baseline, d)
+        .target("≤ 1.05×", ratio_p50 <= 1.05)
+        .note(format!(
+            "median of per-pair ratios {:.3}×; gateway - direct p50 = {:.2} ms",
+            Summary::of(&pair_ratios).p50,
+            g.p50 - d.p50
+        ))
+}
+
+pub fn start(out: &mut Collected, r: &StartResults) {
+    out.figures.push(round_trip(
+        Figure::new("start_task_round_trip", "start_task round trip", "ms"),
+        "POST /session + POST prompt_async (reqwest)",
+        r,
+    ));
     let n = Summary::of(&r.noticed_ms);
     out.figures.push(
         Figure::new(

@@ -153,18 +153,8 @@ impl Api {
         &self,
         directory: &str,
     ) -> Result<Listing<Vec<AgentInfo>>, OpencodeError> {
-        if let Some(value) = self.listings.agents.recent(directory, Instant::now()) {
-            return Ok(Listing {
-                value,
-                remembered: true,
-            });
-        }
-        let at = Instant::now();
-        let agents = self.read_agents(directory).await?;
-        Ok(Listing {
-            value: self.listings.agents.put(directory, agents, at),
-            remembered: false,
-        })
+        let read = self.read_agents(directory);
+        self.listings.agents.recent_or(directory, read).await
     }
 
     async fn read_agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
@@ -203,18 +193,8 @@ impl Api {
         &self,
         directory: &str,
     ) -> Result<Listing<ModelCatalog>, OpencodeError> {
-        if let Some(value) = self.listings.models.recent(directory, Instant::now()) {
-            return Ok(Listing {
-                value,
-                remembered: true,
-            });
-        }
-        let at = Instant::now();
-        let catalog = self.read_models(directory).await?;
-        Ok(Listing {
-            value: self.listings.models.put(directory, catalog, at),
-            remembered: false,
-        })
+        let read = self.read_models(directory);
+        self.listings.models.recent_or(directory, read).await
     }
 
     async fn read_models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {

@@ -55,6 +55,27 @@ impl<T> Remembered<T> {
         value
     }
 
+    /// The listing of `directory` if it is recent, else what `read` reads now (remembered from
+    /// the moment the read started).
+    pub(crate) async fn recent_or<E>(
+        &self,
+        directory: &str,
+        read: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<Listing<T>, E> {
+        if let Some(value) = self.recent(directory, Instant::now()) {
+            return Ok(Listing {
+                value,
+                remembered: true,
+            });
+        }
+        let at = Instant::now();
+        let value = read.await?;
+        Ok(Listing {
+            value: self.put(directory, value, at),
+            remembered: false,
+        })
+    }
+
     /// How many directories have a listing remembered (stale or not).
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -70,6 +91,16 @@ impl<T> Remembered<T> {
 pub struct Listing<T> {
     pub value: Arc<T>,
     pub remembered: bool,
+}
+
+impl<T> Listing<T> {
+    /// A listing just read.
+    pub fn read_now(value: T) -> Self {
+        Self {
+            value: Arc::new(value),
+            remembered: false,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::error::TaskError;
 use super::service::TaskService;
 use crate::config::Tier;
-use crate::opencode::{AgentInfo, ModelCatalog, Server};
+use crate::opencode::{AgentInfo, Api, Listing, ModelCatalog, Server};
 
 /// A tier and what it resolves to on one server.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -106,22 +106,8 @@ impl TaskService {
         let need_models = model.is_some()
             || asked.variant().is_some()
             || tier.is_some_and(|t| !t.models.is_empty());
-        let api = &server.api;
-        let (agents, catalog) = tokio::join!(
-            async {
-                match need_agents {
-                    true => api.recent_agents(directory).await.map(Some),
-                    false => Ok(None),
-                }
-            },
-            async {
-                match need_models {
-                    true => api.recent_models(directory).await.map(Some),
-                    false => Ok(None),
-                }
-            }
-        );
-        let (agents, catalog) = (agents?, catalog?);
+        let read = |reuse: bool| listings(&server.api, directory, need_agents, need_models, reuse);
+        let (agents, catalog) = read(true).await?;
         let remembered = agents.as_ref().is_some_and(|l| l.remembered)
             || catalog.as_ref().is_some_and(|l| l.remembered);
         let decided = asked.decide(
@@ -134,25 +120,55 @@ impl TaskService {
                     "the remembered listings of {directory} refuse the choice ({why}); reading \
                      them again"
                 );
-                let (agents, catalog) = tokio::join!(
-                    async {
-                        match need_agents {
-                            true => api.agents(directory).await.map(Some),
-                            false => Ok(None),
-                        }
-                    },
-                    async {
-                        match need_models {
-                            true => api.models(directory).await.map(Some),
-                            false => Ok(None),
-                        }
-                    }
-                );
-                asked.decide(agents?.as_deref(), catalog?.as_ref())
+                let (agents, catalog) = read(false).await?;
+                asked.decide(
+                    agents.as_ref().map(|l| l.value.as_slice()),
+                    catalog.as_ref().map(|l| &*l.value),
+                )
             }
             decided => decided,
         }
     }
+}
+
+/// The server's agents and models, each only if `need`ed: remembered ones if `reuse` (see
+/// `opencode::listings`), else read now.
+async fn listings(
+    api: &Api,
+    directory: &str,
+    need_agents: bool,
+    need_models: bool,
+    reuse: bool,
+) -> Result<
+    (
+        Option<Listing<Vec<AgentInfo>>>,
+        Option<Listing<ModelCatalog>>,
+    ),
+    TaskError,
+> {
+    let (agents, catalog) = tokio::join!(
+        async {
+            match (need_agents, reuse) {
+                (false, _) => Ok(None),
+                (true, true) => api.recent_agents(directory).await.map(Some),
+                (true, false) => api
+                    .agents(directory)
+                    .await
+                    .map(|a| Some(Listing::read_now(a))),
+            }
+        },
+        async {
+            match (need_models, reuse) {
+                (false, _) => Ok(None),
+                (true, true) => api.recent_models(directory).await.map(Some),
+                (true, false) => api
+                    .models(directory)
+                    .await
+                    .map(|m| Some(Listing::read_now(m))),
+            }
+        }
+    );
+    Ok((agents?, catalog?))
 }
 
 /// What a `start_task` or `continue_task` asked to run on.
