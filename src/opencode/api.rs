@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::client::{types, Client};
 use super::error::OpencodeError;
@@ -139,22 +139,22 @@ impl Api {
         Ok(r.into_inner().version)
     }
 
-    /// `GET /agent`: the agents a task may be given (hidden ones left out), read now and
-    /// remembered for [`Self::recent_agents`].
+    /// `GET /agent`: the agents a task may be given (hidden ones left out), read now (and
+    /// remembered, see [`Self::agent_listing`]).
     pub async fn agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
-        let at = Instant::now();
-        let agents = self.read_agents(directory).await?;
-        self.listings.agents.put(directory, agents.clone(), at);
-        Ok(agents)
+        let listing = self.agent_listing(directory, false).await?;
+        Ok(Arc::unwrap_or_clone(listing.value))
     }
 
-    /// The agents of `directory` as read within `listings::FRESH_FOR`, else read now.
-    pub async fn recent_agents(
+    /// The agents of `directory`: as read within `listings::FRESH_FOR` if `reuse`, else read
+    /// now; either way what was read is remembered.
+    pub async fn agent_listing(
         &self,
         directory: &str,
+        reuse: bool,
     ) -> Result<Listing<Vec<AgentInfo>>, OpencodeError> {
         let read = self.read_agents(directory);
-        self.listings.agents.recent_or(directory, read).await
+        self.listings.agents.get(directory, reuse, read).await
     }
 
     async fn read_agents(&self, directory: &str) -> Result<Vec<AgentInfo>, OpencodeError> {
@@ -179,22 +179,22 @@ impl Api {
             .collect())
     }
 
-    /// `GET /config/providers`: every model as `provider/model`, sorted; read now and remembered
-    /// for [`Self::recent_models`].
+    /// `GET /config/providers`: every model as `provider/model`, sorted; read now (and
+    /// remembered, see [`Self::model_listing`]).
     pub async fn models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {
-        let at = Instant::now();
-        let catalog = self.read_models(directory).await?;
-        self.listings.models.put(directory, catalog.clone(), at);
-        Ok(catalog)
+        let listing = self.model_listing(directory, false).await?;
+        Ok(Arc::unwrap_or_clone(listing.value))
     }
 
-    /// The model catalog of `directory` as read within `listings::FRESH_FOR`, else read now.
-    pub async fn recent_models(
+    /// The model catalog of `directory`: as read within `listings::FRESH_FOR` if `reuse`, else
+    /// read now; either way what was read is remembered.
+    pub async fn model_listing(
         &self,
         directory: &str,
+        reuse: bool,
     ) -> Result<Listing<ModelCatalog>, OpencodeError> {
         let read = self.read_models(directory);
-        self.listings.models.recent_or(directory, read).await
+        self.listings.models.get(directory, reuse, read).await
     }
 
     async fn read_models(&self, directory: &str) -> Result<ModelCatalog, OpencodeError> {

@@ -55,14 +55,18 @@ impl<T> Remembered<T> {
         value
     }
 
-    /// The listing of `directory` if it is recent, else what `read` reads now (remembered from
-    /// the moment the read started).
-    pub(crate) async fn recent_or<E>(
+    /// The listing of `directory`: the remembered one if `reuse` and it is recent, else what
+    /// `read` reads now, remembered from the moment the read started.
+    pub(crate) async fn get<E>(
         &self,
         directory: &str,
+        reuse: bool,
         read: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<Listing<T>, E> {
-        if let Some(value) = self.recent(directory, Instant::now()) {
+        if let Some(value) = reuse
+            .then(|| self.recent(directory, Instant::now()))
+            .flatten()
+        {
             return Ok(Listing {
                 value,
                 remembered: true,
@@ -91,16 +95,6 @@ impl<T> Remembered<T> {
 pub struct Listing<T> {
     pub value: Arc<T>,
     pub remembered: bool,
-}
-
-impl<T> Listing<T> {
-    /// A listing just read.
-    pub fn read_now(value: T) -> Self {
-        Self {
-            value: Arc::new(value),
-            remembered: false,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -148,23 +148,15 @@ async fn listings(
 > {
     let (agents, catalog) = tokio::join!(
         async {
-            match (need_agents, reuse) {
-                (false, _) => Ok(None),
-                (true, true) => api.recent_agents(directory).await.map(Some),
-                (true, false) => api
-                    .agents(directory)
-                    .await
-                    .map(|a| Some(Listing::read_now(a))),
+            match need_agents {
+                true => api.agent_listing(directory, reuse).await.map(Some),
+                false => Ok(None),
             }
         },
         async {
-            match (need_models, reuse) {
-                (false, _) => Ok(None),
-                (true, true) => api.recent_models(directory).await.map(Some),
-                (true, false) => api
-                    .models(directory)
-                    .await
-                    .map(|m| Some(Listing::read_now(m))),
+            match need_models {
+                true => api.model_listing(directory, reuse).await.map(Some),
+                false => Ok(None),
             }
         }
     );
