@@ -37,6 +37,7 @@ fn run() -> Result<(), String> {
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
+    link_fixed_address();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
     builtin_config(&out_dir)?;
     env_schema(&out_dir)?;
@@ -173,5 +174,25 @@ fn opencode_version(text: &str) -> Result<String, String> {
         Err(format!(
             "openapi/OPENCODE_VERSION must hold one version like 1.18.33, not {version:?}"
         ))
+    }
+}
+
+/// On Linux the binary is linked as a fixed-address executable (`-no-pie`), not a
+/// position-independent one.
+///
+/// A position-independent executable carries a relocation for every pointer in its read-only
+/// data (vtables, panic locations, static tables of strings: about 17,700 of them, spread over
+/// the 316 KB of `.data.rel.ro`), and the dynamic loader writes each one at every start. Every
+/// page it writes is a copy-on-write fault, about 2 µs each on the 2-core VM the bench runs on:
+/// a start to the `initialize` reply and exit took 335 page faults, and 249 at a fixed address;
+/// cold start was 0.30–0.35 ms shorter. At a fixed address the linker resolves those pointers
+/// once, and the pages stay shared with the page cache. The objects are still compiled
+/// position-independent, so only the final link changes, and only for the binary: the library
+/// and the tests link as before. The cost is that the executable's own code and data are not
+/// randomised in memory (its heap, stack and libraries still are); the gateway is a local stdio
+/// process of the user's own host, and its code is Rust's.
+fn link_fixed_address() {
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-link-arg-bins=-no-pie");
     }
 }

@@ -10,6 +10,8 @@
 //! - with the platform package removed, the launcher exits non-zero naming the package, the
 //!   platform and the fixes, with nothing on stdout.
 //!
+//! Also: the binary is linked at a fixed address (not position-independent) on Linux.
+//!
 //! Needs `node` and `npm` on `PATH`; fails saying so when they are missing.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -360,4 +362,22 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
     ] {
         assert!(err.contains(fragment), "stderr lacks {fragment:?}:\n{err}");
     }
+}
+
+/// The binary npm ships is the one `build.rs` links at a fixed address on Linux (`-no-pie`):
+/// a position-independent one would make the dynamic loader write every page of its
+/// `.data.rel.ro` at each start (see `link_fixed_address` in build.rs). ELF's `e_type`, at byte
+/// 16, is 2 (`ET_EXEC`) for a fixed-address executable and 3 (`ET_DYN`) for a
+/// position-independent one.
+#[test]
+#[cfg(target_os = "linux")]
+fn the_binary_is_linked_at_a_fixed_address() {
+    let bin = env!("CARGO_BIN_EXE_opencode-mcp");
+    let bytes = std::fs::read(bin).unwrap_or_else(|e| panic!("cannot read {bin}: {e}"));
+    assert_eq!(&bytes[..4], b"\x7fELF", "{bin} is not an ELF file");
+    let e_type = u16::from_le_bytes([bytes[16], bytes[17]]);
+    assert_eq!(
+        e_type, 2,
+        "{bin} has ELF type {e_type}: not a fixed-address executable (3 is position-independent)"
+    );
 }
