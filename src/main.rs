@@ -569,7 +569,9 @@ fn serve(sources: &Sources) -> ExitCode {
     if watch.is_none() {
         tracing::info!("`reload: false`: configuration changes take effect at the next start");
     }
-    let served = runtime.block_on(opencode_mcp::gateway::serve_stdio(cfg, watch));
+    // Boxed: the serving future is tens of KB, and on the main thread's stack each new page of
+    // it is a page fault at start; on the heap it takes memory the config load just freed.
+    let served = runtime.block_on(Box::pin(opencode_mcp::gateway::serve_stdio(cfg, watch)));
     // Everything that must happen before exit (servers stopped, records on disk) happened inside
     // `serve_stdio`. What may remain is a blocking read of stdin: when stdin is a socket (Claude
     // Code's) rather than a pipe, it is read on a blocking thread that only returns when the host
