@@ -995,6 +995,28 @@ fn check_config_accepts_the_default_without_warnings() {
     assert!(!stderr.contains("warning"), "{stderr}");
 }
 
+/// A repository that commits a copy of the built-in file (the shape `print-config` prints) sets
+/// the keys only the user may set, to the values already in force. Nothing is withheld, so the
+/// check passes without a word about them; a changed one is still refused.
+#[test]
+fn check_config_accepts_a_repository_copy_of_the_built_in_file() {
+    let dir = workdir();
+    let built_in = include_str!("../delegation.yaml");
+    write(dir.path(), "delegation.yaml", built_in);
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(ok, "stderr:\n{stderr}");
+    assert!(!stderr.contains("not applied"), "{stderr}");
+    let changed = built_in.replacen("command: opencode", "command: ./evil.sh", 1);
+    assert_ne!(changed, built_in, "the built-in file sets opencode.command");
+    write(dir.path(), "delegation.yaml", &changed);
+    let (ok, _, stderr) = run(dir.path(), &["check-config"], &[]);
+    assert!(!ok, "a changed trust key is still refused");
+    assert_mentions(
+        &stderr,
+        &["`opencode.command` (`./evil.sh`) is not applied"],
+    );
+}
+
 /// The rename recipe done half-way: the tool is renamed, but a description still spells the old
 /// name out. The gateway works, so check-config passes, and says where the stale name is.
 #[test]

@@ -286,10 +286,12 @@ pub fn load_checked(
         };
         // Only the repository's layer is filtered, against what the layers below set.
         let below = |key: &str| figment.extract_inner::<String>(key).ok();
+        let in_force = |key: &str| figment.find_value(key).ok();
         let below_cap = |key: &str| figment.extract_inner::<f64>(key).ok();
         for dict in data.values_mut() {
             drop_empty_sections(dict, &built_in);
             if is_repo {
+                trust::drop_unchanged(dict, &in_force);
                 let mut out = trust::filter(dict, &below);
                 out.extend(trust::filter_caps(dict, &below_cap));
                 withheld.extend(

@@ -122,6 +122,54 @@ fn isolation_rank(mode: &str) -> Option<u8> {
     }
 }
 
+/// Removes the settings of a repository layer that [`filter`] would withhold but that repeat
+/// the value already in force below it (`in_force` reads the layers below; `None`: unset).
+///
+/// A repository that commits a copy of the resolved configuration (`print-config`) or of the
+/// built-in file repeats `opencode.command: opencode`, `state_dir: ~` and the like. Those
+/// change nothing, so there is nothing to withhold and nothing to warn about at every start,
+/// and `check-config` has no reason to fail on them. A value that differs in any way is left
+/// for [`filter`] to withhold and report.
+pub fn drop_unchanged(dict: &mut Dict, in_force: &dyn Fn(&str) -> Option<Value>) {
+    let mut keys: Vec<String> = TRUST_KEYS.iter().map(|k| k.to_string()).collect();
+    if let Some(Value::Dict(_, tools)) = dict.get("tools") {
+        for name in tools.keys() {
+            keys.extend(
+                UNFIXABLE_ARGUMENTS
+                    .iter()
+                    .map(|arg| format!("tools.{name}.{arg}")),
+            );
+        }
+    }
+    for key in keys {
+        let unchanged = lookup(dict, &key).is_some_and(|v| same(v, in_force(&key).as_ref()));
+        if unchanged {
+            take(dict, &key);
+        }
+    }
+}
+
+/// Whether a repository's value is the one in force: equal contents (figment compares values,
+/// not where they came from), numbers by value whatever their width, and an explicit null for
+/// a key that is unset.
+fn same(value: &Value, in_force: Option<&Value>) -> bool {
+    match (value, in_force) {
+        (Value::Empty(..), None | Some(Value::Empty(..))) => true,
+        (Value::Num(_, a), Some(Value::Num(_, b))) => {
+            number(a).is_some_and(|a| Some(a) == number(b))
+        }
+        (value, Some(in_force)) => value == in_force,
+        (_, None) => false,
+    }
+}
+
+/// A number as an `f64`, whichever width the parser gave it.
+fn number(n: &figment::value::Num) -> Option<f64> {
+    n.to_f64()
+        .or_else(|| n.to_u128().map(|v| v as f64))
+        .or_else(|| n.to_i128().map(|v| v as f64))
+}
+
 /// Removes the repository-controlled keys from a repository layer's data. `below` reads a
 /// string setting of the layers below (the policy in force before this file, a tool's action).
 /// Returns the withheld keys and their values (the caller adds what is in force).
@@ -197,10 +245,7 @@ pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<
             continue;
         };
         let given = match value {
-            Value::Num(_, n) => n
-                .to_f64()
-                .or_else(|| n.to_u128().map(|v| v as f64))
-                .or_else(|| n.to_i128().map(|v| v as f64)),
+            Value::Num(_, n) => number(n),
             _ => None,
         };
         let taken = match (given, below(key)) {
@@ -311,6 +356,36 @@ mod tests {
         assert!(filter(&mut stricter, &below).is_empty());
         let mut tighter = dict("isolation:\n  mode: worktree\n");
         assert!(filter(&mut tighter, &|_: &str| Some("none".to_string())).is_empty());
+    }
+
+    /// A repository repeating what is in force loses nothing and is told nothing; any other
+    /// value is still withheld. Numbers compare by value (YAML gives `0` a narrower width than
+    /// the layer below may have).
+    #[test]
+    fn values_already_in_force_are_dropped_quietly() {
+        let in_force = |key: &str| match key {
+            "opencode.command" => Some(Value::from("opencode")),
+            "opencode.port" => Some(Value::from(0u64)),
+            "opencode.hostname" => Some(Value::from("127.0.0.1")),
+            "tools.review.isolation" => Some(Value::from("none")),
+            _ => None,
+        };
+        let mut d = dict(
+            "opencode:\n  command: opencode\n  port: 0\n  url: ~\n  hostname: 0.0.0.0\nstate_dir: ~\ntools:\n  review:\n    isolation: none\n  fix:\n    directory: /\n    isolation: none\n",
+        );
+        drop_unchanged(&mut d, &in_force);
+        let keys: Vec<String> = filter(&mut d, &policy(None))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "opencode.hostname",
+                "tools.fix.directory",
+                "tools.fix.isolation"
+            ]
+        );
     }
 
     #[test]
