@@ -192,7 +192,13 @@ fn opencode_version(text: &str) -> Result<String, String> {
 /// randomised in memory (its heap, stack and libraries still are); the gateway is a local stdio
 /// process of the user's own host, and its code is Rust's.
 fn link_fixed_address() {
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+    // A statically linked build (`-C target-feature=+crt-static`) asks for its own executable
+    // kind: rustc links a static PIE, and `-no-pie` on top of `-static-pie` makes a binary that
+    // crashes at start. The shipped build passes `-C relocation-model=static` instead (see
+    // `npm/pack.sh`).
+    let crt_static = std::env::var("CARGO_CFG_TARGET_FEATURE")
+        .is_ok_and(|f| f.split(',').any(|f| f == "crt-static"));
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") && !crt_static {
         println!("cargo:rustc-link-arg-bins=-no-pie");
     }
 }

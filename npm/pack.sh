@@ -9,7 +9,8 @@
 #   opencode-mcp-gateway-<platform>-<version>.tgz  the binary for one platform
 # and prints their paths on stdout, wrapper first. The version is Cargo.toml's.
 #
-# By default it builds this machine's binary (`cargo build --release`). Environment:
+# By default it builds this machine's binary (`cargo build --release`; on Linux with glibc, the
+# static build of npm/static-rustflags, as the release workflow makes it). Environment:
 #   OPENCODE_MCP_BIN=path         pack this binary instead of building one (tests pass the debug
 #                                 binary cargo test built; CI passes a --target build)
 #   OPENCODE_MCP_NPM_PLATFORM=p   the platform that binary is for, a key of npm/platforms.json
@@ -55,9 +56,21 @@ if [[ -n "${OPENCODE_MCP_BIN:-}" ]]; then
 else
   [[ "$platform" = "$host_platform" ]] \
     || die "OPENCODE_MCP_NPM_PLATFORM=$platform is not this machine ($host_platform): build for it and pass OPENCODE_MCP_BIN"
-  echo "building the release binary (cargo build --release) ..." >&2
-  cargo build --release --locked --bin opencode-mcp >&2
-  bin="$target_dir/release/opencode-mcp"
+  host_triple="$(rustc -vV | sed -n 's/^host: //p')"
+  if [[ "$host_triple" = *-linux-gnu ]]; then
+    # Linked statically, as the release workflow builds it (see the README's "Installing"): no
+    # dynamic loader at start, and no minimum glibc on the user's machine. Built for an explicit
+    # --target, so that the flags reach only the binary and its dependencies, not the build
+    # scripts and proc macros cargo runs here.
+    echo "building the static release binary for $host_triple ..." >&2
+    RUSTFLAGS="${RUSTFLAGS:-} $(sed '/^#/d' "$here/static-rustflags")" \
+      cargo build --release --locked --bin opencode-mcp --target "$host_triple" >&2
+    bin="$target_dir/$host_triple/release/opencode-mcp"
+  else
+    echo "building the release binary (cargo build --release) ..." >&2
+    cargo build --release --locked --bin opencode-mcp >&2
+    bin="$target_dir/release/opencode-mcp"
+  fi
 fi
 [[ -f "$bin" && -x "$bin" ]] || die "OPENCODE_MCP_BIN=$bin is not an executable file"
 
