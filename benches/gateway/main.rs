@@ -138,7 +138,7 @@ impl Knobs {
         };
         Ok(Self {
             quick,
-            start_pairs: env_num("BENCH_START_PAIRS", q(40, 12))?,
+            start_pairs: env_num("BENCH_START_PAIRS", q(100, 12))?,
             start_warmup: 3,
             start_delay_ms: 150,
             cold_reps: env_num("BENCH_COLD_REPS", q(30, 10))?,
@@ -357,29 +357,37 @@ async fn run() -> Result<(), BoxError> {
         let mut cold_empty: Option<Summary> = None;
 
         // `start_model` is the same round trip naming a model, which the gateway checks against
-        // the server's catalog before the prompt goes out.
-        for (scenario, model) in [("start", None), ("start_model", Some(START_MODEL))] {
-            if !knobs.runs(scenario) {
-                continue;
-            }
+        // the server's catalog before the prompt goes out. The two run interleaved.
+        let models: Vec<Option<&str>> = [("start", None), ("start_model", Some(START_MODEL))]
+            .into_iter()
+            .filter(|(scenario, _)| knobs.runs(scenario))
+            .map(|(_, model)| model)
+            .collect();
+        if !models.is_empty() {
             step(&format!(
-                "start_task round trip ({}): {} pairs",
-                model.map_or("completion noticed too".into(), |m| format!("model {m}")),
+                "start_task round trip ({}): {} pairs each, interleaved",
+                models
+                    .iter()
+                    .map(|m| m.map_or("completion noticed too".into(), |m| format!("model {m}")))
+                    .collect::<Vec<_>>()
+                    .join("; "),
                 knobs.start_pairs
             ));
-            let r = scenarios::start_round_trip(
+            let results = scenarios::start_round_trips(
                 &gateway,
                 &direct,
                 &watch,
                 knobs.start_warmup,
                 knobs.start_pairs,
                 knobs.start_delay_ms,
-                model,
+                &models,
             )
             .await?;
-            match model {
-                None => figures::start(&mut out, &r),
-                Some(_) => figures::start_model(&mut out, &r),
+            for (model, r) in models.iter().zip(&results) {
+                match model {
+                    None => figures::start(&mut out, r),
+                    Some(_) => figures::start_model(&mut out, r),
+                }
             }
         }
 
@@ -404,6 +412,20 @@ async fn run() -> Result<(), BoxError> {
             step(&format!("cold start: {} reps", knobs.cold_reps));
             let (g, t) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
             cold_empty = Some(figures::cold_start(&mut out, &g, &t));
+            // Measuring another build (the shipped, statically linked one): the binary
+            // `cargo build --release` makes from this tree, which is what `cargo install` gives,
+            // is measured beside it.
+            let built = PathBuf::from(env!("CARGO_BIN_EXE_opencode-mcp"));
+            if built != gateway_bin() {
+                step(&format!(
+                    "cold start of this tree's cargo build ({}): {} reps",
+                    built.display(),
+                    knobs.cold_reps
+                ));
+                let other = cold_launch.clone().bin(&built);
+                let (g, t) = scenarios::cold_start(&other, knobs.cold_reps).await?;
+                figures::cold_start_cargo_build(&mut out, &g, &t);
+            }
         }
 
         if knobs.runs("footprint") {

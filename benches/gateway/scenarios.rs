@@ -146,55 +146,63 @@ pub struct StartResults {
 }
 
 /// `pairs` measured pairs (after `warmup` unmeasured ones) of one gateway `start_task` and one
-/// direct create + prompt, both running on `model` when given (the gateway then checks it
-/// against the server's catalog first). The fake LLM answers after `delay_ms`, so the turn's own
+/// direct create + prompt, for each of `models` (`None`: the server's default; a model: both
+/// sides run on it, and the gateway checks it against the server's catalog first), with one
+/// [`StartResults`] per entry of `models`. The scenarios are interleaved, a pair of each per
+/// round in an order that rotates, so that each sees the same minutes of a shared machine and
+/// their rows can be compared with each other, not only with their baselines. Within a pair the
+/// side that goes first alternates. The fake LLM answers after `delay_ms`, so the turn's own
 /// work never overlaps the measured calls; every turn is waited out (unmeasured for the start
 /// figure) before the next call.
 #[allow(clippy::too_many_arguments)]
-pub async fn start_round_trip(
+pub async fn start_round_trips(
     gw: &Gw,
     direct: &Direct,
     watch: &IdleWatch,
     warmup: usize,
     pairs: usize,
     delay_ms: u64,
-    model: Option<&str>,
-) -> Result<StartResults, BoxError> {
-    let mut r = StartResults::default();
+    models: &[Option<&str>],
+) -> Result<Vec<StartResults>, BoxError> {
+    let mut results: Vec<StartResults> = models.iter().map(|_| StartResults::default()).collect();
     for i in 0..warmup + pairs {
         let measured = i >= warmup;
-        for gateway_side in [i % 2 == 0, i % 2 != 0] {
-            if gateway_side {
-                let prompt = format!("bench start gateway {i} [[delay:{delay_ms}]]");
-                let (start, noticed) = gateway_turn(gw, watch, &prompt, model).await?;
-                if measured {
-                    r.gateway_ms.push(start);
-                    match noticed {
-                        Some(n) => r.noticed_ms.push(n),
-                        None => r.noticed_dropped += 1,
+        for k in 0..models.len() {
+            let which = (i + k) % models.len();
+            let (model, r) = (models[which], &mut results[which]);
+            for gateway_side in [i % 2 == 0, i % 2 != 0] {
+                if gateway_side {
+                    let prompt = format!("bench start gateway {i}.{which} [[delay:{delay_ms}]]");
+                    let (start, noticed) = gateway_turn(gw, watch, &prompt, model).await?;
+                    if measured {
+                        r.gateway_ms.push(start);
+                        match noticed {
+                            Some(n) => r.noticed_ms.push(n),
+                            None => r.noticed_dropped += 1,
+                        }
+                    }
+                } else {
+                    let prompt = format!("bench start direct {i}.{which} [[delay:{delay_ms}]]");
+                    let t0 = Instant::now();
+                    let session = direct
+                        .start_on(&gateway_title(&prompt), &prompt, model)
+                        .await?;
+                    let elapsed = ms(t0.elapsed());
+                    let idle = watch
+                        .wait_all(std::slice::from_ref(&session), FINISH_LIMIT)
+                        .await?;
+                    direct.confirm(&session).await?;
+                    let confirmed = Instant::now();
+                    if measured {
+                        r.direct_ms.push(elapsed);
+                        r.confirm_ms.push(signed_ms(idle, confirmed));
                     }
                 }
-            } else {
-                let prompt = format!("bench start direct {i} [[delay:{delay_ms}]]");
-                let t0 = Instant::now();
-                let session = direct
-                    .start_on(&gateway_title(&prompt), &prompt, model)
-                    .await?;
-                let elapsed = ms(t0.elapsed());
-                let idle = watch
-                    .wait_all(std::slice::from_ref(&session), FINISH_LIMIT)
-                    .await?;
-                direct.confirm(&session).await?;
-                let confirmed = Instant::now();
-                if measured {
-                    r.direct_ms.push(elapsed);
-                    r.confirm_ms.push(signed_ms(idle, confirmed));
-                }
+                tokio::time::sleep(SETTLE).await;
             }
-            tokio::time::sleep(SETTLE).await;
         }
     }
-    Ok(r)
+    Ok(results)
 }
 
 /// One gateway turn: the timed `start_task`, then a pending `wait_for_task` whose return is

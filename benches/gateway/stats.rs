@@ -55,3 +55,31 @@ pub fn ratio(a: f64, b: f64) -> f64 {
         a / b
     }
 }
+
+/// A 95 % bootstrap interval for `p50(a) / p50(b)`: both series resampled with replacement
+/// 2,000 times. It says how far the ratio of medians could move from sampling alone, which on
+/// a shared machine is often more than the distance to a target. The resampling is seeded, so
+/// the same samples always give the same interval.
+pub fn ratio_interval(a: &[f64], b: &[f64]) -> (f64, f64) {
+    const ROUNDS: usize = 2_000;
+    if a.is_empty() || b.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    // xorshift64*: enough to pick sample indices; no statistical quality beyond that is needed.
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut pick = |n: usize| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    };
+    let mut resample = |s: &[f64]| {
+        let drawn: Vec<f64> = (0..s.len()).map(|_| s[pick(s.len())]).collect();
+        Summary::of(&drawn).p50
+    };
+    let mut ratios: Vec<f64> = (0..ROUNDS)
+        .map(|_| ratio(resample(a), resample(b)))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    (percentile(&ratios, 0.025), percentile(&ratios, 0.975))
+}
