@@ -409,22 +409,29 @@ async fn run() -> Result<(), BoxError> {
         }
 
         if knobs.runs("cold") {
-            step(&format!("cold start: {} reps", knobs.cold_reps));
-            let (g, t) = scenarios::cold_start(&cold_launch, knobs.cold_reps).await?;
-            cold_empty = Some(figures::cold_start(&mut out, &g, &t));
             // Measuring another build (the shipped, statically linked one): the binary
             // `cargo build --release` makes from this tree, which is what `cargo install` gives,
-            // is measured beside it.
+            // is measured beside it, interleaved.
             let built = PathBuf::from(env!("CARGO_BIN_EXE_opencode-mcp"));
+            let mut launches = vec![cold_launch.clone()];
             if built != gateway_bin() {
-                step(&format!(
-                    "cold start of this tree's cargo build ({}): {} reps",
-                    built.display(),
-                    knobs.cold_reps
-                ));
-                let other = cold_launch.clone().bin(&built);
-                let (g, t) = scenarios::cold_start(&other, knobs.cold_reps).await?;
-                figures::cold_start_cargo_build(&mut out, &g, &t);
+                launches.push(cold_launch.clone().bin(&built));
+            }
+            step(&format!(
+                "cold start: {} reps{}",
+                knobs.cold_reps,
+                match launches.len() {
+                    1 => String::new(),
+                    _ => format!(
+                        ", with this tree's cargo build ({}) beside it",
+                        built.display()
+                    ),
+                }
+            ));
+            let (g, t) = scenarios::cold_starts(&launches, knobs.cold_reps).await?;
+            cold_empty = Some(figures::cold_start(&mut out, &g[0], &t));
+            if let Some(built) = g.get(1) {
+                figures::cold_start_cargo_build(&mut out, built, &t);
             }
         }
 

@@ -47,22 +47,38 @@ const INITIALIZE: &str = concat!(
 /// exec → `initialize` reply on stdout, and exec → end of stdout of `true` (its exit), `reps`
 /// times each, interleaved.
 pub async fn cold_start(launch: &Spawn, reps: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+    let (mut gateways, empty) = cold_starts(std::slice::from_ref(launch), reps).await?;
+    Ok((gateways.pop().unwrap_or_default(), empty))
+}
+
+/// [`cold_start`] for several launches (builds) at once: each round starts every launch and
+/// `true` once, in an order that rotates, so that the builds are compared over the same minutes
+/// of a machine whose `true` alone moved between 0.75 and 2.75 ms across runs.
+pub async fn cold_starts(
+    launches: &[Spawn],
+    reps: usize,
+) -> Result<(Vec<Vec<f64>>, Vec<f64>), BoxError> {
     const WARMUP: usize = 2;
-    let (mut gateway, mut empty) = (Vec::new(), Vec::new());
+    let mut gateways: Vec<Vec<f64>> = launches.iter().map(|_| Vec::new()).collect();
+    let mut empty = Vec::new();
+    // Slot `launches.len()` is `true`.
+    let slots = launches.len() + 1;
     for i in 0..WARMUP + reps {
-        let (g, t) = if i % 2 == 0 {
-            let g = cold_gateway(launch).await?;
-            (g, cold_true().await?)
-        } else {
-            let t = cold_true().await?;
-            (cold_gateway(launch).await?, t)
-        };
-        if i >= WARMUP {
-            gateway.push(g);
-            empty.push(t);
+        for k in 0..slots {
+            let slot = (i + k) % slots;
+            let elapsed = match launches.get(slot) {
+                Some(launch) => cold_gateway(launch).await?,
+                None => cold_true().await?,
+            };
+            if i >= WARMUP {
+                match gateways.get_mut(slot) {
+                    Some(samples) => samples.push(elapsed),
+                    None => empty.push(elapsed),
+                }
+            }
         }
     }
-    Ok((gateway, empty))
+    Ok((gateways, empty))
 }
 
 async fn cold_gateway(launch: &Spawn) -> Result<f64, BoxError> {
