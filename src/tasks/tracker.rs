@@ -1033,27 +1033,42 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
         .map(|s| s.corrected_messages.iter().map(String::as_str).collect())
         .unwrap_or_default();
     messages.push(&rec.user_message_id);
-    let mut turns = Vec::with_capacity(messages.len());
-    for message in messages {
-        match server
-            .api
-            .changed_files(&rec.directory, &rec.session_id, Some(message))
-            .await
-        {
-            Ok(files) => turns.push(files),
-            Err(e) => {
-                tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
-                let why = format!("the turn's changed files could not be read from OpenCode: {e}");
-                ctx.registry.update(task_id, |e| {
-                    if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
-                        e.rec.files_error = Some(why);
-                    }
-                });
-                return;
+    let edited = edited_files(rec.outcome.as_ref());
+    let mut files = Vec::new();
+    // An empty list right after a turn that edited files may only mean OpenCode has not
+    // written it yet (see `EMPTY_DIFF_RETRIES`): read again a few times before believing it.
+    for pause in std::iter::once(Duration::ZERO).chain(EMPTY_DIFF_RETRIES) {
+        tokio::time::sleep(pause).await;
+        let mut turns = Vec::with_capacity(messages.len());
+        for message in &messages {
+            match server
+                .api
+                .changed_files(&rec.directory, &rec.session_id, Some(message))
+                .await
+            {
+                Ok(files) => turns.push(files),
+                Err(e) => {
+                    tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
+                    let why =
+                        format!("the turn's changed files could not be read from OpenCode: {e}");
+                    ctx.registry.update(task_id, |e| {
+                        if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+                            e.rec.files_error = Some(why);
+                        }
+                    });
+                    return;
+                }
             }
         }
+        files = structured::round_files(turns);
+        if !files.is_empty() || !edited {
+            break;
+        }
+        tracing::debug!(
+            task_id,
+            "OpenCode lists no changed files yet for a turn that edited files; reading again"
+        );
     }
-    let files = structured::round_files(turns);
     ctx.registry.update(task_id, |e| {
         if e.rec.turn == turn_no {
             e.rec.files_changed = Some(files);
@@ -1062,8 +1077,63 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
     });
 }
 
+/// Pauses before reading a turn's changed files again while OpenCode lists none for a turn that
+/// edited files. OpenCode computes that list (`GET /session/{id}/diff?messageID=`) from its
+/// snapshots in the background after the turn ends, and `session.idle` can come first: read at
+/// once, the list of a turn that wrote a file was empty on a loaded machine. Usually the first
+/// read has it; these cover about 3 s, off the completion path (a result call that finds no
+/// list yet waits for them too).
+const EMPTY_DIFF_RETRIES: [Duration; 6] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+];
+
+/// OpenCode's tools that write files themselves; a shell command may too, but most change
+/// nothing, and waiting on every one of them would delay the list of most turns.
+const EDITING_TOOLS: [&str; 5] = ["write", "edit", "multiedit", "patch", "apply_patch"];
+
+/// Whether the turn completed a file-editing tool call, so that its list of changed files
+/// should not be empty.
+fn edited_files(outcome: Option<&TurnState>) -> bool {
+    outcome.is_some_and(|o| {
+        o.tools
+            .iter()
+            .any(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_completed_editing_tool_makes_an_empty_list_suspect() {
+        use crate::opencode::ToolCall;
+        let turn = |tools: &[(&str, &str)]| TurnState {
+            tools: tools
+                .iter()
+                .map(|(tool, status)| ToolCall {
+                    tool: tool.to_string(),
+                    status: status.to_string(),
+                    title: None,
+                    error: None,
+                })
+                .collect(),
+            ..TurnState::default()
+        };
+        assert!(edited_files(Some(&turn(&[
+            ("read", "completed"),
+            ("write", "completed")
+        ]))));
+        assert!(edited_files(Some(&turn(&[("edit", "completed")]))));
+        assert!(!edited_files(Some(&turn(&[("write", "error")]))));
+        assert!(!edited_files(Some(&turn(&[("bash", "completed")]))));
+        assert!(!edited_files(Some(&turn(&[]))));
+        assert!(!edited_files(None));
+    }
+
     /// The set of foreign sessions stays bounded however many a shared server shows.
     #[test]
     fn foreign_sessions_are_remembered_within_a_bound() {
