@@ -1033,42 +1033,50 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
         .map(|s| s.corrected_messages.iter().map(String::as_str).collect())
         .unwrap_or_default();
     messages.push(&rec.user_message_id);
-    let edited = edited_files(rec.outcome.as_ref());
-    let mut files = Vec::new();
-    // An empty list right after a turn that edited files may only mean OpenCode has not
-    // written it yet (see `EMPTY_DIFF_RETRIES`): read again a few times before believing it.
-    for pause in std::iter::once(Duration::ZERO).chain(EMPTY_DIFF_RETRIES) {
-        tokio::time::sleep(pause).await;
+    // The turn's list is the union of its messages' lists (a structured task's corrections
+    // are messages of the same turn).
+    let read = || async {
         let mut turns = Vec::with_capacity(messages.len());
         for message in &messages {
-            match server
-                .api
-                .changed_files(&rec.directory, &rec.session_id, Some(message))
-                .await
-            {
-                Ok(files) => turns.push(files),
-                Err(e) => {
-                    tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
-                    let why =
-                        format!("the turn's changed files could not be read from OpenCode: {e}");
-                    ctx.registry.update(task_id, |e| {
-                        if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
-                            e.rec.files_error = Some(why);
-                        }
-                    });
-                    return;
+            turns.push(
+                server
+                    .api
+                    .changed_files(&rec.directory, &rec.session_id, Some(message))
+                    .await?,
+            );
+        }
+        Ok::<_, crate::opencode::OpencodeError>(structured::round_files(turns))
+    };
+    // An empty list right after a turn that edited files may only mean OpenCode has not
+    // written it yet (see `EMPTY_DIFF_RETRIES`): read again a few times before believing it.
+    let edited = edited_files(rec.outcome.as_ref());
+    let mut pauses = EMPTY_DIFF_RETRIES.iter();
+    let files = loop {
+        match read().await {
+            Ok(files) if files.is_empty() && edited => match pauses.next() {
+                Some(pause) => {
+                    tracing::debug!(
+                        task_id,
+                        "OpenCode lists no changed files yet for a turn that edited files; \
+                         reading again"
+                    );
+                    tokio::time::sleep(*pause).await;
                 }
+                None => break files,
+            },
+            Ok(files) => break files,
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
+                let why = format!("the turn's changed files could not be read from OpenCode: {e}");
+                ctx.registry.update(task_id, |e| {
+                    if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+                        e.rec.files_error = Some(why);
+                    }
+                });
+                return;
             }
         }
-        files = structured::round_files(turns);
-        if !files.is_empty() || !edited {
-            break;
-        }
-        tracing::debug!(
-            task_id,
-            "OpenCode lists no changed files yet for a turn that edited files; reading again"
-        );
-    }
+    };
     ctx.registry.update(task_id, |e| {
         if e.rec.turn == turn_no {
             e.rec.files_changed = Some(files);
