@@ -195,7 +195,7 @@ fn link_fixed_address() {
     // A statically linked build (`-C target-feature=+crt-static`) asks for its own executable
     // kind: rustc links a static PIE, and `-no-pie` on top of `-static-pie` makes a binary that
     // crashes at start. The shipped build passes `-C relocation-model=static` instead (see
-    // `npm/pack.sh`).
+    // `npm/static-rustflags`).
     let crt_static = std::env::var("CARGO_CFG_TARGET_FEATURE")
         .is_ok_and(|f| f.split(',').any(|f| f == "crt-static"));
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") && !crt_static {

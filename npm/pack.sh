@@ -58,7 +58,7 @@ else
     || die "OPENCODE_MCP_NPM_PLATFORM=$platform is not this machine ($host_platform): build for it and pass OPENCODE_MCP_BIN"
   host_triple="$(rustc -vV | sed -n 's/^host: //p')"
   if [[ "$host_triple" = *-linux-gnu ]]; then
-    # Linked statically, as the release workflow builds it (see the README's "Installing"): no
+    # Linked statically, as the release workflow builds it (see the README's "Platforms"): no
     # dynamic loader at start, and no minimum glibc on the user's machine. Built for an explicit
     # --target, so that the flags reach only the binary and its dependencies, not the build
     # scripts and proc macros cargo runs here.
