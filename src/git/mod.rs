@@ -18,7 +18,8 @@
 //! # The user's tree is never touched, except by apply
 //!
 //! Snapshots of a tree with its uncommitted changes go through a temporary index
-//! (`GIT_INDEX_FILE`, seeded from a copy of the real one so unchanged files are not hashed again)
+//! (`GIT_INDEX_FILE`, seeded from a copy of the real one so unchanged files are not hashed again;
+//! the copy keeps the real one's mtime, which git's check of racily clean entries depends on)
 //! and `git write-tree`/`git commit-tree`: they add objects to the repository and nothing else.
 //! Reads run with `GIT_OPTIONAL_LOCKS=0`, so not even an index refresh is written. Apply computes
 //! the merged tree first (`git merge-tree`) and changes the working tree only when the merge is
@@ -53,7 +54,8 @@ mod tests {
 
     use super::*;
 
-    fn sh(dir: &Path, args: &[&str]) {
+    /// Runs git in `dir`; fails the test if git does; returns its stdout, trimmed.
+    fn sh(dir: &Path, args: &[&str]) -> String {
         let out = Command::new("git")
             .args(args)
             .current_dir(dir)
@@ -62,6 +64,40 @@ mod tests {
             .output()
             .expect("git runs");
         assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn stamp(path: &Path, at: std::time::SystemTime) {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(at))
+            .expect("set mtime");
+    }
+
+    /// A file rewritten with the same size in the same clock tick as the index was written has
+    /// the stat data the index cached for it: only git's "racily clean" rule (an entry as new as
+    /// the index is compared by content) catches the change. The snapshot's temporary index
+    /// must keep that rule working. The tick is made deterministic here: both times are set to
+    /// one instant ten seconds ago, and `core.checkStat=minimal` leaves ctime and inode out.
+    #[tokio::test]
+    async fn a_same_size_rewrite_in_the_index_tick_is_in_the_snapshot() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = init_repo(tmp.path(), &[("core.checkStat", "minimal")], &[]);
+        let file = repo.join("a.txt");
+        let tick = std::time::SystemTime::now() - std::time::Duration::from_secs(10);
+        stamp(&file, tick);
+        sh(&repo, &["add", "a.txt"]);
+        stamp(&repo.join(".git/index"), tick);
+        std::fs::write(&file, "two\n").expect("rewrite");
+        stamp(&file, tick);
+
+        let tree = worktree::snapshot_tree(&repo, &tmp.path().join("scratch"))
+            .await
+            .expect("snapshot");
+        let blob = sh(&repo, &["rev-parse", &format!("{tree}:a.txt")]);
+        assert_eq!(sh(&repo, &["cat-file", "-p", &blob]), "two");
+        assert_ne!(tree, sh(&repo, &["rev-parse", "HEAD^{tree}"]));
     }
 
     /// A repository at `<tmp>/repo` with a committer and one commit of `a.txt` ("one") plus

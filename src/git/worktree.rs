@@ -186,7 +186,7 @@ pub async fn snapshot_tree(repo: &Path, scratch: &Path) -> Result<String, GitErr
     .line();
     let index_env = temp.0.as_os_str();
     // Seeded from the real index, `add -A` hashes only what changed since it was written.
-    let seeded = !real.is_empty() && std::fs::copy(&real, &temp.0).is_ok();
+    let seeded = !real.is_empty() && seed_index(Path::new(&real), &temp.0).is_ok();
     if !seeded {
         Cmd::new(repo, &["read-tree", "HEAD"])
             .env("GIT_INDEX_FILE", index_env)
@@ -204,6 +204,21 @@ pub async fn snapshot_tree(repo: &Path, scratch: &Path) -> Result<String, GitErr
         .await?
         .line();
     Ok(tree)
+}
+
+/// Copies the index at `real` to `temp` with its modification time. Git trusts an entry's
+/// cached stat data only if the file was modified before the index was written; an entry as new
+/// as the index itself ("racily clean") has its contents compared. A copy stamped with the time
+/// of copying would make every such entry look trustworthy, and a file rewritten with the same
+/// size within the same clock tick as the checkout (a few milliseconds) would be taken as
+/// unchanged: left out of the snapshot, so out of an apply, and its worktree removable.
+fn seed_index(real: &Path, temp: &Path) -> std::io::Result<()> {
+    let written = std::fs::metadata(real)?.modified()?;
+    std::fs::copy(real, temp)?;
+    std::fs::File::options()
+        .write(true)
+        .open(temp)?
+        .set_modified(written)
 }
 
 /// Commits the worktree's current state (untracked files included) to its branch, if it differs
