@@ -97,7 +97,12 @@ pub(super) fn arm_deadline(
                 // The turn may have ended without the gateway seeing it yet (events missed, or
                 // it ended while the gateway was down, so this deadline fires at once after a
                 // restart): read it first, and claim only a turn that is really still running.
-                tracker::check_completion(&ctx, &server, &task_id, Idle::No, Some(turn)).await;
+                if let Some(ended) =
+                    tracker::check_completion(&ctx, &server, &task_id, Idle::No, Some(turn)).await
+                {
+                    tracker::read_files(&ctx, &server, &task_id, ended).await;
+                    return;
+                }
                 let error = ErrorInfo {
                     name: "TaskTimeout".into(),
                     message: format!(
@@ -117,6 +122,7 @@ pub(super) fn arm_deadline(
                 .await
                 {
                     tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+                    tracker::read_files(&ctx, &server, &task_id, turn).await;
                 }
             }
         }
@@ -126,7 +132,10 @@ pub(super) fn arm_deadline(
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     let (ctx, server, task_id) = (ctx.clone(), server.clone(), task_id.to_string());
     tokio::spawn(async move {
-        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await
+        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+        // What the turn changed before it was stopped, kept in the record like a finished
+        // turn's.
+        tracker::read_files(&ctx, &server, &task_id, turn).await;
     });
 }
 

@@ -721,16 +721,13 @@ pub fn spawn_check(
         };
         let (mut idle, mut for_turn) = (idle, for_turn);
         loop {
-            check_completion(&ctx, &server, &task_id, idle, for_turn).await;
-            // A turn just concluded: read its changed files now, off the completion path, so
-            // the wait that returns at completion does not pay for the round trip and later
-            // results find them.
-            if let Some(done) = ctx
-                .registry
-                .get(&task_id)
-                .filter(|e| e.rec.status.is_terminal() && e.rec.files_changed.is_none())
-            {
-                read_files(&ctx, &server, &task_id, done.rec.turn).await;
+            // This check ended the turn: read its changed files now, off the completion path,
+            // so the wait that returns at completion does not pay for the round trip and later
+            // results find them. A turn that something else ended (most often the idle event
+            // right after the one that started this check) is that path's to read: reading it
+            // here too doubled the gateway's requests at a fan-out's busiest moment.
+            if let Some(turn) = check_completion(&ctx, &server, &task_id, idle, for_turn).await {
+                read_files(&ctx, &server, &task_id, turn).await;
             }
             let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
             match checks.get_mut(&task_id) {
@@ -771,19 +768,20 @@ impl Drop for ForgetCheckOnPanic {
 /// trigger said about the session: `Confirmed` (a status read just now) or `Reported` (an idle
 /// event) spare a status read when the turn's final reply is already there; otherwise the status
 /// is read fresh. `for_turn` is the turn `known` was observed for, if it was read earlier.
+///
+/// Returns the turn this call ended, if it ended one (a structured answer it held and checked
+/// counts only if the check then finished the task; its files were read by the check).
 pub async fn check_completion(
     ctx: &TrackerContext,
     server: &Arc<Server>,
     task_id: &str,
     known: Idle,
     for_turn: Option<u32>,
-) {
+) -> Option<u32> {
     let registry = &ctx.registry;
-    let Some(entry) = registry.get(task_id) else {
-        return;
-    };
+    let entry = registry.get(task_id)?;
     if !entry.is_open() {
-        return;
+        return None;
     }
     let known = match for_turn {
         Some(t) if t != entry.rec.turn => Idle::No,
@@ -799,11 +797,12 @@ pub async fn check_completion(
                     e.finish(TaskStatus::Failed, Some(error));
                 }
             });
-            return;
+            // Gone with its session: there are no files to read.
+            return None;
         }
         Err(e) => {
             tracing::debug!(task_id, error = %e, "completion check failed; will retry");
-            return;
+            return None;
         }
     };
     let idle = if turn.finished && known != Idle::No {
@@ -816,7 +815,7 @@ pub async fn check_completion(
             },
             Err(e) => {
                 tracing::debug!(task_id, error = %e, "completion check: status read failed; will retry");
-                return;
+                return None;
             }
         }
     };
@@ -828,13 +827,13 @@ pub async fn check_completion(
             Ok(again) => turn = again,
             Err(e) => {
                 tracing::debug!(task_id, error = %e, "completion check: second read failed; will retry");
-                return;
+                return None;
             }
         }
     }
-    let held = registry.update(task_id, |e| {
+    let ended = registry.update(task_id, |e| {
         if e.rec.turn != entry.rec.turn || !e.is_open() {
-            return None;
+            return Ended::No;
         }
         if let Some(newest) = &turn.newest_message_id {
             e.rec.note_message_id(newest);
@@ -848,12 +847,13 @@ pub async fn check_completion(
                 e.rec.outcome = Some(turn.clone());
                 if v.status == TaskStatus::Completed {
                     match structured::hold(e) {
-                        Hold::Held(turn) => return Some(turn),
-                        Hold::Already => return None,
+                        Hold::Held(turn) => return Ended::Held(turn),
+                        Hold::Already => return Ended::No,
                         Hold::No => {}
                     }
                 }
                 e.finish(v.status, v.error);
+                return Ended::Finished(e.rec.turn);
             }
             None => {
                 if idle == Idle::No && e.rec.status == TaskStatus::Pending && turn.user_message_seen
@@ -862,11 +862,27 @@ pub async fn check_completion(
                 }
             }
         }
-        None
+        Ended::No
     });
-    if let Some(turn) = held.flatten() {
-        structured::settle(ctx, server, task_id, turn).await;
+    match ended? {
+        Ended::Finished(turn) => Some(turn),
+        Ended::Held(turn) => {
+            // The check reads the files of a round it ends.
+            structured::settle(ctx, server, task_id, turn).await;
+            None
+        }
+        Ended::No => None,
     }
+}
+
+/// What a completion check did with the turn it read.
+enum Ended {
+    /// Nothing: still running, or ended by someone else meanwhile.
+    No,
+    /// Finished the task at this turn.
+    Finished(u32),
+    /// Held this turn's structured answer for its check.
+    Held(u32),
 }
 
 /// Counts this check if it confirmed the session idle with the turn's newest step unfinished
@@ -1019,12 +1035,25 @@ async fn read_turn_once(
 /// after the turn's outcome (never on the path a wait returns on), again when a result is asked
 /// for while they are still unknown, and before the server goes. A failed read is recorded
 /// (`files_error`) so that a result never presents "no list" as "nothing changed".
+///
+/// Each turn's list is read in the background by the one path that ended the turn (the event
+/// that concluded it, the completion check that did, an abort); a turn that ran no tool is
+/// known to have changed nothing and costs no request.
 pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
     let Some(entry) = ctx.registry.get(task_id) else {
         return;
     };
     let rec = &entry.rec;
     if rec.turn != turn_no || rec.files_changed.is_some() {
+        return;
+    }
+    if ran_no_tool(rec) {
+        ctx.registry.update(task_id, |e| {
+            if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+                e.rec.files_changed = Some(Vec::new());
+                e.rec.files_error = None;
+            }
+        });
         return;
     }
     let mut messages: Vec<&str> = rec
@@ -1099,6 +1128,23 @@ const EMPTY_DIFF_RETRIES: [Duration; 6] = [
     Duration::from_millis(800),
     Duration::from_millis(1600),
 ];
+
+/// Whether the task's current turn is known to have run no tool at all, so that it changed no
+/// file and its list is empty without asking OpenCode. Only a turn whose outcome was read whole
+/// qualifies: not one whose older messages were left unread, nor a structured round with
+/// corrections (the outcome is the last correction's). A pure answer is the common case of a
+/// fan-out of questions, and each saved read is one request less on a busy server.
+fn ran_no_tool(rec: &super::record::TaskRecord) -> bool {
+    let whole_round = rec
+        .structured
+        .as_ref()
+        .is_none_or(|s| s.corrected_messages.is_empty());
+    whole_round
+        && rec
+            .outcome
+            .as_ref()
+            .is_some_and(|o| o.user_message_seen && o.tools.is_empty() && !o.messages_capped)
+}
 
 /// OpenCode's tools that write files themselves; a shell command may too, but most change
 /// nothing, and waiting on every one of them would delay the list of most turns.
@@ -1293,6 +1339,47 @@ mod tests {
             e.rec.structured.and_then(|s| s.value),
             Some(serde_json::json!({}))
         );
+    }
+
+    /// A turn known to have run no tool changed nothing: its list is empty without a request
+    /// (the server here is unreachable, so a request would record an error instead). A turn
+    /// that ran one, or whose outcome is not known whole, is asked about.
+    #[tokio::test]
+    async fn only_a_turn_that_ran_no_tool_gets_its_empty_list_without_asking() {
+        use crate::opencode::ToolCall;
+        let finished = |tools: Vec<ToolCall>, capped: bool| {
+            registry_with(move |e| {
+                e.rec.outcome = Some(TurnState {
+                    user_message_seen: true,
+                    finished: true,
+                    tools,
+                    messages_capped: capped,
+                    ..TurnState::default()
+                });
+                e.finish(TaskStatus::Completed, None);
+            })
+        };
+        let server = unreachable_server();
+        let read = |registry: Arc<Registry>| {
+            let ctx = context(registry.clone());
+            let server = &server;
+            async move {
+                read_files(&ctx, server, "tsk_a", 1).await;
+                let rec = registry.get("tsk_a").expect("task").rec;
+                (rec.files_changed, rec.files_error.is_some())
+            }
+        };
+        assert_eq!(read(finished(vec![], false)).await, (Some(vec![]), false));
+        let bash = ToolCall {
+            tool: "bash".into(),
+            status: "completed".into(),
+            title: None,
+            error: None,
+        };
+        assert_eq!(read(finished(vec![bash], false)).await, (None, true));
+        assert_eq!(read(finished(vec![], true)).await, (None, true));
+        let unknown = registry_with(|e| e.finish(TaskStatus::Completed, None));
+        assert_eq!(read(unknown).await, (None, true));
     }
 
     #[tokio::test]
