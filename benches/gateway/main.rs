@@ -67,6 +67,8 @@ struct Knobs {
     scale: Vec<(usize, usize)>,
     /// Fake LLM delay for the fan-out and scaling turns, ms.
     fan_delay_ms: u64,
+    /// (tasks, repetitions per side) of the fan-out whose tasks each write a file.
+    scale_writes: (usize, usize),
     rss_tasks: usize,
     busy_tasks: usize,
     long_secs: u64,
@@ -88,11 +90,12 @@ const START_MODEL: &str = "fake/fake-strong";
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "start",
     "start_model",
     "cycle",
     "scale",
+    "scale_writes",
     "cold",
     "footprint",
     "worktree",
@@ -118,6 +121,7 @@ impl Knobs {
         } else {
             vec![(1, 8), (10, 5), (50, 5), (200, 2)]
         };
+        let default_writes = (200, q(3, 1));
         let scale = match std::env::var("BENCH_SCALE") {
             Ok(v) if !v.trim().is_empty() => parse_scale(&v, &default_scale)?,
             _ => default_scale,
@@ -144,6 +148,13 @@ impl Knobs {
             cold_reps: env_num("BENCH_COLD_REPS", q(30, 10))?,
             scale,
             fan_delay_ms: 500,
+            scale_writes: match std::env::var("BENCH_SCALE_WRITES") {
+                Ok(v) if !v.trim().is_empty() => match parse_scale(&v, &[default_writes])?[..] {
+                    [one] => one,
+                    _ => return Err("BENCH_SCALE_WRITES: one `tasks[:reps]`".into()),
+                },
+                _ => default_writes,
+            },
             rss_tasks: env_num("BENCH_RSS_TASKS", 1000)?,
             busy_tasks: 50,
             long_secs: env_num("BENCH_LONG_SECS", q(60, 10) as u64)?,
@@ -402,10 +413,29 @@ async fn run() -> Result<(), BoxError> {
                 step(&format!(
                     "fan-out: {n} concurrent tasks, {reps} rep(s) per side"
                 ));
-                let f = scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms)
-                    .await?;
+                let f = scenarios::fan_out(
+                    &gateway,
+                    &direct,
+                    &watch,
+                    n,
+                    reps,
+                    knobs.fan_delay_ms,
+                    false,
+                )
+                .await?;
                 figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
             }
+        }
+
+        if knobs.runs("scale_writes") {
+            let (n, reps) = knobs.scale_writes;
+            step(&format!(
+                "fan-out: {n} concurrent tasks writing a file each, {reps} rep(s) per side"
+            ));
+            let f =
+                scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms, true)
+                    .await?;
+            figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);
         }
 
         if knobs.runs("cold") {

@@ -277,6 +277,10 @@ pub struct FanOut {
 
 /// `n` tasks started at once and waited for, `reps` times on each side, interleaved. The fake
 /// LLM answers every turn after `delay_ms`.
+///
+/// With `writes`, every task first writes a file of its own (a `write` tool call, then the
+/// answer): the gateway then reads each turn's changed files from OpenCode, in the background,
+/// while the direct side reads nothing. What those reads cost the turns still running shows.
 pub async fn fan_out(
     gw: &Gw,
     direct: &Direct,
@@ -284,14 +288,21 @@ pub async fn fan_out(
     n: usize,
     reps: usize,
     delay_ms: u64,
+    writes: bool,
 ) -> Result<FanOut, BoxError> {
     let mut r = FanOut::default();
+    let kind = if writes { "fanw" } else { "fan" };
     for rep in 0..reps {
         for gateway_side in [rep % 2 == 0, rep % 2 != 0] {
             let prompts: Vec<String> = (0..n)
                 .map(|k| {
                     let side = if gateway_side { "gateway" } else { "direct" };
-                    format!("bench fan {n} {side} {rep} {k} [[delay:{delay_ms}]]")
+                    let write = if writes {
+                        format!(" [[write:bench-{kind}/{n}-{side}-{rep}-{k}.txt:{k}]]")
+                    } else {
+                        String::new()
+                    };
+                    format!("bench {kind} {n} {side} {rep} {k} [[delay:{delay_ms}]]{write}")
                 })
                 .collect();
             if gateway_side {
