@@ -657,6 +657,51 @@ async fn a_task_cancelled_at_once_leaves_its_directory_usable() {
     }
 }
 
+/// OpenCode lists a turn's changed files from snapshots it takes only in a git repository.
+/// Outside one, a task that wrote a file must not read as "changed nothing": its result has no
+/// list and says why, naming what the editing tool wrote. A task in a repository beside it, on
+/// the same server, still gets its list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_git_a_turns_changed_files_are_unknown_not_empty() {
+    let rig = Rig::start(&[]).await;
+    let loose_dir = rig.env.work_dir();
+    assert!(
+        !loose_dir.join(".git").exists(),
+        "the rig's directory is not a repository"
+    );
+    let repo = loose_dir.join("repo");
+    support::git::init_repo(&repo, &[("README", "tracked\n")]);
+    let loose = task_id(&rig.start_task("[[write:loose.txt:outside git]]").await);
+    let tracked = task_id(
+        &rig.start_task_with(json!({
+            "prompt": "[[write:tracked.txt:inside git]]",
+            "directory": repo.display().to_string(),
+        }))
+        .await,
+    );
+
+    let r = rig.finish(&loose).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert!(loose_dir.join("loose.txt").is_file(), "the tool wrote: {r}");
+    assert!(
+        r.get("files_changed").is_none(),
+        "no list, not an empty one: {r}"
+    );
+    let why = r["files_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("git repository") && why.contains("loose.txt"),
+        "says why and what the tool wrote: {r}"
+    );
+
+    let r = rig.finish(&tracked).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert!(r.get("files_error").is_none(), "{r}");
+    assert!(
+        r["files_changed"].to_string().contains("tracked.txt"),
+        "{r}"
+    );
+}
+
 fn task_id(v: &Value) -> String {
     v["task_id"].as_str().expect("task_id").to_owned()
 }

@@ -54,6 +54,8 @@ pub struct Api {
 struct Listings {
     agents: Remembered<Vec<AgentInfo>>,
     models: Remembered<ModelCatalog>,
+    /// Whether OpenCode keeps snapshots (so lists of changed files) in a directory.
+    tracked: Remembered<bool>,
 }
 
 impl Api {
@@ -463,6 +465,29 @@ impl Api {
                 })
             })
             .collect())
+    }
+
+    /// Whether OpenCode can list the files a turn in `directory` changed: its diffs come from
+    /// snapshots it takes only in a git repository (`GET /project/current` names `vcs: "git"`).
+    /// Elsewhere every list is empty whatever the turn did, so an empty one means nothing.
+    /// Remembered like the listings: OpenCode decides a directory's project once per instance.
+    pub async fn tracks_changes(&self, directory: &str) -> Result<bool, OpencodeError> {
+        let read = async {
+            let r = self
+                .client
+                .project_current()
+                .directory(directory)
+                .send()
+                .await
+                .map_err(|e| OpencodeError::from_client("GET /project/current", e))?;
+            Ok(r.into_inner().vcs.is_some())
+        };
+        Ok(*self
+            .listings
+            .tracked
+            .get(directory, true, read)
+            .await?
+            .value)
     }
 
     /// `GET /permission`: pending asks of one directory's instance.

@@ -81,7 +81,10 @@ impl TaskService {
                     .get(task_id)
                     .filter(|n| n.rec.turn == entry.rec.turn)
                 {
+                    // Its error too: a list that could not be read, or that OpenCode does
+                    // not keep there, must not read as "changed nothing".
                     entry.rec.files_changed = now.rec.files_changed;
+                    entry.rec.files_error = now.rec.files_error;
                 }
             }
         }

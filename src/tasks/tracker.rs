@@ -1056,6 +1056,19 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
         });
         return;
     }
+    // Outside a git repository OpenCode takes no snapshots and lists nothing whatever the turn
+    // did: an empty list there would read as "changed nothing". Say the list is unknown instead
+    // of asking (and asking again, as an empty list after an edit is) for nothing. A failed
+    // check falls through to the read, which records its own error if OpenCode is unreachable.
+    if let Ok(false) = server.api.tracks_changes(&rec.directory).await {
+        let why = untracked_files(rec);
+        ctx.registry.update(task_id, |e| {
+            if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+                e.rec.files_error = Some(why);
+            }
+        });
+        return;
+    }
     let mut messages: Vec<&str> = rec
         .structured
         .as_ref()
@@ -1144,6 +1157,34 @@ fn ran_no_tool(rec: &super::record::TaskRecord) -> bool {
             .outcome
             .as_ref()
             .is_some_and(|o| o.user_message_seen && o.tools.is_empty() && !o.messages_capped)
+}
+
+/// Why a turn in a directory OpenCode keeps no snapshots of has no list of changed files, with
+/// the files its editing tools named (their titles are the paths), as a hint of what it wrote.
+fn untracked_files(rec: &super::record::TaskRecord) -> String {
+    const NAMED: usize = 20;
+    let mut named: Vec<&str> = rec
+        .outcome
+        .iter()
+        .flat_map(|o| &o.tools)
+        .filter(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
+        .filter_map(|t| t.title.as_deref())
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    let mut why = format!(
+        "OpenCode lists a turn's changed files only in a git repository, and {} is not in one",
+        rec.directory
+    );
+    if !named.is_empty() {
+        let more = named.len().saturating_sub(NAMED);
+        why.push_str("; its editing tools wrote ");
+        why.push_str(&named[..named.len().min(NAMED)].join(", "));
+        if more > 0 {
+            why.push_str(&format!(" and {more} more"));
+        }
+    }
+    why
 }
 
 /// OpenCode's tools that write files themselves; a shell command may too, but most change
@@ -1339,6 +1380,46 @@ mod tests {
             e.rec.structured.and_then(|s| s.value),
             Some(serde_json::json!({}))
         );
+    }
+
+    /// Outside git the reason names each file an editing tool wrote once, completed tools only,
+    /// and stops after twenty names.
+    #[test]
+    fn an_untracked_turn_names_what_its_editing_tools_wrote() {
+        use crate::opencode::ToolCall;
+        let call = |tool: &str, status: &str, title: &str| ToolCall {
+            tool: tool.into(),
+            status: status.into(),
+            title: Some(title.into()),
+            error: None,
+        };
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        e.rec.directory = "/scratch".into();
+        let mut tools = vec![
+            call("write", "completed", "b.txt"),
+            call("edit", "completed", "a.txt"),
+            call("write", "completed", "b.txt"),
+            call("write", "error", "failed.txt"),
+            call("bash", "completed", "touch c.txt"),
+        ];
+        e.rec.outcome = Some(TurnState {
+            tools: tools.clone(),
+            ..TurnState::default()
+        });
+        assert_eq!(
+            untracked_files(&e.rec),
+            "OpenCode lists a turn's changed files only in a git repository, and /scratch is not \
+             in one; its editing tools wrote a.txt, b.txt"
+        );
+        tools.extend((0..25).map(|i| call("write", "completed", &format!("f{i:02}"))));
+        e.rec.outcome = Some(TurnState {
+            tools,
+            ..TurnState::default()
+        });
+        let why = untracked_files(&e.rec);
+        assert!(why.ends_with(", f17 and 7 more"), "{why}");
+        e.rec.outcome = None;
+        assert!(untracked_files(&e.rec).ends_with("is not in one"));
     }
 
     /// A turn known to have run no tool changed nothing: its list is empty without a request
