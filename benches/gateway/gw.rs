@@ -109,10 +109,31 @@ impl Gw {
         prompt: &str,
         model: Option<&str>,
     ) -> Result<Started, BoxError> {
+        self.start_task_with(prompt, model, None).await
+    }
+
+    /// `start_task` in `directory` when given (else the server's own).
+    pub async fn start_task_in(
+        &self,
+        prompt: &str,
+        directory: Option<&str>,
+    ) -> Result<Started, BoxError> {
+        self.start_task_with(prompt, None, directory).await
+    }
+
+    async fn start_task_with(
+        &self,
+        prompt: &str,
+        model: Option<&str>,
+        directory: Option<&str>,
+    ) -> Result<Started, BoxError> {
         // The benchmark compares sessions with direct ones: it needs the ids.
         let mut args = json!({ "server_id": self.server_id, "prompt": prompt, "detail": "full" });
         if let Some(model) = model {
             args["model"] = json!(model);
+        }
+        if let Some(directory) = directory {
+            args["directory"] = json!(directory);
         }
         let v = self.ok("opencode_start_task", args).await?;
         let field = |k: &str| {

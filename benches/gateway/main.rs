@@ -420,7 +420,7 @@ async fn run() -> Result<(), BoxError> {
                     n,
                     reps,
                     knobs.fan_delay_ms,
-                    false,
+                    None,
                 )
                 .await?;
                 figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
@@ -432,9 +432,31 @@ async fn run() -> Result<(), BoxError> {
             step(&format!(
                 "fan-out: {n} concurrent tasks writing a file each, {reps} rep(s) per side"
             ));
-            let f =
-                scenarios::fan_out(&gateway, &direct, &watch, n, reps, knobs.fan_delay_ms, true)
-                    .await?;
+            // In a git repository of its own: only there does OpenCode list changed files.
+            let repo = env.work_dir().join("writes-repo");
+            support::git::init_repo(&repo, &[("README", "bench\n")]);
+            let repo_dir = repo.display().to_string();
+            let in_repo = Direct::new(server.url(), server.password(), &repo_dir)?;
+            // OpenCode's first turn in a directory loads its plugins and agents; keep that out.
+            let prompt = "bench warmup writes-repo";
+            let s = in_repo
+                .start(&direct::gateway_title(prompt), prompt)
+                .await?;
+            watch.wait_all(&[s], Duration::from_secs(120)).await?;
+            let t = gateway.start_task_in(prompt, Some(&repo_dir)).await?;
+            gateway
+                .wait_all(&[t.task_id], Duration::from_secs(120))
+                .await?;
+            let f = scenarios::fan_out(
+                &gateway,
+                &in_repo,
+                &watch,
+                n,
+                reps,
+                knobs.fan_delay_ms,
+                Some(&repo_dir),
+            )
+            .await?;
             figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);
         }
 

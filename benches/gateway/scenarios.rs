@@ -278,9 +278,11 @@ pub struct FanOut {
 /// `n` tasks started at once and waited for, `reps` times on each side, interleaved. The fake
 /// LLM answers every turn after `delay_ms`.
 ///
-/// With `writes`, every task first writes a file of its own (a `write` tool call, then the
-/// answer): the gateway then reads each turn's changed files from OpenCode, in the background,
-/// while the direct side reads nothing. What those reads cost the turns still running shows.
+/// With `writes_in`, a git repository (`direct` must work in the same one), every task runs
+/// there and first writes a file of its own (a `write` tool call, then the answer): the gateway
+/// then reads each turn's changed files from OpenCode, in the background, while the direct side
+/// reads nothing. What those reads cost the turns still running shows. (OpenCode lists changed
+/// files only in a git repository; elsewhere the gateway reads none.)
 pub async fn fan_out(
     gw: &Gw,
     direct: &Direct,
@@ -288,9 +290,10 @@ pub async fn fan_out(
     n: usize,
     reps: usize,
     delay_ms: u64,
-    writes: bool,
+    writes_in: Option<&str>,
 ) -> Result<FanOut, BoxError> {
     let mut r = FanOut::default();
+    let writes = writes_in.is_some();
     let kind = if writes { "fanw" } else { "fan" };
     for rep in 0..reps {
         for gateway_side in [rep % 2 == 0, rep % 2 != 0] {
@@ -308,7 +311,7 @@ pub async fn fan_out(
             if gateway_side {
                 let cpu0 = cpu(gw.pid, "gateway")?;
                 let t0 = Instant::now();
-                let starts = join_all(prompts.iter().map(|p| gw.start_task(p))).await;
+                let starts = join_all(prompts.iter().map(|p| gw.start_task_in(p, writes_in))).await;
                 let started = ms(t0.elapsed());
                 let ids = starts
                     .into_iter()
