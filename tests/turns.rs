@@ -702,6 +702,57 @@ async fn outside_git_a_turns_changed_files_are_unknown_not_empty() {
     );
 }
 
+/// OpenCode writes a turn's list of changed files after the turn, late on a busy server, so an
+/// empty list right after a turn whose tools edited files is not believed at once. A file git
+/// ignores is such a turn whose list stays empty: a result asked for right away says the list
+/// is not there yet (never "changed nothing" too early), and once the background read has
+/// waited long enough the empty list stands, without an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_list_after_an_edit_is_believed_only_after_waiting() {
+    let rig = Rig::start(&[]).await;
+    let repo = rig.env.work_dir().join("ignoring");
+    support::git::init_repo(&repo, &[("README", "r\n"), (".gitignore", "ignored/\n")]);
+    let task = task_id(
+        &rig.start_task_with(json!({
+            "prompt": "[[write:ignored/quiet.txt:not listed]]",
+            "directory": repo.display().to_string(),
+        }))
+        .await,
+    );
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert!(
+        repo.join("ignored/quiet.txt").is_file(),
+        "the tool wrote: {r}"
+    );
+    assert!(r.get("files_changed").is_none(), "{r}");
+    assert!(
+        r["files_error"]
+            .as_str()
+            .is_some_and(|why| why.contains("not listed this turn's changed files yet")),
+        "not yet known, not empty: {r}"
+    );
+    // Each call while the list is unknown reads it again itself (a few seconds).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let last = loop {
+        let r = rig
+            .ok("opencode_get_task_result", json!({ "task_id": task }))
+            .await;
+        if r.get("files_error").is_none() {
+            break r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the list never settles: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        last.get("files_changed").is_none(),
+        "nothing git tracks changed: {last}"
+    );
+}
+
 fn task_id(v: &Value) -> String {
     v["task_id"].as_str().expect("task_id").to_owned()
 }

@@ -100,7 +100,7 @@ pub(super) fn arm_deadline(
                 if let Some(ended) =
                     tracker::check_completion(&ctx, &server, &task_id, Idle::No, Some(turn)).await
                 {
-                    tracker::read_files(&ctx, &server, &task_id, ended).await;
+                    tracker::read_files(&ctx, &server, &task_id, ended, Attempts::Patient).await;
                     return;
                 }
                 let error = ErrorInfo {
@@ -122,7 +122,7 @@ pub(super) fn arm_deadline(
                 .await
                 {
                     tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-                    tracker::read_files(&ctx, &server, &task_id, turn).await;
+                    tracker::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
                 }
             }
         }
@@ -135,7 +135,7 @@ fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn
         tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
         // What the turn changed before it was stopped, kept in the record like a finished
         // turn's.
-        tracker::read_files(&ctx, &server, &task_id, turn).await;
+        tracker::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
     });
 }
 

@@ -148,7 +148,7 @@ pub struct TaskSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
     /// Files the finished turn changed (wait results; listed once read, which happens right
-    /// after the turn ends: the get-result tool always lists them).
+    /// after the turn ends: the get-result tool lists them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_changed: Option<Vec<FileChange>>,
     /// The task's git worktree (isolation `worktree`); in wait results with the files changed.
@@ -253,7 +253,9 @@ pub struct TaskResult {
     /// `tools` count its newest messages only (the answer and the status are unaffected).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub messages_capped: bool,
-    /// Files this turn changed.
+    /// Files this turn changed, as OpenCode lists them: every file that changed in the task's
+    /// directory while the turn ran, so another task's changes there at the same time are
+    /// listed too (`isolation: "worktree"` keeps tasks apart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_changed: Vec<FileChange>,
     /// The task's git worktree (isolation `worktree`), with every file the task changed against

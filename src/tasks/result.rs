@@ -75,7 +75,14 @@ impl TaskService {
         }
         if finished && files == Files::Read && entry.rec.files_changed.is_none() {
             if let Some(s) = &server {
-                tracker::read_files(&self.tracker, s, task_id, entry.rec.turn).await;
+                tracker::read_files(
+                    &self.tracker,
+                    s,
+                    task_id,
+                    entry.rec.turn,
+                    tracker::Attempts::Once,
+                )
+                .await;
                 if let Some(now) = self
                     .registry
                     .get(task_id)
@@ -99,6 +106,13 @@ impl TaskService {
                 "the turn's changed files were never read, and its OpenCode server {} is gone",
                 entry.rec.server_id
             )),
+            // Read just now, and OpenCode still lists none for a turn whose tools edited files:
+            // it writes the list after the turn, late on a busy server.
+            (None, None) if files == Files::Read => Some(
+                "OpenCode has not listed this turn's changed files yet, though its tools edited \
+                 files; ask for the result again in a few seconds"
+                    .into(),
+            ),
             (None, None) => None,
         };
         let outcome: TurnState = entry.rec.outcome.clone().unwrap_or_default();

@@ -412,7 +412,7 @@ impl TaskService {
             let turn = self.registry.get(id).map(|e| e.rec.turn).unwrap_or(0);
             tracker::read_outcome(&self.tracker, server, id, turn, tracker::Attempts::Once).await;
             if files {
-                tracker::read_files(&self.tracker, server, id, turn).await;
+                tracker::read_files(&self.tracker, server, id, turn, tracker::Attempts::Once).await;
             }
         });
         if tokio::time::timeout(bound, futures::future::join_all(reads))

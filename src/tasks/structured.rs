@@ -468,7 +468,7 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
         .get(task_id)
         .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
     {
-        tracker::read_files(ctx, server, task_id, turn).await;
+        tracker::read_files(ctx, server, task_id, turn, tracker::Attempts::Patient).await;
     }
 }
 

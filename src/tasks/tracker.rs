@@ -525,7 +525,7 @@ async fn stop_over_budget(
     .await;
     if let Ok(Some(turn)) = stopped {
         read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
-        read_files(ctx, server, task_id, turn).await;
+        read_files(ctx, server, task_id, turn, Attempts::Patient).await;
     }
 }
 
@@ -727,7 +727,7 @@ pub fn spawn_check(
             // right after the one that started this check) is that path's to read: reading it
             // here too doubled the gateway's requests at a fan-out's busiest moment.
             if let Some(turn) = check_completion(&ctx, &server, &task_id, idle, for_turn).await {
-                read_files(&ctx, &server, &task_id, turn).await;
+                read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
             }
             let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
             match checks.get_mut(&task_id) {
@@ -925,16 +925,18 @@ fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, tu
         read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
         // Then its changed files, off the completion path as for a turn concluded over HTTP:
         // a record that has them answers for them after a restart too.
-        read_files(&ctx, &server, &task_id, turn).await;
+        read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
     });
 }
 
-/// How hard [`read_outcome`] tries.
+/// How hard [`read_outcome`] and [`read_files`] try.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempts {
-    /// In the background: retry with backoff ([`OUTCOME_RETRIES`]).
+    /// In the background: retry with backoff ([`OUTCOME_RETRIES`]; for a list of changed files
+    /// still empty after an edit, [`EMPTY_DIFF_RETRIES`] then [`EMPTY_DIFF_LATE`]).
     Patient,
-    /// On a caller's path (a result call, a flush at stop): one read.
+    /// On a caller's path (a result call, a flush at stop): one read of the outcome; the short
+    /// schedule for an empty list of changed files, left unknown if it is still empty.
     Once,
 }
 
@@ -1039,7 +1041,13 @@ async fn read_turn_once(
 /// Each turn's list is read in the background by the one path that ended the turn (the event
 /// that concluded it, the completion check that did, an abort); a turn that ran no tool is
 /// known to have changed nothing and costs no request.
-pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, turn_no: u32) {
+pub async fn read_files(
+    ctx: &TrackerContext,
+    server: &Server,
+    task_id: &str,
+    turn_no: u32,
+    attempts: Attempts,
+) {
     let Some(entry) = ctx.registry.get(task_id) else {
         return;
     };
@@ -1090,9 +1098,15 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
         Ok::<_, crate::opencode::OpencodeError>(structured::round_files(turns))
     };
     // An empty list right after a turn that edited files may only mean OpenCode has not
-    // written it yet (see `EMPTY_DIFF_RETRIES`): read again a few times before believing it.
+    // written it yet (see `EMPTY_DIFF_RETRIES`): read again before believing it. A caller's
+    // read that still finds none leaves the list unknown (the result says so) for the
+    // background read, which goes on longer, to settle.
     let edited = edited_files(rec.outcome.as_ref());
-    let mut pauses = EMPTY_DIFF_RETRIES.iter();
+    let late: &[Duration] = match attempts {
+        Attempts::Patient => &EMPTY_DIFF_LATE,
+        Attempts::Once => &[],
+    };
+    let mut pauses = EMPTY_DIFF_RETRIES.iter().chain(late);
     let files = loop {
         match read().await {
             Ok(files) if files.is_empty() && edited => match pauses.next() {
@@ -1103,6 +1117,10 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
                          reading again"
                     );
                     tokio::time::sleep(*pause).await;
+                }
+                None if attempts == Attempts::Once => {
+                    tracing::debug!(task_id, "the turn's changed files are not listed yet");
+                    return;
                 }
                 None => break files,
             },
@@ -1133,6 +1151,11 @@ pub async fn read_files(ctx: &TrackerContext, server: &Server, task_id: &str, tu
 /// once, the list of a turn that wrote a file was empty on a loaded machine. Usually the first
 /// read has it; these cover about 3 s, off the completion path (a result call that finds no
 /// list yet waits for them too).
+///
+/// Then, in the background only, [`EMPTY_DIFF_LATE`]: with 200 tasks writing files in one
+/// repository at once, 3–17 of them still had no list after 3 s, and OpenCode listed every one
+/// of those later. An empty list is believed only after these (a write of a file git ignores,
+/// or of the same bytes, changes nothing OpenCode can list).
 const EMPTY_DIFF_RETRIES: [Duration; 6] = [
     Duration::from_millis(50),
     Duration::from_millis(100),
@@ -1140,6 +1163,13 @@ const EMPTY_DIFF_RETRIES: [Duration; 6] = [
     Duration::from_millis(400),
     Duration::from_millis(800),
     Duration::from_millis(1600),
+];
+
+/// The background read's further pauses after [`EMPTY_DIFF_RETRIES`]: about 25 s in all.
+const EMPTY_DIFF_LATE: [Duration; 3] = [
+    Duration::from_millis(3200),
+    Duration::from_millis(6400),
+    Duration::from_millis(12800),
 ];
 
 /// Whether the task's current turn is known to have run no tool at all, so that it changed no
@@ -1445,7 +1475,7 @@ mod tests {
             let ctx = context(registry.clone());
             let server = &server;
             async move {
-                read_files(&ctx, server, "tsk_a", 1).await;
+                read_files(&ctx, server, "tsk_a", 1, Attempts::Patient).await;
                 let rec = registry.get("tsk_a").expect("task").rec;
                 (rec.files_changed, rec.files_error.is_some())
             }
