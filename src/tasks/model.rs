@@ -272,8 +272,9 @@ pub struct TaskResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_error: Option<String>,
     /// Why `files_changed` is absent although the turn is over: OpenCode's list of the turn's
-    /// changed files could not be read, or OpenCode keeps none there (it lists changes only in
-    /// a git repository). Absent `files_changed` without it means none changed.
+    /// changed files could not be read, is not written yet (ask again), or is not kept there
+    /// (OpenCode lists changes only in a git repository). Absent `files_changed` without it
+    /// means none changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_error: Option<String>,
     /// A task started with `output_schema`: the JSON value its answer ended with, parsed, once
