@@ -228,15 +228,21 @@ impl SseParser {
         if self.oversized {
             return;
         }
-        let text = String::from_utf8_lossy(line);
-        if let Some(rest) = text.strip_prefix("data:") {
-            if self.has_data {
-                self.data.push('\n');
-            }
-            self.data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
-            self.has_data = true;
-        }
         // `event:`, `id:`, `retry:` and comments are ignored.
+        let Some(rest) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+        if self.has_data {
+            self.data.push('\n');
+        }
+        // Checked, not converted lossily: the check runs a word at a time over ASCII, and
+        // every byte of every event passes here.
+        match std::str::from_utf8(rest) {
+            Ok(text) => self.data.push_str(text),
+            Err(_) => self.data.push_str(&String::from_utf8_lossy(rest)),
+        }
+        self.has_data = true;
     }
 }
 
@@ -251,27 +257,36 @@ fn without_cr(line: &[u8]) -> &[u8] {
 /// Only the envelope is read first: about half of what OpenCode streams (by bytes, measured
 /// on a fan-out) is of kinds the gateway ignores (`sync`, `session.diff`, `plugin.added`), and
 /// their properties are skipped without being built into a JSON tree.
+///
+/// The envelope is read in one pass (the payload as a nested struct, not first as raw JSON and
+/// then again): every byte OpenCode streams passes here, and on a fan-out of 200 tasks this
+/// decoding was a third of all the gateway's instructions.
 pub fn decode_event(data: &str) -> Event {
     let Ok(frame) = serde_json::from_str::<Frame>(data) else {
         return Event::Other;
     };
-    let frame = match frame.payload {
-        Some(payload) => match serde_json::from_str::<Frame>(payload.get()) {
-            Ok(inner) => inner,
-            Err(_) => return Event::Other,
-        },
-        None => frame,
+    let (kind, properties) = match frame.payload {
+        Some(payload) => (payload.kind, payload.properties),
+        None => (frame.kind, frame.properties),
     };
-    let kind = frame.kind.as_deref().unwrap_or("");
-    decode_properties(kind, frame.properties).unwrap_or(Event::Other)
+    decode_properties(kind.as_deref().unwrap_or(""), properties).unwrap_or(Event::Other)
 }
 
-/// A frame of `/global/event` (`{directory, payload: {type, properties}}`, the payload being
-/// itself a frame) or of `/event` (`{type, properties}`), other fields ignored.
+/// A frame of `/global/event` (`{directory, payload: {type, properties}}`) or of `/event`
+/// (`{type, properties}`), other fields ignored.
 #[derive(serde::Deserialize)]
 struct Frame<'a> {
     #[serde(borrow, default)]
-    payload: Option<&'a serde_json::value::RawValue>,
+    payload: Option<Payload<'a>>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    properties: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The `payload` of a `/global/event` frame.
+#[derive(serde::Deserialize)]
+struct Payload<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]

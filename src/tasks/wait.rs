@@ -68,39 +68,53 @@ impl TaskService {
         let mut changes = self.registry.subscribe();
         loop {
             changes.borrow_and_update();
-            let tasks = self
+            // Whether to return is judged cheaply first (this runs on every change of any
+            // task), then again from the snapshots, which are what the host is shown: a task
+            // may have moved in between.
+            let finished = self
                 .registry
-                .snapshots(task_ids, include_progress, self.stall())
+                .finished_count(task_ids)
                 .map_err(TaskError::UnknownTasks)?;
-            let (finished, unfinished): (Vec<_>, Vec<_>) =
-                tasks.iter().partition(|t| t.status.is_terminal());
-            let done = match mode {
-                WaitMode::All => unfinished.is_empty(),
-                WaitMode::Any => !finished.is_empty(),
+            let may_be_done = match mode {
+                WaitMode::All => finished == task_ids.len(),
+                WaitMode::Any => finished > 0,
             };
-            // From the snapshots, so that each task listed shows its ask in this result (one
-            // that came after them wakes this loop again).
-            let unshown = if on_asks {
-                self.registry.unshown_asks(task_ids)
-            } else {
-                Vec::new()
-            };
-            let asking: Vec<String> = unfinished
-                .iter()
-                .filter(|t| t.permission.is_some() && unshown.contains(&t.task_id))
-                .map(|t| t.task_id.clone())
-                .collect();
+            let may_be_asking = on_asks && !self.registry.unshown_asks(task_ids).is_empty();
             let expired = tokio::time::Instant::now() >= deadline;
-            if done || expired || !asking.is_empty() {
-                return Ok(WaitOutcome {
-                    done,
-                    timed_out: !done && asking.is_empty(),
-                    asking,
-                    mode,
-                    finished: finished.iter().map(|t| t.task_id.clone()).collect(),
-                    unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),
-                    tasks,
-                });
+            if may_be_done || may_be_asking || expired {
+                let tasks = self
+                    .registry
+                    .snapshots(task_ids, include_progress, self.stall())
+                    .map_err(TaskError::UnknownTasks)?;
+                let (finished, unfinished): (Vec<_>, Vec<_>) =
+                    tasks.iter().partition(|t| t.status.is_terminal());
+                let done = match mode {
+                    WaitMode::All => unfinished.is_empty(),
+                    WaitMode::Any => !finished.is_empty(),
+                };
+                // From the snapshots, so that each task listed shows its ask in this result
+                // (one that came after them wakes this loop again).
+                let unshown = if on_asks {
+                    self.registry.unshown_asks(task_ids)
+                } else {
+                    Vec::new()
+                };
+                let asking: Vec<String> = unfinished
+                    .iter()
+                    .filter(|t| t.permission.is_some() && unshown.contains(&t.task_id))
+                    .map(|t| t.task_id.clone())
+                    .collect();
+                if done || expired || !asking.is_empty() {
+                    return Ok(WaitOutcome {
+                        done,
+                        timed_out: !done && asking.is_empty(),
+                        asking,
+                        mode,
+                        finished: finished.iter().map(|t| t.task_id.clone()).collect(),
+                        unfinished: unfinished.iter().map(|t| t.task_id.clone()).collect(),
+                        tasks,
+                    });
+                }
             }
             tokio::select! {
                 r = changes.changed() => if r.is_err() { tokio::time::sleep_until(deadline).await },
