@@ -121,7 +121,7 @@ impl Knobs {
         } else {
             vec![(1, 8), (10, 5), (50, 5), (200, 2)]
         };
-        let default_writes = (200, q(3, 1));
+        let default_writes = (50, q(3, 1));
         let scale = match std::env::var("BENCH_SCALE") {
             Ok(v) if !v.trim().is_empty() => parse_scale(&v, &default_scale)?,
             _ => default_scale,
