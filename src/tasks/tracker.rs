@@ -1069,12 +1069,7 @@ pub async fn read_files(
     // of asking (and asking again, as an empty list after an edit is) for nothing. A failed
     // check falls through to the read, which records its own error if OpenCode is unreachable.
     if let Ok(false) = server.api.tracks_changes(&rec.directory).await {
-        let why = untracked_files(rec);
-        ctx.registry.update(task_id, |e| {
-            if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
-                e.rec.files_error = Some(why);
-            }
-        });
+        note_files_error(ctx, task_id, turn_no, untracked_files(rec));
         return;
     }
     let mut messages: Vec<&str> = rec
@@ -1128,11 +1123,7 @@ pub async fn read_files(
             Err(e) => {
                 tracing::debug!(task_id, error = %e, "reading the turn's changed files failed");
                 let why = format!("the turn's changed files could not be read from OpenCode: {e}");
-                ctx.registry.update(task_id, |e| {
-                    if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
-                        e.rec.files_error = Some(why);
-                    }
-                });
+                note_files_error(ctx, task_id, turn_no, why);
                 return;
             }
         }
@@ -1141,6 +1132,16 @@ pub async fn read_files(
         if e.rec.turn == turn_no {
             e.rec.files_changed = Some(files);
             e.rec.files_error = None;
+        }
+    });
+}
+
+/// Records why turn `turn_no`'s list of changed files is unknown, unless the list is known by
+/// now or the task has moved on to another turn.
+fn note_files_error(ctx: &TrackerContext, task_id: &str, turn_no: u32, why: String) {
+    ctx.registry.update(task_id, |e| {
+        if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
+            e.rec.files_error = Some(why);
         }
     });
 }
@@ -1193,11 +1194,7 @@ fn ran_no_tool(rec: &super::record::TaskRecord) -> bool {
 /// the files its editing tools named (their titles are the paths), as a hint of what it wrote.
 fn untracked_files(rec: &super::record::TaskRecord) -> String {
     const NAMED: usize = 20;
-    let mut named: Vec<&str> = rec
-        .outcome
-        .iter()
-        .flat_map(|o| &o.tools)
-        .filter(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
+    let mut named: Vec<&str> = editing_calls(rec.outcome.as_ref())
         .filter_map(|t| t.title.as_deref())
         .collect();
     named.sort_unstable();
@@ -1224,11 +1221,15 @@ const EDITING_TOOLS: [&str; 5] = ["write", "edit", "multiedit", "patch", "apply_
 /// Whether the turn completed a file-editing tool call, so that its list of changed files
 /// should not be empty.
 fn edited_files(outcome: Option<&TurnState>) -> bool {
-    outcome.is_some_and(|o| {
-        o.tools
-            .iter()
-            .any(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
-    })
+    editing_calls(outcome).next().is_some()
+}
+
+/// The turn's completed calls of [`EDITING_TOOLS`].
+fn editing_calls(outcome: Option<&TurnState>) -> impl Iterator<Item = &crate::opencode::ToolCall> {
+    outcome
+        .into_iter()
+        .flat_map(|o| &o.tools)
+        .filter(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
 }
 
 #[cfg(test)]
