@@ -196,19 +196,33 @@ fn parse_scale(text: &str, defaults: &[(usize, usize)]) -> Result<Vec<(usize, us
         .map_err(|e| format!("BENCH_SCALE={text}: {e}").into())
 }
 
+/// The recorded run. It is written after every scenario, not only at the end, so a scenario that
+/// fails (or a run stopped by hand) an hour in keeps what the earlier ones measured; `complete`
+/// says whether the run got to its end.
 #[derive(Serialize)]
-struct Output {
+struct Output<'a> {
     schema: u32,
-    started_at: String,
+    started_at: &'a str,
+    complete: bool,
     duration_secs: f64,
-    git: String,
+    git: &'a str,
     gateway_bin: String,
-    opencode_version: String,
-    machine: Machine,
-    knobs: Knobs,
-    figures: Vec<Figure>,
-    scaling: Vec<ScaleRow>,
-    extra: serde_json::Value,
+    opencode_version: &'a str,
+    machine: &'a Machine,
+    knobs: &'a Knobs,
+    figures: &'a [Figure],
+    scaling: &'a [ScaleRow],
+    extra: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl Output<'_> {
+    fn write(&self, path: &std::path::Path) -> Result<(), BoxError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")?;
+        Ok(())
+    }
 }
 
 fn main() {
@@ -303,12 +317,32 @@ async fn run() -> Result<(), BoxError> {
         machine.kernel,
         machine.loadavg_at_start
     );
+    let git = machine::git_describe();
+    let path = out_path(&stamp);
     println!(
-        "gateway: {} ({}); OpenCode {opencode_version}; quick={}",
+        "gateway: {} ({git}); OpenCode {opencode_version}; quick={}",
         bin.display(),
-        machine::git_describe(),
         knobs.quick
     );
+    println!("JSON (written after each scenario): {}", path.display());
+    // Written after each scenario with `complete: false`, and once more at the end.
+    let save = |out: &figures::Collected, machine: &Machine, complete: bool| {
+        Output {
+            schema: 1,
+            started_at: &started_at,
+            complete,
+            duration_secs: ms(run_started.elapsed()) / 1000.0,
+            git: &git,
+            gateway_bin: bin.display().to_string(),
+            opencode_version: &opencode_version,
+            machine,
+            knobs: &knobs,
+            figures: &out.figures,
+            scaling: &out.scaling,
+            extra: &out.extra,
+        }
+        .write(&path)
+    };
 
     let mut out = figures::Collected::default();
     // What ships: the binary, and what a download of it weighs (gzip -9 of the binary, as the
@@ -322,6 +356,7 @@ async fn run() -> Result<(), BoxError> {
         ));
         let w = worktree::worktree_creation(knobs.worktree_files, knobs.worktree_reps).await?;
         figures::worktree(&mut out, &w);
+        save(&out, &machine, false)?;
     }
 
     let needs_opencode = SCENARIOS.iter().any(|s| *s != "worktree" && knobs.runs(s));
@@ -400,12 +435,14 @@ async fn run() -> Result<(), BoxError> {
                     Some(_) => figures::start_model(&mut out, r),
                 }
             }
+            save(&out, &machine, false)?;
         }
 
         if knobs.runs("cycle") {
             step("orchestrator cycle: calls and characters of results per delegated task");
             let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
             figures::cycle(&mut out, &c);
+            save(&out, &machine, false)?;
         }
 
         if knobs.runs("scale") {
@@ -424,6 +461,7 @@ async fn run() -> Result<(), BoxError> {
                 )
                 .await?;
                 figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
+                save(&out, &machine, false)?;
             }
         }
 
@@ -458,6 +496,7 @@ async fn run() -> Result<(), BoxError> {
             )
             .await?;
             figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);
+            save(&out, &machine, false)?;
         }
 
         if knobs.runs("cold") {
@@ -485,6 +524,7 @@ async fn run() -> Result<(), BoxError> {
             if let Some(built) = g.get(1) {
                 figures::cold_start_cargo_build(&mut out, built, &t);
             }
+            save(&out, &machine, false)?;
         }
 
         if knobs.runs("footprint") {
@@ -505,6 +545,7 @@ async fn run() -> Result<(), BoxError> {
             )
             .await?;
             figures::footprint(&mut out, &f);
+            save(&out, &machine, false)?;
         }
 
         // Start-up loads the whole task store before answering `initialize`: measure it with the
@@ -523,6 +564,7 @@ async fn run() -> Result<(), BoxError> {
             let empty = Some(Summary::of(&empty)).or(cold_empty);
             let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
             figures::cold_start_stored(&mut out, stored, empty, &g, &t);
+            save(&out, &machine, false)?;
         }
 
         // A gateway that works at a steady rate for longer than its finished tasks stay in
@@ -582,24 +624,7 @@ async fn run() -> Result<(), BoxError> {
         machine.loadavg_at_end,
         duration.as_secs_f64()
     );
-    let output = Output {
-        schema: 1,
-        started_at,
-        duration_secs: ms(duration) / 1000.0,
-        git: machine::git_describe(),
-        gateway_bin: bin.display().to_string(),
-        opencode_version,
-        machine,
-        knobs,
-        figures: out.figures,
-        scaling: out.scaling,
-        extra: serde_json::Value::Object(out.extra),
-    };
-    let path = out_path(&stamp);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&path, serde_json::to_string_pretty(&output)? + "\n")?;
+    save(&out, &machine, true)?;
     println!("JSON: {}", path.display());
     Ok(())
 }

@@ -610,7 +610,9 @@ pub async fn soak(
         // The round's pace is the scenario, not a synchronisation: the next round starts
         // `every` after this one did.
         tokio::time::sleep_until((started + every).into()).await;
-        rss.push(rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0));
+        let now = rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0);
+        eprintln!("[bench] soak round {}/{rounds}: {now:.1} MiB", round + 1);
+        rss.push(now);
     }
     Ok(rss)
 }
