@@ -2,9 +2,11 @@
 //! into the few events the task tracker needs.
 //!
 //! The `Event` union in OpenCode's spec has about eighty variants and changes between releases,
-//! so it is not generated: frames are read as JSON and only the fields we use are picked out.
-//! An unknown event type, an extra field or a malformed frame is skipped, never an error, so a
-//! newer OpenCode cannot break the stream. The stream has no replay, so the pump is subscribed
+//! so it is not generated: only the fields we use are read. The three busiest kinds (message
+//! and part updates, text deltas) go straight into typed shapes that skip everything else
+//! without allocating (see [`lenient`](super::lenient)); the rare ones are picked out of a
+//! `Value`. An unknown event type, an extra field, a field of another shape or a malformed
+//! frame is skipped, never an error, so a newer OpenCode cannot break the stream. The stream has no replay, so the pump is subscribed
 //! before any prompt is sent, and after a reconnect the tracker reconciles over HTTP.
 
 use std::time::Duration;
@@ -15,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::api::Api;
+use super::lenient::{Obj, Scalar};
 use super::types::{
     error_info_from_json, ErrorInfo, PermissionAsk, SessionActivity, Tokens, ToolCall,
 };
@@ -341,26 +344,33 @@ fn decode_properties(kind: &str, raw: Option<&serde_json::value::RawValue>) -> O
             }
         }
         "message.updated" => {
-            let p = &parse()?;
-            let info = p.get("info")?;
+            let p: wire::MessageUpdated = typed(raw)?;
+            let info = p.info.0?;
+            let model = match (info.provider_id.as_str(), info.model_id.as_str()) {
+                (Some(p), Some(m)) => Some(format!("{p}/{m}")),
+                _ => None,
+            };
+            let completed = info.time.0.map(|t| t.completed).unwrap_or_default();
             Event::MessageUpdated {
-                session_id: s(info, "sessionID").or_else(|| s(p, "sessionID"))?,
-                message_id: s(info, "id")?,
-                role: s(info, "role").unwrap_or_default(),
-                parent_id: s(info, "parentID"),
-                completed: info
-                    .pointer("/time/completed")
-                    .is_some_and(|c| !c.is_null()),
-                finish: s(info, "finish"),
-                error: info.get("error").map(error_info_from_json),
-                summary: info.get("summary").and_then(Value::as_bool) == Some(true),
-                agent: s(info, "agent"),
-                model: s(info, "providerID")
-                    .zip(s(info, "modelID"))
-                    .map(|(p, m)| format!("{p}/{m}")),
-                completed_at: info.pointer("/time/completed").and_then(Value::as_u64),
-                tokens: tokens_of(info.get("tokens")),
-                cost: info.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
+                session_id: info
+                    .session_id
+                    .into_string()
+                    .or_else(|| p.session_id.into_string())?,
+                message_id: info.id.into_string()?,
+                role: info.role.into_string().unwrap_or_default(),
+                parent_id: info.parent_id.into_string(),
+                completed: completed.is_set(),
+                finish: info.finish.into_string(),
+                error: info
+                    .error
+                    .and_then(|e| serde_json::from_str::<Value>(e.get()).ok())
+                    .map(|e| error_info_from_json(&e)),
+                summary: info.summary.is_true(),
+                agent: info.agent.into_string(),
+                model,
+                completed_at: completed.as_u64(),
+                tokens: info.tokens.0.map(wire::Tokens::counts).unwrap_or_default(),
+                cost: info.cost.as_f64().unwrap_or(0.0),
             }
         }
         "session.created" | "session.updated" => {
@@ -381,38 +391,43 @@ fn decode_properties(kind: &str, raw: Option<&serde_json::value::RawValue>) -> O
             }
         }
         "message.part.updated" => {
-            let p = &parse()?;
-            let part = p.get("part")?;
-            let decoded = match part.get("type").and_then(Value::as_str).unwrap_or("") {
+            let p: wire::PartUpdated = typed(raw)?;
+            let part = p.part.0?;
+            let decoded = match part.kind.as_str().unwrap_or("") {
                 "text" => PartEvent::Text {
-                    text: s(part, "text").unwrap_or_default(),
-                    counted: part.get("synthetic").and_then(Value::as_bool) != Some(true)
-                        && part.get("ignored").and_then(Value::as_bool) != Some(true),
+                    counted: !part.synthetic.is_true() && !part.ignored.is_true(),
+                    text: part.text.into_string().unwrap_or_default(),
                 },
-                "tool" => PartEvent::Tool {
-                    call: tool_call(part),
-                    title: tool_title(part),
-                },
+                "tool" => {
+                    let state = part.state.0.unwrap_or_default();
+                    PartEvent::Tool {
+                        title: tool_title(&state),
+                        call: tool_call(part.tool, state),
+                    }
+                }
                 "compaction" => PartEvent::Compaction,
                 "step-start" => PartEvent::StepStart,
                 "step-finish" => PartEvent::StepFinish,
                 _ => PartEvent::Other,
             };
             Event::PartUpdated {
-                session_id: s(part, "sessionID").or_else(|| s(p, "sessionID"))?,
-                message_id: s(part, "messageID")?,
-                part_id: s(part, "id").unwrap_or_default(),
+                session_id: part
+                    .session_id
+                    .into_string()
+                    .or_else(|| p.session_id.into_string())?,
+                message_id: part.message_id.into_string()?,
+                part_id: part.id.into_string().unwrap_or_default(),
                 part: decoded,
             }
         }
         "message.part.delta" => {
-            let p = &parse()?;
+            let p: wire::PartDelta = typed(raw)?;
             Event::PartDelta {
-                session_id: s(p, "sessionID")?,
-                message_id: s(p, "messageID")?,
-                part_id: s(p, "partID").unwrap_or_default(),
-                field: s(p, "field").unwrap_or_default(),
-                delta: s(p, "delta").unwrap_or_default(),
+                session_id: p.session_id.into_string()?,
+                message_id: p.message_id.into_string()?,
+                part_id: p.part_id.into_string().unwrap_or_default(),
+                field: p.field.into_string().unwrap_or_default(),
+                delta: p.delta.into_string().unwrap_or_default(),
             }
         }
         "permission.asked" => {
@@ -557,72 +572,48 @@ async fn stream_once(
 /// Most characters of a tool's title kept for progress.
 const TITLE_CHARS: usize = 200;
 
-/// What a tool call is doing, in a few words: OpenCode's own title when it gave one, else the
-/// call's main argument (a shell tool's command, an edit's file, a search's pattern), so
-/// progress reads `running bash: cargo test`, not just `running bash`. One line, bounded.
 /// The tool call of a `tool` part, as `messages::view` reads it from the same part over HTTP:
 /// the status, OpenCode's title once running or completed, the error once failed.
-fn tool_call(part: &Value) -> ToolCall {
-    let state = part.get("state").unwrap_or(&Value::Null);
+fn tool_call(tool: Scalar, state: wire::ToolState) -> ToolCall {
     let status = state
-        .get("status")
-        .and_then(Value::as_str)
-        .unwrap_or("pending")
-        .to_string();
+        .status
+        .into_string()
+        .unwrap_or_else(|| "pending".to_string());
     let (title, error) = match status.as_str() {
-        "running" | "completed" => (s(state, "title"), None),
-        "error" => (None, s(state, "error")),
+        "running" | "completed" => (state.title.into_string(), None),
+        "error" => (None, state.error.into_string()),
         _ => (None, None),
     };
     ToolCall {
-        tool: s(part, "tool").unwrap_or_default(),
+        tool: tool.into_string().unwrap_or_default(),
         status,
         title,
         error,
     }
 }
 
-/// An assistant message's token counts, as `messages::view` reads them (negative or missing
-/// counts are 0).
-fn tokens_of(tokens: Option<&Value>) -> Tokens {
-    let n = |path: &str| {
-        tokens
-            .and_then(|t| t.pointer(path))
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0)
-            .max(0.0) as u64
-    };
-    Tokens {
-        input: n("/input"),
-        output: n("/output"),
-        reasoning: n("/reasoning"),
-        cache_read: n("/cache/read"),
-        cache_write: n("/cache/write"),
-    }
-}
-
-fn tool_title(part: &Value) -> Option<String> {
-    let state = part.get("state")?;
+/// What a tool call is doing, in a few words: OpenCode's own title when it gave one, else the
+/// call's main argument (a shell tool's command, an edit's file, a search's pattern), so
+/// progress reads `running bash: cargo test`, not just `running bash`. One line, bounded.
+fn tool_title(state: &wire::ToolState) -> Option<String> {
     let title = state
-        .get("title")
-        .and_then(Value::as_str)
+        .title
+        .as_str()
         .filter(|t| !t.trim().is_empty())
-        .map(str::to_string)
         .or_else(|| {
-            let input = state.get("input")?;
+            let input = state.input.0.as_ref()?;
             [
-                "command",
-                "filePath",
-                "path",
-                "pattern",
-                "url",
-                "query",
-                "description",
+                &input.command,
+                &input.file_path,
+                &input.path,
+                &input.pattern,
+                &input.url,
+                &input.query,
+                &input.description,
             ]
-            .iter()
-            .find_map(|key| input.get(key).and_then(Value::as_str))
+            .into_iter()
+            .find_map(Scalar::as_str)
             .filter(|t| !t.trim().is_empty())
-            .map(str::to_string)
         })?;
     let line: String = title.split_whitespace().collect::<Vec<_>>().join(" ");
     Some(if line.chars().count() > TITLE_CHARS {
@@ -631,6 +622,182 @@ fn tool_title(part: &Value) -> Option<String> {
     } else {
         line
     })
+}
+
+/// Reads an event's properties into the typed shape of its kind (`None` without properties or
+/// when they are not an object).
+fn typed<'a, T: serde::Deserialize<'a>>(raw: Option<&'a serde_json::value::RawValue>) -> Option<T> {
+    serde_json::from_str::<Obj<T>>(raw?.get()).ok()?.0
+}
+
+/// The shapes of the three busiest event kinds, only the fields the tracker reads (see
+/// [`lenient`](super::lenient) for why they are typed and how they stay lenient).
+mod wire {
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+
+    use super::super::lenient::{Obj, Scalar};
+
+    /// `message.updated`: `{sessionID?, info: Message}`.
+    #[derive(Deserialize)]
+    pub struct MessageUpdated<'a> {
+        #[serde(borrow, default)]
+        pub info: Obj<MessageInfo<'a>>,
+        #[serde(rename = "sessionID", borrow, default)]
+        pub session_id: Scalar<'a>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct MessageInfo<'a> {
+        #[serde(borrow, default)]
+        pub id: Scalar<'a>,
+        #[serde(rename = "sessionID", borrow, default)]
+        pub session_id: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub role: Scalar<'a>,
+        #[serde(rename = "parentID", borrow, default)]
+        pub parent_id: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub finish: Scalar<'a>,
+        /// `true` on a compaction summary; on a user message an object (its diffs), skipped.
+        #[serde(borrow, default)]
+        pub summary: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub agent: Scalar<'a>,
+        #[serde(rename = "providerID", borrow, default)]
+        pub provider_id: Scalar<'a>,
+        #[serde(rename = "modelID", borrow, default)]
+        pub model_id: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub time: Obj<Time<'a>>,
+        /// Rare and small: parsed into a `Value` only when present.
+        #[serde(borrow, default)]
+        pub error: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        pub tokens: Obj<Tokens<'a>>,
+        #[serde(borrow, default)]
+        pub cost: Scalar<'a>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Time<'a> {
+        #[serde(borrow, default)]
+        pub completed: Scalar<'a>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Tokens<'a> {
+        #[serde(borrow, default)]
+        input: Scalar<'a>,
+        #[serde(borrow, default)]
+        output: Scalar<'a>,
+        #[serde(borrow, default)]
+        reasoning: Scalar<'a>,
+        #[serde(borrow, default)]
+        cache: Obj<Cache<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Cache<'a> {
+        #[serde(borrow, default)]
+        read: Scalar<'a>,
+        #[serde(borrow, default)]
+        write: Scalar<'a>,
+    }
+
+    impl Tokens<'_> {
+        /// The counts as `messages::view` reads them over HTTP: negative or missing is 0.
+        pub fn counts(self) -> super::Tokens {
+            let n = |v: &Scalar| v.as_f64().unwrap_or(0.0).max(0.0) as u64;
+            let cache = self.cache.0;
+            super::Tokens {
+                input: n(&self.input),
+                output: n(&self.output),
+                reasoning: n(&self.reasoning),
+                cache_read: cache.as_ref().map_or(0, |c| n(&c.read)),
+                cache_write: cache.as_ref().map_or(0, |c| n(&c.write)),
+            }
+        }
+    }
+
+    /// `message.part.updated`: `{sessionID?, part: Part}`.
+    #[derive(Deserialize)]
+    pub struct PartUpdated<'a> {
+        #[serde(borrow, default)]
+        pub part: Obj<Part<'a>>,
+        #[serde(rename = "sessionID", borrow, default)]
+        pub session_id: Scalar<'a>,
+    }
+
+    /// Any kind of part: the fields of the kinds the tracker reads, all optional.
+    #[derive(Deserialize)]
+    pub struct Part<'a> {
+        #[serde(borrow, default)]
+        pub id: Scalar<'a>,
+        #[serde(rename = "sessionID", borrow, default)]
+        pub session_id: Scalar<'a>,
+        #[serde(rename = "messageID", borrow, default)]
+        pub message_id: Scalar<'a>,
+        #[serde(rename = "type", borrow, default)]
+        pub kind: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub text: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub synthetic: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub ignored: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub tool: Scalar<'a>,
+        /// A tool's state; its `output` and `metadata` are skipped, not read.
+        #[serde(borrow, default)]
+        pub state: Obj<ToolState<'a>>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct ToolState<'a> {
+        #[serde(borrow, default)]
+        pub status: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub title: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub error: Scalar<'a>,
+        /// Only the arguments that can name a call; a write's content is skipped.
+        #[serde(borrow, default)]
+        pub input: Obj<ToolInput<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct ToolInput<'a> {
+        #[serde(borrow, default)]
+        pub command: Scalar<'a>,
+        #[serde(rename = "filePath", borrow, default)]
+        pub file_path: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub path: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub pattern: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub url: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub query: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub description: Scalar<'a>,
+    }
+
+    /// `message.part.delta`: flat.
+    #[derive(Deserialize)]
+    pub struct PartDelta<'a> {
+        #[serde(rename = "sessionID", borrow, default)]
+        pub session_id: Scalar<'a>,
+        #[serde(rename = "messageID", borrow, default)]
+        pub message_id: Scalar<'a>,
+        #[serde(rename = "partID", borrow, default)]
+        pub part_id: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub field: Scalar<'a>,
+        #[serde(borrow, default)]
+        pub delta: Scalar<'a>,
+    }
 }
 
 #[cfg(test)]
@@ -861,5 +1028,120 @@ mod tests {
                 }
             }
         );
+    }
+
+    /// The busy kinds are read into typed shapes: every field the tracker uses comes through,
+    /// what it does not use (a tool's output, a user message's diffs) is skipped, and a field of
+    /// another shape costs that field, not the event.
+    #[test]
+    fn busy_kinds_read_every_used_field_and_tolerate_other_shapes() {
+        let e = decode_event(
+            r#"{"type":"message.updated","properties":{"info":{"id":"m","sessionID":"s","role":"assistant","agent":"build","providerID":"fake","modelID":"fake-strong","error":{"name":"APIError","data":{"message":"quota"}},"tokens":{"input":10,"output":-3,"reasoning":2.7,"cache":{"read":4,"write":"x"}},"cost":0.25,"time":{"created":1,"completed":1.5},"summary":{"diffs":[{"file":"a","before":"x"}]}}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::MessageUpdated {
+                session_id: "s".into(),
+                message_id: "m".into(),
+                role: "assistant".into(),
+                parent_id: None,
+                completed: true,
+                finish: None,
+                error: Some(ErrorInfo {
+                    name: "APIError".into(),
+                    message: "quota".into()
+                }),
+                summary: false,
+                agent: Some("build".into()),
+                model: Some("fake/fake-strong".into()),
+                // A completion time that is not an integer is "completed, time unknown",
+                // as `Value::as_u64` read it.
+                completed_at: None,
+                tokens: Tokens {
+                    input: 10,
+                    output: 0,
+                    reasoning: 2,
+                    cache_read: 4,
+                    cache_write: 0,
+                },
+                cost: 0.25,
+            }
+        );
+        // A text part's text is unescaped; a synthetic one is not counted.
+        let e = decode_event(
+            r#"{"type":"message.part.updated","properties":{"part":{"id":"p","sessionID":"s","messageID":"m","type":"text","text":"line\n\"two\"","synthetic":true}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::PartUpdated {
+                session_id: "s".into(),
+                message_id: "m".into(),
+                part_id: "p".into(),
+                part: PartEvent::Text {
+                    text: "line\n\"two\"".into(),
+                    counted: false
+                }
+            }
+        );
+        // A failed tool: its error, not its title; output and metadata skipped.
+        let e = decode_event(
+            r#"{"type":"message.part.updated","properties":{"part":{"id":"p","sessionID":"s","messageID":"m","type":"tool","tool":"write","state":{"status":"error","error":"denied","input":{"filePath":"/w/a","content":"big"},"output":"x","metadata":{"diff":[1,2]}}}}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::PartUpdated {
+                session_id: "s".into(),
+                message_id: "m".into(),
+                part_id: "p".into(),
+                part: PartEvent::Tool {
+                    call: ToolCall {
+                        tool: "write".into(),
+                        status: "error".into(),
+                        title: None,
+                        error: Some("denied".into()),
+                    },
+                    title: Some("/w/a".into())
+                }
+            }
+        );
+        // Fields of another shape: the state is not an object, the text not a string.
+        let e = decode_event(
+            r#"{"type":"message.part.updated","properties":{"sessionID":"s","part":{"messageID":"m","type":"tool","tool":"bash","state":"running"}}}"#,
+        );
+        assert!(
+            matches!(&e, Event::PartUpdated { session_id, part: PartEvent::Tool { call, title: None }, .. }
+                if session_id == "s" && call.status == "pending"),
+            "{e:?}"
+        );
+        let e = decode_event(
+            r#"{"type":"message.part.updated","properties":{"part":{"sessionID":"s","messageID":"m","type":"text","text":{"rich":true}}}}"#,
+        );
+        assert!(
+            matches!(&e, Event::PartUpdated { part: PartEvent::Text { text, counted: true }, .. } if text.is_empty()),
+            "{e:?}"
+        );
+        let e = decode_event(
+            r#"{"type":"message.part.delta","properties":{"sessionID":"s","messageID":"m","partID":"p","field":"text","delta":"more"}}"#,
+        );
+        assert_eq!(
+            e,
+            Event::PartDelta {
+                session_id: "s".into(),
+                message_id: "m".into(),
+                part_id: "p".into(),
+                field: "text".into(),
+                delta: "more".into()
+            }
+        );
+        // Without the ids that place it, an event is skipped, whatever else it carries.
+        for frame in [
+            r#"{"type":"message.updated","properties":{"info":{"sessionID":"s","role":"assistant"}}}"#,
+            r#"{"type":"message.updated","properties":{"info":"m"}}"#,
+            r#"{"type":"message.part.updated","properties":{"part":{"sessionID":"s","type":"text"}}}"#,
+            r#"{"type":"message.part.delta","properties":[1]}"#,
+            r#"{"type":"message.part.delta"}"#,
+        ] {
+            assert_eq!(decode_event(frame), Event::Other, "{frame}");
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod credentials;
 mod error;
 pub mod events;
+mod lenient;
 mod listings;
 mod messages;
 mod pool;
