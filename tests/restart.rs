@@ -2,7 +2,8 @@
 //! answerable by `task_id`; unfinished tasks on a managed server that died with the gateway are
 //! reported as interrupted, never as running; unfinished tasks on an attached server are adopted
 //! and finish normally; a finished task whose server went with the old gateway is continued on
-//! the new one's server, in the same session.
+//! the new one's server, in the same session, and what the old gateway never read of its turn
+//! is read from there when the result is asked for.
 
 mod support;
 
@@ -243,17 +244,30 @@ async fn changed_files_survive_a_restart_and_a_missing_list_says_why() {
         "{saved}"
     );
 
-    // A second task whose record lost its list: as a gateway killed before reading it leaves.
+    // Two tasks whose records lost their lists, as a gateway killed before reading them
+    // leaves; the second ran in a directory that is gone after the restart.
     let unread = id(&rig.start_task("[[write:second.txt:also made]]").await);
-    rig.wait(&[&unread], "all", TASK_TIMEOUT_MS).await;
+    let sub = rig.env.work_dir().join("sub");
+    std::fs::create_dir_all(&sub).expect("a subdirectory");
+    let moved_away = id(&rig
+        .start_task_with(json!({
+            "prompt": "[[write:third.txt:made in sub]]",
+            "directory": sub.display().to_string(),
+        }))
+        .await);
+    rig.wait(&[&unread, &moved_away], "all", TASK_TIMEOUT_MS)
+        .await;
     rig.kill_gateway().await;
-    let mut rec = record(&unread).expect("the second task's record");
-    rec["files_changed"] = serde_json::Value::Null;
-    std::fs::write(
-        state.join(format!("{unread}.json")),
-        serde_json::to_vec(&rec).expect("json"),
-    )
-    .expect("rewrite the record");
+    for task in [&unread, &moved_away] {
+        let mut rec = record(task).expect("the task's record");
+        rec["files_changed"] = serde_json::Value::Null;
+        std::fs::write(
+            state.join(format!("{task}.json")),
+            serde_json::to_vec(&rec).expect("json"),
+        )
+        .expect("rewrite the record");
+    }
+    std::fs::remove_dir_all(&sub).expect("remove the subdirectory");
     rig.relaunch().await;
 
     let after = rig
@@ -264,8 +278,21 @@ async fn changed_files_survive_a_restart_and_a_missing_list_says_why() {
         "{after}"
     );
     assert!(after.get("files_error").is_none(), "{after}");
-    let missing = rig
+    // Its server went with the old gateway; asked for the result, the new gateway reads the
+    // list from the server it uses now, which has the session.
+    let read_late = rig
         .ok("opencode_get_task_result", json!({ "task_id": unread }))
+        .await;
+    assert!(
+        read_late["files_changed"]
+            .to_string()
+            .contains("second.txt"),
+        "{read_late}"
+    );
+    assert!(read_late.get("files_error").is_none(), "{read_late}");
+    // Nothing can read the list of a task whose directory is gone: it says why.
+    let missing = rig
+        .ok("opencode_get_task_result", json!({ "task_id": moved_away }))
         .await;
     assert!(missing.get("files_changed").is_none(), "{missing}");
     let why = missing["files_error"].as_str().unwrap_or_default();

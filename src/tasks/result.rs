@@ -34,11 +34,30 @@ impl TaskService {
     pub async fn result_with(&self, task_id: &str, files: Files) -> Result<TaskResult, TaskError> {
         self.restored().await;
         let mut entry = self.entry(task_id)?;
-        let server = self
+        let finished = entry.rec.status.is_terminal();
+        let server = match self
             .pool
             .get(&entry.rec.server_id)
-            .filter(|s| s.exited().is_none());
-        let finished = entry.rec.status.is_terminal();
+            .filter(|s| s.exited().is_none())
+        {
+            Some(s) => Some(s),
+            // A finished turn whose text or files a gateway that exited never read (its server
+            // went with it, or was stopped): asked for them, read them from the server in use
+            // now, which has the session. A wait (`IfKnown`) does not start servers.
+            None if finished
+                && files == Files::Read
+                && (entry.rec.outcome.is_none() || entry.rec.files_changed.is_none()) =>
+            {
+                match self.server_in_use_for(&entry).await {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::info!(task_id, error = %e, "no server to read a finished task's unread turn from");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         let mut text_error = entry.rec.outcome_error.clone();
         if entry.rec.outcome.is_none() {
             if let Some(s) = &server {

@@ -257,16 +257,36 @@ impl TaskService {
     }
 
     /// The server a follow-up of a finished task runs on: its own, or, when that one is gone
-    /// (stopped, or it went with a gateway that restarted), the server the gateway uses now,
-    /// which the task moves to. OpenCode keeps sessions in its own storage, not in a server
-    /// process, so another server on this machine carries the session on; one that does not
-    /// have it (other storage) is a clear conflict rather than a new, empty session.
+    /// (stopped, or it went with a gateway that restarted), the server the gateway uses now
+    /// ([`Self::server_in_use_for`]), which the task moves to.
     async fn server_for_follow_up(&self, entry: &TaskEntry) -> Result<Arc<Server>, TaskError> {
         let rec = &entry.rec;
         match self.server(&rec.server_id) {
             Err(TaskError::UnknownServer(_) | TaskError::Opencode(OpencodeError::Gone { .. })) => {}
             found => return found,
         }
+        let server = self.server_in_use_for(entry).await?;
+        tracing::info!(task_id = %rec.id, from = %rec.server_id, to = %server.id, "the task's server is gone; its follow-up runs on the server in use now");
+        self.registry
+            .update(&rec.id, |e| {
+                e.rec.server_id = server.id.clone();
+                e.rec.server_url = server.api.base_url().to_string();
+                e.rec.managed = server.process.is_some();
+            })
+            .ok_or_else(|| TaskError::UnknownTasks(vec![rec.id.clone()]))?;
+        Ok(server)
+    }
+
+    /// For a task whose own server is gone: the server the gateway uses now (started, or
+    /// attached, if there is none), once it is known to have the task's session. OpenCode keeps
+    /// sessions in its own storage, not in a server process, so another server on this machine
+    /// carries the session on; one that does not have it (other storage) is a clear conflict
+    /// rather than a new, empty session or a turn that reads as never having happened.
+    pub(super) async fn server_in_use_for(
+        &self,
+        entry: &TaskEntry,
+    ) -> Result<Arc<Server>, TaskError> {
+        let rec = &entry.rec;
         if !Path::new(&rec.directory).is_dir() {
             return Err(TaskError::Conflict(format!(
                 "task {}'s server is gone and so is its directory {}; start a new task",
@@ -280,28 +300,17 @@ impl TaskService {
             .session_parent(&rec.directory, &rec.session_id)
             .await
         {
-            Ok(_) => {}
-            Err(OpencodeError::Http { status: 404, .. }) => {
-                return Err(TaskError::Conflict(format!(
-                    "task {}'s server {} is gone, and the server in use now ({}) does not have \
-                     its session {}; start a new task",
-                    rec.id,
-                    rec.server_id,
-                    server.api.base_url(),
-                    rec.session_id
-                )))
-            }
-            Err(e) => return Err(e.into()),
+            Ok(_) => Ok(server),
+            Err(OpencodeError::Http { status: 404, .. }) => Err(TaskError::Conflict(format!(
+                "task {}'s server {} is gone, and the server in use now ({}) does not have \
+                 its session {}; start a new task",
+                rec.id,
+                rec.server_id,
+                server.api.base_url(),
+                rec.session_id
+            ))),
+            Err(e) => Err(e.into()),
         }
-        tracing::info!(task_id = %rec.id, from = %rec.server_id, to = %server.id, "the task's server is gone; its follow-up runs on the server in use now");
-        self.registry
-            .update(&rec.id, |e| {
-                e.rec.server_id = server.id.clone();
-                e.rec.server_url = server.api.base_url().to_string();
-                e.rec.managed = server.process.is_some();
-            })
-            .ok_or_else(|| TaskError::UnknownTasks(vec![rec.id.clone()]))?;
-        Ok(server)
     }
 
     pub(super) fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
