@@ -76,17 +76,17 @@ impl Api {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        /// Idle keep-alive connections kept per server.
-        const POOL_MAX_IDLE_PER_HOST: usize = 8;
         /// How long an idle keep-alive connection is kept.
-        const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-        // Idle keep-alive connections are bounded in number and in time. By default reqwest keeps
-        // any number of idle connections per host (and each for 90 s), so a burst of 300
-        // concurrent tasks left about 280 sockets open to one OpenCode after the burst: file
-        // descriptors in both processes for nothing. Eight idle connections cover the steady load (a few tasks'
-        // reads and the reconcile) and are still reused; the rest close once idle for 30 s. The
-        // stream client holds one long response, which these settings do not cut; they only
-        // bound its idle leftovers after a reconnect.
+        const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+        // Idle keep-alive connections are bounded in time, not in number. A fan-out holds one
+        // connection per concurrent call (200 tasks: 200 creates, then 200 prompts). Capping the
+        // idle ones (it was eight) closed the rest after every burst, so the next burst connected
+        // all over again; on 200 tasks at once that build trailed a client with reqwest's
+        // defaults (benches/README.md, session 15). reqwest's default idle time (90 s) would
+        // leave a burst's sockets open long after it, though: file descriptors in both processes
+        // for nothing. Ten seconds keeps a burst's connections for the burst and the reconcile's
+        // from one tick (5 s) to the next, and closes the rest soon after. The stream client
+        // holds one long response, which these settings do not cut.
         // An OpenCode on this machine is reached directly, whatever HTTP_PROXY/HTTPS_PROXY say:
         // a proxy cannot reach the host's loopback, and NO_PROXY does not reliably exempt it
         // (reqwest's matcher applies `NO_PROXY=*` to host names only, so `127.0.0.1` still went
@@ -97,7 +97,6 @@ impl Api {
             let mut b = reqwest::Client::builder()
                 .default_headers(headers.clone())
                 .connect_timeout(request_timeout)
-                .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT);
             if local {
                 b = b.no_proxy();
