@@ -458,6 +458,7 @@ async fn run() -> Result<(), BoxError> {
                     reps,
                     knobs.fan_delay_ms,
                     None,
+                    server.pid(),
                 )
                 .await?;
                 figures::fan_out(&mut out, n, reps, knobs.fan_delay_ms, &f);
@@ -493,6 +494,7 @@ async fn run() -> Result<(), BoxError> {
                 reps,
                 knobs.fan_delay_ms,
                 Some(&repo_dir),
+                server.pid(),
             )
             .await?;
             figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);

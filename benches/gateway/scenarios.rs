@@ -273,16 +273,23 @@ pub struct FanOut {
     pub direct_total: Vec<f64>,
     /// Gateway CPU time per gateway repetition, ms.
     pub gateway_cpu_ms: Vec<f64>,
+    /// OpenCode's CPU seconds in the quiet second before each side's batch, in run order.
+    pub opencode_quiet_secs: Vec<f64>,
 }
 
 /// `n` tasks started at once and waited for, `reps` times on each side, interleaved. The fake
-/// LLM answers every turn after `delay_ms`.
+/// LLM answers every turn after `delay_ms`. Each batch starts once OpenCode has been quiet for
+/// a second: after the last `session.idle` of a batch OpenCode still works on it (titles,
+/// snapshots, summaries). With a fixed pause of 0.3 s instead, one run's pairs of 200-task
+/// batches had the gateway at 1.19-1.22x the direct side when it ran second, and at 0.91-1.06x
+/// when it ran first.
 ///
 /// With `writes_in`, a git repository (`direct` must work in the same one), every task runs
 /// there and first writes a file of its own (a `write` tool call, then the answer): the gateway
 /// then reads each turn's changed files from OpenCode, in the background, while the direct side
 /// reads nothing. What those reads cost the turns still running shows. (OpenCode lists changed
 /// files only in a git repository; elsewhere the gateway reads none.)
+#[allow(clippy::too_many_arguments)]
 pub async fn fan_out(
     gw: &Gw,
     direct: &Direct,
@@ -291,6 +298,7 @@ pub async fn fan_out(
     reps: usize,
     delay_ms: u64,
     writes_in: Option<&str>,
+    opencode_pid: u32,
 ) -> Result<FanOut, BoxError> {
     let mut r = FanOut::default();
     let writes = writes_in.is_some();
@@ -308,6 +316,7 @@ pub async fn fan_out(
                     format!("bench {kind} {n} {side} {rep} {k} [[delay:{delay_ms}]]{write}")
                 })
                 .collect();
+            r.opencode_quiet_secs.push(quiet_cpu(opencode_pid).await?);
             if gateway_side {
                 let cpu0 = cpu(gw.pid, "gateway")?;
                 let t0 = Instant::now();
@@ -336,8 +345,6 @@ pub async fn fan_out(
                 r.direct_started.push(started);
                 r.direct_total.push(ms(t0.elapsed()));
             }
-            // Let OpenCode finish its post-turn bookkeeping before the other side starts.
-            tokio::time::sleep(SETTLE * 10).await;
         }
     }
     Ok(r)
