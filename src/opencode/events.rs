@@ -21,6 +21,8 @@ use super::lenient::{Obj, Scalar};
 use super::types::{
     error_info_from_json, ErrorInfo, PermissionAsk, SessionActivity, Tokens, ToolCall,
 };
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 /// What the pump reports to the tracker.
 #[derive(Debug, Clone, PartialEq)]
@@ -257,57 +259,125 @@ fn without_cr(line: &[u8]) -> &[u8] {
 /// Decodes one `data:` payload of `/global/event` (`{directory, payload: {type, properties}}`)
 /// or of `/event` (`{type, properties}`). Never fails: what it cannot read is [`Event::Other`].
 ///
-/// Only the envelope is read first: about half of what OpenCode streams (by bytes, measured
-/// on a fan-out) is of kinds the gateway ignores (`sync`, `session.diff`, `plugin.added`), and
-/// their properties are skipped without being built into a JSON tree.
-///
-/// The envelope is read in one pass (the payload as a nested struct, not first as raw JSON and
-/// then again): every byte OpenCode streams passes here, and on a fan-out of 200 tasks this
-/// decoding was a third of all the gateway's instructions.
+/// Every byte OpenCode streams passes here (on a fan-out of 200 tasks this was half of all the
+/// gateway's instructions), so a frame is read in one pass: OpenCode writes `type` before
+/// `properties`, and the properties are read straight into the shape of that kind (see
+/// [`read_props`]). Kinds the gateway ignores, about half of the bytes (`sync`,
+/// `session.diff`, `plugin.added`), are skipped without building anything. Properties that
+/// come before their type are kept as raw JSON and read once the type is known.
 pub fn decode_event(data: &str) -> Event {
-    let Ok(frame) = serde_json::from_str::<Frame>(data) else {
-        return Event::Other;
-    };
-    let (kind, properties) = match frame.payload {
-        Some(payload) => (payload.kind, payload.properties),
-        None => (frame.kind, frame.properties),
-    };
-    decode_properties(kind.as_deref().unwrap_or(""), properties).unwrap_or(Event::Other)
+    let mut de = serde_json::Deserializer::from_str(data);
+    match de.deserialize_map(FrameVisitor) {
+        Ok(event) if de.end().is_ok() => event.unwrap_or(Event::Other),
+        _ => Event::Other,
+    }
 }
 
-/// A frame of `/global/event` (`{directory, payload: {type, properties}}`) or of `/event`
-/// (`{type, properties}`), other fields ignored.
-#[derive(serde::Deserialize)]
-struct Frame<'a> {
-    #[serde(borrow, default)]
-    payload: Option<Payload<'a>>,
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    properties: Option<&'a serde_json::value::RawValue>,
+/// Reads a frame (or the `payload` inside one) into the event it carries, other fields ignored.
+struct FrameVisitor;
+
+impl<'de> Visitor<'de> for FrameVisitor {
+    type Value = Option<Event>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an event frame")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kind = Scalar::Absent;
+        let mut props: Option<Props<'de>> = None;
+        let mut early: Option<&'de RawValue> = None;
+        let mut payload: Option<Option<Event>> = None;
+        while let Some(key) = map.next_key::<Scalar<'de>>()? {
+            match key.as_str() {
+                Some("payload") => payload = Some(map.next_value_seed(FrameSeed)?),
+                Some("type") => kind = map.next_value()?,
+                Some("properties") => match kind.as_str() {
+                    Some(k) => props = map.next_value_seed(PropsSeed(k))?,
+                    None => early = Some(map.next_value()?),
+                },
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if let Some(event) = payload {
+            return Ok(event);
+        }
+        let kind = kind.as_str().unwrap_or("");
+        if let Some(raw) = early {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            props = read_props(kind, &mut de).ok().flatten();
+        }
+        Ok(props.and_then(|p| decode_properties(kind, p)))
+    }
 }
 
 /// The `payload` of a `/global/event` frame.
-#[derive(serde::Deserialize)]
-struct Payload<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    properties: Option<&'a serde_json::value::RawValue>,
+struct FrameSeed;
+
+impl<'de> DeserializeSeed<'de> for FrameSeed {
+    type Value = Option<Event>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(FrameVisitor)
+    }
+}
+
+/// The `properties` of an event whose kind is known.
+struct PropsSeed<'k>(&'k str);
+
+impl<'de> DeserializeSeed<'de> for PropsSeed<'_> {
+    type Value = Option<Props<'de>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        read_props(self.0, d)
+    }
 }
 
 fn s(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(String::from)
 }
 
-/// Decodes the properties of an event of `kind`; they are parsed only for the kinds it knows.
-fn decode_properties(kind: &str, raw: Option<&serde_json::value::RawValue>) -> Option<Event> {
-    let parse = || -> Option<Value> {
-        raw.map_or(Some(Value::Null), |r| serde_json::from_str(r.get()).ok())
+/// The properties of an event, read as the shape of its kind.
+enum Props<'a> {
+    MessageUpdated(wire::MessageUpdated<'a>),
+    PartUpdated(wire::PartUpdated<'a>),
+    PartDelta(wire::PartDelta<'a>),
+    /// A rare kind the tracker reads, as JSON.
+    Json(Value),
+}
+
+/// Reads the properties of an event of `kind` from `d`: the busy kinds into their typed
+/// shapes, the other kinds the tracker reads as JSON, and any other kind skipped without
+/// building anything (`None`, as for properties that are not an object).
+fn read_props<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Option<Props<'de>>, D::Error> {
+    Ok(match kind {
+        "message.updated" => Obj::deserialize(d)?.0.map(Props::MessageUpdated),
+        "message.part.updated" => Obj::deserialize(d)?.0.map(Props::PartUpdated),
+        "message.part.delta" => Obj::deserialize(d)?.0.map(Props::PartDelta),
+        "session.status" | "session.idle" | "session.error" | "session.created"
+        | "session.updated" | "session.deleted" | "permission.asked" | "permission.replied" => {
+            Some(Props::Json(Value::deserialize(d)?))
+        }
+        _ => {
+            IgnoredAny::deserialize(d)?;
+            None
+        }
+    })
+}
+
+/// The event that properties read by [`read_props`] describe.
+fn decode_properties(kind: &str, props: Props) -> Option<Event> {
+    let p = match props {
+        Props::MessageUpdated(p) => return message_updated(p),
+        Props::PartUpdated(p) => return part_updated(p),
+        Props::PartDelta(p) => return part_delta(p),
+        Props::Json(p) => p,
     };
+    let p = &p;
     Some(match kind {
         "session.status" => {
-            let p = &parse()?;
             let status = p.get("status")?;
             let activity = match status.get("type").and_then(Value::as_str)? {
                 "idle" => SessionActivity::Idle,
@@ -324,139 +394,123 @@ fn decode_properties(kind: &str, raw: Option<&serde_json::value::RawValue>) -> O
                 activity,
             }
         }
-        "session.idle" => {
-            let p = &parse()?;
-            Event::SessionIdle {
-                session_id: s(p, "sessionID")?,
-            }
-        }
-        "session.error" => {
-            let p = &parse()?;
-            Event::SessionError {
-                session_id: s(p, "sessionID"),
-                error: p
-                    .get("error")
-                    .map(error_info_from_json)
-                    .unwrap_or(ErrorInfo {
-                        name: "UnknownError".into(),
-                        message: "OpenCode reported a session error without details".into(),
-                    }),
-            }
-        }
-        "message.updated" => {
-            let p: wire::MessageUpdated = typed(raw)?;
-            let info = p.info.0?;
-            let model = match (info.provider_id.as_str(), info.model_id.as_str()) {
-                (Some(p), Some(m)) => Some(format!("{p}/{m}")),
-                _ => None,
-            };
-            let completed = info.time.0.map(|t| t.completed).unwrap_or_default();
-            Event::MessageUpdated {
-                session_id: info
-                    .session_id
-                    .into_string()
-                    .or_else(|| p.session_id.into_string())?,
-                message_id: info.id.into_string()?,
-                role: info.role.into_string().unwrap_or_default(),
-                parent_id: info.parent_id.into_string(),
-                completed: completed.is_set(),
-                finish: info.finish.into_string(),
-                error: info
-                    .error
-                    .and_then(|e| serde_json::from_str::<Value>(e.get()).ok())
-                    .map(|e| error_info_from_json(&e)),
-                summary: info.summary.is_true(),
-                agent: info.agent.into_string(),
-                model,
-                completed_at: completed.as_u64(),
-                tokens: info.tokens.0.map(wire::Tokens::counts).unwrap_or_default(),
-                cost: info.cost.as_f64().unwrap_or(0.0),
-            }
-        }
+        "session.idle" => Event::SessionIdle {
+            session_id: s(p, "sessionID")?,
+        },
+        "session.error" => Event::SessionError {
+            session_id: s(p, "sessionID"),
+            error: p
+                .get("error")
+                .map(error_info_from_json)
+                .unwrap_or(ErrorInfo {
+                    name: "UnknownError".into(),
+                    message: "OpenCode reported a session error without details".into(),
+                }),
+        },
         "session.created" | "session.updated" => {
-            let p = &parse()?;
             let info = p.get("info")?;
             Event::SessionInfo {
                 session_id: s(info, "id").or_else(|| s(p, "sessionID"))?,
                 parent_id: s(info, "parentID"),
             }
         }
-        "session.deleted" => {
-            let p = &parse()?;
-            Event::SessionDeleted {
-                session_id: p
-                    .get("info")
-                    .and_then(|i| s(i, "id"))
-                    .or_else(|| s(p, "sessionID"))?,
-            }
-        }
-        "message.part.updated" => {
-            let p: wire::PartUpdated = typed(raw)?;
-            let part = p.part.0?;
-            let decoded = match part.kind.as_str().unwrap_or("") {
-                "text" => PartEvent::Text {
-                    counted: !part.synthetic.is_true() && !part.ignored.is_true(),
-                    text: part.text.into_string().unwrap_or_default(),
-                },
-                "tool" => {
-                    let state = part.state.0.unwrap_or_default();
-                    PartEvent::Tool {
-                        title: tool_title(&state),
-                        call: tool_call(part.tool, state),
-                    }
-                }
-                "compaction" => PartEvent::Compaction,
-                "step-start" => PartEvent::StepStart,
-                "step-finish" => PartEvent::StepFinish,
-                _ => PartEvent::Other,
-            };
-            Event::PartUpdated {
-                session_id: part
-                    .session_id
-                    .into_string()
-                    .or_else(|| p.session_id.into_string())?,
-                message_id: part.message_id.into_string()?,
-                part_id: part.id.into_string().unwrap_or_default(),
-                part: decoded,
-            }
-        }
-        "message.part.delta" => {
-            let p: wire::PartDelta = typed(raw)?;
-            Event::PartDelta {
-                session_id: p.session_id.into_string()?,
-                message_id: p.message_id.into_string()?,
-                part_id: p.part_id.into_string().unwrap_or_default(),
-                field: p.field.into_string().unwrap_or_default(),
-                delta: p.delta.into_string().unwrap_or_default(),
-            }
-        }
-        "permission.asked" => {
-            let p = &parse()?;
-            Event::PermissionAsked(PermissionAsk {
-                id: s(p, "id")?,
-                session_id: s(p, "sessionID")?,
-                permission: s(p, "permission").unwrap_or_default(),
-                patterns: p
-                    .get("patterns")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(String::from)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                metadata: p.get("metadata").cloned().unwrap_or(Value::Null),
-            })
-        }
-        "permission.replied" => {
-            let p = &parse()?;
-            Event::PermissionReplied {
-                session_id: s(p, "sessionID")?,
-                request_id: s(p, "requestID")?,
-            }
-        }
+        "session.deleted" => Event::SessionDeleted {
+            session_id: p
+                .get("info")
+                .and_then(|i| s(i, "id"))
+                .or_else(|| s(p, "sessionID"))?,
+        },
+        "permission.asked" => Event::PermissionAsked(PermissionAsk {
+            id: s(p, "id")?,
+            session_id: s(p, "sessionID")?,
+            permission: s(p, "permission").unwrap_or_default(),
+            patterns: p
+                .get("patterns")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            metadata: p.get("metadata").cloned().unwrap_or(Value::Null),
+        }),
+        "permission.replied" => Event::PermissionReplied {
+            session_id: s(p, "sessionID")?,
+            request_id: s(p, "requestID")?,
+        },
         _ => Event::Other,
+    })
+}
+
+fn message_updated(p: wire::MessageUpdated) -> Option<Event> {
+    let info = p.info.0?;
+    let model = match (info.provider_id.as_str(), info.model_id.as_str()) {
+        (Some(p), Some(m)) => Some(format!("{p}/{m}")),
+        _ => None,
+    };
+    let completed = info.time.0.map(|t| t.completed).unwrap_or_default();
+    Some(Event::MessageUpdated {
+        session_id: info
+            .session_id
+            .into_string()
+            .or_else(|| p.session_id.into_string())?,
+        message_id: info.id.into_string()?,
+        role: info.role.into_string().unwrap_or_default(),
+        parent_id: info.parent_id.into_string(),
+        completed: completed.is_set(),
+        finish: info.finish.into_string(),
+        error: info
+            .error
+            .and_then(|e| serde_json::from_str::<Value>(e.get()).ok())
+            .map(|e| error_info_from_json(&e)),
+        summary: info.summary.is_true(),
+        agent: info.agent.into_string(),
+        model,
+        completed_at: completed.as_u64(),
+        tokens: info.tokens.0.map(wire::Tokens::counts).unwrap_or_default(),
+        cost: info.cost.as_f64().unwrap_or(0.0),
+    })
+}
+
+fn part_updated(p: wire::PartUpdated) -> Option<Event> {
+    let part = p.part.0?;
+    let decoded = match part.kind.as_str().unwrap_or("") {
+        "text" => PartEvent::Text {
+            counted: !part.synthetic.is_true() && !part.ignored.is_true(),
+            text: part.text.into_string().unwrap_or_default(),
+        },
+        "tool" => {
+            let state = part.state.0.unwrap_or_default();
+            PartEvent::Tool {
+                title: tool_title(&state),
+                call: tool_call(part.tool, state),
+            }
+        }
+        "compaction" => PartEvent::Compaction,
+        "step-start" => PartEvent::StepStart,
+        "step-finish" => PartEvent::StepFinish,
+        _ => PartEvent::Other,
+    };
+    Some(Event::PartUpdated {
+        session_id: part
+            .session_id
+            .into_string()
+            .or_else(|| p.session_id.into_string())?,
+        message_id: part.message_id.into_string()?,
+        part_id: part.id.into_string().unwrap_or_default(),
+        part: decoded,
+    })
+}
+
+fn part_delta(p: wire::PartDelta) -> Option<Event> {
+    Some(Event::PartDelta {
+        session_id: p.session_id.into_string()?,
+        message_id: p.message_id.into_string()?,
+        part_id: p.part_id.into_string().unwrap_or_default(),
+        field: p.field.into_string().unwrap_or_default(),
+        delta: p.delta.into_string().unwrap_or_default(),
     })
 }
 
@@ -622,12 +676,6 @@ fn tool_title(state: &wire::ToolState) -> Option<String> {
     } else {
         line
     })
-}
-
-/// Reads an event's properties into the typed shape of its kind (`None` without properties or
-/// when they are not an object).
-fn typed<'a, T: serde::Deserialize<'a>>(raw: Option<&'a serde_json::value::RawValue>) -> Option<T> {
-    serde_json::from_str::<Obj<T>>(raw?.get()).ok()?.0
 }
 
 /// The shapes of the three busiest event kinds, only the fields the tracker reads (see
@@ -860,6 +908,25 @@ mod tests {
             r#"{"type":"session.idle","properties":{"sessionID":"ses_1","newField":[1,2]},"extra":true}"#,
         );
         assert_eq!(e.session_id(), Some("ses_1"));
+        // Properties before their type are read once the type is known, in either envelope.
+        for frame in [
+            r#"{"properties":{"sessionID":"s","messageID":"m","partID":"p","field":"text","delta":"d"},"type":"message.part.delta"}"#,
+            r#"{"payload":{"properties":{"sessionID":"s","messageID":"m","field":"text","delta":"d"},"type":"message.part.delta"},"directory":"/w"}"#,
+        ] {
+            assert!(
+                matches!(decode_event(frame), Event::PartDelta { ref delta, .. } if delta == "d"),
+                "{frame}"
+            );
+        }
+        // Not one JSON object, or a payload that is not one: skipped.
+        for frame in [
+            r#"{"type":"session.idle","properties":{"sessionID":"s"}} trailing"#,
+            r#"{"payload":"session.idle"}"#,
+            r#"["session.idle"]"#,
+            r#"{"type":"session.idle","properties":{"sessionID":"s"}"#,
+        ] {
+            assert_eq!(decode_event(frame), Event::Other, "{frame}");
+        }
     }
 
     #[test]
