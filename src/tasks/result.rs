@@ -35,19 +35,18 @@ impl TaskService {
         self.restored().await;
         let mut entry = self.entry(task_id)?;
         let finished = entry.rec.status.is_terminal();
-        let server = match self
-            .pool
-            .get(&entry.rec.server_id)
-            .filter(|s| s.exited().is_none())
-        {
-            Some(s) => Some(s),
-            // A finished turn whose text or files a gateway that exited never read (its server
-            // went with it, or was stopped): asked for them, read them from the server in use
-            // now, which has the session. A wait (`IfKnown`) does not start servers.
-            None if finished
-                && files == Files::Read
-                && (entry.rec.outcome.is_none() || entry.rec.files_changed.is_none()) =>
-            {
+        let known = self.pool.get(&entry.rec.server_id);
+        // Never read, nor tried: a read that failed recorded why.
+        let unread = (entry.rec.outcome.is_none() && entry.rec.outcome_error.is_none())
+            || (entry.rec.files_changed.is_none() && entry.rec.files_error.is_none());
+        let server = match known.as_ref().filter(|s| s.exited().is_none()) {
+            Some(s) => Some(s.clone()),
+            // A finished turn whose text or files the gateway that ran it never read: that
+            // gateway exited, and its server with it (this gateway does not know the server at
+            // all). Asked for them, read them from the server in use now, which has the
+            // session. A server that died under this gateway is left as it is, a stopped one
+            // was read from as it stopped, and a wait (`IfKnown`) starts no server.
+            None if known.is_none() && finished && unread && files == Files::Read => {
                 match self.server_in_use_for(&entry).await {
                     Ok(s) => Some(s),
                     Err(e) => {
