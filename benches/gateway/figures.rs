@@ -40,12 +40,7 @@ pub fn start_model(out: &mut Collected, r: &StartResults) {
 fn round_trip(figure: Figure, baseline: &str, r: &StartResults) -> Figure {
     let g = Summary::of(&r.gateway_ms);
     let d = Summary::of(&r.direct_ms);
-    let pair_ratios: Vec<f64> = r
-        .gateway_ms
-        .iter()
-        .zip(&r.direct_ms)
-        .map(|(g, d)| ratio(*g, *d))
-        .collect();
+    let pair_ratios = pair_ratios(&r.gateway_ms, &r.direct_ms);
     let ratio_p50 = ratio(g.p50, d.p50);
     let (low, high) = ratio_interval(&r.gateway_ms, &r.direct_ms);
     figure
@@ -177,15 +172,19 @@ fn fan_out_row(
     );
 }
 
+/// The ratio of each gateway sample to the direct sample taken beside it.
+fn pair_ratios(gateway: &[f64], direct: &[f64]) -> Vec<f64> {
+    gateway
+        .iter()
+        .zip(direct)
+        .map(|(g, d)| ratio(*g, *d))
+        .collect()
+}
+
 /// The fan-out's repetitions as pairs (the gateway's batch and the direct one of the same
 /// repetition; the gateway goes first in even ones): each pair's ratio, and their median.
 fn pairs_note(f: &FanOut) -> String {
-    let ratios: Vec<f64> = f
-        .gateway_total
-        .iter()
-        .zip(&f.direct_total)
-        .map(|(g, d)| ratio(*g, *d))
-        .collect();
+    let ratios = pair_ratios(&f.gateway_total, &f.direct_total);
     let median = Summary::of(&ratios).p50;
     let quiet = f.opencode_quiet_secs.iter().cloned().fold(0.0, f64::max);
     format!(
