@@ -25,8 +25,15 @@ const TEMP_ATTEMPTS: u32 = 8;
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Writes `bytes` to `path` (in `dir`) atomically through a fresh `0600` temporary named after
-/// `stem`.
-pub fn write_atomic(dir: &Path, path: &Path, stem: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// `stem`, dated `modified` when given (the file's modification time then says something the
+/// reader of the directory can use without opening the file: see `tasks::store`).
+pub fn write_atomic(
+    dir: &Path,
+    path: &Path,
+    stem: &str,
+    bytes: &[u8],
+    modified: Option<std::time::SystemTime>,
+) -> std::io::Result<()> {
     let mut attempt = 0;
     let (tmp, mut file) = loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -40,6 +47,9 @@ pub fn write_atomic(dir: &Path, path: &Path, stem: &str, bytes: &[u8]) -> std::i
         }
     };
     let written = file.write_all(bytes).and_then(|()| {
+        if let Some(at) = modified {
+            file.set_modified(at)?;
+        }
         drop(file);
         std::fs::rename(&tmp, path)
     });
@@ -95,8 +105,8 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode(&dir), 0o700);
         let path = dir.join("x.json");
-        write_atomic(&dir, &path, "x", b"one").expect("written");
-        write_atomic(&dir, &path, "x", b"two").expect("replaced");
+        write_atomic(&dir, &path, "x", b"one", None).expect("written");
+        write_atomic(&dir, &path, "x", b"two", None).expect("replaced");
         assert_eq!(std::fs::read(&path).expect("read"), b"two");
         assert_eq!(mode(&path), 0o600);
         let left: Vec<_> = std::fs::read_dir(&dir)

@@ -100,6 +100,50 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
     );
 }
 
+/// A finished task leaves memory, then its record expires while the same gateway runs on: the
+/// record is deleted (found by a sweep of the state directory: the gateway keeps nothing per
+/// task that left memory), not before its TTL, and the task is then unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_expires_after_its_task_left_memory() {
+    // Out of memory at the first tick a second after the finish (ticks are 5 s apart), so
+    // well before the 12 s TTL: the record goes by the sweep, not with the task in memory.
+    let ttl = std::time::Duration::from_secs(12);
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY", "1s"),
+        ("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "12s"),
+    ])
+    .await;
+    let task = id(&rig.start_task("soon forgotten").await);
+    let done = rig.finish(&task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let finished = std::time::Instant::now();
+    let file = rig
+        .env
+        .root()
+        .join(format!("state/opencode-mcp/tasks/{task}.json"));
+    assert!(file.is_file(), "the record is written at the finish");
+    let gone = poll_for(ttl + std::time::Duration::from_secs(30), || {
+        (!file.exists()).then(std::time::Instant::now)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the expired record is still there\n--- gateway stderr ---\n{}",
+            rig.client.stderr()
+        )
+    });
+    assert!(
+        gone.duration_since(finished) + std::time::Duration::from_secs(1) >= ttl,
+        "deleted {:?} after the finish, before its TTL",
+        gone.duration_since(finished)
+    );
+    let (code, message) = rig
+        .err("opencode_get_task_result", json!({ "task_id": task }))
+        .await;
+    assert_eq!(code, "not_found", "{message}");
+    assert!(message.contains(&task), "{message}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
     let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;

@@ -83,7 +83,7 @@ impl CredentialsFile {
             )
         })?;
         let bytes = serde_json::to_vec(credentials).map_err(std::io::Error::other)?;
-        crate::private_files::write_atomic(&dir, &path, &credentials.server_id, &bytes)?;
+        crate::private_files::write_atomic(&dir, &path, &credentials.server_id, &bytes, None)?;
         Ok(Self { path })
     }
 

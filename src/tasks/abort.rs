@@ -88,45 +88,57 @@ pub(super) fn arm_deadline(
     let server = server.clone();
     let task_id = task_id.to_string();
     let stop = server.stop.clone();
+    // This task lives as long as the turn, so it stays small: what runs when the deadline
+    // passes (reads and an abort, several KB of future) is boxed and built only then.
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
             // The turn ended (or a newer one began): nothing to time out.
             _ = timer.cancelled() => {}
             _ = tokio::time::sleep(after) => {
-                // The turn may have ended without the gateway seeing it yet (events missed, or
-                // it ended while the gateway was down, so this deadline fires at once after a
-                // restart): read it first, and claim only a turn that is really still running.
-                if let Some(ended) =
-                    tracker::check_completion(&ctx, &server, &task_id, Idle::No, Some(turn)).await
-                {
-                    tracker::read_files(&ctx, &server, &task_id, ended, Attempts::Patient).await;
-                    return;
-                }
-                let error = ErrorInfo {
-                    name: "TaskTimeout".into(),
-                    message: format!(
-                        "the task ran longer than timeouts.task ({}) and was aborted",
-                        humantime::format_duration(limit)
-                    ),
-                };
-                if let Ok(Some(turn)) = abort_turn(
-                    &ctx,
-                    &server,
-                    &task_id,
-                    Some(turn),
-                    TaskStatus::TimedOut,
-                    Some(error),
-                    IfAbortFails::FinishAnyway,
-                )
-                .await
-                {
-                    tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-                    tracker::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-                }
+                Box::pin(deadline_passed(&ctx, &server, &task_id, turn, limit)).await;
             }
         }
     });
+}
+
+/// The turn's `timeouts.task` (`limit`) passed: abort it if it is still running.
+async fn deadline_passed(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+    limit: Duration,
+) {
+    // The turn may have ended without the gateway seeing it yet (events missed, or it ended
+    // while the gateway was down, so this deadline fires at once after a restart): read it
+    // first, and claim only a turn that is really still running.
+    if let Some(ended) = tracker::check_completion(ctx, server, task_id, Idle::No, Some(turn)).await
+    {
+        tracker::read_files(ctx, server, task_id, ended, Attempts::Patient).await;
+        return;
+    }
+    let error = ErrorInfo {
+        name: "TaskTimeout".into(),
+        message: format!(
+            "the task ran longer than timeouts.task ({}) and was aborted",
+            humantime::format_duration(limit)
+        ),
+    };
+    if let Ok(Some(turn)) = abort_turn(
+        ctx,
+        server,
+        task_id,
+        Some(turn),
+        TaskStatus::TimedOut,
+        Some(error),
+        IfAbortFails::FinishAnyway,
+    )
+    .await
+    {
+        tracker::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+        tracker::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+    }
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {

@@ -10,7 +10,10 @@
 //!
 //! Finished tasks leave memory after `limits.finished_in_memory` (their records stay on disk
 //! until `limits.finished_task_ttl`) and are read back by id when asked for, so the number of
-//! tasks in memory is bounded by live work, not by a day's history.
+//! tasks in memory is bounded by live work, not by a day's history. Nothing is kept per task
+//! that left memory: its record's expiry is found again by a sweep of the state directory
+//! ([`Registry::sweep_disk`]), and only today's spend of paid tasks is remembered (for the
+//! daily cap).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -432,9 +435,14 @@ struct Tables {
     /// slots), copied whole at each growth.
     tasks: HashMap<String, Box<TaskEntry>>,
     by_session: HashMap<String, SessionOwner>,
-    /// Finished tasks that left memory: their records are deleted from disk when they expire,
-    /// and their worktrees handed back for cleaning, without reading the state directory again.
-    on_disk: HashMap<String, OnDisk>,
+    /// What finished tasks that left memory spent today (see [`DiskSpend`]).
+    disk_spend: DiskSpend,
+    /// When the next record that left memory expires, if any did: the state directory is swept
+    /// then ([`Registry::sweep_disk`]). Records on disk cost no memory per task: the sweep
+    /// finds them by their files' dates (see `store`).
+    next_sweep: Option<Instant>,
+    /// A sweep is running (on a blocking thread): no second one is started meanwhile.
+    sweeping: bool,
     /// Fan-out groups: id -> (target index, task id) of every member whose record exists, in
     /// memory or only on disk. A group outlives its members' stay in memory (a finished answer
     /// leaves memory long before a slower sibling finishes), and goes with their records.
@@ -483,16 +491,53 @@ impl Tables {
     }
 }
 
-/// A finished task that left memory, as it was when it left.
-struct OnDisk {
-    finished: Instant,
-    /// What it spent that counts toward the day its turn finished (see [`Registry::spent_since`]):
-    /// epoch ms of the finish, and the cost.
-    spent: (u64, f64),
-    /// Its turn then: the record is deleted at expiry only if it still holds this turn.
-    turn: u32,
-    /// Boxed: most tasks have no worktree, and this map holds a day of finished tasks.
-    worktree: Option<Box<Expired>>,
+/// Today's spend of finished tasks that left memory, for [`Registry::spent_since`] (their
+/// spend counts for the day even once their records expired): per task (keyed by a hash of its
+/// id), so one read back into memory stops counting here and counts there instead. Only
+/// today's (UTC) tasks that cost something are kept, and the map starts over when the day
+/// does: its size is bounded by a day of paid work, not by history.
+#[derive(Default)]
+struct DiskSpend {
+    /// The UTC day (days since the epoch) the entries count toward.
+    day: u64,
+    by_task: HashMap<u64, f64>,
+}
+
+impl DiskSpend {
+    const DAY_MS: u64 = 86_400_000;
+
+    fn key(task_id: &str) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(task_id)
+    }
+
+    /// A task left memory having spent `cost`, its turn finished at `finished_ms`.
+    fn add(&mut self, task_id: &str, (finished_ms, cost): (u64, f64)) {
+        let today = super::record::epoch_ms(std::time::SystemTime::now()) / Self::DAY_MS;
+        if today != self.day {
+            self.day = today;
+            self.by_task = HashMap::new();
+        }
+        if cost > 0.0 && finished_ms / Self::DAY_MS == today {
+            self.by_task.insert(Self::key(task_id), cost);
+        }
+    }
+
+    /// A task came back into memory: it counts there now.
+    fn remove(&mut self, task_id: &str) {
+        if !self.by_task.is_empty() {
+            self.by_task.remove(&Self::key(task_id));
+        }
+    }
+
+    /// The spend of tasks that finished at or after `since` (epoch ms): all of today's when
+    /// `since` is today's midnight, the only question asked of it.
+    fn since(&self, since: u64) -> f64 {
+        if (self.day + 1) * Self::DAY_MS <= since {
+            return 0.0;
+        }
+        self.by_task.values().sum()
+    }
 }
 
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
@@ -517,14 +562,14 @@ pub struct Expired {
 }
 
 impl Expired {
-    /// The worktree of `e` that outlives its record, if it has one not yet discarded.
-    fn of(e: &TaskEntry) -> Option<Self> {
-        let w = e.rec.workspace.as_ref().filter(|w| !w.discarded)?;
+    /// The worktree of `rec`'s task that outlives its record, if it has one not yet discarded.
+    fn of(rec: &TaskRecord) -> Option<Self> {
+        let w = rec.workspace.as_ref().filter(|w| !w.discarded)?;
         Some(Self {
-            task_id: e.rec.id.clone(),
-            turn: e.rec.turn,
-            title: e.rec.title.clone(),
-            status: e.rec.status,
+            task_id: rec.id.clone(),
+            turn: rec.turn,
+            title: rec.title.clone(),
+            status: rec.status,
             workspace: w.clone(),
         })
     }
@@ -537,6 +582,9 @@ pub struct Evicted {
     pub left_memory: usize,
     /// Worktrees whose task's record was deleted in this pass.
     pub worktrees: Vec<Expired>,
+    /// Records that left memory are due to expire: run [`Registry::sweep_disk`] (and then
+    /// nothing else starts one until it is done).
+    pub sweep_due: bool,
 }
 
 /// A finished task's spend that counts toward a day: when its turn finished, and the turn's
@@ -681,7 +729,7 @@ impl Registry {
             e.live.last_used = Instant::now();
             return Some(TaskEntry::clone(e));
         }
-        t.on_disk.remove(task_id);
+        t.disk_spend.remove(task_id);
         t.index(&entry);
         t.tasks.insert(task_id.to_string(), Box::new(entry.clone()));
         Some(entry)
@@ -873,7 +921,9 @@ impl Registry {
 
     /// Lets finished tasks go: from memory once finished for `memory_ttl` (their records stay
     /// on disk and are read back by id), from disk too once finished for `disk_ttl` (or at
-    /// once from memory when there is no store). The worktrees of tasks whose records were
+    /// once from memory when there is no store). Records that expire after leaving memory go
+    /// in a sweep of the state directory, due when [`Evicted::sweep_due`] says so: the caller
+    /// runs [`Self::sweep_disk`] off the runtime. The worktrees of tasks whose records were
     /// deleted are returned: they are the caller's to clean (git is async and slow, this lock
     /// is neither).
     pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> Evicted {
@@ -893,36 +943,69 @@ impl Registry {
         let mut out = Evicted {
             left_memory: old.len(),
             worktrees: Vec::new(),
+            sweep_due: false,
         };
         for (id, finished, expired) in old {
             let Some(e) = t.tasks.remove(&id) else {
                 continue;
             };
             t.unindex(&e);
-            let gone = OnDisk {
-                finished,
-                spent: day_spend(&e),
-                turn: e.rec.turn,
-                worktree: Expired::of(&e).map(Box::new),
-            };
+            t.disk_spend.add(&id, day_spend(&e));
             if expired {
-                self.expire(&mut t, &id, gone, &mut out);
+                t.forget_member(&id);
+                if let Some(store) = &self.store {
+                    store.submit_expire(&id, e.rec.turn);
+                }
+                out.worktrees.extend(Expired::of(&e.rec));
             } else {
-                t.on_disk.insert(id, gone);
+                let due = finished + disk_ttl;
+                t.next_sweep = Some(t.next_sweep.map_or(due, |at| at.min(due)));
             }
         }
-        let due: Vec<String> = t
-            .on_disk
-            .iter()
-            .filter(|(_, d)| d.finished.elapsed() >= disk_ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in due {
-            if let Some(gone) = t.on_disk.remove(&id) {
-                self.expire(&mut t, &id, gone, &mut out);
-            }
+        if !t.sweeping && t.next_sweep.is_some_and(|at| at <= Instant::now()) {
+            t.sweeping = true;
+            out.sweep_due = true;
         }
         out
+    }
+
+    /// Deletes the records on disk that expired (finished `disk_ttl` or longer ago) of tasks
+    /// not in memory, and returns their worktrees for the caller to clean. Reads the state
+    /// directory (a `stat` per record, see [`Store::expired`]): blocking, so callers run it off
+    /// the runtime. The next sweep is due when the next record expires, but at most one sweep
+    /// per hundredth of the TTL (15 minutes at a day), so a steady stream of finishes sweeps
+    /// a full directory a hundred times a TTL, not once per task; a record expires that much
+    /// late at worst.
+    pub fn sweep_disk(&self, disk_ttl: Duration) -> Vec<Expired> {
+        let Some(store) = &self.store else {
+            return Vec::new();
+        };
+        let now = std::time::SystemTime::now();
+        let found = store.expired(disk_ttl, now);
+        let mut t = self.lock();
+        let mut worktrees = Vec::new();
+        let mut expired = 0;
+        for rec in found.records {
+            // In memory (read back meanwhile): its own eviction decides.
+            if t.tasks.contains_key(&rec.id) {
+                continue;
+            }
+            expired += 1;
+            t.forget_member(&rec.id);
+            store.submit_expire(&rec.id, rec.turn);
+            worktrees.extend(Expired::of(&rec));
+        }
+        tracing::debug!(
+            expired,
+            "swept the state directory for expired task records"
+        );
+        let not_before = Instant::now() + (disk_ttl / 100).max(Duration::from_secs(1));
+        t.next_sweep = found.next.map(|at| {
+            let wait = at.duration_since(now).unwrap_or_default();
+            (Instant::now() + wait).max(not_before)
+        });
+        t.sweeping = false;
+        worktrees
     }
 
     /// The recorded cost of what finished at or after `since` (epoch ms), plus what running turns
@@ -944,21 +1027,7 @@ impl Registry {
                 earlier + e.live.spending.total().0
             }
         });
-        let on_disk = t.on_disk.values().filter_map(|d| {
-            let (at, cost) = d.spent;
-            (at >= since).then_some(cost)
-        });
-        in_memory.chain(on_disk).sum()
-    }
-
-    /// Deletes an expired task's record (as of the turn it left memory with: see
-    /// [`Store::submit_expire`]) and hands back its worktree.
-    fn expire(&self, t: &mut Tables, id: &str, gone: OnDisk, out: &mut Evicted) {
-        t.forget_member(id);
-        if let Some(store) = &self.store {
-            store.submit_expire(id, gone.turn);
-        }
-        out.worktrees.extend(gone.worktree.map(|w| *w));
+        in_memory.sum::<f64>() + t.disk_spend.since(since)
     }
 }
 
@@ -997,6 +1066,14 @@ mod tests {
     }
 
     struct TempDir(std::path::PathBuf);
+
+    /// Sweeps the state directory once the queued writes are on disk (the sweep lists files).
+    fn sweep(r: &Registry, store: &Store, ttl: Duration) -> Vec<Expired> {
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("the records are written");
+        r.sweep_disk(ttl)
+    }
 
     impl Drop for TempDir {
         fn drop(&mut self) {
@@ -1249,6 +1326,7 @@ mod tests {
                 .flush_blocking(Duration::from_secs(10))
                 .expect("written");
             r.evict_finished(Duration::ZERO, Duration::ZERO);
+            sweep(&r, &store, Duration::ZERO);
             store
                 .flush_blocking(Duration::from_secs(10))
                 .expect("flushed");
@@ -1279,9 +1357,7 @@ mod tests {
             applied: None,
             discarded,
         };
-        let dir = std::env::temp_dir().join(format!("ocm-registry-{}", crate::ids::task_id()));
-        let store = Store::open(&dir).expect("open");
-        let r = Registry::new(Some(store));
+        let (r, store, _dir) = stored();
         for (id, w) in [
             ("kept", Some(workspace("kept", false))),
             ("gone", Some(workspace("gone", true))),
@@ -1296,20 +1372,18 @@ mod tests {
         // Leaving memory is not expiring: the worktree stays the task's.
         let first = r.evict_finished(Duration::ZERO, hour);
         assert_eq!((first.left_memory, first.worktrees.len()), (3, 0));
+        // Not yet expired: the sweep finds nothing, and says when to look again.
+        assert!(sweep(&r, &store, hour).is_empty());
         // Expired from disk: only the worktree not yet discarded comes back, and only once.
-        let second = r.evict_finished(Duration::ZERO, Duration::ZERO);
-        let paths: Vec<&str> = second
-            .worktrees
-            .iter()
-            .map(|e| e.workspace.path.as_str())
-            .collect();
+        let second = sweep(&r, &store, Duration::ZERO);
+        let paths: Vec<&str> = second.iter().map(|e| e.workspace.path.as_str()).collect();
         assert_eq!(paths, vec!["kept"]);
-        assert_eq!(second.worktrees[0].status, TaskStatus::Completed);
+        assert_eq!(second[0].status, TaskStatus::Completed);
+        assert!(sweep(&r, &store, Duration::ZERO).is_empty());
         assert!(r
             .evict_finished(Duration::ZERO, Duration::ZERO)
             .worktrees
             .is_empty());
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
@@ -1337,6 +1411,7 @@ mod tests {
         // Its record expires: it is no longer listed, the running one is.
         r.evict_finished(Duration::ZERO, hour);
         r.evict_finished(Duration::ZERO, Duration::ZERO);
+        sweep(&r, &store, Duration::ZERO);
         assert_eq!(r.group_members("grp_1"), ["slow"]);
         r.remove("slow");
         assert!(r.group_members("grp_1").is_empty());
@@ -1344,6 +1419,104 @@ mod tests {
             .flush_blocking(Duration::from_secs(10))
             .expect("flushed");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Records that left memory expire in a sweep of the state directory, found by their
+    /// files' dates (the finish): the gateway keeps nothing per task for them.
+    #[test]
+    fn records_that_left_memory_expire_in_a_sweep_dated_by_their_finish() {
+        let (r, store, dir) = stored();
+        let mut done = entry("done");
+        done.finish(TaskStatus::Completed, None);
+        let finished_ms = done.rec.finished_ms.expect("finished");
+        r.insert(done);
+        let hour = Duration::from_secs(3600);
+        let left = r.evict_finished(Duration::ZERO, hour);
+        assert_eq!((left.left_memory, left.sweep_due), (1, false));
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        let dated = std::fs::metadata(dir.0.join("tasks/done.json"))
+            .and_then(|m| m.modified())
+            .expect("the record's date");
+        assert_eq!(
+            super::super::record::epoch_ms(dated),
+            finished_ms,
+            "a finished record is dated by its finish"
+        );
+        // Not due for an hour: a sweep now leaves it, and puts the next one an hour out.
+        assert!(sweep(&r, &store, hour).is_empty());
+        assert!(store.load("done").is_some());
+        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        // Due: the sweep deletes it, and one sweep runs at a time.
+        r.lock().next_sweep = Some(Instant::now());
+        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        sweep(&r, &store, Duration::ZERO);
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("flushed");
+        assert!(store.load("done").is_none());
+        // Nothing left on disk: no sweep is due again.
+        assert_eq!(r.lock().next_sweep, None);
+    }
+
+    /// A file dated later than its record's finish (touched, copied) expires late, never early;
+    /// one dated earlier is checked against the record and kept while it is not due.
+    #[test]
+    fn a_sweep_trusts_the_record_over_the_file_date() {
+        let (r, store, dir) = stored();
+        let hour = Duration::from_secs(3600);
+        let mut early = entry("early");
+        early.finish(TaskStatus::Completed, None);
+        r.insert(early);
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        let file = std::fs::File::options()
+            .write(true)
+            .open(dir.0.join("tasks/early.json"))
+            .expect("open");
+        file.set_modified(std::time::SystemTime::now() - 2 * hour)
+            .expect("dated");
+        drop(file);
+        r.evict_finished(Duration::ZERO, hour);
+        assert!(sweep(&r, &store, hour).is_empty());
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("flushed");
+        assert!(store.load("early").is_some(), "finished just now: kept");
+        assert!(r.lock().next_sweep.is_some(), "and looked at again later");
+    }
+
+    /// A finished task's spend counts toward today once, whether it is in memory, left memory,
+    /// or was read back.
+    #[test]
+    fn a_days_spend_counts_each_task_once_wherever_it_is() {
+        let (r, store, _dir) = stored();
+        let today =
+            super::super::record::epoch_ms(std::time::SystemTime::now()) / 86_400_000 * 86_400_000;
+        for (id, cost) in [("a", 0.25), ("b", 0.5), ("free", 0.0)] {
+            let mut e = entry(id);
+            e.finish(TaskStatus::Completed, None);
+            e.rec.outcome = Some(crate::tasks::turn::TurnState {
+                cost,
+                ..Default::default()
+            });
+            r.insert(e);
+        }
+        assert_eq!(r.spent_since(today), 0.75);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 3);
+        assert_eq!(r.spent_since(today), 0.75, "left memory");
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        assert!(r.get("a").is_some());
+        assert_eq!(r.spent_since(today), 0.75, "read back");
+        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.spent_since(today), 0.75, "left again");
+        assert_eq!(r.spent_since(today + 86_400_000), 0.0, "tomorrow");
     }
 
     #[test]
@@ -1371,6 +1544,7 @@ mod tests {
             r.evict_finished(Duration::ZERO, Duration::ZERO).left_memory,
             0
         );
+        assert!(sweep(&r, &store, Duration::ZERO).is_empty());
         store
             .flush_blocking(Duration::from_secs(10))
             .expect("flushed");

@@ -26,11 +26,19 @@
 //! Ownership: each record names the pid of the gateway that wrote it, and each open store holds
 //! that gateway's owner lock (`owner.rs`). At start-up a gateway skips unfinished tasks whose
 //! owner is still alive (another gateway's live work) and takes over the rest.
+//!
+//! **A finished record is dated by its finish**: its file's modification time is set to the
+//! turn's finish, so expiry (`limits.finished_task_ttl`, counted from the finish) can be found
+//! by listing the directory ([`Store::expired`]) instead of the gateway keeping a note per task
+//! that left memory: a day of finished tasks costs the gateway no memory at all. Only files
+//! whose date says they expired are opened, and each is checked against its own `finished_ms`,
+//! so a file dated otherwise (copied, touched, written by an older gateway) can only expire
+//! late, never early.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::owner::OwnerLock;
 use super::record::{TaskRecord, VERSION};
@@ -295,6 +303,55 @@ impl Store {
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
         read_dir_records(&self.shared().dir)
     }
+
+    /// The finished records that expired by `now` (finished `ttl` or longer ago), newest state
+    /// first (a queued write wins over the file, as in [`Self::load`]), and when the next of
+    /// the others is due. Lists the directory and opens only the files dated as expired (see
+    /// the module notes), so it costs a `stat` per record. Blocking: call it off the runtime.
+    pub fn expired(&self, ttl: Duration, now: SystemTime) -> Expiring {
+        let mut out = Expiring::default();
+        let Ok(dir) = std::fs::read_dir(&self.shared().dir) else {
+            return out;
+        };
+        let due =
+            |finished: SystemTime| finished.checked_add(ttl).unwrap_or(SystemTime::UNIX_EPOCH);
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            let Ok(dated) = entry.metadata().and_then(|m| m.modified()) else {
+                continue;
+            };
+            if due(dated) > now {
+                out.next = Some(out.next.map_or(due(dated), |n| n.min(due(dated))));
+                continue;
+            }
+            let Some(record) = self.load(id) else {
+                continue;
+            };
+            let finished = record
+                .finished_ms
+                .filter(|_| record.status.is_terminal())
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+            match finished {
+                Some(at) if due(at) <= now => out.records.push(record),
+                Some(at) => out.next = Some(out.next.map_or(due(at), |n| n.min(due(at)))),
+                // Running (another gateway's, or continued since): not expiring.
+                None => {}
+            }
+        }
+        out
+    }
+}
+
+/// What [`Store::expired`] found.
+#[derive(Debug, Default)]
+pub struct Expiring {
+    pub records: Vec<TaskRecord>,
+    /// When the next record on disk expires, as far as the directory says (a running task's
+    /// file counts by its date: at worst a look that finds nothing).
+    pub next: Option<SystemTime>,
 }
 
 /// Every readable record under `<state_dir>/tasks/`, read without opening the store (no owner
@@ -531,7 +588,12 @@ fn remove_record(path: &Path) -> std::io::Result<()> {
 /// says why there is no fsync).
 fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    crate::private_files::write_atomic(dir, path, &record.id, &bytes)
+    // Dated by its finish when finished (see the module notes on expiry).
+    let finished = record
+        .finished_ms
+        .filter(|_| record.status.is_terminal())
+        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+    crate::private_files::write_atomic(dir, path, &record.id, &bytes, finished)
 }
 
 /// Creates `dir` as `0700` (see `crate::private_files`), saying so when it had to be tightened.

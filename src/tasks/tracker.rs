@@ -156,6 +156,24 @@ pub fn evict(ctx: &TrackerContext) -> bool {
             );
         }
     }
+    if evicted.sweep_due {
+        let registry = ctx.registry.clone();
+        let (ttl, dir, lock) = (
+            ctx.finished_ttl,
+            ctx.worktrees.clone(),
+            ctx.git_lock.clone(),
+        );
+        tokio::spawn(async move {
+            let swept = tokio::task::spawn_blocking(move || registry.sweep_disk(ttl)).await;
+            match (swept, dir) {
+                (Ok(worktrees), Some(dir)) if !worktrees.is_empty() => {
+                    super::gc::clean_expired(&lock, &dir, worktrees).await;
+                }
+                (Err(e), _) => tracing::warn!(error = %e, "sweeping expired task records failed"),
+                _ => {}
+            }
+        });
+    }
     trimmed
 }
 
