@@ -105,12 +105,12 @@ async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_
 /// task that left memory), not before its TTL, and the task is then unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_expires_after_its_task_left_memory() {
-    // Out of memory at the first tick a second after the finish (ticks are 5 s apart), so
-    // well before the 12 s TTL: the record goes by the sweep, not with the task in memory.
-    let ttl = std::time::Duration::from_secs(12);
+    // Out of memory at the first tick a second after the finish (ticks are 5 s apart, so by
+    // 6 s), before the 7 s TTL: the record goes by the sweep, not with the task in memory.
+    let ttl = std::time::Duration::from_secs(7);
     let rig = Rig::start(&[
         ("OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY", "1s"),
-        ("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "12s"),
+        ("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "7s"),
     ])
     .await;
     let task = id(&rig.start_task("soon forgotten").await);
@@ -136,6 +136,11 @@ async fn a_record_expires_after_its_task_left_memory() {
         gone.duration_since(finished) + std::time::Duration::from_secs(1) >= ttl,
         "deleted {:?} after the finish, before its TTL",
         gone.duration_since(finished)
+    );
+    let stderr = rig.client.stderr();
+    assert!(
+        stderr.contains("swept the state directory for expired task records expired=1"),
+        "the record went by the sweep\n--- gateway stderr ---\n{stderr}"
     );
     let (code, message) = rig
         .err("opencode_get_task_result", json!({ "task_id": task }))
