@@ -491,6 +491,9 @@ impl Tables {
     }
 }
 
+/// A UTC day in milliseconds: spend counts by the day its turn finished.
+const DAY_MS: u64 = 86_400_000;
+
 /// Today's spend of finished tasks that left memory, for [`Registry::spent_since`] (their
 /// spend counts for the day even once their records expired): per task (keyed by a hash of its
 /// id), so one read back into memory stops counting here and counts there instead. Only
@@ -504,8 +507,6 @@ struct DiskSpend {
 }
 
 impl DiskSpend {
-    const DAY_MS: u64 = 86_400_000;
-
     fn key(task_id: &str) -> u64 {
         use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
         BuildHasherDefault::<DefaultHasher>::default().hash_one(task_id)
@@ -513,12 +514,12 @@ impl DiskSpend {
 
     /// A task left memory having spent `cost`, its turn finished at `finished_ms`.
     fn add(&mut self, task_id: &str, (finished_ms, cost): (u64, f64)) {
-        let today = super::record::epoch_ms(std::time::SystemTime::now()) / Self::DAY_MS;
+        let today = super::record::epoch_ms(std::time::SystemTime::now()) / DAY_MS;
         if today != self.day {
             self.day = today;
             self.by_task = HashMap::new();
         }
-        if cost > 0.0 && finished_ms / Self::DAY_MS == today {
+        if cost > 0.0 && finished_ms / DAY_MS == today {
             self.by_task.insert(Self::key(task_id), cost);
         }
     }
@@ -533,7 +534,7 @@ impl DiskSpend {
     /// The spend of tasks that finished at or after `since` (epoch ms): all of today's when
     /// `since` is today's midnight, the only question asked of it.
     fn since(&self, since: u64) -> f64 {
-        if (self.day + 1) * Self::DAY_MS <= since {
+        if (self.day + 1) * DAY_MS <= since {
             return 0.0;
         }
         self.by_task.values().sum()
@@ -597,7 +598,7 @@ fn day_spend(e: &TaskEntry) -> (u64, f64) {
         .outcome
         .as_ref()
         .map_or_else(|| e.live.spending.total().0, |o| o.cost);
-    let same_day = finished / 86_400_000 == e.rec.started_ms() / 86_400_000;
+    let same_day = finished / DAY_MS == e.rec.started_ms() / DAY_MS;
     let earlier = if same_day { e.rec.earlier.cost } else { 0.0 };
     (finished, turn + earlier)
 }
@@ -952,11 +953,7 @@ impl Registry {
             t.unindex(&e);
             t.disk_spend.add(&id, day_spend(&e));
             if expired {
-                t.forget_member(&id);
-                if let Some(store) = &self.store {
-                    store.submit_expire(&id, e.rec.turn);
-                }
-                out.worktrees.extend(Expired::of(&e.rec));
+                out.worktrees.extend(self.expire(&mut t, &e.rec));
             } else {
                 let due = finished + disk_ttl;
                 t.next_sweep = Some(t.next_sweep.map_or(due, |at| at.min(due)));
@@ -991,9 +988,7 @@ impl Registry {
                 continue;
             }
             expired += 1;
-            t.forget_member(&rec.id);
-            store.submit_expire(&rec.id, rec.turn);
-            worktrees.extend(Expired::of(&rec));
+            worktrees.extend(self.expire(&mut t, &rec));
         }
         tracing::debug!(
             expired,
@@ -1006,6 +1001,16 @@ impl Registry {
         });
         t.sweeping = false;
         worktrees
+    }
+
+    /// Deletes an expired task's record (as of the turn `rec` holds: see
+    /// [`Store::submit_expire`]) and hands back its worktree.
+    fn expire(&self, t: &mut Tables, rec: &TaskRecord) -> Option<Expired> {
+        t.forget_member(&rec.id);
+        if let Some(store) = &self.store {
+            store.submit_expire(&rec.id, rec.turn);
+        }
+        Expired::of(rec)
     }
 
     /// The recorded cost of what finished at or after `since` (epoch ms), plus what running turns

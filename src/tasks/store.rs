@@ -330,11 +330,7 @@ impl Store {
             let Some(record) = self.load(id) else {
                 continue;
             };
-            let finished = record
-                .finished_ms
-                .filter(|_| record.status.is_terminal())
-                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-            match finished {
+            match finished_at(&record) {
                 Some(at) if due(at) <= now => out.records.push(record),
                 Some(at) => out.next = Some(out.next.map_or(due(at), |n| n.min(due(at)))),
                 // Running (another gateway's, or continued since): not expiring.
@@ -589,11 +585,15 @@ fn remove_record(path: &Path) -> std::io::Result<()> {
 fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
     // Dated by its finish when finished (see the module notes on expiry).
-    let finished = record
+    crate::private_files::write_atomic(dir, path, &record.id, &bytes, finished_at(record))
+}
+
+/// When a finished record's turn finished (the date its file carries); `None` while it runs.
+fn finished_at(record: &TaskRecord) -> Option<SystemTime> {
+    record
         .finished_ms
         .filter(|_| record.status.is_terminal())
-        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-    crate::private_files::write_atomic(dir, path, &record.id, &bytes, finished)
+        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// Creates `dir` as `0700` (see `crate::private_files`), saying so when it had to be tightened.

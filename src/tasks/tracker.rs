@@ -148,29 +148,27 @@ pub fn evict(ctx: &TrackerContext) -> bool {
         );
         crate::memory::give_back();
     }
-    if !evicted.worktrees.is_empty() {
-        if let Some(dir) = ctx.worktrees.clone() {
-            let lock = ctx.git_lock.clone();
-            tokio::spawn(
-                async move { super::gc::clean_expired(&lock, &dir, evicted.worktrees).await },
-            );
-        }
-    }
-    if evicted.sweep_due {
-        let registry = ctx.registry.clone();
-        let (ttl, dir, lock) = (
-            ctx.finished_ttl,
+    // Worktrees of records that expired in memory, then of those a due sweep of the state
+    // directory finds (the sweep reads the directory: on a blocking thread), in one background
+    // task: git is async and slow.
+    let sweep = evicted
+        .sweep_due
+        .then(|| (ctx.registry.clone(), ctx.finished_ttl));
+    if !evicted.worktrees.is_empty() || sweep.is_some() {
+        let (dir, lock, mut worktrees) = (
             ctx.worktrees.clone(),
             ctx.git_lock.clone(),
+            evicted.worktrees,
         );
         tokio::spawn(async move {
-            let swept = tokio::task::spawn_blocking(move || registry.sweep_disk(ttl)).await;
-            match (swept, dir) {
-                (Ok(worktrees), Some(dir)) if !worktrees.is_empty() => {
-                    super::gc::clean_expired(&lock, &dir, worktrees).await;
+            if let Some((registry, ttl)) = sweep {
+                match tokio::task::spawn_blocking(move || registry.sweep_disk(ttl)).await {
+                    Ok(swept) => worktrees.extend(swept),
+                    Err(e) => tracing::warn!(error = %e, "sweeping expired task records failed"),
                 }
-                (Err(e), _) => tracing::warn!(error = %e, "sweeping expired task records failed"),
-                _ => {}
+            }
+            if let Some(dir) = dir.filter(|_| !worktrees.is_empty()) {
+                super::gc::clean_expired(&lock, &dir, worktrees).await;
             }
         });
     }
