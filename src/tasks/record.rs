@@ -244,6 +244,29 @@ impl TaskRecord {
         if let Some(s) = self.structured.as_mut() {
             s.checking = None;
         }
+        // Known at once, in the same write as the end of the turn: no read, no second write.
+        if self.files_changed.is_none() && self.ran_no_tool() {
+            self.files_changed = Some(Vec::new());
+            self.files_error = None;
+        }
+    }
+
+    /// Whether the current turn is known to have run no tool at all, so that it changed no
+    /// file and its list is empty without asking OpenCode. Only a turn whose outcome was read
+    /// whole qualifies: not one whose older messages were left unread, nor a structured round
+    /// with corrections (the outcome is the last correction's). A pure answer is the common
+    /// case of a fan-out of questions, and each saved read is one request less on a busy
+    /// server.
+    pub fn ran_no_tool(&self) -> bool {
+        let whole_round = self
+            .structured
+            .as_ref()
+            .is_none_or(|s| s.corrected_messages.is_empty());
+        whole_round
+            && self
+                .outcome
+                .as_ref()
+                .is_some_and(|o| o.user_message_seen && o.tools.is_empty() && !o.messages_capped)
     }
 
     /// Remembers a message id of the session if it is the newest seen.
@@ -320,6 +343,41 @@ mod tests {
         assert_eq!(r.status, TaskStatus::Pending);
         assert!(r.error.is_none() && r.finished_ms.is_none() && r.outcome_error.is_none());
         assert_eq!(r.newest_message_id.as_deref(), Some("msg_2"));
+    }
+
+    /// A turn that ran no tool ends with its (empty) list of changed files in the same
+    /// record, so its end is one write, not two; one that ran a tool, or whose outcome is not
+    /// known whole, leaves the list to be read.
+    #[test]
+    fn the_end_of_a_turn_that_ran_no_tool_knows_its_empty_list() {
+        use crate::opencode::ToolCall;
+        let ended = |tools: Vec<ToolCall>, capped: bool| {
+            let mut r = TaskRecord::new(
+                "t".into(),
+                "s".into(),
+                "ses".into(),
+                "/w".into(),
+                "x".into(),
+            );
+            r.begin_turn("msg_1".into(), None, None);
+            r.outcome = Some(TurnState {
+                user_message_seen: true,
+                tools,
+                messages_capped: capped,
+                ..TurnState::default()
+            });
+            r.finish(TaskStatus::Completed, None);
+            r.files_changed
+        };
+        assert_eq!(ended(vec![], false), Some(vec![]));
+        let bash = ToolCall {
+            tool: "bash".into(),
+            status: "completed".into(),
+            title: None,
+            error: None,
+        };
+        assert_eq!(ended(vec![bash], false), None);
+        assert_eq!(ended(vec![], true), None);
     }
 
     #[test]

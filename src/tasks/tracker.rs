@@ -1071,7 +1071,7 @@ pub async fn read_files(
     if rec.turn != turn_no || rec.files_changed.is_some() {
         return;
     }
-    if ran_no_tool(rec) {
+    if rec.ran_no_tool() {
         ctx.registry.update(task_id, |e| {
             if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
                 e.rec.files_changed = Some(Vec::new());
@@ -1188,23 +1188,6 @@ const EMPTY_DIFF_LATE: [Duration; 3] = [
     Duration::from_millis(6400),
     Duration::from_millis(12800),
 ];
-
-/// Whether the task's current turn is known to have run no tool at all, so that it changed no
-/// file and its list is empty without asking OpenCode. Only a turn whose outcome was read whole
-/// qualifies: not one whose older messages were left unread, nor a structured round with
-/// corrections (the outcome is the last correction's). A pure answer is the common case of a
-/// fan-out of questions, and each saved read is one request less on a busy server.
-fn ran_no_tool(rec: &super::record::TaskRecord) -> bool {
-    let whole_round = rec
-        .structured
-        .as_ref()
-        .is_none_or(|s| s.corrected_messages.is_empty());
-    whole_round
-        && rec
-            .outcome
-            .as_ref()
-            .is_some_and(|o| o.user_message_seen && o.tools.is_empty() && !o.messages_capped)
-}
 
 /// Why a turn in a directory OpenCode keeps no snapshots of has no list of changed files, with
 /// the files its editing tools named (their titles are the paths), as a hint of what it wrote.
