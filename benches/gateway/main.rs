@@ -119,7 +119,7 @@ impl Knobs {
         let default_scale = if quick {
             vec![(1, 3), (10, 2), (50, 2), (200, 1)]
         } else {
-            vec![(1, 8), (10, 5), (50, 5), (200, 2)]
+            vec![(1, 8), (10, 5), (50, 9), (200, 5)]
         };
         let default_writes = (50, q(3, 1));
         let scale = match std::env::var("BENCH_SCALE") {
