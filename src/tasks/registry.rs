@@ -621,6 +621,12 @@ impl Default for Registry {
     }
 }
 
+/// The least time between two sweeps of the state directory: a hundredth of the TTL, at least
+/// a second.
+fn sweep_pause(disk_ttl: Duration) -> Duration {
+    (disk_ttl / 100).max(Duration::from_secs(1))
+}
+
 impl Registry {
     /// A registry, writing every durable change to `store` when given.
     pub fn new(store: Option<Store>) -> Self {
@@ -994,13 +1000,22 @@ impl Registry {
             expired,
             "swept the state directory for expired task records"
         );
-        let not_before = Instant::now() + (disk_ttl / 100).max(Duration::from_secs(1));
+        let not_before = Instant::now() + sweep_pause(disk_ttl);
         t.next_sweep = found.next.map(|at| {
             let wait = at.duration_since(now).unwrap_or_default();
             (Instant::now() + wait).max(not_before)
         });
         t.sweeping = false;
         worktrees
+    }
+
+    /// A sweep that was due did not finish (its thread panicked or was cancelled): the next
+    /// one is due after the usual pause, so that records still expire in this gateway rather
+    /// than only at the next restart.
+    pub fn sweep_failed(&self, disk_ttl: Duration) {
+        let mut t = self.lock();
+        t.sweeping = false;
+        t.next_sweep = Some(Instant::now() + sweep_pause(disk_ttl));
     }
 
     /// Deletes an expired task's record (as of the turn `rec` holds: see
@@ -1464,6 +1479,25 @@ mod tests {
         assert!(store.load("done").is_none());
         // Nothing left on disk: no sweep is due again.
         assert_eq!(r.lock().next_sweep, None);
+    }
+
+    /// A sweep that never finished (its thread panicked) does not stop sweeping for good: the
+    /// next one falls due after the usual pause.
+    #[test]
+    fn a_failed_sweep_lets_the_next_one_run() {
+        let (r, _store, _dir) = stored();
+        let hour = Duration::from_secs(3600);
+        r.lock().next_sweep = Some(Instant::now());
+        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        r.sweep_failed(hour);
+        let next = r.lock().next_sweep.expect("a next sweep is planned");
+        assert!(
+            next > Instant::now() + sweep_pause(hour) / 2,
+            "not at once: {next:?}"
+        );
+        r.lock().next_sweep = Some(Instant::now());
+        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
     }
 
     /// A file dated later than its record's finish (touched, copied) expires late, never early;

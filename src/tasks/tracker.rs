@@ -162,9 +162,13 @@ pub fn evict(ctx: &TrackerContext) -> bool {
         );
         tokio::spawn(async move {
             if let Some((registry, ttl)) = sweep {
-                match tokio::task::spawn_blocking(move || registry.sweep_disk(ttl)).await {
+                let sweeping = registry.clone();
+                match tokio::task::spawn_blocking(move || sweeping.sweep_disk(ttl)).await {
                     Ok(swept) => worktrees.extend(swept),
-                    Err(e) => tracing::warn!(error = %e, "sweeping expired task records failed"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sweeping expired task records failed");
+                        registry.sweep_failed(ttl);
+                    }
                 }
             }
             if let Some(dir) = dir.filter(|_| !worktrees.is_empty()) {
