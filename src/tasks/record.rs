@@ -314,8 +314,8 @@ pub fn interrupted(reason: &str) -> ErrorInfo {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_new_turn_clears_the_previous_outcome() {
+    /// A task whose first turn (user message `msg_1`) has begun.
+    fn in_first_turn() -> TaskRecord {
         let mut r = TaskRecord::new(
             "t".into(),
             "s".into(),
@@ -324,6 +324,12 @@ mod tests {
             "x".into(),
         );
         r.begin_turn("msg_1".into(), None, None);
+        r
+    }
+
+    #[test]
+    fn a_new_turn_clears_the_previous_outcome() {
+        let mut r = in_first_turn();
         r.outcome_error = Some("x".into());
         r.finish(
             TaskStatus::Failed,
@@ -352,14 +358,7 @@ mod tests {
     fn the_end_of_a_turn_that_ran_no_tool_knows_its_empty_list() {
         use crate::opencode::ToolCall;
         let ended = |tools: Vec<ToolCall>, capped: bool| {
-            let mut r = TaskRecord::new(
-                "t".into(),
-                "s".into(),
-                "ses".into(),
-                "/w".into(),
-                "x".into(),
-            );
-            r.begin_turn("msg_1".into(), None, None);
+            let mut r = in_first_turn();
             r.outcome = Some(TurnState {
                 user_message_seen: true,
                 tools,
