@@ -24,9 +24,9 @@
 //! restarted gateway needs to answer for the task. A change in the middle of a turn (running,
 //! a permission ask, the newest message, a subagent's session) waits up to [`MID_TURN_DELAY`]
 //! for the next change of the same task to replace it: a turn changes several times in its
-//! first moments, and a short one ends within that time, so it is written twice instead of
-//! four or five times (each write is a file creation and a rename: on a fan-out of short tasks
-//! those were a tenth of the gateway's CPU, on two cores shared with OpenCode). Nothing of the
+//! first moments, and a short one ends within that time, so a turn is written two or three
+//! times instead of four or five (each write is a file creation and a rename: on a fan-out of
+//! short tasks those were a fifth of the gateway's CPU, on two cores shared with OpenCode). Nothing of the
 //! kind is lost for good by a crash in that second: a restarted gateway reads the turn's state
 //! back from OpenCode. A flush writes everything queued, waiting or not.
 //!
