@@ -6,6 +6,7 @@ use serde_json::json;
 use crate::report::{Figure, ScaleRow};
 use crate::scenarios::{Cycle, FanOut, Footprint, StartResults, FULL_CALLS, LEAN_CALLS};
 use crate::stats::{ratio, ratio_interval, Summary};
+use crate::tour::Tour;
 use crate::worktree::WorktreeTimes;
 
 /// Everything a run reports.
@@ -464,5 +465,49 @@ pub fn worktree(out: &mut Collected, w: &WorktreeTimes) {
     out.extra.insert(
         "worktree".into(),
         json!({ "files": w.files, "gateway_ms": w.gateway_ms, "bare_ms": w.bare_ms }),
+    );
+}
+
+/// The tour: a fresh gateway's RSS after every tool was used, round after round, as a host's
+/// session uses them (the nearest figure to issue 22's "RSS after the full held-out scenario
+/// run", whose scenarios are not on this machine).
+pub fn tour(out: &mut Collected, t: &Tour) {
+    let rounds = t.rss_rounds.len();
+    out.figures.push(
+        Figure::new(
+            "tour_rss",
+            format!("gateway RSS after the tour ({rounds} rounds of every tool, its own OpenCode)"),
+            "MiB",
+        )
+        .gateway(Summary::of(&[t.rss_end]))
+        .target("≤ 14 MiB", t.rss_end <= 14.0)
+        .note(format!(
+            "{} tasks, {} tool calls; per round: {}; peak (VmHWM) {:.2} MiB; anonymous + \
+             file-backed {}; after opencode_stop_server {:.2} MiB; a round took {} s",
+            t.tasks,
+            t.calls,
+            t.rss_rounds
+                .iter()
+                .map(|r| format!("{r:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            t.hwm_end,
+            split(t.split_end),
+            t.rss_stopped,
+            t.round_secs
+                .iter()
+                .map(|s| format!("{s:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+    );
+    out.extra.insert(
+        "tour".into(),
+        json!({
+            "rss_rounds_mib": t.rss_rounds, "rss_end_mib": t.rss_end, "hwm_end_mib": t.hwm_end,
+            "anon_file_end_mib": t.split_end, "rss_stopped_mib": t.rss_stopped,
+            "round_secs": t.round_secs, "answer_ms": t.answer_ms,
+            "tasks": t.tasks, "calls": t.calls,
+        }),
     );
 }

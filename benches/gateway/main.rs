@@ -23,6 +23,7 @@ mod report;
 mod scenarios;
 mod sse;
 mod stats;
+mod tour;
 mod worktree;
 
 use std::collections::BTreeSet;
@@ -41,6 +42,7 @@ use sse::IdleWatch;
 use stats::Summary;
 use support::fake_llm::FakeLlm;
 use support::isolation::OpenCodeEnv;
+use support::mcp::Launch as Spawn;
 use support::opencode_server::OpenCodeServer;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -82,6 +84,8 @@ struct Knobs {
     soak_tasks: usize,
     soak_every_secs: u64,
     soak_in_memory_secs: u64,
+    /// Rounds of the `tour` (every tool, as a host's session uses them).
+    tour_rounds: usize,
     only: Option<BTreeSet<String>>,
 }
 
@@ -90,7 +94,7 @@ const START_MODEL: &str = "fake/fake-strong";
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "start",
     "start_model",
     "cycle",
@@ -99,6 +103,7 @@ const SCENARIOS: [&str; 9] = [
     "cold",
     "footprint",
     "worktree",
+    "tour",
     "soak",
 ];
 
@@ -165,6 +170,7 @@ impl Knobs {
             soak_tasks: env_num("BENCH_SOAK_TASKS", q(300, 100))?,
             soak_every_secs: env_num("BENCH_SOAK_EVERY_SECS", q(60, 20) as u64)?,
             soak_in_memory_secs: env_num("BENCH_SOAK_IN_MEMORY_SECS", q(120, 30) as u64)?,
+            tour_rounds: env_num("BENCH_TOUR_ROUNDS", q(10, 2))?,
             only,
         })
     }
@@ -566,6 +572,32 @@ async fn run() -> Result<(), BoxError> {
             let empty = Some(Summary::of(&empty)).or(cold_empty);
             let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
             figures::cold_start_stored(&mut out, stored, empty, &g, &t);
+            save(&out, &machine, false)?;
+        }
+
+        // A fresh gateway with its own OpenCode, taken through every tool.
+        if knobs.runs("tour") {
+            step(&format!(
+                "tour: {} rounds of every tool on a fresh gateway with its own OpenCode",
+                knobs.tour_rounds
+            ));
+            let repo = env.work_dir().join("tour-repo");
+            support::git::init_repo(
+                &repo,
+                &[("README", "tour\n"), ("delegation.yaml", tour::DELEGATION)],
+            );
+            let launch = Spawn::new(&repo, &env.home_dir())
+                .bin(gateway_bin())
+                .envs(env.vars(&fake.url()))
+                .env(
+                    "OPENCODE_MCP_OPENCODE__COMMAND",
+                    support::opencode_bin::opencode_bin(),
+                )
+                .env("OPENCODE_MCP_STATE_DIR", state("tour"))
+                .env("OPENCODE_MCP_LOG", "warn")
+                .unchecked();
+            let t = tour::tour(&launch, &repo, knobs.tour_rounds).await?;
+            figures::tour(&mut out, &t);
             save(&out, &machine, false)?;
         }
 
