@@ -471,12 +471,17 @@ pub fn worktree(out: &mut Collected, w: &WorktreeTimes) {
 /// The tour: a fresh gateway's RSS after every tool was used, round after round, as a host's
 /// session uses them (the nearest figure to issue 22's "RSS after the full held-out scenario
 /// run", whose scenarios are not on this machine).
-pub fn tour(out: &mut Collected, t: &Tour) {
+/// `tasks`: the host spoke protocol 2026-07-28 with the tasks extension.
+pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
     let rounds = t.rss_rounds.len();
+    let (id, host) = match tasks {
+        false => ("tour_rss", "a classic host"),
+        true => ("tour_rss_tasks", "a 2026-07-28 host with tasks"),
+    };
     out.figures.push(
         Figure::new(
-            "tour_rss",
-            format!("gateway RSS after the tour ({rounds} rounds of every tool, its own OpenCode)"),
+            id,
+            format!("gateway RSS after the tour ({rounds} rounds of every tool by {host}, its own OpenCode)"),
             "MiB",
         )
         .gateway(Summary::of(&[t.rss_end]))
@@ -502,7 +507,7 @@ pub fn tour(out: &mut Collected, t: &Tour) {
         )),
     );
     out.extra.insert(
-        "tour".into(),
+        id.into(),
         json!({
             "rss_rounds_mib": t.rss_rounds, "rss_end_mib": t.rss_end, "hwm_end_mib": t.hwm_end,
             "anon_file_end_mib": t.split_end, "rss_stopped_mib": t.rss_stopped,

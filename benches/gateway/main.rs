@@ -575,30 +575,34 @@ async fn run() -> Result<(), BoxError> {
             save(&out, &machine, false)?;
         }
 
-        // A fresh gateway with its own OpenCode, taken through every tool.
+        // A fresh gateway with its own OpenCode, taken through every tool: by a host that
+        // speaks the classic protocol, then by one that speaks 2026-07-28 with tasks.
         if knobs.runs("tour") {
-            step(&format!(
-                "tour: {} rounds of every tool on a fresh gateway with its own OpenCode",
-                knobs.tour_rounds
-            ));
-            let repo = env.work_dir().join("tour-repo");
-            support::git::init_repo(
-                &repo,
-                &[("README", "tour\n"), ("delegation.yaml", tour::DELEGATION)],
-            );
-            let launch = Spawn::new(&repo, &env.home_dir())
-                .bin(gateway_bin())
-                .envs(env.vars(&fake.url()))
-                .env(
-                    "OPENCODE_MCP_OPENCODE__COMMAND",
-                    support::opencode_bin::opencode_bin(),
-                )
-                .env("OPENCODE_MCP_STATE_DIR", state("tour"))
-                .env("OPENCODE_MCP_LOG", "warn")
-                .unchecked();
-            let t = tour::tour(&launch, &repo, knobs.tour_rounds).await?;
-            figures::tour(&mut out, &t);
-            save(&out, &machine, false)?;
+            for (host, tasks) in [("classic", false), ("tasks", true)] {
+                step(&format!(
+                    "tour ({host} host): {} rounds of every tool on a fresh gateway with its own OpenCode",
+                    knobs.tour_rounds
+                ));
+                let repo = env.work_dir().join(format!("tour-{host}"));
+                support::git::init_repo(
+                    &repo,
+                    &[("README", "tour\n"), ("delegation.yaml", tour::DELEGATION)],
+                );
+                let launch = Spawn::new(&repo, &env.home_dir())
+                    .bin(gateway_bin())
+                    .envs(env.vars(&fake.url()))
+                    .env(
+                        "OPENCODE_MCP_OPENCODE__COMMAND",
+                        support::opencode_bin::opencode_bin(),
+                    )
+                    .env("OPENCODE_MCP_STATE_DIR", state(&format!("tour-{host}")))
+                    .env("OPENCODE_MCP_LOG", "warn")
+                    .unchecked();
+                let launch = if tasks { launch.modern(true) } else { launch };
+                let t = tour::tour(&launch, &repo, knobs.tour_rounds, tasks).await?;
+                figures::tour(&mut out, &t, tasks);
+                save(&out, &machine, false)?;
+            }
         }
 
         // A gateway that works at a steady rate for longer than its finished tasks stay in

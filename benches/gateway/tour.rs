@@ -22,6 +22,7 @@ use crate::gw::check_completed;
 use crate::machine::{rss_mb, rss_split_mb};
 use crate::support::mcp::{Launch as Spawn, McpClient as Client};
 use crate::BoxError;
+use rmcp::model::{CallToolResponse, CancelTaskParams, GetTaskParams};
 
 /// The repository's own `delegation.yaml`: every tier bound (two models, so a fan-out asks two
 /// different ones) and the built-in `review` preset switched on.
@@ -59,6 +60,9 @@ pub struct Tour {
 struct Host {
     client: Client,
     calls: usize,
+    /// Speaks protocol 2026-07-28 with the tasks extension, as Claude Code does: a call that
+    /// starts work is answered with a task handle.
+    tasks: bool,
 }
 
 impl Host {
@@ -78,8 +82,22 @@ impl Host {
     }
 
     async fn start(&mut self, args: Value) -> Result<String, BoxError> {
-        let v = self.ok("opencode_start_task", args).await?;
-        field(&v, "task_id")
+        self.start_work("opencode_start_task", args, "task_id")
+            .await
+    }
+
+    /// A call that starts work (a task, a follow-up, a group): the id of the task or group it
+    /// started, from the result's `key`, or from the task handle a host with tasks gets.
+    async fn start_work(&mut self, tool: &str, args: Value, key: &str) -> Result<String, BoxError> {
+        if !self.tasks {
+            let v = self.ok(tool, args).await?;
+            return field(&v, key);
+        }
+        self.calls += 1;
+        match self.client.call_once(tool, args.clone()).await? {
+            CallToolResponse::Task(handle) => Ok(handle.task.task_id),
+            other => Err(format!("{tool} {args}: no task handle: {other:?}").into()),
+        }
     }
 
     /// Waits (mode `all`) until `ids` are finished; the statuses are checked by the caller.
@@ -133,11 +151,22 @@ fn expect_status(w: &Value, id: &str, status: &str) -> Result<(), BoxError> {
 }
 
 /// Runs `rounds` rounds on a fresh gateway launched by `launch` (in `repo`, a git repository
-/// holding [`DELEGATION`]).
-pub async fn tour(launch: &Spawn, repo: &Path, rounds: usize) -> Result<Tour, BoxError> {
+/// holding [`DELEGATION`]). With `tasks`, the launch speaks protocol 2026-07-28 with the tasks
+/// extension ([`Spawn::modern`]): work starts as task handles, a few are read with `tasks/get`
+/// and the streaming task is cancelled with `tasks/cancel`, as Claude Code does.
+pub async fn tour(
+    launch: &Spawn,
+    repo: &Path,
+    rounds: usize,
+    tasks: bool,
+) -> Result<Tour, BoxError> {
     let client = launch.connect().await?;
     let pid = client.pid().ok_or("the gateway has no pid")?;
-    let mut host = Host { client, calls: 0 };
+    let mut host = Host {
+        client,
+        calls: 0,
+        tasks,
+    };
     let directory = repo.display().to_string();
     let mut out = Tour {
         rss_rounds: Vec::new(),
@@ -263,11 +292,28 @@ pub async fn tour(launch: &Spawn, repo: &Path, rounds: usize) -> Result<Tour, Bo
             "conflict",
         )
         .await?;
+        if tasks {
+            host.calls += 1;
+            host.client
+                .peer()
+                .cancel_task(CancelTaskParams::new(&slow))
+                .await?;
+            for id in [&plain[0], &structured, &failing] {
+                host.calls += 1;
+                let got = host.client.peer().get_task(GetTaskParams::new(id)).await?;
+                if !got.task.status().is_terminal() {
+                    return Err(format!("tasks/get {id}: not finished: {got:?}").into());
+                }
+            }
+        } else {
+            host.ok("opencode_cancel_task", json!({ "task_id": slow }))
+                .await?;
+        }
         let cancelled = host
-            .ok("opencode_cancel_task", json!({ "task_id": slow }))
+            .ok("opencode_get_task_status", json!({ "task_id": slow }))
             .await?;
         if cancelled["status"] != "cancelled" {
-            return Err(format!("cancel did not cancel: {cancelled}").into());
+            return Err(format!("the cancelled task is not: {cancelled}").into());
         }
 
         // Results: lean, full, a structured answer, a model error, a worktree's diff.
@@ -309,9 +355,10 @@ pub async fn tour(launch: &Spawn, repo: &Path, rounds: usize) -> Result<Tour, Bo
         // Follow-ups in the same sessions.
         let follow = [plain[0].clone(), writer.clone()];
         for id in &follow {
-            host.ok(
+            host.start_work(
                 "opencode_continue_task",
                 json!({ "task_id": id, "prompt": format!("tour {round}: one more thing") }),
+                "task_id",
             )
             .await?;
         }
@@ -319,16 +366,20 @@ pub async fn tour(launch: &Spawn, repo: &Path, rounds: usize) -> Result<Tour, Bo
         check_completed(host.wait_all(&follow).await?)?;
 
         // Two tiers at once, directly and through the preset.
-        let group = host
-            .ok(
+        let groups = [
+            host.start_work(
                 "opencode_fan_out",
                 json!({ "server_id": server_id, "prompt": format!("tour {round}: is this sound?"), "tiers": ["fast", "strong"] }),
+                "group_id",
             )
-            .await?;
-        let review = host
-            .ok("review", json!({ "focus": format!("round {round}") }))
-            .await?;
-        let groups = [field(&group, "group_id")?, field(&review, "group_id")?];
+            .await?,
+            host.start_work(
+                "review",
+                json!({ "focus": format!("round {round}") }),
+                "group_id",
+            )
+            .await?,
+        ];
         out.tasks += 4;
         for g in &groups {
             let w = host.wait_all(std::slice::from_ref(g)).await?;
