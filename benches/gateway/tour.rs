@@ -39,6 +39,7 @@ tools:
 const ROUND_LIMIT: Duration = Duration::from_secs(180);
 
 /// What the tour measured.
+#[derive(Default)]
 pub struct Tour {
     /// RSS (MiB) after each round.
     pub rss_rounds: Vec<f64>,
@@ -168,17 +169,7 @@ pub async fn tour(
         tasks,
     };
     let directory = repo.display().to_string();
-    let mut out = Tour {
-        rss_rounds: Vec::new(),
-        rss_end: 0.0,
-        hwm_end: 0.0,
-        split_end: (0.0, 0.0),
-        rss_stopped: 0.0,
-        round_secs: Vec::new(),
-        answer_ms: Vec::new(),
-        tasks: 0,
-        calls: 0,
-    };
+    let mut out = Tour::default();
     let mut server_id = String::new();
     for round in 0..rounds {
         let began = Instant::now();
@@ -333,7 +324,7 @@ pub async fn tour(
         let answer = host
             .ok("opencode_get_task_result", json!({ "task_id": structured }))
             .await?;
-        if answer.to_string().find("1815").is_none() {
+        if !answer.to_string().contains("1815") {
             return Err(format!("the structured answer is not in its result: {answer}").into());
         }
         let diff = host
