@@ -488,9 +488,10 @@ pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
         .target("≤ 14 MiB", t.rss_end <= 14.0)
         .note(format!(
             "{} tasks, {} tool calls; per round: {}; peak (VmHWM) {:.2} MiB; anonymous + \
-             file-backed {}; after opencode_stop_server {:.2} MiB; a round took {} s",
+             file-backed {}; after {} more calls that start nothing {:.2} MiB; after \
+             opencode_stop_server {:.2} MiB; a round took {} s",
             t.tasks,
-            t.calls,
+            t.calls - t.read_calls,
             t.rss_rounds
                 .iter()
                 .map(|r| format!("{r:.1}"))
@@ -498,6 +499,8 @@ pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
                 .join(", "),
             t.hwm_end,
             split(t.split_end),
+            t.read_calls,
+            t.rss_after_reads,
             t.rss_stopped,
             t.round_secs
                 .iter()
@@ -510,7 +513,8 @@ pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
         id.into(),
         json!({
             "rss_rounds_mib": t.rss_rounds, "rss_end_mib": t.rss_end, "hwm_end_mib": t.hwm_end,
-            "anon_file_end_mib": t.split_end, "rss_stopped_mib": t.rss_stopped,
+            "anon_file_end_mib": t.split_end, "rss_after_reads_mib": t.rss_after_reads,
+            "read_calls": t.read_calls, "rss_stopped_mib": t.rss_stopped,
             "round_secs": t.round_secs, "answer_ms": t.answer_ms,
             "tasks": t.tasks, "calls": t.calls,
         }),

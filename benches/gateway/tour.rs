@@ -47,6 +47,11 @@ pub struct Tour {
     pub rss_end: f64,
     pub hwm_end: f64,
     pub split_end: (f64, f64),
+    /// After as many rounds again of calls that start nothing (every task's status and result,
+    /// waits on them all, the task list and the usage report), before stopping the server: a
+    /// gateway's memory must grow with the tasks it holds, not with the calls it answers.
+    pub rss_after_reads: f64,
+    pub read_calls: usize,
     /// After `opencode_stop_server`.
     pub rss_stopped: f64,
     /// Wall time of each round, s.
@@ -171,6 +176,8 @@ pub async fn tour(
     let directory = repo.display().to_string();
     let mut out = Tour::default();
     let mut server_id = String::new();
+    // Every task the rounds start (fan-out groups aside), for the reads after them.
+    let mut started = Vec::new();
     for round in 0..rounds {
         let began = Instant::now();
         let server = host
@@ -243,6 +250,8 @@ pub async fn tour(
             worktree.clone(),
             keyed,
         ]);
+        started.extend(quick.iter().cloned());
+        started.push(slow.clone());
         let any = host
             .ok(
                 "opencode_wait_for_task",
@@ -412,6 +421,23 @@ pub async fn tour(
     }
     (out.rss_end, out.hwm_end) = rss_mb(pid).unwrap_or_default();
     out.split_end = rss_split_mb(pid).unwrap_or_default();
+    let calls = host.calls;
+    for _ in 0..rounds {
+        for id in &started {
+            host.ok("opencode_get_task_status", json!({ "task_id": id }))
+                .await?;
+            host.ok("opencode_get_task_result", json!({ "task_id": id }))
+                .await?;
+        }
+        for ids in started.chunks(50) {
+            host.wait_all(ids).await?;
+        }
+        host.ok("opencode_list_tasks", json!({ "limit": 50 }))
+            .await?;
+        host.ok("opencode_usage", json!({})).await?;
+    }
+    out.read_calls = host.calls - calls;
+    out.rss_after_reads = rss_mb(pid).map_or(0.0, |(rss, _)| rss);
     if !server_id.is_empty() {
         host.ok("opencode_stop_server", json!({ "server_id": server_id }))
             .await?;
