@@ -241,7 +241,7 @@ fn restore_sigpipe() {
 fn stored_records(
     sources: &Sources,
     who: &str,
-) -> Option<(config::Config, Vec<opencode_mcp::tasks::TaskRecord>)> {
+) -> Option<(config::Config, Vec<opencode_mcp::tasks::usage::TaskSummary>)> {
     let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -256,7 +256,7 @@ fn stored_records(
         );
         return None;
     };
-    let (records, bad) = opencode_mcp::tasks::read_all(&dir);
+    let (records, bad) = opencode_mcp::tasks::read_summaries(&dir);
     for (path, why) in bad {
         eprintln!(
             "{who}: skipping unreadable task record {}: {why}",

@@ -46,5 +46,5 @@ pub use owner::alive as gateway_alive;
 pub use record::{epoch_ms, GroupMember, TaskRecord};
 pub use resolve::{check_variant, resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
-pub use store::{default_state_dir, read_all, read_stored, Stored};
+pub use store::{default_state_dir, read_stored, read_summaries, Stored};
 pub use workspace::{ApplyOutcome, DiscardOutcome};

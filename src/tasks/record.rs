@@ -279,8 +279,7 @@ impl TaskRecord {
     /// The model the turn asked for, when OpenCode answered with another one (a provider
     /// fallback, an agent pinning its own model): results and the task list flag it.
     pub fn model_requested_if_other(&self, answered: Option<&str>) -> Option<String> {
-        let asked = self.model.as_deref()?;
-        (answered.is_some_and(|a| a != asked)).then(|| asked.to_string())
+        requested_if_other(self.model.as_deref(), answered)
     }
 
     /// When the task was started (epoch ms): its first turn, or the current one for records
@@ -294,6 +293,13 @@ impl TaskRecord {
         let ago = Duration::from_millis(epoch_ms(SystemTime::now()).saturating_sub(ms));
         Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
     }
+}
+
+/// The model `asked` for, when another one `answered` (see
+/// [`TaskRecord::model_requested_if_other`]).
+pub fn requested_if_other(asked: Option<&str>, answered: Option<&str>) -> Option<String> {
+    let asked = asked?;
+    (answered.is_some_and(|a| a != asked)).then(|| asked.to_string())
 }
 
 pub fn epoch_ms(t: SystemTime) -> u64 {

@@ -28,6 +28,7 @@ use super::spend::Spending;
 use super::store::Store;
 use super::stream::StreamedTurn;
 use super::turn::ReplySeen;
+use super::usage::TaskSummary;
 use crate::opencode::{ErrorInfo, PermissionAsk};
 
 /// Where a task's current turn stands in the gateway's hands. It changes only under the
@@ -742,9 +743,13 @@ impl Registry {
         Some(entry)
     }
 
-    /// The records of every task in memory.
-    pub fn records(&self) -> Vec<TaskRecord> {
-        self.lock().tasks.values().map(|e| e.rec.clone()).collect()
+    /// The summary of every task in memory (for the usage report and the task list).
+    pub fn summaries(&self) -> Vec<TaskSummary> {
+        self.lock()
+            .tasks
+            .values()
+            .map(|e| TaskSummary::from(&e.rec))
+            .collect()
     }
 
     /// Tasks in memory that are not finished.

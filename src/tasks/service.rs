@@ -17,6 +17,7 @@ use super::spend;
 use super::store::{self, Store};
 use super::structured::{self, StructuredState};
 use super::tracker::{self, TrackerContext};
+use super::usage::TaskSummary;
 use crate::config::Budget;
 use crate::config::{Config, Isolation};
 use crate::git::Base;
@@ -207,24 +208,32 @@ impl TaskService {
 
     /// Every task this gateway can answer for, for the usage report and the task list: those in
     /// memory (current), and the finished ones left only in the state directory (also those of
-    /// other gateways sharing it, since the store is what the report is about).
-    pub async fn records(&self) -> Vec<TaskRecord> {
+    /// other gateways sharing it, since the store is what the report is about). Summaries, not
+    /// records: a day of records must not be held at once (see [`TaskSummary`]).
+    pub async fn summaries(&self) -> Vec<TaskSummary> {
         self.restored().await;
-        let mut by_id: std::collections::HashMap<String, TaskRecord> = Default::default();
+        let mut all = Vec::new();
         if let Some(store) = self.registry.store().cloned() {
             // What was removed or changed in memory must be on disk before the directory is read.
             if let Err(e) = store.flush(SHUTDOWN_FLUSH).await {
                 tracing::warn!(error = %e, "the task list may show stale records");
             }
-            let read = tokio::task::spawn_blocking(move || store.load_all().0).await;
-            for r in read.unwrap_or_default() {
-                by_id.insert(r.id.clone(), r);
-            }
+            let read = tokio::task::spawn_blocking(move || {
+                let (summaries, _) = store.summaries();
+                // Reading a day of records leaves their buffers free in the blocking thread's
+                // arena: hand them back now rather than keep them until the next quiet spell.
+                crate::memory::give_back();
+                summaries
+            })
+            .await;
+            all = read.unwrap_or_default();
         }
-        for r in self.registry.records() {
-            by_id.insert(r.id.clone(), r);
-        }
-        by_id.into_values().collect()
+        let held = self.registry.summaries();
+        let in_memory: std::collections::HashSet<&str> =
+            held.iter().map(|t| t.id.as_str()).collect();
+        all.retain(|t| !in_memory.contains(t.id.as_str()));
+        all.extend(held);
+        all
     }
 
     /// The configuration in force now (one snapshot: take it once per operation).

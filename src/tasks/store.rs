@@ -54,6 +54,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::model::TaskStatus;
 use super::owner::OwnerLock;
 use super::record::{TaskRecord, VERSION};
+use super::usage::TaskSummary;
 
 /// How long the gateway waits at exit for queued records to reach the disk. Writes take well
 /// under a millisecond each, so this only matters when the disk itself is stuck.
@@ -370,7 +371,13 @@ impl Store {
     /// Every readable record on disk; unreadable files are reported (path, reason) and left in
     /// place. Reads the directory as it is: call it before submitting (at start-up), or flush.
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
-        read_dir_records(&self.shared().dir)
+        read_dir_records(&self.shared().dir, |r| r)
+    }
+
+    /// [`Self::load_all`], keeping of each record only its [`TaskSummary`]: one record is held
+    /// at a time, however many the directory keeps.
+    pub fn summaries(&self) -> (Vec<TaskSummary>, Vec<(PathBuf, String)>) {
+        read_dir_records(&self.shared().dir, |r| TaskSummary::from(&r))
     }
 
     /// The finished records that expired by `now` (finished `ttl` or longer ago), newest state
@@ -419,14 +426,19 @@ pub struct Expiring {
     pub next: Option<SystemTime>,
 }
 
-/// Every readable record under `<state_dir>/tasks/`, read without opening the store (no owner
-/// lock, no writer thread), so `opencode-mcp usage` and `tasks` can run beside a live gateway
-/// without disturbing it; unreadable files are reported (path, reason).
-pub fn read_all(state_dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
-    read_dir_records(&state_dir.join("tasks"))
+/// The summary of every readable record under `<state_dir>/tasks/`, read without opening the
+/// store (no owner lock, no writer thread), so `opencode-mcp usage` and `tasks` can run beside a
+/// live gateway without disturbing it; unreadable files are reported (path, reason).
+pub fn read_summaries(state_dir: &Path) -> (Vec<TaskSummary>, Vec<(PathBuf, String)>) {
+    read_dir_records(&state_dir.join("tasks"), |r| TaskSummary::from(&r))
 }
 
-fn read_dir_records(dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
+/// Every readable record in `dir`, each turned into what `keep` makes of it as soon as it is
+/// read; unreadable ones are reported (path, reason).
+fn read_dir_records<T>(
+    dir: &Path,
+    mut keep: impl FnMut(TaskRecord) -> T,
+) -> (Vec<T>, Vec<(PathBuf, String)>) {
     let mut tasks = Vec::new();
     let mut bad = Vec::new();
     let Ok(dir) = std::fs::read_dir(dir) else {
@@ -438,7 +450,7 @@ fn read_dir_records(dir: &Path) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
             continue;
         }
         match read_record(&path) {
-            Ok(t) => tasks.push(t),
+            Ok(t) => tasks.push(keep(t)),
             // Removed between listing and reading: not a fault.
             Err(ReadError::Missing) => {}
             Err(ReadError::Bad(why)) => bad.push((path, why)),
@@ -813,6 +825,14 @@ mod tests {
         let (all, bad) = store.load_all();
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(all, vec![stored.clone()]);
+        // The report and the list read the same files, keeping only summaries.
+        let (summaries, bad) = store.summaries();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(summaries, vec![TaskSummary::from(&stored)]);
+        assert_eq!(
+            summaries[0].latest.as_ref().map(|l| l.tokens),
+            stored.outcome.as_ref().map(|o| o.tokens)
+        );
         assert_eq!(store.load("tsk_abc"), Some(stored));
         let back = all[0].clone();
         assert_eq!(back.status, TaskStatus::Completed);

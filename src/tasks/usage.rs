@@ -23,7 +23,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::model::TaskStatus;
-use super::record::TaskRecord;
+use super::record::{requested_if_other, Spent, TaskRecord};
 use crate::config::ReferencePrice;
 use crate::opencode::{Price, Tokens};
 
@@ -31,6 +31,74 @@ use crate::opencode::{Price, Tokens};
 pub const NO_TIER: &str = "(none)";
 /// Shown for tasks whose model is the server's default and whose outcome names none.
 pub const DEFAULT_MODEL: &str = "(server default)";
+
+/// What the report and the list read of a task record: a few hundred bytes, where a record
+/// holds its answer (up to `limits.max_result_chars`), tool calls and changed files. The state
+/// directory keeps a day of records by default, so the report and the list are computed over
+/// summaries, each made as its record is read and the record dropped: before, every call held
+/// every record at once (1,878 records on disk took a gateway from 8.5 to 23 MiB, and glibc
+/// kept most of it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSummary {
+    pub id: String,
+    pub status: TaskStatus,
+    pub tier: Option<String>,
+    /// The model the task asked for (`None`: the server's default).
+    pub model: Option<String>,
+    pub title: String,
+    /// The gateway that ran it, to tell an unfinished task whose gateway exited.
+    pub owner_pid: u32,
+    /// See [`TaskRecord::started_ms`].
+    pub started_ms: u64,
+    pub turn_started_ms: u64,
+    pub finished_ms: Option<u64>,
+    /// The current turn as reported, once it has an outcome.
+    pub latest: Option<Latest>,
+    /// The turns before it (see [`TaskRecord::earlier`]).
+    pub earlier: Spent,
+    /// The catalog price of the model it was started on (see [`TaskRecord::price`]).
+    pub price: Option<(String, Price)>,
+}
+
+/// What the current turn's outcome reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Latest {
+    /// The model that answered.
+    pub model: Option<String>,
+    pub tokens: Tokens,
+    pub cost: f64,
+}
+
+impl From<&TaskRecord> for TaskSummary {
+    /// Copies only what the summary keeps.
+    fn from(r: &TaskRecord) -> Self {
+        Self {
+            id: r.id.clone(),
+            status: r.status,
+            tier: r.tier.clone(),
+            model: r.model.clone(),
+            title: r.title.clone(),
+            owner_pid: r.owner_pid,
+            started_ms: r.started_ms(),
+            turn_started_ms: r.turn_started_ms,
+            finished_ms: r.finished_ms,
+            latest: r.outcome.as_ref().map(|o| Latest {
+                model: o.model.clone(),
+                tokens: o.tokens,
+                cost: o.cost,
+            }),
+            earlier: r.earlier,
+            price: r.price.clone(),
+        }
+    }
+}
+
+impl TaskSummary {
+    /// The model that answered the current turn, if it reported one.
+    fn answered(&self) -> Option<&str> {
+        self.latest.as_ref().and_then(|l| l.model.as_deref())
+    }
+}
 
 /// What a set of tasks used.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
@@ -56,13 +124,13 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn add(&mut self, r: &TaskRecord, now_ms: u64, price: &ReferencePrice) {
+    fn add(&mut self, r: &TaskSummary, now_ms: u64, price: &ReferencePrice) {
         self.tasks += 1;
         *self
             .statuses
             .entry(r.status.as_str().to_string())
             .or_default() += 1;
-        let answered = r.outcome.as_ref().and_then(|o| o.model.as_deref());
+        let answered = r.answered();
         let catalog = r
             .price
             .as_ref()
@@ -75,8 +143,8 @@ impl Usage {
             self.priced_cost += priced;
             self.reference_cost += reference_cost(tokens, price);
         };
-        if let Some(o) = &r.outcome {
-            count(&o.tokens, o.cost);
+        if let Some(l) = &r.latest {
+            count(&l.tokens, l.cost);
         }
         // Follow-ups and automatic corrections replaced the outcomes of the turns before them:
         // those turns count with what the record kept of them.
@@ -137,18 +205,14 @@ pub fn reference_cost(tokens: &Tokens, price: &ReferencePrice) -> f64 {
 }
 
 /// The model a task's turn ran on: what OpenCode reported, else what it was asked for.
-fn model_of(r: &TaskRecord) -> &str {
-    r.outcome
-        .as_ref()
-        .and_then(|o| o.model.as_deref())
-        .or(r.model.as_deref())
-        .unwrap_or(DEFAULT_MODEL)
+fn model_of(r: &TaskSummary) -> &str {
+    r.answered().or(r.model.as_deref()).unwrap_or(DEFAULT_MODEL)
 }
 
 /// Aggregates `records` whose latest turn started at or after `since_ms` (all of them when
 /// `None`), per tier and per model.
 pub fn report(
-    records: &[TaskRecord],
+    records: &[TaskSummary],
     since_ms: Option<u64>,
     now_ms: u64,
     price: ReferencePrice,
@@ -275,19 +339,19 @@ pub struct TaskLine {
 /// The tasks among `records` with `status` (all when `None`), newest first. `gateway_alive`
 /// says whether the gateway with a pid still runs (for unfinished tasks).
 pub fn list(
-    records: &[TaskRecord],
+    records: &[TaskSummary],
     status: Option<TaskStatus>,
     now_ms: u64,
     gateway_alive: &dyn Fn(u32) -> bool,
 ) -> Vec<TaskLine> {
-    let mut chosen: Vec<&TaskRecord> = records
+    let mut chosen: Vec<&TaskSummary> = records
         .iter()
         .filter(|r| status.is_none_or(|s| r.status == s))
         .collect();
     // Ties (same millisecond) fall back to the id, so the order is stable.
     chosen.sort_by(|a, b| {
-        b.started_ms()
-            .cmp(&a.started_ms())
+        b.started_ms
+            .cmp(&a.started_ms)
             .then_with(|| b.id.cmp(&a.id))
     });
     chosen
@@ -296,15 +360,10 @@ pub fn list(
             task_id: r.id.clone(),
             status: r.status,
             tier: r.tier.clone(),
-            model: r
-                .outcome
-                .as_ref()
-                .and_then(|o| o.model.clone())
-                .or_else(|| r.model.clone()),
-            model_requested: r
-                .model_requested_if_other(r.outcome.as_ref().and_then(|o| o.model.as_deref())),
+            model: r.answered().or(r.model.as_deref()).map(str::to_string),
+            model_requested: requested_if_other(r.model.as_deref(), r.answered()),
             title: r.title.clone(),
-            age_ms: now_ms.saturating_sub(r.started_ms()),
+            age_ms: now_ms.saturating_sub(r.started_ms),
             duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
             gateway_gone: !r.status.is_terminal() && !gateway_alive(r.owner_pid),
         })
@@ -414,6 +473,10 @@ mod tests {
         r
     }
 
+    fn summaries(records: &[TaskRecord]) -> Vec<TaskSummary> {
+        records.iter().map(TaskSummary::from).collect()
+    }
+
     fn sample() -> Vec<TaskRecord> {
         vec![
             rec(
@@ -456,7 +519,7 @@ mod tests {
 
     #[test]
     fn totals_are_the_sums_and_groups_split_them() {
-        let r = report(&sample(), None, 6_000, PRICE);
+        let r = report(&summaries(&sample()), None, 6_000, PRICE);
         assert_eq!(r.total.tasks, 3);
         assert_eq!(r.total.tokens, tokens(407, 23, 5, 1_000, 10));
         assert!((r.total.cost - 0.012).abs() < 1e-12);
@@ -482,7 +545,7 @@ mod tests {
 
     #[test]
     fn the_saving_follows_the_configured_prices() {
-        let r = report(&sample(), None, 6_000, PRICE);
+        let r = report(&summaries(&sample()), None, 6_000, PRICE);
         // Prompt side: 407 + 1000 + 10 = 1417 tokens at $3/M; output side: 23 + 5 = 28 at $15/M.
         let expected = (1_417.0 * 3.0 + 28.0 * 15.0) / 1e6;
         assert!((r.total.reference_cost - expected).abs() < 1e-12);
@@ -491,18 +554,25 @@ mod tests {
             input_per_mtok: 6.0,
             output_per_mtok: 30.0,
         };
-        let r2 = report(&sample(), None, 6_000, doubled);
+        let r2 = report(&summaries(&sample()), None, 6_000, doubled);
         assert!((r2.total.reference_cost - 2.0 * expected).abs() < 1e-12);
         let free = ReferencePrice {
             input_per_mtok: 0.0,
             output_per_mtok: 0.0,
         };
-        assert!((report(&sample(), None, 6_000, free).total.saving + 0.012).abs() < 1e-12);
+        assert!(
+            (report(&summaries(&sample()), None, 6_000, free)
+                .total
+                .saving
+                + 0.012)
+                .abs()
+                < 1e-12
+        );
     }
 
     #[test]
     fn the_period_keeps_turns_started_since() {
-        let r = report(&sample(), Some(2_000), 6_000, PRICE);
+        let r = report(&summaries(&sample()), Some(2_000), 6_000, PRICE);
         assert_eq!(r.total.tasks, 2);
         assert_eq!(r.total.tokens.input, 307);
         assert_eq!(report(&[], Some(0), 6_000, PRICE).total, Usage::default());
@@ -540,7 +610,12 @@ mod tests {
         );
         free.price = Some(("local/model".into(), price));
         free.earlier.tokens = tokens(1_000_000, 0, 0, 0, 0);
-        let r = report(&[free.clone()], None, 3_000, ReferencePrice::default());
+        let r = report(
+            &[TaskSummary::from(&free)],
+            None,
+            3_000,
+            ReferencePrice::default(),
+        );
         assert!(
             (r.total.cost - (priced + 2.0)).abs() < 1e-9,
             "{:?}",
@@ -556,7 +631,12 @@ mod tests {
         if let Some(o) = free.outcome.as_mut() {
             o.model = Some("other/model".into());
         }
-        let r = report(&[free], None, 3_000, ReferencePrice::default());
+        let r = report(
+            &[TaskSummary::from(&free)],
+            None,
+            3_000,
+            ReferencePrice::default(),
+        );
         assert_eq!((r.total.cost, r.total.priced_cost), (0.0, 0.0));
     }
 
@@ -570,7 +650,7 @@ mod tests {
         }
         let asked = records[0].model.clone();
         records[1].model = None;
-        let lines = list(&records, None, 6_000, &|_| true);
+        let lines = list(&summaries(&records), None, 6_000, &|_| true);
         let flagged: Vec<(&str, Option<&str>)> = lines
             .iter()
             .map(|l| (l.task_id.as_str(), l.model_requested.as_deref()))
@@ -584,21 +664,26 @@ mod tests {
     #[test]
     fn the_list_is_newest_first_and_filters_by_status() {
         let alive = |_| true;
-        let lines = list(&sample(), None, 6_000, &alive);
+        let lines = list(&summaries(&sample()), None, 6_000, &alive);
         let ids: Vec<&str> = lines.iter().map(|l| l.task_id.as_str()).collect();
         assert_eq!(ids, ["c", "b", "a"]);
         assert_eq!(lines[0].duration_ms, None);
         assert_eq!(lines[0].age_ms, 1_000);
         assert_eq!(lines[2].duration_ms, Some(3_000));
         assert_eq!(lines[2].tier.as_deref(), Some("fast"));
-        let failed = list(&sample(), Some(TaskStatus::Failed), 6_000, &alive);
+        let failed = list(
+            &summaries(&sample()),
+            Some(TaskStatus::Failed),
+            6_000,
+            &alive,
+        );
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].task_id, "b");
         let text = list_text(&lines);
         assert!(text.lines().nth(1).is_some_and(|l| l.starts_with("c ")));
         assert!(!text.contains("(gone)"), "{text}");
         // The gateway that ran the unfinished task has exited: said, for it alone.
-        let gone = list(&sample(), None, 6_000, &|_| false);
+        let gone = list(&summaries(&sample()), None, 6_000, &|_| false);
         let flagged: Vec<&str> = gone
             .iter()
             .filter(|l| l.gateway_gone)
@@ -615,7 +700,7 @@ mod tests {
 
     #[test]
     fn the_text_report_names_every_group() {
-        let text = report(&sample(), None, 6_000, PRICE).text();
+        let text = report(&summaries(&sample()), None, 6_000, PRICE).text();
         for needle in ["fast", "p/cheap", "p/other", NO_TIER, "total", "1 failed"] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }

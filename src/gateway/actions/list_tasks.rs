@@ -61,7 +61,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskList, ToolError
             args.limit
         )));
     }
-    let records = ctx.tasks.records().await;
+    let records = ctx.tasks.summaries().await;
     let mut tasks = usage::list(
         &records,
         args.status,

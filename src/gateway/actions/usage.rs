@@ -47,7 +47,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<UsageReport, ToolEr
             now.saturating_sub(u64::try_from(d.get().as_millis()).unwrap_or(u64::MAX))
         }
     };
-    let records = ctx.tasks.records().await;
+    let records = ctx.tasks.summaries().await;
     Ok(usage::report(
         &records,
         Some(since),
