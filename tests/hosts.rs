@@ -1303,6 +1303,7 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
     let t = claude_code::tool;
     let quick = "background work [[delay:3000]]";
     let long = "long work [[slow:120000]]";
+    let received = fake_llm.received();
     let script = vec![
         Step::tool_json(
             t("opencode_start_task"),
@@ -1316,7 +1317,15 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
             t("opencode_start_task"),
             json!({"server_id": "default", "prompt": long}),
         ),
-        Step::tool("TaskStop", |r| {
+        // The model stops the task once it is working: OpenCode has sent its model request.
+        // (Stopped sooner, within milliseconds of its start as the script would otherwise do on
+        // a loaded machine, OpenCode ends the turn before it asks its model anything, and there
+        // is no model stream whose end shows the cancel.)
+        Step::tool("TaskStop", move |r| {
+            // Bounded; a request that never comes is reported after the stop, with the screen.
+            received.wait_blocking(Duration::from_secs(60), |q| {
+                !q.is_title_request() && q.last_user_text.contains("long work")
+            });
             let started = r.last().map(|r| r.text.clone()).unwrap_or_default();
             json!({"task_id": claude_code::background_id(&started)})
         }),

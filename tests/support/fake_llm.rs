@@ -269,6 +269,29 @@ impl Shared {
     }
 }
 
+/// What a [`FakeLlm`] received, shareable beyond a borrow of it: for a scripted host model
+/// (whose steps run on the host fake's own thread) that waits for a task's request before it
+/// answers.
+#[derive(Clone)]
+pub struct Received(Arc<Shared>);
+
+impl Received {
+    /// Blocks the calling thread until a request matching `pred` has arrived (`true`) or
+    /// `within` has passed (`false`), looking every 20 ms.
+    pub fn wait_blocking(&self, within: Duration, pred: impl Fn(&RecordedRequest) -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.0.read(|s| s.requests.iter().any(&pred)) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The fake LLM server. Stops (and drops open connections) when dropped.
 pub struct FakeLlm {
     shared: Arc<Shared>,
@@ -296,6 +319,11 @@ impl FakeLlm {
 
     pub fn addr(&self) -> SocketAddr {
         self.server.addr()
+    }
+
+    /// A handle on the requests it receives, for another thread.
+    pub fn received(&self) -> Received {
+        Received(self.shared.clone())
     }
 
     /// Every request so far, in arrival order.
