@@ -4,7 +4,9 @@
 use serde_json::json;
 
 use crate::report::{Figure, ScaleRow};
-use crate::scenarios::{Cycle, FanOut, Footprint, StartResults, FULL_CALLS, LEAN_CALLS};
+use crate::scenarios::{
+    Cycle, FanOut, Footprint, StartResults, StoredReads, FULL_CALLS, LEAN_CALLS,
+};
 use crate::stats::{ratio, ratio_interval, Summary};
 use crate::tour::Tour;
 use crate::worktree::WorktreeTimes;
@@ -517,6 +519,37 @@ pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
             "read_calls": t.read_calls, "rss_stopped_mib": t.rss_stopped,
             "round_secs": t.round_secs, "answer_ms": t.answer_ms,
             "tasks": t.tasks, "calls": t.calls,
+        }),
+    );
+}
+
+/// The usage report and the task list over a full store: what they add to the gateway's RSS.
+pub fn stored_reads(out: &mut Collected, r: &StoredReads) {
+    out.figures.push(
+        Figure::new(
+            "stored_reads_rss",
+            format!(
+                "gateway RSS after list_tasks and usage over {} stored tasks",
+                r.records
+            ),
+            "MiB",
+        )
+        .gateway(Summary::of(&[r.after]))
+        .note(format!(
+            "informational: {:.2} MiB before the {} calls (store restored, its tasks out of \
+             memory), +{:.2} MiB; list_tasks p50 {:.1} ms, usage p50 {:.1} ms",
+            r.before,
+            r.calls,
+            r.after - r.before,
+            Summary::of(&r.list_ms).p50,
+            Summary::of(&r.usage_ms).p50,
+        )),
+    );
+    out.extra.insert(
+        "stored_reads".into(),
+        json!({
+            "records": r.records, "rss_before_mib": r.before, "rss_after_mib": r.after,
+            "calls": r.calls, "list_ms": r.list_ms, "usage_ms": r.usage_ms,
         }),
     );
 }

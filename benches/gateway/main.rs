@@ -572,6 +572,18 @@ async fn run() -> Result<(), BoxError> {
             let empty = Some(Summary::of(&empty)).or(cold_empty);
             let (g, t) = scenarios::cold_start(&footprint_launch, knobs.cold_reps).await?;
             figures::cold_start_stored(&mut out, stored, empty, &g, &t);
+            // The same store read by the usage report and the task list, its tasks out of
+            // memory (they leave it a second after they finished).
+            step(&format!("list_tasks and usage over {stored} stored tasks"));
+            let reads = scenarios::stored_reads(
+                &footprint_launch
+                    .clone()
+                    .env("OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY", "1s"),
+                stored,
+                5,
+            )
+            .await?;
+            figures::stored_reads(&mut out, &reads);
             save(&out, &machine, false)?;
         }
 

@@ -648,3 +648,70 @@ async fn run_in_batches(
     }
     Ok(())
 }
+
+/// What a gateway's memory does when the usage report and the task list read a full store.
+pub struct StoredReads {
+    pub records: usize,
+    /// RSS (MiB) once the store is restored and every finished task has left memory.
+    pub before: f64,
+    /// After `calls` rounds of `opencode_list_tasks` and `opencode_usage`.
+    pub after: f64,
+    pub calls: usize,
+    /// Milliseconds each call took.
+    pub list_ms: Vec<f64>,
+    pub usage_ms: Vec<f64>,
+}
+
+/// A gateway started on `records` stored tasks whose finished tasks leave memory at once
+/// (`launch` sets `limits.finished_in_memory` short), so the report and the list read them from
+/// the state directory: RSS before and after `rounds` of both calls.
+pub async fn stored_reads(
+    launch: &Spawn,
+    records: usize,
+    rounds: usize,
+) -> Result<StoredReads, BoxError> {
+    let client = Gw::connect(launch).await?;
+    let pid = client.pid().ok_or("the gateway has no pid")?;
+    // Any call that reads tasks waits for the store to be restored (and the restored tasks
+    // leave memory right after): an unknown id is the cheapest.
+    let reply = client
+        .call("opencode_get_task_status", json!({ "task_id": "tsk_none" }))
+        .await?;
+    if reply.error_code() != Some("not_found") {
+        return Err(format!("expected not_found for an unknown task: {}", reply.text).into());
+    }
+    let before = rss_mb(pid).map_or(0.0, |(rss, _)| rss);
+    let mut out = StoredReads {
+        records,
+        before,
+        after: 0.0,
+        calls: 0,
+        list_ms: Vec::new(),
+        usage_ms: Vec::new(),
+    };
+    for _ in 0..rounds {
+        for (tool, args, times) in [
+            (
+                "opencode_list_tasks",
+                json!({ "limit": 20 }),
+                &mut out.list_ms,
+            ),
+            (
+                "opencode_usage",
+                json!({ "since": "24h" }),
+                &mut out.usage_ms,
+            ),
+        ] {
+            let t = Instant::now();
+            let reply = client.call(tool, args).await?;
+            times.push(ms(t.elapsed()));
+            if reply.is_error {
+                return Err(format!("{tool} failed: {}", reply.text).into());
+            }
+            out.calls += 1;
+        }
+    }
+    out.after = rss_mb(pid).map_or(0.0, |(rss, _)| rss);
+    client.close().await?;
+    Ok(out)
+}
