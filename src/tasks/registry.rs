@@ -593,14 +593,16 @@ pub struct Evicted {
 /// cost (as read, else as streamed) plus its earlier turns' if the task was started the same
 /// day.
 fn day_spend(e: &TaskEntry) -> (u64, f64) {
-    let finished = e.rec.finished_ms.unwrap_or_default();
-    let turn = e
-        .rec
-        .outcome
-        .as_ref()
-        .map_or_else(|| e.live.spending.total().0, |o| o.cost);
-    let same_day = finished / DAY_MS == e.rec.started_ms() / DAY_MS;
-    let earlier = if same_day { e.rec.earlier.cost } else { 0.0 };
+    record_day_spend(&e.rec, || e.live.spending.total().0)
+}
+
+/// [`day_spend`] of a record: `streamed` is the turn's cost as streamed, for a turn that ended
+/// without an outcome (a record read back from disk has none).
+pub(super) fn record_day_spend(rec: &TaskRecord, streamed: impl FnOnce() -> f64) -> (u64, f64) {
+    let finished = rec.finished_ms.unwrap_or_default();
+    let turn = rec.outcome.as_ref().map_or_else(streamed, |o| o.cost);
+    let same_day = finished / DAY_MS == rec.started_ms() / DAY_MS;
+    let earlier = if same_day { rec.earlier.cost } else { 0.0 };
     (finished, turn + earlier)
 }
 
@@ -679,6 +681,23 @@ impl Registry {
         self.add(entry, false);
     }
 
+    /// Takes note of a finished task read from the store that stays there: it is past its time
+    /// in memory, so it is left where [`Self::evict_finished`] would put it at once. What an
+    /// eviction keeps of a task is kept of it: its spend toward today's guard and when its
+    /// record expires. `day_spend` is the task's [`record_day_spend`].
+    pub fn restore_on_disk(
+        &self,
+        task_id: &str,
+        day_spend: (u64, f64),
+        finished: Instant,
+        disk_ttl: Duration,
+    ) {
+        let mut t = self.lock();
+        t.disk_spend.add(task_id, day_spend);
+        let due = finished + disk_ttl;
+        t.next_sweep = Some(t.next_sweep.map_or(due, |at| at.min(due)));
+    }
+
     /// Adds a task and writes it.
     pub fn insert(&self, entry: TaskEntry) {
         self.add(entry, true);
@@ -720,6 +739,12 @@ impl Registry {
             return Some(TaskEntry::clone(e));
         }
         self.load(task_id)
+    }
+
+    /// Whether the task exists, in memory or on disk, without reading it back into memory.
+    pub fn knows(&self, task_id: &str) -> bool {
+        self.lock().tasks.contains_key(task_id)
+            || self.store.as_ref().is_some_and(|s| s.holds(task_id))
     }
 
     /// Brings a finished task back from disk into memory (it leaves again with the next

@@ -488,16 +488,17 @@ impl TaskService {
         Ok(snapshot)
     }
 
-    fn key_slot(&self, key: &str) -> KeySlot {
+    pub(super) fn key_slot(&self, key: &str) -> KeySlot {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         // Keys outlive their tasks (restore binds every stored one, expired records take none
         // along): every KEYS_PRUNE_AT new keys, drop the ones bound to nothing or to a task
-        // that no longer exists. A key in use (its slot locked) is left alone.
+        // that no longer exists. A key in use (its slot locked) is left alone. Existence is a
+        // `stat` for tasks out of memory: reading them would bring each back into memory.
         if !keys.contains_key(key) && !keys.is_empty() && keys.len().is_multiple_of(KEYS_PRUNE_AT) {
             keys.retain(|_, slot| match slot.try_lock() {
                 Ok(bound) => bound
                     .as_ref()
-                    .is_some_and(|(_, task_id)| self.registry.get(task_id).is_some()),
+                    .is_some_and(|(_, task_id)| self.registry.knows(task_id)),
                 Err(_) => true,
             });
         }

@@ -368,6 +368,26 @@ impl Store {
         }
     }
 
+    /// Whether the task has a record: one queued (not a removal), or a file. A `stat`, not a
+    /// read: for checks over many tasks that need no record.
+    pub fn holds(&self, task_id: &str) -> bool {
+        let Some(path) = record_path(&self.shared().dir, task_id) else {
+            return false;
+        };
+        {
+            let q = self.shared().lock();
+            if let Some(op) = q
+                .pending
+                .get(task_id)
+                .map(|p| &p.op)
+                .or_else(|| q.writing.get(task_id))
+            {
+                return matches!(op, Op::Save(_));
+            }
+        }
+        path.is_file()
+    }
+
     /// Every readable record on disk; unreadable files are reported (path, reason) and left in
     /// place. Reads the directory as it is: call it before submitting (at start-up), or flush.
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
@@ -377,7 +397,16 @@ impl Store {
     /// [`Self::load_all`], keeping of each record only its [`TaskSummary`]: one record is held
     /// at a time, however many the directory keeps.
     pub fn summaries(&self) -> (Vec<TaskSummary>, Vec<(PathBuf, String)>) {
-        read_dir_records(&self.shared().dir, |r| TaskSummary::from(&r))
+        self.load_each(|r| TaskSummary::from(&r))
+    }
+
+    /// [`Self::load_all`], keeping of each record what `keep` makes of it: one record is held
+    /// at a time, however many the directory keeps.
+    pub fn load_each<T>(
+        &self,
+        keep: impl FnMut(TaskRecord) -> T,
+    ) -> (Vec<T>, Vec<(PathBuf, String)>) {
+        read_dir_records(&self.shared().dir, keep)
     }
 
     /// The finished records that expired by `now` (finished `ttl` or longer ago), newest state
