@@ -344,19 +344,11 @@ impl Store {
     /// such task; an unreadable file is logged and also `None`.
     pub fn load(&self, task_id: &str) -> Option<TaskRecord> {
         let path = record_path(&self.shared().dir, task_id)?;
-        {
-            let q = self.shared().lock();
-            if let Some(op) = q
-                .pending
-                .get(task_id)
-                .map(|p| &p.op)
-                .or_else(|| q.writing.get(task_id))
-            {
-                return match op {
-                    Op::Save(record) => Some(TaskRecord::clone(record)),
-                    Op::Remove | Op::Expire { .. } => None,
-                };
-            }
+        if let Some(queued) = self.queued(task_id, |op| match op {
+            Op::Save(record) => Some(TaskRecord::clone(record)),
+            Op::Remove | Op::Expire { .. } => None,
+        }) {
+            return queued;
         }
         match read_record(&path) {
             Ok(record) => Some(record),
@@ -374,18 +366,19 @@ impl Store {
         let Some(path) = record_path(&self.shared().dir, task_id) else {
             return false;
         };
-        {
-            let q = self.shared().lock();
-            if let Some(op) = q
-                .pending
-                .get(task_id)
-                .map(|p| &p.op)
-                .or_else(|| q.writing.get(task_id))
-            {
-                return matches!(op, Op::Save(_));
-            }
-        }
-        path.is_file()
+        self.queued(task_id, |op| matches!(op, Op::Save(_)))
+            .unwrap_or_else(|| path.is_file())
+    }
+
+    /// What `read` makes of the task's newest operation still queued or being written, if
+    /// there is one: that is newer than the file.
+    fn queued<R>(&self, task_id: &str, read: impl FnOnce(&Op) -> R) -> Option<R> {
+        let q = self.shared().lock();
+        q.pending
+            .get(task_id)
+            .map(|p| &p.op)
+            .or_else(|| q.writing.get(task_id))
+            .map(read)
     }
 
     /// Every readable record on disk; unreadable files are reported (path, reason) and left in
@@ -841,6 +834,23 @@ mod tests {
             }
             Ok(seen)
         })
+    }
+
+    /// `holds` answers as `load` would, queued or written, without reading the record.
+    #[test]
+    fn a_task_is_held_while_it_has_a_record() {
+        let state = TempState::new();
+        let store = Store::open(&state.0).expect("open");
+        assert!(!store.holds("tsk_abc"));
+        store.submit(completed());
+        assert!(store.holds("tsk_abc"), "queued");
+        store.flush_blocking(FLUSH).expect("flush");
+        assert!(store.holds("tsk_abc"), "on disk");
+        store.submit_remove("tsk_abc");
+        assert!(!store.holds("tsk_abc"), "a removal queued");
+        store.flush_blocking(FLUSH).expect("flush");
+        assert!(!store.holds("tsk_abc"), "removed");
+        assert!(!store.holds("../escape"), "not an id");
     }
 
     #[test]
