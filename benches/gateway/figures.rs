@@ -192,11 +192,7 @@ fn pairs_note(f: &FanOut) -> String {
     let quiet = f.opencode_quiet_secs.iter().cloned().fold(0.0, f64::max);
     format!(
         "median of per-pair ratios {median:.3}× (pairs in run order, gateway first in the 1st, 3rd, …: {}); OpenCode's CPU in the quiet second before each batch at most {quiet:.2} s",
-        ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        joined(&ratios, 3)
     )
 }
 
@@ -378,7 +374,7 @@ pub fn soak(
             .target("flat within 10 % once tasks leave memory", flat)
             .note(format!(
                 "per round: {}; from round {} on (finished tasks leave memory after {in_memory_secs} s): first {first:.1}, peak {peak:.1}",
-                rss.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+                joined(rss, 1),
                 settled_from + 1
             )),
     );
@@ -494,21 +490,13 @@ pub fn tour(out: &mut Collected, t: &Tour, tasks: bool) {
              opencode_stop_server {:.2} MiB; a round took {} s",
             t.tasks,
             t.calls - t.read_calls,
-            t.rss_rounds
-                .iter()
-                .map(|r| format!("{r:.1}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            joined(&t.rss_rounds, 1),
             t.hwm_end,
             split(t.split_end),
             t.read_calls,
             t.rss_after_reads,
             t.rss_stopped,
-            t.round_secs
-                .iter()
-                .map(|s| format!("{s:.1}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            joined(&t.round_secs, 1),
         )),
     );
     out.extra.insert(
@@ -552,4 +540,13 @@ pub fn stored_reads(out: &mut Collected, r: &StoredReads) {
             "calls": r.calls, "list_ms": r.list_ms, "usage_ms": r.usage_ms,
         }),
     );
+}
+
+/// `values` as a list for a note, each with `decimals` digits after the point.
+fn joined(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -451,6 +451,20 @@ struct Tables {
 }
 
 impl Tables {
+    /// A finished task, out of memory, whose record stays on disk: what is kept of it is its
+    /// spend toward today's guard and when its record is due to expire (`finished` + `disk_ttl`).
+    fn left_on_disk(
+        &mut self,
+        task_id: &str,
+        day_spend: (u64, f64),
+        finished: Instant,
+        disk_ttl: Duration,
+    ) {
+        self.disk_spend.add(task_id, day_spend);
+        let due = finished + disk_ttl;
+        self.next_sweep = Some(self.next_sweep.map_or(due, |at| at.min(due)));
+    }
+
     fn index(&mut self, e: &TaskEntry) {
         if let Some(g) = &e.rec.group {
             let members = self.groups.entry(g.id.clone()).or_default();
@@ -685,17 +699,10 @@ impl Registry {
     /// in memory, so it is left where [`Self::evict_finished`] would put it at once. What an
     /// eviction keeps of a task is kept of it: its spend toward today's guard and when its
     /// record expires. `day_spend` is the task's [`record_day_spend`].
-    pub fn restore_on_disk(
-        &self,
-        task_id: &str,
-        day_spend: (u64, f64),
-        finished: Instant,
-        disk_ttl: Duration,
-    ) {
-        let mut t = self.lock();
-        t.disk_spend.add(task_id, day_spend);
-        let due = finished + disk_ttl;
-        t.next_sweep = Some(t.next_sweep.map_or(due, |at| at.min(due)));
+    pub fn restore_on_disk(&self, task_id: &str, day_spend: (u64, f64), disk_ttl: Duration) {
+        let finished = TaskRecord::instant_at(day_spend.0);
+        self.lock()
+            .left_on_disk(task_id, day_spend, finished, disk_ttl);
     }
 
     /// Adds a task and writes it.
@@ -987,12 +994,11 @@ impl Registry {
                 continue;
             };
             t.unindex(&e);
-            t.disk_spend.add(&id, day_spend(&e));
             if expired {
+                t.disk_spend.add(&id, day_spend(&e));
                 out.worktrees.extend(self.expire(&mut t, &e.rec));
             } else {
-                let due = finished + disk_ttl;
-                t.next_sweep = Some(t.next_sweep.map_or(due, |at| at.min(due)));
+                t.left_on_disk(&id, day_spend(&e), finished, disk_ttl);
             }
         }
         if !t.sweeping && t.next_sweep.is_some_and(|at| at <= Instant::now()) {

@@ -98,6 +98,12 @@ impl TaskSummary {
     fn answered(&self) -> Option<&str> {
         self.latest.as_ref().and_then(|l| l.model.as_deref())
     }
+
+    /// The model the turn ran on: what OpenCode reported, else what it was asked for (`None`:
+    /// the server's default).
+    fn ran_on(&self) -> Option<&str> {
+        self.answered().or(self.model.as_deref())
+    }
 }
 
 /// What a set of tasks used.
@@ -206,7 +212,7 @@ pub fn reference_cost(tokens: &Tokens, price: &ReferencePrice) -> f64 {
 
 /// The model a task's turn ran on: what OpenCode reported, else what it was asked for.
 fn model_of(r: &TaskSummary) -> &str {
-    r.answered().or(r.model.as_deref()).unwrap_or(DEFAULT_MODEL)
+    r.ran_on().unwrap_or(DEFAULT_MODEL)
 }
 
 /// Aggregates `records` whose latest turn started at or after `since_ms` (all of them when
@@ -360,7 +366,7 @@ pub fn list(
             task_id: r.id.clone(),
             status: r.status,
             tier: r.tier.clone(),
-            model: r.answered().or(r.model.as_deref()).map(str::to_string),
+            model: r.ran_on().map(str::to_string),
             model_requested: requested_if_other(r.model.as_deref(), r.answered()),
             title: r.title.clone(),
             age_ms: now_ms.saturating_sub(r.started_ms),
