@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::report::{Figure, ScaleRow};
 use crate::scenarios::{
-    Cycle, FanOut, Footprint, StartResults, StoredReads, FULL_CALLS, LEAN_CALLS,
+    Cycle, FanOut, Footprint, Reading, SoakRound, StartResults, StoredReads, FULL_CALLS, LEAN_CALLS,
 };
 use crate::stats::{ratio, ratio_interval, Summary};
 use crate::tour::Tour;
@@ -353,30 +353,79 @@ pub fn cold_start_stored(
     )));
 }
 
-/// The soak: RSS per round, and whether it stayed flat (within 10 %) once finished tasks began
-/// leaving memory (the rounds after the first `in_memory` seconds).
+/// The soak's row: RSS at each round's two fixed points (see `scenarios::soak`), each series
+/// flat within 10 % of its first round once finished tasks leave memory; both must be.
 pub fn soak(
     out: &mut Collected,
-    rss: &[f64],
+    rounds: &[SoakRound],
     per_round: usize,
     every_secs: u64,
     in_memory_secs: u64,
 ) {
-    let settled_from = (in_memory_secs.div_ceil(every_secs.max(1)) as usize + 1).min(rss.len());
-    let settled = &rss[settled_from.min(rss.len().saturating_sub(1))..];
-    let first = settled.first().copied().unwrap_or(0.0);
-    let last = settled.last().copied().unwrap_or(0.0);
-    let peak = settled.iter().copied().fold(0.0, f64::max);
-    let flat = first > 0.0 && peak <= first * 1.1;
+    let settled_from = (in_memory_secs.div_ceil(every_secs.max(1)) as usize + 1)
+        .min(rounds.len().saturating_sub(1));
+    let series =
+        |pick: fn(&SoakRound) -> Reading| -> Vec<Reading> { rounds.iter().map(pick).collect() };
+    let (held, floor) = (series(|r| r.held), series(|r| r.floor));
+    let flatness = |readings: &[Reading]| -> (f64, f64, bool) {
+        let settled = &readings[settled_from.min(readings.len())..];
+        let first = settled.first().map_or(0.0, |r| r.rss);
+        let peak = settled.iter().map(|r| r.rss).fold(0.0, f64::max);
+        (first, peak, first > 0.0 && peak <= first * 1.1)
+    };
+    let ((held_first, held_peak, held_flat), (floor_first, floor_peak, floor_flat)) =
+        (flatness(&held), flatness(&floor));
+    let late = rounds
+        .iter()
+        .filter(|r| r.held.trimmed.is_none() || r.floor.trimmed.is_none())
+        .count();
+    let list = |readings: &[Reading], pick: fn(&Reading) -> f64, decimals: usize| {
+        joined(&readings.iter().map(pick).collect::<Vec<_>>(), decimals)
+    };
+    let heap = |r: &Reading| r.trimmed.map_or(f64::NAN, |t| t.heap_in_use);
     out.figures.push(
-        Figure::new("soak_rss", format!("RSS at a steady rate ({per_round} tasks every {every_secs} s), last round"), "MiB")
-            .gateway(Summary::of(&[last]))
-            .target("flat within 10 % once tasks leave memory", flat)
-            .note(format!(
-                "per round: {}; from round {} on (finished tasks leave memory after {in_memory_secs} s): first {first:.1}, peak {peak:.1}",
-                joined(rss, 1),
-                settled_from + 1
-            )),
+        Figure::new(
+            "soak_rss",
+            format!(
+                "RSS at a steady rate ({per_round} tasks every {every_secs} s), last round held"
+            ),
+            "MiB",
+        )
+        .gateway(Summary::of(&[held.last().map_or(0.0, |r| r.rss)]))
+        .target(
+            "flat within 10 % once tasks leave memory (held and floor)",
+            held_flat && floor_flat && late == 0,
+        )
+        .note(format!(
+            "from round {} on (finished tasks leave memory after {in_memory_secs} s): held \
+             first {held_first:.1}, peak {held_peak:.1} (+{:.1} %); floor first \
+             {floor_first:.1}, peak {floor_peak:.1} (+{:.1} %); rounds read late: {late}. Held, \
+             per round: RSS {}; anon {}; heap in use {}. Floor, per round: RSS {}; anon {}; heap \
+             in use {}; file-backed {}",
+            settled_from + 1,
+            (held_peak / held_first - 1.0) * 100.0,
+            (floor_peak / floor_first - 1.0) * 100.0,
+            list(&held, |r| r.rss, 1),
+            list(&held, |r| r.anon, 1),
+            list(&held, heap, 2),
+            list(&floor, |r| r.rss, 1),
+            list(&floor, |r| r.anon, 1),
+            list(&floor, heap, 2),
+            list(&floor, |r| r.file, 1),
+        )),
+    );
+    let raw = |readings: &[Reading]| {
+        json!({
+            "rss_mib": readings.iter().map(|r| r.rss).collect::<Vec<_>>(),
+            "anon_mib": readings.iter().map(|r| r.anon).collect::<Vec<_>>(),
+            "file_mib": readings.iter().map(|r| r.file).collect::<Vec<_>>(),
+            "heap_in_use_mib": readings.iter().map(|r| r.trimmed.map(|t| t.heap_in_use)).collect::<Vec<_>>(),
+            "heap_free_mib": readings.iter().map(|r| r.trimmed.map(|t| t.heap_free)).collect::<Vec<_>>(),
+        })
+    };
+    out.extra.insert(
+        "soak".into(),
+        json!({ "held": raw(&held), "floor": raw(&floor) }),
     );
 }
 

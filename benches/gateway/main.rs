@@ -385,10 +385,17 @@ async fn run() -> Result<(), BoxError> {
         let launch = gw::launch(&env, &fake.url(), &server, &state("main"));
         let footprint_launch = gw::launch(&env, &fake.url(), &server, &state("footprint"));
         let cold_launch = gw::launch(&env, &fake.url(), &server, &state("cold"));
-        let soak_launch = gw::launch(&env, &fake.url(), &server, &state("soak")).env(
-            "OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY",
-            format!("{}s", knobs.soak_in_memory_secs),
-        );
+        // The soak's gateway logs each eviction and give-back of freed memory (the soak reads
+        // its rounds at those points).
+        let soak_launch = gw::launch(&env, &fake.url(), &server, &state("soak"))
+            .env(
+                "OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY",
+                format!("{}s", knobs.soak_in_memory_secs),
+            )
+            .env(
+                "OPENCODE_MCP_LOG",
+                "warn,opencode_mcp=info,rmcp=warn,opencode_mcp::memory=debug,opencode_mcp::tasks::tracker=debug",
+            );
         let gateway = Gw::start(&launch).await?;
         let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);
 
@@ -624,16 +631,17 @@ async fn run() -> Result<(), BoxError> {
                 "soak: {} rounds of {} tasks, one every {} s; finished tasks leave memory after {} s",
                 knobs.soak_rounds, knobs.soak_tasks, knobs.soak_every_secs, knobs.soak_in_memory_secs
             ));
-            let rss = scenarios::soak(
+            let rounds = scenarios::soak(
                 &soak_launch,
                 knobs.soak_rounds,
                 knobs.soak_tasks,
                 Duration::from_secs(knobs.soak_every_secs),
+                Duration::from_secs(knobs.soak_in_memory_secs),
             )
             .await?;
             figures::soak(
                 &mut out,
-                &rss,
+                &rounds,
                 knobs.soak_tasks,
                 knobs.soak_every_secs,
                 knobs.soak_in_memory_secs,

@@ -598,30 +598,167 @@ pub async fn orchestrator_cycle(gw: &Gw, reps: usize) -> Result<Cycle, BoxError>
     Ok(out)
 }
 
-/// The steady-rate soak: `rounds` rounds of `per_round` trivial tasks (batches of 50, each
-/// waited out), one round every `every`, on one gateway; its RSS (MiB) after each round.
+/// The steady-rate soak: `rounds` rounds of `per_round` trivial tasks, one round every `every`,
+/// on one gateway whose finished tasks leave memory `in_memory` after they finish.
+///
+/// Each round is read at two fixed points of its own, found in the gateway's debug log (the
+/// soak's gateway logs `opencode_mcp::memory` and `opencode_mcp::tasks::tracker` at debug), not
+/// at a fixed time: a reading taken at a fixed time lands before, during or after the 5 s
+/// eviction passes depending on how fast the round ran, and measured that race instead of the
+/// gateway's memory.
+/// - *held*: once every task of the round finished and the gateway gave freed memory back at
+///   the end of the burst: the round's tasks in memory, the previous round's gone;
+/// - *floor*: once every task of the round has left memory and the gateway gave memory back.
+///
+/// The next round starts `every` after this one did, or at the floor reading if that is later.
 pub async fn soak(
     launch: &Spawn,
     rounds: usize,
     per_round: usize,
     every: Duration,
-) -> Result<Vec<f64>, BoxError> {
+    in_memory: Duration,
+) -> Result<Vec<SoakRound>, BoxError> {
     let client = Gw::connect(launch).await?;
     let pid = client.pid().ok_or("the gateway has no pid")?;
     let gateway = Gw::attach(client).await?;
     let gw = &gateway;
-    let mut rss = Vec::with_capacity(rounds);
+    let log = |from: usize| -> String {
+        let text = gw.client.stderr();
+        text.get(from..).unwrap_or_default().to_owned()
+    };
+    let mut out = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let started = Instant::now();
         run_in_batches(gw, per_round, |k| format!("bench soak {round} {k}")).await?;
-        // The round's pace is the scenario, not a synchronisation: the next round starts
-        // `every` after this one did.
+        let burst_done = gw.client.stderr().len();
+        // The tracker gives memory back once no task runs (within a tick or two).
+        let held = read_when(pid, Duration::from_secs(30), || {
+            log(burst_done).lines().rev().find_map(Trimmed::parse)
+        })
+        .await;
+        // Every task the gateway ran so far has left memory, and the give-back after it.
+        let all_gone = per_round * (round + 1);
+        let floor = read_when(pid, in_memory + Duration::from_secs(60), || {
+            let text = log(0);
+            let gone: usize = text.lines().filter_map(evicted).sum();
+            let last_eviction = text.rfind("finished tasks left memory")?;
+            (gone >= all_gone)
+                .then(|| text[last_eviction..].lines().find_map(Trimmed::parse))
+                .flatten()
+        })
+        .await;
+        eprintln!(
+            "[bench] soak round {}/{rounds} ({:.0} s): held {}; floor {}",
+            round + 1,
+            started.elapsed().as_secs_f64(),
+            held.describe(),
+            floor.describe()
+        );
+        out.push(SoakRound { held, floor });
+        // The round's pace is the scenario, not a synchronisation.
         tokio::time::sleep_until((started + every).into()).await;
-        let now = rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0);
-        eprintln!("[bench] soak round {}/{rounds}: {now:.1} MiB", round + 1);
-        rss.push(now);
     }
-    Ok(rss)
+    Ok(out)
+}
+
+/// Reads `pid`'s memory as soon as `ready` finds the give-back it waits for in the gateway's
+/// log (polled every 100 ms), or when `within` has passed without it (then `trimmed` is `None`
+/// and the reading is marked as taken late).
+async fn read_when(
+    pid: u32,
+    within: Duration,
+    mut ready: impl FnMut() -> Option<Trimmed>,
+) -> Reading {
+    let deadline = Instant::now() + within;
+    let trimmed = loop {
+        if let Some(t) = ready() {
+            break Some(t);
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let rss = rss_mb(pid).map(|(now, _)| now).unwrap_or(0.0);
+    let (anon, file) = rss_split_mb(pid).unwrap_or_default();
+    Reading {
+        rss,
+        anon,
+        file,
+        trimmed,
+    }
+}
+
+/// How many tasks an eviction pass took out of memory (`tasks=N` of its debug line).
+fn evicted(line: &str) -> Option<usize> {
+    if !line.contains("finished tasks left memory") {
+        return None;
+    }
+    kib_field(line, "tasks").and_then(|n| usize::try_from(n).ok())
+}
+
+/// The digits after `name=` in a `tracing` line.
+fn kib_field(line: &str, name: &str) -> Option<u64> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    let digits: String = line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// One round of the soak, read at its two points (see [`soak`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SoakRound {
+    pub held: Reading,
+    pub floor: Reading,
+}
+
+/// The gateway's memory at one point: RSS (MiB) and its anonymous and file-backed parts (the
+/// heap and stacks, and the pages of the binary mapped in, which come and go with the code that
+/// ran and the page cache rather than with what the gateway keeps), and the gateway's own
+/// figures at the give-back the reading waited for.
+#[derive(Debug, Clone, Copy)]
+pub struct Reading {
+    pub rss: f64,
+    pub anon: f64,
+    pub file: f64,
+    pub trimmed: Option<Trimmed>,
+}
+
+impl Reading {
+    fn describe(&self) -> String {
+        match self.trimmed {
+            Some(t) => format!(
+                "{:.1} MiB (anon {:.1}, file {:.1}; heap {:.2} in use)",
+                self.rss, self.anon, self.file, t.heap_in_use
+            ),
+            None => format!(
+                "{:.1} MiB (anon {:.1}, file {:.1}; LATE: the give-back was not logged in time)",
+                self.rss, self.anon, self.file
+            ),
+        }
+    }
+}
+
+/// What the gateway logs when it gives freed memory back (`memory::give_back`), in MiB.
+#[derive(Debug, Clone, Copy)]
+pub struct Trimmed {
+    pub heap_in_use: f64,
+    pub heap_free: f64,
+}
+
+impl Trimmed {
+    fn parse(line: &str) -> Option<Trimmed> {
+        if !line.contains("gave freed memory back") {
+            return None;
+        }
+        let mib = |name: &str| kib_field(line, name).map(|kib| kib as f64 / 1024.0);
+        Some(Trimmed {
+            heap_in_use: mib("heap_in_use_kib")?,
+            heap_free: mib("heap_free_kib")?,
+        })
+    }
 }
 
 /// Runs `total` trivial tasks through the gateway in batches of 50, each batch started at once
