@@ -85,6 +85,8 @@ mod tests {
     use super::*;
 
     /// The figures follow an allocation: a block held is counted in use until it is freed.
+    /// The counters are the whole process's, and other tests allocate and free on other
+    /// threads meanwhile (a margin of 4 KiB failed under load): half the block is the margin.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn heap_counts_what_is_held() {
@@ -92,7 +94,7 @@ mod tests {
         let block = vec![7u8; 64 << 20];
         let held = Heap::now().expect("glibc reports its heap");
         assert!(
-            held.in_use >= before.in_use + (64 << 20) - 4096,
+            held.in_use >= before.in_use + (32 << 20),
             "{before:?} -> {held:?}"
         );
         drop(block);

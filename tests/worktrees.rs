@@ -645,3 +645,94 @@ async fn a_missing_git_is_named_with_the_fix() {
         repo.display()
     );
 }
+
+/// An agent allowed only to edit files plants a repository of its own in its worktree: `.git`
+/// pointing at `.evil`, whose config defines a filter that runs a command, borrowing the
+/// origin's objects, and `.gitattributes` choosing that filter for every file. Every operation
+/// of the gateway that runs git on the worktree (the result with its changed files, a wait, the
+/// diff, an apply, `gc`'s listing, a discard) works on the true repository and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_git_dir_planted_by_the_agent_runs_nothing_and_is_not_believed() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "one\n").expect("write");
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "initial"]);
+    let marker = env.root().join("tmp/filter-ran");
+    let objects = repo.join(".git/objects");
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    let config = format!(
+        "[core]\n repositoryformatversion = 0\n[filter \"x\"]\n clean = touch {}; cat\n smudge = cat\n",
+        marker.display()
+    );
+    let prompt = [
+        "plant".to_string(),
+        write_marker("a.txt", "one\ntwo\n"),
+        write_marker(".evil/HEAD", "ref: refs/heads/main\n"),
+        write_marker(".evil/refs/heads/.keep", ""),
+        write_marker(
+            ".evil/objects/info/alternates",
+            &format!("{}\n", objects.display()),
+        ),
+        write_marker(".evil/config", &config),
+        write_marker(".gitattributes", "* filter=x\n"),
+        write_marker(".git", "gitdir: .evil\n"),
+    ]
+    .join(" ");
+    let start = rig
+        .start_task_with(json!({ "prompt": prompt, "isolation": "worktree" }))
+        .await;
+    let task = id(&start);
+    let path = PathBuf::from(start["workspace"]["path"].as_str().expect("path"));
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(
+        read(&path.join(".git")),
+        "gitdir: .evil\n",
+        "the agent's write tool planted the pointer"
+    );
+    let no_marker = |after: &str| {
+        assert!(
+            !marker.exists(),
+            "the agent's filter ran during {after}\n--- gateway stderr ---\n{}",
+            rig.client.stderr()
+        )
+    };
+    no_marker("the result");
+    // The changes are read from the true repository: a.txt against the task's base.
+    let files: Vec<String> = changes(&r).into_iter().map(|c| c.0).collect();
+    assert!(files.contains(&"a.txt".to_string()), "{r}");
+    assert!(!files.contains(&".git".to_string()), "{r}");
+
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    no_marker("a wait");
+    let d = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task, "view": "diff" }),
+        )
+        .await;
+    assert!(d["text"].as_str().unwrap_or("").contains("+two"), "{d}");
+    no_marker("the diff view");
+    rig.ok("opencode_apply_task", json!({ "task_id": task }))
+        .await;
+    no_marker("an apply");
+    assert_eq!(read(&repo.join("a.txt")), "one\ntwo\n");
+    let (ok, listing, stderr) = gateway_cli(&rig, &repo, &["gc"]);
+    assert!(ok, "{stderr}");
+    assert!(gc_line(&listing, &task).contains("applied"), "{listing}");
+    no_marker("gc");
+    rig.ok("opencode_discard_task", json!({ "task_id": task }))
+        .await;
+    no_marker("a discard");
+    assert!(!path.exists(), "the worktree is gone");
+    assert_eq!(git(&repo, &["branch", "--list", "opencode-mcp/*"]), "");
+    let stderr = rig.client.stderr();
+    assert!(
+        stderr.contains("the worktree's `.git` was changed"),
+        "the gateway says what it ignored:\n{stderr}"
+    );
+}

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use super::diff::{summary, DiffFile, DiffStatus};
-use super::run::{commit_tree, git, Cmd, GitError};
+use super::run::{commit_tree, GitError, Repo};
 use super::worktree::{as_snapshot_error, snapshot_tree};
 
 /// What an apply did.
@@ -33,23 +33,25 @@ pub async fn apply(
     scratch: &Path,
     label: &str,
 ) -> Result<Applied, GitError> {
-    let ours_tree = snapshot_tree(origin, scratch)
+    let repo = Repo::at(origin);
+    let ours_tree = snapshot_tree(&repo, scratch)
         .await
         .map_err(|e| as_snapshot_error(origin, e))?;
-    let head = git(origin, &["rev-parse", "--verify", "HEAD^{commit}"])
+    let head = repo
+        .git(&["rev-parse", "--verify", "HEAD^{commit}"])
         .await?
         .line();
     let ours = commit_tree(
-        origin,
+        &repo,
         &ours_tree,
         &head,
         &format!("opencode-mcp: the working tree before applying {label}"),
     )
     .await?;
     let merge_base = format!("--merge-base={from}");
-    let out = Cmd::new(
-        origin,
-        &[
+    // Attributes (merge drivers among them) from the user's tree as it is, not from the task's.
+    let out = repo
+        .cmd(&[
             "merge-tree",
             "--write-tree",
             "--name-only",
@@ -57,15 +59,15 @@ pub async fn apply(
             &merge_base,
             &ours,
             to,
-        ],
-    )
-    .output()
-    .await?;
+        ])
+        .env("GIT_ATTR_SOURCE", std::ffi::OsStr::new(&ours))
+        .output()
+        .await?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let merged = match out.code {
         Some(0) => text.lines().next().unwrap_or("").trim().to_string(),
         Some(1) => {
-            let hunks = conflict_hunks(origin, &text, label).await;
+            let hunks = conflict_hunks(&repo, &text, label).await;
             return Err(conflict(origin, label, &text, &hunks));
         }
         _ => {
@@ -79,7 +81,7 @@ pub async fn apply(
     if merged == ours_tree {
         return Ok(Applied { files: Vec::new() });
     }
-    let files = summary(origin, &ours_tree, &merged).await?;
+    let files = summary(&repo, &ours_tree, &merged).await?;
     // `git apply` checks every hunk before it writes, but a path it must create under a name
     // that is a file in the working tree (an ignored `foo` where the task adds `foo/bar`) is
     // met only while writing, after other files were written. Checked here first, so a failed
@@ -100,9 +102,8 @@ pub async fn apply(
     // Plumbing with its prefixes spelt out: the user's `diff.noprefix`, `diff.srcPrefix` or
     // `diff.mnemonicPrefix` must not shape the patch (with `noprefix`, a new `src/new.rs` was
     // written to `new.rs`), and `apply -p1` reads it back as written.
-    let patch = git(
-        origin,
-        &[
+    let patch = repo
+        .git(&[
             "diff-tree",
             "-r",
             "-p",
@@ -116,10 +117,20 @@ pub async fn apply(
             "--dst-prefix=b/",
             &ours_tree,
             &merged,
-        ],
-    )
-    .await?
-    .stdout;
+        ])
+        .await?;
+    if patch.truncated {
+        return Err(GitError::Failed {
+            dir: origin.to_path_buf(),
+            command: "diff-tree -p".into(),
+            stderr: format!(
+                "{label}'s change is larger than the gateway applies ({} MiB of patch): nothing \
+                 was applied; merge its branch with git yourself",
+                super::run::OUTPUT_LIMIT >> 20
+            ),
+        });
+    }
+    let patch = patch.stdout;
     let names = files.iter().map(|f| f.file.clone()).collect();
     write_patch(origin, patch, label, names).await?;
     Ok(Applied { files })
@@ -135,7 +146,8 @@ pub(super) async fn write_patch(
     label: &str,
     files: Vec<String>,
 ) -> Result<(), GitError> {
-    let applied = Cmd::new(origin, &["apply", "-p1", "--whitespace=nowarn", "-"])
+    let applied = Repo::at(origin)
+        .cmd(&["apply", "-p1", "--whitespace=nowarn", "-"])
         .stdin(patch)
         .output()
         .await?;
@@ -189,15 +201,18 @@ fn blocked_paths(origin: &Path, files: &[DiffFile]) -> Vec<String> {
     blocked
 }
 
-/// Most conflicting files whose regions are quoted, and most lines quoted in all.
+/// Most conflicting files whose regions are quoted, most lines quoted in all, most characters
+/// of one quoted line, and most bytes of a conflicting file read to find its regions.
 const HUNK_FILES: usize = 3;
 const HUNK_LINES: usize = 60;
+const HUNK_LINE_CHARS: usize = 200;
+const HUNK_FILE_BYTES: usize = 1 << 20;
 
 /// The conflicting regions as git wrote them into the merged tree (`<<<<<<<` to `>>>>>>>`, both
 /// sides), for the first [`HUNK_FILES`] files and at most [`HUNK_LINES`] lines in all: what the
 /// host needs to word a follow-up that resolves them. A file git cannot show (binary, deleted on
 /// one side) is simply left out; the file list and git's messages still name it.
-async fn conflict_hunks(origin: &Path, output: &str, label: &str) -> String {
+async fn conflict_hunks(repo: &Repo, output: &str, label: &str) -> String {
     let mut lines = output.lines();
     let tree = lines.next().unwrap_or("").trim().to_string();
     let files: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
@@ -207,8 +222,12 @@ async fn conflict_hunks(origin: &Path, output: &str, label: &str) -> String {
         if budget == 0 || tree.is_empty() {
             break;
         }
-        // A file git cannot show reads as one without markers: left out.
-        let text = git(origin, &["show", &format!("{tree}:{file}")])
+        // A file git cannot show reads as one without markers: left out. Only its first
+        // [`HUNK_FILE_BYTES`] are read, however large the task made it.
+        let text = repo
+            .cmd(&["show", &format!("{tree}:{file}")])
+            .limit(HUNK_FILE_BYTES)
+            .ok()
             .await
             .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
             .unwrap_or_default();
@@ -242,7 +261,10 @@ fn conflict_regions(text: &str, max: usize, label: &str) -> Vec<String> {
             } else if line.starts_with(">>>>>>> ") {
                 format!(">>>>>>> {label}")
             } else {
-                line.to_string()
+                match line.char_indices().nth(HUNK_LINE_CHARS) {
+                    Some((at, _)) => format!("{}…", &line[..at]),
+                    None => line.to_string(),
+                }
             };
             out.push(line);
         }
@@ -334,5 +356,8 @@ mod tests {
             ["<<<<<<< working tree", "mine", "=======", "…"]
         );
         assert!(conflict_regions("no markers\n", 60, "task tsk_1").is_empty());
+        let long = format!("<<<<<<< a\n{}\n=======\n>>>>>>> b\n", "x".repeat(1000));
+        let quoted = conflict_regions(&long, 60, "task tsk_1");
+        assert_eq!(quoted[1], format!("{}…", "x".repeat(HUNK_LINE_CHARS)));
     }
 }

@@ -6,12 +6,10 @@
 //! to each file (added, deleted, renamed), `--numstat` how many lines, and `-z` keeps any file
 //! name intact.
 
-use std::path::Path;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::run::git;
+use super::run::Repo;
 use super::GitError;
 
 /// What happened to a file.
@@ -124,10 +122,9 @@ pub fn parse_raw_numstat(out: &[u8]) -> Vec<DiffFile> {
 }
 
 /// The files changed between `from` and `to` (commits or trees), in `repo`.
-pub async fn summary(repo: &Path, from: &str, to: &str) -> Result<Vec<DiffFile>, GitError> {
-    let out = git(
-        repo,
-        &[
+pub async fn summary(repo: &Repo, from: &str, to: &str) -> Result<Vec<DiffFile>, GitError> {
+    let out = repo
+        .git(&[
             "diff",
             "--raw",
             "--numstat",
@@ -137,17 +134,22 @@ pub async fn summary(repo: &Path, from: &str, to: &str) -> Result<Vec<DiffFile>,
             "--no-textconv",
             from,
             to,
-        ],
-    )
-    .await?;
+        ])
+        .await?;
     Ok(parse_raw_numstat(&out.stdout))
 }
 
-/// The unified diff between `from` and `to` (commits or trees), in `repo`.
-pub async fn unified(repo: &Path, from: &str, to: &str) -> Result<String, GitError> {
-    let out = git(
-        repo,
-        &[
+/// The unified diff between `from` and `to` (commits or trees), in `repo`, cut after
+/// `max_chars` characters: `(diff, cut)`. Git is stopped once it has printed that much (a
+/// character is at most four bytes), so a huge change costs no more than the cut.
+pub async fn unified(
+    repo: &Repo,
+    from: &str,
+    to: &str,
+    max_chars: usize,
+) -> Result<(String, bool), GitError> {
+    let out = repo
+        .cmd(&[
             "diff",
             "--no-color",
             "--no-ext-diff",
@@ -155,10 +157,17 @@ pub async fn unified(repo: &Path, from: &str, to: &str) -> Result<String, GitErr
             "-M",
             from,
             to,
-        ],
-    )
-    .await?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        ])
+        .limit(max_chars.saturating_mul(4))
+        .ok()
+        .await?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut cut = out.truncated;
+    if let Some((at, _)) = text.char_indices().nth(max_chars) {
+        text.truncate(at);
+        cut = true;
+    }
+    Ok((text, cut))
 }
 
 #[cfg(test)]

@@ -25,8 +25,10 @@
 //! the merged tree first (`git merge-tree`) and changes the working tree only when the merge is
 //! clean, with one `git apply` that checks every hunk before it writes any.
 //!
-//! - `run`: spawning `git` with a clean environment, and its errors.
-//! - `worktree`: snapshots, creating and removing a task's worktree.
+//! - `run`: spawning `git` with a clean environment and forced settings, bounded, and its
+//!   errors; [`Repo`]: where a call runs and what it is pinned to.
+//! - `worktree`: snapshots, creating and removing a task's worktree; [`Worktree`]: a task's
+//!   worktree reached through the gateway's record, never through what the agent wrote.
 //! - `diff`: the summary (`--raw --numstat`) and the unified diff of a change.
 //! - `apply`: the three-way merge of a task's change into its origin.
 
@@ -37,9 +39,10 @@ mod worktree;
 
 pub use apply::{apply, Applied};
 pub use diff::{parse_raw_numstat, summary, unified, DiffFile, DiffStatus};
-pub use run::GitError;
+pub use run::{GitError, Repo};
 pub use worktree::{
     commit_state, create, locate, pending, remove, snapshot_tree, Base, Created, Located, Pending,
+    Reading, Worktree,
 };
 
 /// The prefix of every task branch: `opencode-mcp/<task_id>`.
@@ -92,7 +95,7 @@ mod tests {
         std::fs::write(&file, "two\n").expect("rewrite");
         stamp(&file, tick);
 
-        let tree = worktree::snapshot_tree(&repo, &tmp.path().join("scratch"))
+        let tree = worktree::snapshot_tree(&Repo::at(&repo), &tmp.path().join("scratch"))
             .await
             .expect("snapshot");
         let blob = sh(&repo, &["rev-parse", &format!("{tree}:a.txt")]);
@@ -118,6 +121,12 @@ mod tests {
         }
         sh(&repo, &["commit", "--quiet", "-m", "init"]);
         repo
+    }
+
+    async fn pinned(created: &Created) -> Worktree {
+        Worktree::pin(&created.origin, &created.path, &created.base)
+            .await
+            .expect("the worktree is registered in its origin")
     }
 
     fn hook(repo: &Path, name: &str) {
@@ -153,7 +162,7 @@ mod tests {
         std::fs::create_dir_all(created.path.join("src")).expect("src");
         std::fs::write(created.path.join("src/new.rs"), "fn main() {}\n").expect("write");
         std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
-        let tip = commit_state(&created.path, &scratch, "tsk_1")
+        let tip = commit_state(&pinned(&created).await, &scratch, "tsk_1")
             .await
             .unwrap_or_else(|e| panic!("commit the task's state: {e}"));
         let applied = apply(&repo, &created.base, &tip, &scratch, "task tsk_1")
@@ -190,7 +199,7 @@ mod tests {
         std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
         // The task's worktree ignores foo too: commit its state with the file forced in.
         sh(&created.path, &["add", "-f", "foo/bar"]);
-        let tip = commit_state(&created.path, &scratch, "tsk_2")
+        let tip = commit_state(&pinned(&created).await, &scratch, "tsk_2")
             .await
             .expect("commit state");
         // Meanwhile the user's tree has an ignored *file* named foo.
@@ -232,7 +241,7 @@ mod tests {
                 None => std::fs::remove_file(&path).expect("remove"),
             }
         }
-        let tip = commit_state(&created.path, &tmp.join("scratch"), id)
+        let tip = commit_state(&pinned(&created).await, &tmp.join("scratch"), id)
             .await
             .expect("commit state");
         (created.base, tip)
@@ -318,7 +327,7 @@ mod tests {
         std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
         std::fs::write(created.path.join("new.env"), "task\n").expect("write");
         sh(&created.path, &["add", "-f", "new.env"]);
-        let tip = commit_state(&created.path, &scratch, "tsk_d")
+        let tip = commit_state(&pinned(&created).await, &scratch, "tsk_d")
             .await
             .expect("commit state");
         std::fs::write(repo.join("new.env"), "mine\n").expect("write");
@@ -376,5 +385,142 @@ mod tests {
             std::fs::read_to_string(repo.join("a.txt")).expect("read"),
             "one\n"
         );
+    }
+
+    /// What an agent that may only edit files can write into its worktree to make `git add` run
+    /// a command: `.git` pointing at a repository of its own whose config defines a filter,
+    /// borrowing the origin's objects, and `.gitattributes` choosing the filter. Returns the
+    /// file the command would create.
+    fn plant(worktree: &Path, origin: &Path, tmp: &Path) -> PathBuf {
+        let marker = tmp.join("filter-ran");
+        let evil = worktree.join(".evil");
+        std::fs::create_dir_all(evil.join("objects/info")).expect("mkdir");
+        std::fs::create_dir_all(evil.join("refs/heads")).expect("mkdir");
+        std::fs::write(evil.join("HEAD"), "ref: refs/heads/main\n").expect("write");
+        std::fs::write(
+            evil.join("objects/info/alternates"),
+            format!("{}\n", origin.join(".git/objects").display()),
+        )
+        .expect("write");
+        std::fs::write(
+            evil.join("config"),
+            format!(
+                "[core]\n\trepositoryformatversion = 0\n[filter \"x\"]\n\tclean = touch {}; cat\n",
+                marker.display()
+            ),
+        )
+        .expect("write");
+        std::fs::write(worktree.join(".gitattributes"), "* filter=x\n").expect("write");
+        std::fs::write(worktree.join(".git"), "gitdir: .evil\n").expect("write");
+        // Plain git, finding the repository through `.git` as it would, runs the command.
+        let out = Command::new("git")
+            .args(["add", "-A"])
+            .current_dir(worktree)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_INDEX_FILE", tmp.join("probe-index"))
+            .output()
+            .expect("git runs");
+        assert!(out.status.success(), "{out:?}");
+        assert!(marker.exists(), "the planted layout works on plain git");
+        std::fs::remove_file(&marker).expect("reset the marker");
+        marker
+    }
+
+    /// With the planted layout in place, every operation of the gateway on the worktree works
+    /// on the true repository and runs nothing: reads, committing its state, pending, apply,
+    /// removal; `locate` (for a worktree without a record) refuses to believe the pointer.
+    #[tokio::test]
+    async fn a_planted_git_dir_is_never_used_and_runs_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = init_repo(tmp.path(), &[], &[]);
+        let scratch = tmp.path().join("scratch");
+        let created = create(&repo, &tmp.path().join("worktrees"), "tsk_p", Base::Head)
+            .await
+            .expect("worktree");
+        std::fs::write(created.path.join("a.txt"), "one\ntwo\n").expect("write");
+        let marker = plant(&created.path, &repo, tmp.path());
+
+        let wt = pinned(&created).await;
+        let reading = wt.read(&scratch).await.expect("read");
+        let files = summary(reading.repo(), &created.base, &reading.tree)
+            .await
+            .expect("summary");
+        let names: Vec<&str> = files.iter().map(|f| f.file.as_str()).collect();
+        assert!(names.contains(&"a.txt"), "{names:?}");
+        assert!(!names.contains(&".git"), "{names:?}");
+        let (diff, cut) = unified(reading.repo(), &created.base, &reading.tree, 100_000)
+            .await
+            .expect("diff");
+        assert!(diff.contains("+two") && !cut, "{diff}");
+        drop(reading);
+        let p = pending(&repo, &created.path, &created.base, None, &scratch)
+            .await
+            .expect("pending");
+        assert!(p.unapplied);
+        let tip = commit_state(&wt, &scratch, "tsk_p")
+            .await
+            .expect("commit state");
+        assert_eq!(
+            sh(&repo, &["show", &format!("{tip}:a.txt")]),
+            "one\ntwo",
+            "the state went to the task's branch in the true repository"
+        );
+        apply(&repo, &created.base, &tip, &scratch, "task tsk_p")
+            .await
+            .expect("apply");
+        assert_eq!(
+            std::fs::read_to_string(repo.join("a.txt")).expect("read"),
+            "one\ntwo\n"
+        );
+        let err = locate(&created.path).await.expect_err("not believed");
+        assert!(
+            matches!(err, GitError::Tampered { .. }) && err.to_string().contains(".git"),
+            "{err}"
+        );
+        remove(&repo, &created.path, &created.branch)
+            .await
+            .expect("removed although git refuses a tampered worktree");
+        assert!(!created.path.exists());
+        assert_eq!(sh(&repo, &["branch", "--list", "opencode-mcp/*"]), "");
+        assert!(!marker.exists(), "the agent's filter ran");
+    }
+
+    /// Reading a worktree with new and changed files (for a result's changed files or its diff)
+    /// writes no object into the user's repository, however often it is read; the diff is cut
+    /// at the characters asked for, and says so.
+    #[tokio::test]
+    async fn reads_write_nothing_into_the_repository_and_diffs_are_bounded() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = init_repo(tmp.path(), &[], &[]);
+        let scratch = tmp.path().join("scratch");
+        let created = create(&repo, &tmp.path().join("worktrees"), "tsk_r", Base::Head)
+            .await
+            .expect("worktree");
+        let big: String = (0..2000).map(|i| format!("new line {i}\n")).collect();
+        std::fs::write(created.path.join("new.txt"), &big).expect("write");
+        std::fs::write(created.path.join("a.txt"), "changed\n").expect("write");
+        let objects = || sh(&repo, &["count-objects", "-v"]);
+        let before = objects();
+        let wt = pinned(&created).await;
+        for _ in 0..3 {
+            let reading = wt.read(&scratch).await.expect("read");
+            let files = summary(reading.repo(), &created.base, &reading.tree)
+                .await
+                .expect("summary");
+            assert_eq!(files.len(), 2, "{files:?}");
+            let (diff, cut) = unified(reading.repo(), &created.base, &reading.tree, 500)
+                .await
+                .expect("diff");
+            assert!(cut, "a diff of 2,000 lines is cut at 500 characters");
+            assert_eq!(diff.chars().count(), 500);
+        }
+        assert_eq!(objects(), before, "reads added objects to the repository");
+        let left: Vec<_> = std::fs::read_dir(&scratch)
+            .expect("scratch")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "scratch stores are removed: {left:?}");
     }
 }

@@ -39,7 +39,9 @@ impl Coded for TaskError {
                 | GitError::NotARepository { .. }
                 | GitError::NoCommits { .. }
                 | GitError::Snapshot { .. } => ErrorCode::InvalidArgument,
-                GitError::Conflict { .. } => ErrorCode::Conflict,
+                GitError::Conflict { .. }
+                | GitError::Unregistered { .. }
+                | GitError::Tampered { .. } => ErrorCode::Conflict,
                 GitError::Failed { .. } | GitError::Io { .. } => ErrorCode::Internal,
             },
         }

@@ -51,29 +51,28 @@ fn note_path(worktrees: &Path, task_id: &str) -> PathBuf {
 /// everything in them was applied or there is nothing in them, else kept with a note. Runs one
 /// worktree at a time under `lock`, the gateway's lock for git writes.
 pub(super) async fn clean_expired(
-    lock: &tokio::sync::Mutex<()>,
+    lock: &tokio::sync::RwLock<()>,
     worktrees: &Path,
     expired: Vec<Expired>,
 ) {
     for e in expired {
-        let _one_at_a_time = lock.lock().await;
+        let _one_at_a_time = lock.write().await;
         if continued_elsewhere(worktrees, &e) {
             tracing::info!(task = %e.task_id, "not cleaning the worktree of an expired task another gateway continued");
             continue;
         }
         let w = &e.workspace;
         let path = Path::new(&w.path);
-        match git::pending(path, &w.base, w.applied.as_deref(), worktrees).await {
-            Ok(p) if !p.unapplied => {
-                match git::remove(Path::new(&w.origin), path, &w.branch).await {
-                    Ok(()) => {
-                        tracing::info!(task = %e.task_id, path = %w.path, "removed the worktree of an expired task")
-                    }
-                    Err(err) => {
-                        tracing::warn!(task = %e.task_id, path = %w.path, error = %err, "could not remove the worktree of an expired task; `opencode-mcp gc --remove-orphans` retries")
-                    }
+        let origin = Path::new(&w.origin);
+        match git::pending(origin, path, &w.base, w.applied.as_deref(), worktrees).await {
+            Ok(p) if !p.unapplied => match git::remove(origin, path, &w.branch).await {
+                Ok(()) => {
+                    tracing::info!(task = %e.task_id, path = %w.path, "removed the worktree of an expired task")
                 }
-            }
+                Err(err) => {
+                    tracing::warn!(task = %e.task_id, path = %w.path, error = %err, "could not remove the worktree of an expired task; `opencode-mcp gc --remove-orphans` retries")
+                }
+            },
             outcome => {
                 if let Err(err) = &outcome {
                     tracing::warn!(task = %e.task_id, path = %w.path, error = %err, "cannot tell whether an expired task's worktree holds unapplied work; keeping it");
@@ -283,7 +282,8 @@ async fn inspect(state_dir: &Path, dir: &Path, task_id: String) -> GcWorktree {
             g.applied = Some(w.applied.is_some());
             g.origin = Some(PathBuf::from(&w.origin));
             g.branch = Some(w.branch.clone());
-            match git::pending(&g.path, &w.base, w.applied.as_deref(), dir).await {
+            let origin = Path::new(&w.origin);
+            match git::pending(origin, &g.path, &w.base, w.applied.as_deref(), dir).await {
                 Ok(p) => {
                     g.changed_files = Some(p.changed_files);
                     g.unapplied = Some(p.unapplied);
@@ -294,7 +294,7 @@ async fn inspect(state_dir: &Path, dir: &Path, task_id: String) -> GcWorktree {
         // No record of its base: what git says about the worktree itself.
         None => match git::locate(&g.path).await {
             Ok(at) => {
-                match git::pending(&g.path, &at.head, None, dir).await {
+                match git::pending(&at.origin, &g.path, &at.head, None, dir).await {
                     Ok(p) => g.changed_files = Some(p.changed_files),
                     Err(e) => g.problem = Some(e.to_string()),
                 }
@@ -532,7 +532,7 @@ mod tests {
         std::fs::write(stray.path.join("b.txt"), "new\n").expect("write");
         std::fs::create_dir_all(worktrees.join("tsk_broken")).expect("dir");
 
-        let lock = tokio::sync::Mutex::new(());
+        let lock = tokio::sync::RwLock::new(());
         clean_expired(
             &lock,
             &worktrees,

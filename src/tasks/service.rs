@@ -143,7 +143,7 @@ pub struct TaskService {
     pub(super) state_dir: Option<std::path::PathBuf>,
     /// Git operations that write (creating a worktree, apply, discard) run one at a time, so two
     /// applies never merge against the same snapshot of the user's tree.
-    pub(super) git_lock: Arc<tokio::sync::Mutex<()>>,
+    pub(super) git_lock: Arc<tokio::sync::RwLock<()>>,
     /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
     pub started_ms: u64,
 }
@@ -171,7 +171,7 @@ impl TaskService {
         };
         let registry = Arc::new(Registry::new(store));
         let live = crate::config::LiveConfig::new(config.clone());
-        let git_lock = Arc::new(tokio::sync::Mutex::new(()));
+        let git_lock = Arc::new(tokio::sync::RwLock::new(()));
         let tracker = TrackerContext {
             worktrees: state_dir.as_deref().map(super::gc::worktrees_dir),
             git_lock: git_lock.clone(),
@@ -827,7 +827,7 @@ pub(super) async fn open_turn(
         .get(task_id)
         .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
     let git_guard = match entry.rec.workspace {
-        Some(_) => Some(ctx.git_lock.lock().await),
+        Some(_) => Some(ctx.git_lock.write().await),
         None => None,
     };
     let claimed = ctx

@@ -60,7 +60,7 @@ pub struct TrackerContext {
     /// Where task worktrees live (`<state_dir>/worktrees`), if there is a state directory.
     pub worktrees: Option<std::path::PathBuf>,
     /// The service's lock for git writes: cleaning an expired task's worktree is one.
-    pub git_lock: Arc<tokio::sync::Mutex<()>>,
+    pub git_lock: Arc<tokio::sync::RwLock<()>>,
     /// Tasks with a completion check running, and whether another was asked for meanwhile.
     pub checks: Arc<Mutex<HashMap<String, bool>>>,
     /// Sessions with pending asks that belong to no task (someone else's work on the same

@@ -70,7 +70,7 @@ impl TaskService {
         base: Base,
     ) -> Result<(WorkspaceRecord, String), TaskError> {
         let root = self.worktrees_dir()?;
-        let _one_at_a_time = self.git_lock.lock().await;
+        let _one_at_a_time = self.git_lock.write().await;
         let created = git::create(Path::new(directory), &root, task_id, base).await?;
         Ok((
             WorkspaceRecord {
@@ -88,7 +88,7 @@ impl TaskService {
     /// Removes a worktree whose task never started (its session or prompt failed).
     pub(super) async fn drop_workspace(&self, workspace: Option<&WorkspaceRecord>) {
         let Some(w) = workspace else { return };
-        let _one_at_a_time = self.git_lock.lock().await;
+        let _one_at_a_time = self.git_lock.write().await;
         if let Err(e) = git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await {
             tracing::warn!(path = %w.path, error = %e, "the worktree of a task that did not start could not be removed");
         }
@@ -101,11 +101,13 @@ impl TaskService {
         if w.discarded {
             return view;
         }
-        match self.current_tree(w).await {
-            Ok(tree) => match git::summary(Path::new(&w.path), &w.base, &tree).await {
-                Ok(files) => view.changes = Some(files),
-                Err(e) => view.diff_error = Some(e.to_string()),
-            },
+        let summary = async {
+            let _reading = self.git_lock.read().await;
+            let now = self.current_tree(w).await?;
+            Ok::<_, TaskError>(git::summary(now.repo(), &w.base, &now.tree).await?)
+        };
+        match summary.await {
+            Ok(files) => view.changes = Some(files),
             Err(e) => {
                 tracing::debug!(task = task_id, error = %e, "no diff summary");
                 view.diff_error = Some(e.to_string());
@@ -114,10 +116,12 @@ impl TaskService {
         view
     }
 
-    /// The tree of the worktree as it is now, untracked files included.
-    async fn current_tree(&self, w: &WorkspaceRecord) -> Result<String, TaskError> {
+    /// The worktree as it is now, untracked files included, snapshot for reading (nothing is
+    /// written to the user's repository). The caller holds the git lock, shared.
+    async fn current_tree(&self, w: &WorkspaceRecord) -> Result<git::Reading, TaskError> {
         let scratch = self.worktrees_dir()?;
-        Ok(git::snapshot_tree(Path::new(&w.path), &scratch).await?)
+        let worktree = pin(w).await?;
+        Ok(worktree.read(&scratch).await?)
     }
 
     /// The task's result, with its unified diff in place of the answer for `view: diff`.
@@ -133,11 +137,15 @@ impl TaskService {
             if w.discarded {
                 return Err(discarded(task_id));
             }
-            let tree = self.current_tree(w).await?;
-            let diff = git::unified(Path::new(&w.path), &w.base, &tree).await?;
+            let max_chars = self.config().limits.max_result_chars as usize;
+            let (diff, capped) = {
+                let _reading = self.git_lock.read().await;
+                let now = self.current_tree(w).await?;
+                git::unified(now.repo(), &w.base, &now.tree, max_chars).await?
+            };
             result.total_chars = diff.chars().count() as u64;
             result.text = diff;
-            result.text_capped = false;
+            result.text_capped = capped;
             result.text_error = None;
             result.view = Some(ResultView::Diff);
         }
@@ -150,13 +158,13 @@ impl TaskService {
     pub async fn apply(&self, task_id: &str) -> Result<ApplyOutcome, TaskError> {
         self.restored().await;
         let scratch = self.worktrees_dir()?;
-        let _one_at_a_time = self.git_lock.lock().await;
+        let one_at_a_time = self.git_lock.write().await;
         let entry = self.settled(task_id, "apply")?;
         let w = workspace_of(&entry)?.clone();
         if w.discarded {
             return Err(discarded(task_id));
         }
-        let tip = git::commit_state(Path::new(&w.path), &scratch, task_id).await?;
+        let tip = git::commit_state(&pin(&w).await?, &scratch, task_id).await?;
         let from = w.applied.clone().unwrap_or_else(|| w.base.clone());
         let files = if from == tip {
             None
@@ -178,6 +186,8 @@ impl TaskService {
             })
             .flatten()
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+        // The view reads under the shared lock.
+        drop(one_at_a_time);
         Ok(ApplyOutcome {
             task_id: task_id.to_string(),
             already_applied: files.is_none(),
@@ -189,7 +199,7 @@ impl TaskService {
     /// Removes the task's worktree and its branch. Discarding twice is discarding once.
     pub async fn discard(&self, task_id: &str) -> Result<DiscardOutcome, TaskError> {
         self.restored().await;
-        let _one_at_a_time = self.git_lock.lock().await;
+        let _one_at_a_time = self.git_lock.write().await;
         let entry = self.settled(task_id, "discard")?;
         let w = workspace_of(&entry)?.clone();
         let already = w.discarded;
@@ -225,6 +235,11 @@ impl TaskService {
         }
         Ok(entry)
     }
+}
+
+/// The task's worktree as its record has it (see [`git::Worktree`]).
+async fn pin(w: &WorkspaceRecord) -> Result<git::Worktree, TaskError> {
+    Ok(git::Worktree::pin(Path::new(&w.origin), Path::new(&w.path), &w.base).await?)
 }
 
 fn workspace_of(entry: &TaskEntry) -> Result<&WorkspaceRecord, TaskError> {
