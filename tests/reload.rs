@@ -19,6 +19,7 @@
 mod support;
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -263,6 +264,22 @@ async fn reload_false_watches_nothing() -> Result<(), BoxError> {
     // The session is up and answering, so start-up logging is over: no watch was started.
     assert!(!tool_names(&client).await?.is_empty());
     assert!(!client.stderr().contains("watching"), "{}", client.stderr());
+    client.close().await
+}
+
+/// A `delegation.yaml` that is a FIFO (no writer ever comes) is no layer, and neither start-up
+/// nor the watcher waits on it: the gateway answers `initialize` and lists its tools (the
+/// watcher's open blocked, and the gateway did not answer for 30 s and more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_named_delegation_yaml_is_not_waited_on() -> Result<(), BoxError> {
+    let sandbox = Sandbox::new()?;
+    let fifo = sandbox.cwd().join("delegation.yaml");
+    let made = Command::new("mkfifo").arg(&fifo).status()?;
+    assert!(made.success(), "mkfifo (coreutils) is needed for this test");
+    let client = sandbox.launch().connect().await?;
+    assert!(tool_names(&client)
+        .await?
+        .contains(&STATUS_TOOL.to_string()));
     client.close().await
 }
 

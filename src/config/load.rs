@@ -160,7 +160,7 @@ pub fn read_layer(path: &Path, inside: Option<&Path>) -> Result<String, String> 
             ));
         }
     }
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let file = open_nonblocking(path).map_err(|e| format!("cannot be read: {e}"))?;
     let meta = file
         .metadata()
         .map_err(|e| format!("cannot be read: {e}"))?;
@@ -178,6 +178,21 @@ pub fn read_layer(path: &Path, inside: Option<&Path>) -> Result<String, String> 
         ));
     }
     String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())
+}
+
+/// Opens `path` for reading without waiting on it: a FIFO (or a terminal) would block the open
+/// itself until another process opened its other end, which kept the gateway from answering
+/// `initialize`. The kind is checked on the open file, so nothing can swap it in between; a
+/// regular file reads as usual whatever the flag.
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    }
+    options.open(path)
 }
 
 /// A layer's data after the repository-controlled keys were taken out (see [`trust`]).

@@ -195,6 +195,29 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A FIFO is not waited on: opening one for reading blocks until a writer comes, so the
+    /// watcher (and the gateway's start) would hang on a `delegation.yaml` made with mkfifo.
+    #[test]
+    fn a_fifo_is_unreadable_and_not_waited_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("delegation.yaml");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo(3) on a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(read(&path));
+        });
+        // Bounded: without the fix the read never returns (no writer ever opens the FIFO).
+        let seen = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO returned");
+        assert_eq!(seen, Seen::Unreadable);
+        assert!(super::super::load::read_layer(&fifo, None)
+            .is_err_and(|e| e.contains("not a regular file")));
+    }
+
     #[test]
     fn every_layer_is_watched_even_before_it_exists() {
         let dir = tempfile::tempdir().expect("tempdir");
