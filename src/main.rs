@@ -119,6 +119,7 @@ fn main() -> ExitCode {
         explicit: cli.config.clone(),
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
         user_dir: user_config_dir(),
+        frozen_repository: None,
     };
     let command = cli.command.unwrap_or(Command::Serve);
     if !matches!(command, Command::Serve) {
@@ -544,7 +545,8 @@ fn runtime(who: &str) -> Option<tokio::runtime::Runtime> {
 fn serve(sources: &Sources) -> ExitCode {
     opencode_mcp::memory::limit_arenas();
     // The files are read for the watch before the config is loaded, so an edit in between is
-    // still seen as a change.
+    // still seen as a change; the repository's file is read once, here, for this whole run.
+    let sources = &sources.clone().freeze_repository();
     let watch = config::watch::Watch::new(sources);
     // A malformed config refuses to start: running on defaults the user did not choose is worse.
     let cfg = match load_config(sources) {

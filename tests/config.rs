@@ -43,6 +43,7 @@ fn sources(cwd: &Path) -> Sources {
         explicit: None,
         cwd: cwd.to_path_buf(),
         user_dir: None,
+        frozen_repository: None,
     }
 }
 
@@ -381,6 +382,7 @@ fn layers_apply_in_order_built_in_user_repo_explicit_env() {
         explicit: Some(PathBuf::from("custom/extra.yaml")),
         cwd: repo.clone(),
         user_dir: Some(user.clone()),
+        frozen_repository: None,
     };
     let cfg =
         load_with_env(&sources, env(&[("OPENCODE_MCP_TIMEOUTS__REQUEST", "4s")])).expect("loads");
@@ -1538,4 +1540,34 @@ fn a_subcommand_whose_reader_has_gone_ends_without_a_panic() {
             out.status
         );
     }
+}
+
+/// The repository's file as frozen when serving began: a later load (a hot reload) takes its
+/// text as it was then, whatever the file holds now (an agent may have written it); one absent
+/// then stays absent. Unfrozen sources (the CLI's commands) read the file as it is.
+#[test]
+fn a_frozen_repository_file_is_read_as_it_was() {
+    let dir = workdir();
+    write(dir.path(), "delegation.yaml", "timeouts:\n  task: 7m\n");
+    let frozen = sources(dir.path()).freeze_repository();
+    write(dir.path(), "delegation.yaml", "timeouts:\n  task: 9m\n");
+    let cfg = load_with_env(&frozen, env(&[])).expect("loads");
+    assert_eq!(
+        cfg.timeouts.task.get(),
+        std::time::Duration::from_secs(7 * 60)
+    );
+    let live = load_with_env(&sources(dir.path()), env(&[])).expect("loads");
+    assert_eq!(
+        live.timeouts.task.get(),
+        std::time::Duration::from_secs(9 * 60)
+    );
+
+    let empty = workdir();
+    let frozen = sources(empty.path()).freeze_repository();
+    write(empty.path(), "delegation.yaml", "timeouts:\n  task: 9m\n");
+    let cfg = load_with_env(&frozen, env(&[])).expect("loads");
+    assert_ne!(
+        cfg.timeouts.task.get(),
+        std::time::Duration::from_secs(9 * 60)
+    );
 }

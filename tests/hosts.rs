@@ -518,7 +518,15 @@ fn id_from(results: &[ToolResult], tool: &str, nth: usize, key: &str) -> Value {
     value
 }
 
-/// Hot reload as Codex sees it: the repository's `delegation.yaml` gains a tool while `codex exec`
+/// The user's global `delegation.yaml` of `env` (`$XDG_CONFIG_HOME/opencode-mcp/`), its
+/// directory made: the layer that hot reload applies (the repository's file applies at start).
+fn user_config_file(env: &OpenCodeEnv) -> std::path::PathBuf {
+    let dir = env.root().join("config/opencode-mcp");
+    std::fs::create_dir_all(&dir).expect("the user's config directory");
+    dir.join("delegation.yaml")
+}
+
+/// Hot reload as Codex sees it: the user's `delegation.yaml` gains a tool while `codex exec`
 /// runs (written when the fake model's first answer goes out). The gateway reloads and notifies,
 /// but Codex keeps offering the tools it listed at start.
 #[test]
@@ -530,11 +538,11 @@ fn codex_keeps_its_tool_list_through_a_reload() {
     codex::codex_bin();
     let llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
-    let repo_file = env.work_dir().join("delegation.yaml");
+    let user_file = user_config_file(&env);
     let script = vec![
         Step::Calls(vec![tool_with("opencode_start_task", move |_| {
             std::fs::write(
-                &repo_file,
+                &user_file,
                 "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks, \
                  newest first, to find one whose start reply was lost.\n",
             )
@@ -613,7 +621,7 @@ fn codex_keeps_its_tool_list_through_a_reload() {
     );
 }
 
-/// Hot reload as Claude Code sees it: the repository's `delegation.yaml` gains a tool while a
+/// Hot reload as Claude Code sees it: the user's `delegation.yaml` gains a tool while a
 /// session runs (written when the fake model's first answer goes out), the gateway sends
 /// `notifications/tools/list_changed`, and Claude Code's next request to its model lists the new
 /// tool, which the model can then call.
@@ -633,15 +641,15 @@ fn claude_code_picks_up_a_reload(version: &str) {
     let fake_llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let t = claude_code::tool;
-    let repo_file = env.work_dir().join("delegation.yaml");
+    let user_file = user_config_file(&env);
     let script = vec![
         Step::tool(t("opencode_start_task"), move |_| {
             std::fs::write(
-                &repo_file,
+                &user_file,
                 "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks, \
                  newest first, to find one whose start reply was lost.\n",
             )
-            .expect("write the repository's delegation.yaml");
+            .expect("write the user's delegation.yaml");
             json!({"server_id": "default", "prompt": "hold on [[delay:10000]]"})
         }),
         // Spans the reload: the task answers after 10 s, the edit is noticed in about 1.3 s.
@@ -1284,6 +1292,7 @@ fn default_tool_count() -> usize {
         explicit: None,
         cwd: dir.path().to_path_buf(),
         user_dir: None,
+        frozen_repository: None,
     };
     let config =
         opencode_mcp::config::load_with_env(&sources, Vec::new()).expect("the built-in config");

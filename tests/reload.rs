@@ -1,14 +1,15 @@
 //! Hot reload of `delegation.yaml` over the real MCP wire: the gateway binary in a temp project
 //! directory, its config files edited while it serves, and what the host then sees.
 //!
-//! - a tool added to the repository's file is announced (`notifications/tools/list_changed`)
+//! - a tool added to the user's file is announced (`notifications/tools/list_changed`)
 //!   and listed and callable; a prompt edit is announced as `prompts/list_changed` only; an edit
 //!   that changes nothing in force is announced as nothing;
 //! - an invalid edit keeps the running surface, with a warning naming file, key and problem, and
 //!   a later valid edit applies (the first notification after the broken edit is the valid one's);
 //! - `--config FILE` is watched; a restart-only key (`state_dir`) changed there keeps its running
-//!   value with a warning while the rest of the edit applies; the repository's file is held to
-//!   the same trust rules as at start;
+//!   value with a warning while the rest of the edit applies; the repository's file is not
+//!   reloaded (an agent can write it): an edit is reported, and applies at the next start under
+//!   its trust rules;
 //! - `reload: false` watches nothing;
 //! - with a real OpenCode and the scripted model: a task running across a reload finishes
 //!   normally under the deadline it started with, while a task started after it gets the new one.
@@ -69,11 +70,13 @@ async fn description_of(client: &McpClient, name: &str) -> Result<Option<String>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_it(
+async fn edits_to_the_users_file_swap_the_surface_and_a_broken_edit_keeps_it(
 ) -> Result<(), BoxError> {
     let sandbox = Sandbox::new()?;
-    let repo_file = sandbox.cwd().join("delegation.yaml");
-    sandbox.write_repo_config("timeouts:\n  stall: 4m\n")?;
+    // The user's global file: the layer the user edits while a session runs.
+    let user_file = sandbox.home().join(".config/opencode-mcp/delegation.yaml");
+    std::fs::create_dir_all(user_file.parent().ok_or("no parent")?)?;
+    std::fs::write(&user_file, "timeouts:\n  stall: 4m\n")?;
     let client = sandbox.launch().connect().await?;
     let caps = client
         .server_info()
@@ -83,11 +86,11 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
     assert_eq!(caps.prompts.and_then(|p| p.list_changed), Some(true));
     assert!(!tool_names(&client).await?.contains(&"status".to_string()));
     client
-        .wait_stderr_line(&["watching", &repo_file.display().to_string()], NOTICED)
+        .wait_stderr_line(&["watching", &user_file.display().to_string()], NOTICED)
         .await?;
 
     // 1. A tool added to the file: announced, listed, and routed to its action.
-    save(&repo_file, &with_status_tool("First alias."))?;
+    save(&user_file, &with_status_tool("First alias."))?;
     assert_eq!(
         client.wait_list_changes(1, NOTICED).await?,
         [ListChanged::Tools]
@@ -107,7 +110,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
     // 2. A broken edit: the warning names the file, the key and what was expected; nothing is
     // announced and the running surface is still served.
     save(
-        &repo_file,
+        &user_file,
         &format!(
             "{}timeouts:\n  task: soon\n",
             with_status_tool("Broken edit.")
@@ -117,7 +120,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
         .wait_stderr_line(
             &[
                 "WARN",
-                &repo_file.display().to_string(),
+                &user_file.display().to_string(),
                 "`timeouts.task`",
                 "stays in force",
             ],
@@ -135,7 +138,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
     assert_eq!(client.list_changes(), [ListChanged::Tools]);
 
     // A valid edit after it applies, and its notification is the first since the broken one.
-    save(&repo_file, &with_status_tool("Second alias."))?;
+    save(&user_file, &with_status_tool("Second alias."))?;
     assert_eq!(
         client.wait_list_changes(2, NOTICED).await?,
         [ListChanged::Tools, ListChanged::Tools]
@@ -147,7 +150,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
 
     // 3. A comment changes nothing in force: logged, not announced.
     save(
-        &repo_file,
+        &user_file,
         &format!("# a comment\n{}", with_status_tool("Second alias.")),
     )?;
     client
@@ -157,7 +160,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
 
     // 4. A prompt edit: prompts/list_changed only.
     save(
-        &repo_file,
+        &user_file,
         &format!(
             "{}prompts:\n  delegate_task:\n    description: Hand work to OpenCode.\n",
             with_status_tool("Second alias.")
@@ -177,7 +180,7 @@ async fn edits_to_the_repository_file_swap_the_surface_and_a_broken_edit_keeps_i
     // 5. The file deleted: back to the built-in surface, which changes the tools and (the
     // description above reverts) the prompts. Both are announced; the client handles each
     // notification on its own task, so their order on arrival is not fixed.
-    std::fs::remove_file(&repo_file)?;
+    std::fs::remove_file(&user_file)?;
     let mut last = client.wait_list_changes(5, NOTICED).await?.split_off(3);
     last.sort();
     assert_eq!(last, [ListChanged::Tools, ListChanged::Prompts]);
@@ -226,14 +229,55 @@ async fn restart_only_keys_warn_and_the_rest_of_the_edit_applies() -> Result<(),
         "the running state directory is kept"
     );
 
-    // A repository file created while serving is picked up, under the same trust rules as at
-    // start: it may add a tool, not choose what the gateway runs.
+    // A repository file written while serving (as an agent working in this directory could)
+    // is not applied: the gateway says so, with how to apply it, and the tools stay as they
+    // were. An edit of the user's file after it reloads without it.
     let repo_file = sandbox.cwd().join("delegation.yaml");
     save(
         &repo_file,
         "opencode:\n  command: ./evil\ntools:\n  result:\n    action: get_task_result\n    \
          description: Repository alias.\n",
     )?;
+    let noticed = client
+        .wait_stderr_line(
+            &[
+                "WARN",
+                "the repository's delegation.yaml changed",
+                "restart the MCP server",
+            ],
+            NOTICED,
+        )
+        .await?;
+    assert!(
+        noticed.contains(&repo_file.display().to_string()),
+        "{noticed}"
+    );
+    save(
+        &explicit,
+        &format!(
+            "state_dir: {}\n{}",
+            sandbox.root().join("elsewhere").display(),
+            with_status_tool("From --config, again.")
+        ),
+    )?;
+    client.wait_list_changes(2, NOTICED).await?;
+    let names = tool_names(&client).await?;
+    assert!(!names.contains(&"result".to_string()), "{names:?}");
+    assert_eq!(
+        description_of(&client, "status").await?.as_deref(),
+        Some("From --config, again.")
+    );
+    assert!(!client.stderr().contains("`opencode.command`"));
+    client.close().await?;
+
+    // At the next start it applies, under the repository's trust rules: it may add a tool, not
+    // choose what the gateway runs.
+    let client = sandbox
+        .launch()
+        .arg("--config")
+        .arg(&explicit)
+        .connect()
+        .await?;
     let withheld = client
         .wait_stderr_line(&["`opencode.command`", "is not applied"], NOTICED)
         .await?;
@@ -241,7 +285,6 @@ async fn restart_only_keys_warn_and_the_rest_of_the_edit_applies() -> Result<(),
         withheld.contains(&repo_file.display().to_string()),
         "{withheld}"
     );
-    client.wait_list_changes(2, NOTICED).await?;
     let names = tool_names(&client).await?;
     assert!(names.contains(&"result".to_string()) && names.contains(&"status".to_string()));
     client.close().await
@@ -290,14 +333,16 @@ fn id(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_task_survives_a_reload_and_new_tasks_get_the_new_settings() {
     let env = OpenCodeEnv::new();
-    let repo_file = env.work_dir().join("delegation.yaml");
-    std::fs::write(&repo_file, "timeouts:\n  stall: 4m\n").expect("write the repository file");
+    // The user's global file (`$XDG_CONFIG_HOME/opencode-mcp/`).
+    let user_file = env.root().join("config/opencode-mcp/delegation.yaml");
+    std::fs::create_dir_all(user_file.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&user_file, "timeouts:\n  stall: 4m\n").expect("write the user's file");
     let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
 
     let running = id(&rig.start_task("long one [[slow:6000]]").await);
     // A task deadline far shorter than the running task takes, and a new tool.
     save(
-        &repo_file,
+        &user_file,
         &format!(
             "timeouts:\n  stall: 500ms\n  task: 2s\n{}",
             with_status_tool("Added while a task runs.")

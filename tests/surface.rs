@@ -38,6 +38,7 @@ fn default_config() -> Result<Config, BoxError> {
         explicit: None,
         cwd: sandbox.cwd(),
         user_dir: None,
+        frozen_repository: None,
     };
     Ok(config::load_with_env(&sources, Vec::new())?)
 }

@@ -30,7 +30,7 @@ use super::types::{
 };
 use super::validate::{self, Issue};
 use super::yaml::Yaml;
-use super::{Sources, DEFAULT_JSON};
+use super::{Frozen, Sources, DEFAULT_JSON};
 
 /// How the compiled-in default is named in errors.
 pub const BUILT_IN_NAME: &str = "built-in delegation.yaml";
@@ -74,9 +74,14 @@ impl Layer {
     /// A layer file, read once through [`read_layer`]; one that cannot be read is a layer whose
     /// data is the error saying why (named with the file, like a syntax error).
     fn file(path: &Path, inside: Option<&Path>) -> Self {
+        Self::text(path, read_layer(path, inside))
+    }
+
+    /// A layer file whose text was read earlier (the repository's, frozen at start).
+    fn text(path: &Path, text: Result<String, String>) -> Self {
         Layer {
             metadata: Metadata::from("file", figment::Source::File(path.to_path_buf())),
-            text: read_layer(path, inside),
+            text,
         }
     }
 
@@ -230,7 +235,7 @@ fn drop_empty_sections(dict: &mut Dict, defaults: &Dict) {
 }
 
 /// The same file, however it was named.
-pub(super) fn same_file(a: &Path, b: &Path) -> bool {
+pub fn same_file(a: &Path, b: &Path) -> bool {
     a == b
         || matches!(
             (std::fs::canonicalize(a), std::fs::canonicalize(b)),
@@ -271,11 +276,12 @@ pub fn load_checked(
         None => None,
     };
     let user_file = sources.user_dir.as_ref().map(|d| d.join(FILE_NAME));
-    // The repository's file, unless the user named it (--config) or it is their own file.
-    let repo_file = Some(sources.cwd.join(FILE_NAME)).filter(|p| {
-        p.is_file()
-            && !explicit.as_deref().is_some_and(|e| same_file(e, p))
-            && !user_file.as_deref().is_some_and(|u| same_file(u, p))
+    // The repository's file, unless the user named it (--config) or it is their own file; as
+    // frozen when serving began, if it was.
+    let frozen = sources.frozen_repository.as_deref();
+    let repo_file = sources.repository_file().filter(|p| match frozen {
+        Some(f) => *f != Frozen::Absent,
+        None => p.is_file(),
     });
     let user_file = user_file.filter(|p| p.is_file());
     // What the file layers' empty sections are checked against; most starts have no file.
@@ -290,7 +296,10 @@ pub fn load_checked(
     for path in user_file.iter().chain(&repo_file).chain(&explicit) {
         layers.push(Origin::File(path.clone()));
         let is_repo = Some(path) == repo_file.as_ref();
-        let layer = Layer::file(path, is_repo.then_some(sources.cwd.as_path()));
+        let layer = match frozen {
+            Some(Frozen::Text(text)) if is_repo => Layer::text(path, text.clone()),
+            _ => Layer::file(path, is_repo.then_some(sources.cwd.as_path())),
+        };
         let mut data = match layer.data() {
             Ok(data) => data,
             // Unreadable: merged as is, so its syntax error is reported like any other.

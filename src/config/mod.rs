@@ -44,6 +44,7 @@ mod yaml;
 pub use duration::HumanDuration;
 pub use env::{IGNORED as IGNORED_ENV_VARS, PREFIX as ENV_PREFIX};
 pub use error::{printable, printable_lines, ConfigError, Origin, Problem};
+pub use load::same_file;
 pub use load::{load_checked, load_with_env, SurfaceCheck, BUILT_IN_NAME, FILE_NAME};
 pub use restart::{keep_running, NotApplied, RestartKey, RESTART_KEYS};
 pub use template::{
@@ -111,6 +112,50 @@ pub struct Sources {
     pub cwd: PathBuf,
     /// The user's global config directory (`$XDG_CONFIG_HOME/opencode-mcp`), if any.
     pub user_dir: Option<PathBuf>,
+    /// The repository's file as read once when serving began ([`Sources::freeze_repository`]):
+    /// every later load (a hot reload) takes this text, not what the file holds by then.
+    pub frozen_repository: Option<std::sync::Arc<Frozen>>,
+}
+
+/// The repository's `delegation.yaml` as it was when the gateway began to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frozen {
+    /// There was none (or it was no regular file).
+    Absent,
+    /// Its text, or why it could not be read.
+    Text(Result<String, String>),
+}
+
+impl Sources {
+    /// The repository's own file: `delegation.yaml` in `cwd`, unless it is the user's file or
+    /// the one `--config` names (then it is theirs, with their trust).
+    pub fn repository_file(&self) -> Option<PathBuf> {
+        let path = self.cwd.join(FILE_NAME);
+        let explicit = self.explicit.as_ref().map(|e| self.cwd.join(e));
+        let user_file = self.user_dir.as_ref().map(|d| d.join(FILE_NAME));
+        let theirs = [explicit, user_file]
+            .iter()
+            .flatten()
+            .any(|f| load::same_file(f, &path));
+        (!theirs).then_some(path)
+    }
+
+    /// Reads the repository's file now, once, for every load that follows. While the gateway
+    /// serves, an agent working in this directory (`isolation: none`) can write
+    /// `./delegation.yaml`; were it reloaded, the agent would choose the tools, prompts and
+    /// tiers the host uses next. So the repository's file takes effect when the gateway starts,
+    /// and an edit of it while serving is only reported ([`crate::gateway`]'s reload). The
+    /// user's own files are not frozen: only the user writes those.
+    pub fn freeze_repository(mut self) -> Self {
+        let frozen = match self.repository_file() {
+            Some(path) if path.is_file() => {
+                Frozen::Text(load::read_layer(&path, Some(self.cwd.as_path())))
+            }
+            _ => Frozen::Absent,
+        };
+        self.frozen_repository = Some(std::sync::Arc::new(frozen));
+        self
+    }
 }
 
 /// `$<var>/opencode-mcp`, else `$HOME/<home_rel>/opencode-mcp`: an XDG base directory.

@@ -140,6 +140,7 @@ mod tests {
             explicit: None,
             cwd: PathBuf::from("/nonexistent/opencode-mcp-unit-tests"),
             user_dir: None,
+            frozen_repository: None,
         };
         crate::config::load_with_env(&sources, Vec::new()).expect("the built-in config loads")
     }

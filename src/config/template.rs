@@ -349,6 +349,7 @@ mod tests {
             explicit: None,
             cwd: dir.path().to_path_buf(),
             user_dir: None,
+            frozen_repository: None,
         };
         crate::config::load_with_env(&sources, Vec::new())
     }

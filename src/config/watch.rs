@@ -179,6 +179,7 @@ mod tests {
             explicit: Some(PathBuf::from("extra.yaml")),
             cwd: dir.join("repo"),
             user_dir: Some(dir.join("user")),
+            frozen_repository: None,
         }
     }
 

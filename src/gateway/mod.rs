@@ -195,6 +195,7 @@ pub(crate) fn test_config() -> Config {
         explicit: None,
         cwd: std::path::PathBuf::from("/nonexistent/opencode-mcp-unit-tests"),
         user_dir: None,
+        frozen_repository: None,
     };
     match crate::config::load_checked(&sources, Vec::new(), preset_issues) {
         Ok(config) => config,

@@ -1,7 +1,16 @@
-//! Hot reload: a valid edit of a `delegation.yaml` layer replaces the surface while serving.
+//! Hot reload: a valid edit of the user's `delegation.yaml` layers replaces the surface while
+//! serving.
+//!
+//! The repository's own `./delegation.yaml` is not reloaded: it is read once, when serving
+//! begins (`Sources::freeze_repository`), and an edit of it is logged with how to apply it (a
+//! restart). An agent working in the gateway's directory can write that file; reloading it
+//! would let the agent choose the tools, prompts, tiers and limits the host uses for the rest of
+//! the session, without the user seeing it. The user's own files (the global one, `--config`)
+//! reload as below.
 //!
 //! The loop waits for a layer file to change (`config::watch`), loads the configuration exactly
-//! as start-up does (same layers, same trust rules, same validation), and then:
+//! as start-up does (same layers, same trust rules, same validation, the repository's text as it
+//! was at start), and then:
 //!
 //! - an invalid result changes nothing: the running surface stays and a warning carries the
 //!   loader's text, which names the file, the key and what was expected. A later valid edit
@@ -47,8 +56,25 @@ pub async fn run(gateway: Gateway, mut watch: Watch, peer: Peer<RoleServer>) {
         files.join(", ")
     );
     let listeners = gateway.listeners();
+    let repository = watch.sources().repository_file();
     loop {
-        let changed = watch.changed().await;
+        let mut changed = watch.changed().await;
+        if let Some(repo) = &repository {
+            let before = changed.len();
+            changed.retain(|p| !config::same_file(p, repo));
+            if changed.len() < before {
+                tracing::warn!(
+                    file = %repo.display(),
+                    "the repository's delegation.yaml changed; it is not applied while serving \
+                     (an agent working in this directory can write it, and would choose the tools, \
+                     prompts and tiers in use): restart the MCP server to apply it (in Claude Code, \
+                     /mcp and reconnect)"
+                );
+            }
+        }
+        if changed.is_empty() {
+            continue;
+        }
         let loaded = super::load_config(watch.sources());
         let client = gateway.client();
         let outcome = apply(&gateway, loaded, &changed, client.as_deref());
