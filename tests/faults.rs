@@ -650,6 +650,54 @@ async fn host_kills_the_gateway_outright() {
     host_vanishes("SIGKILL", libc::SIGKILL).await;
 }
 
+/// A second SIGTERM while the gateway is stopping its servers ends it at once (a host, or a
+/// user at Ctrl-C, that is done waiting); the supervisors still take every managed process
+/// down. The shutdown is held open by stopping OpenCode's process group (SIGSTOP), so the
+/// gateway would otherwise wait out its stop grace (about 6 s) before exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_during_shutdown_exits_at_once() {
+    let rig = Rig::start(&[]).await;
+    let gateway = rig.client.pid().expect("gateway pid");
+    let opencode = rig.opencode_pid();
+    let group = procs::stat(opencode).expect("OpenCode runs").pgrp;
+    let everything = procs::group(group);
+    let signal = |pid: libc::pid_t, sig| {
+        // SAFETY: kill(2) on processes this test spawned (a negative pid: their group).
+        unsafe { libc::kill(pid, sig) };
+    };
+    signal(-(group as libc::pid_t), libc::SIGSTOP);
+    signal(gateway as libc::pid_t, libc::SIGTERM);
+    rig.client
+        .wait_stderr_line(
+            &["stopping managed OpenCode servers"],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the first SIGTERM started the shutdown: {e}"));
+    let second = Instant::now();
+    signal(gateway as libc::pid_t, libc::SIGTERM);
+    let gone = wait_gone(gateway, Duration::from_secs(20)).await;
+    let took = second.elapsed();
+    // Let the stopped supervisor run again: it finds its lifeline closed and cleans up.
+    signal(-(group as libc::pid_t), libc::SIGCONT);
+    assert!(gone, "the gateway is still running");
+    rig.client
+        .wait_stderr_line(
+            &["SIGTERM received while shutting down: exiting now"],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the second SIGTERM ended the wait: {e} (after {took:?})"));
+    if let Err(left) = procs::wait_all_gone(&everything, Duration::from_secs(15)).await {
+        panic!("left behind: {}", procs::describe(&left));
+    }
+    report(
+        "drill 3b (second SIGTERM)",
+        "second signal -> gateway gone",
+        took,
+    );
+}
+
 async fn host_vanishes(name: &str, signal: libc::c_int) {
     let rig = Rig::start(&[]).await;
     let gateway = rig.client.pid().expect("gateway pid");

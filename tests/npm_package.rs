@@ -5,8 +5,9 @@
 //! - `--version` through the launcher, and `npx` from the same tarballs;
 //! - an MCP `initialize` over the launcher's stdio, every stdout line JSON-RPC, exit 0 when stdin
 //!   closes;
-//! - SIGTERM sent to the launcher reaches the gateway (which exits 0 on it), and a non-zero exit
-//!   code of the gateway comes back unchanged;
+//! - SIGTERM sent to the launcher reaches the gateway (which exits 0 on it), and so do SIGQUIT and
+//!   SIGUSR2; a gateway dead of SIGUSR1 does not make the launcher start Node's debugger; a
+//!   non-zero exit code of the gateway comes back unchanged;
 //! - with the platform package removed, the launcher exits non-zero naming the package, the
 //!   platform and the fixes, with nothing on stdout.
 //!
@@ -15,6 +16,7 @@
 //! Needs `node` and `npm` on `PATH`; fails saying so when they are missing.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
@@ -123,6 +125,52 @@ fn wait_bounded(mut child: Child, what: &str) -> ExitStatus {
             panic!("{what} did not exit within {TIMEOUT:?}")
         }
     }
+}
+
+/// The launcher started with piped stdio and `initialize` answered; stdin is kept open, so only
+/// a signal ends the session.
+fn initialized(tree: &Tree) -> (Child, std::process::ChildStdin, Lines) {
+    let mut child = tree
+        .launcher()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the launcher");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let lines = Lines::new(child.stdout.take().expect("stdout"));
+    writeln!(stdin, "{}", initialize_request()).expect("write initialize");
+    stdin.flush().expect("flush");
+    assert_initialize_result(&lines.next("answer to initialize").expect("stdout closed"));
+    (child, stdin, lines)
+}
+
+/// [`wait_bounded`], with the child's stderr read to its end.
+fn wait_output(mut child: Child, what: &str) -> Output {
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let status = wait_bounded(child, what);
+    let stderr = reader.join().unwrap_or_default();
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    }
+}
+
+/// The one child process of `parent` (from `/proc`), if any.
+fn child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(") ")?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == parent).then_some(pid)
+    })
 }
 
 /// The gateway's stdout, one line at a time, each wait bounded by [`TIMEOUT`].
@@ -335,6 +383,40 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
     assert_json_rpc(&lines.rest("stdout after SIGTERM"));
     let status = wait_bounded(child, "the launcher after SIGTERM");
     assert_eq!(status.code(), Some(0), "launcher status after SIGTERM");
+    drop(stdin);
+
+    // 3b. SIGQUIT and SIGUSR2 to the launcher reach the gateway too (neither is one it
+    // handles: it dies of it, and the launcher of the same). A launcher that did not forward
+    // them died alone and left the gateway holding stdout until stdin closed.
+    for (signal, name) in [(libc::SIGQUIT, "SIGQUIT"), (libc::SIGUSR2, "SIGUSR2")] {
+        let (child, stdin, lines) = initialized(&tree);
+        // SAFETY: kill(2) on our own child's pid with a valid signal.
+        let sent = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "kill({name})");
+        // End of file on stdout while stdin is still open: the gateway is gone too.
+        assert_json_rpc(&lines.rest(&format!("stdout after {name}")));
+        let status = wait_bounded(child, &format!("the launcher after {name}"));
+        assert_eq!(
+            status.signal(),
+            Some(signal),
+            "launcher status after {name}"
+        );
+        drop(stdin);
+    }
+
+    // 3c. A gateway that dies of SIGUSR1 (which Node reserves for its debugger) ends the
+    // launcher with 128 + 10, without raising SIGUSR1 at itself: that started Node's debugger
+    // listener on 127.0.0.1:9229 before the launcher exited.
+    let (child, stdin, lines) = initialized(&tree);
+    let gateway = child_of(child.id()).expect("the launcher runs the gateway");
+    // SAFETY: kill(2) on the gateway the launcher spawned for this test.
+    let sent = unsafe { libc::kill(gateway as libc::pid_t, libc::SIGUSR1) };
+    assert_eq!(sent, 0, "kill(SIGUSR1)");
+    assert_json_rpc(&lines.rest("stdout after SIGUSR1"));
+    let output = wait_output(child, "the launcher after its gateway's SIGUSR1");
+    let err = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(128 + libc::SIGUSR1), "{err}");
+    assert!(!err.contains("Debugger listening"), "{err}");
     drop(stdin);
 
     // 4. The gateway's own exit code comes back unchanged (clap's 2 for a bad flag, which the

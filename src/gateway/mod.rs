@@ -78,8 +78,10 @@ pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), Gat
     // spawned task, a SIGTERM right after `initialize` could still meet the default action and
     // kill the process without stopping its servers.
     let signals = tokio::spawn(cancel_on_signal(stop.clone()));
-    let served = serve(gateway, stop, watch, handshake_done).await;
-    signals.abort();
+    let served = serve(gateway, stop.clone(), watch, handshake_done).await;
+    // Shutting down (the host closed stdin, or a signal came): a signal from now on means
+    // "stop waiting", and the handler exits at once.
+    stop.cancel();
     tracing::info!("stopping managed OpenCode servers");
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())
         .await
@@ -90,6 +92,7 @@ pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), Gat
             SHUTDOWN_GRACE.as_secs()
         );
     }
+    signals.abort();
     served
 }
 
@@ -137,7 +140,11 @@ async fn serve(
 }
 
 /// Installs the SIGTERM, SIGINT and SIGHUP handlers now, and returns a future that cancels
-/// `stop` on the first of them.
+/// `stop` on the first of them. A signal that comes once `stop` is cancelled (a second Ctrl-C
+/// while the servers are being stopped, or a host's SIGTERM after it closed stdin) ends the
+/// process at once, with the signal's exit status: whoever sends it is done waiting. Nothing is
+/// left behind by that: each managed OpenCode's supervisor sees its lifeline close and takes
+/// its server down.
 #[cfg(unix)]
 fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -159,13 +166,19 @@ fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output 
         let Some((mut term, mut int, mut hup)) = handlers else {
             return;
         };
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-            _ = hup.recv() => "SIGHUP",
-        };
-        tracing::info!("{name} received, shutting down");
-        stop.cancel();
+        loop {
+            let (name, number) = tokio::select! {
+                _ = term.recv() => ("SIGTERM", libc::SIGTERM),
+                _ = int.recv() => ("SIGINT", libc::SIGINT),
+                _ = hup.recv() => ("SIGHUP", libc::SIGHUP),
+            };
+            if stop.is_cancelled() {
+                tracing::warn!("{name} received while shutting down: exiting now");
+                std::process::exit(128 + number);
+            }
+            tracing::info!("{name} received, shutting down");
+            stop.cancel();
+        }
     }
 }
 

@@ -73,8 +73,10 @@ try {
 const child = spawn(bin, process.argv.slice(2), { stdio: "inherit" });
 
 // A host stops a server with SIGTERM (or SIGINT/SIGHUP) sent to the process it started, which
-// is this launcher: pass it on so the gateway shuts its OpenCode servers down itself.
-const forwarded = ["SIGTERM", "SIGINT", "SIGHUP"];
+// is this launcher: pass it on so the gateway shuts its OpenCode servers down itself. SIGQUIT and
+// SIGUSR2 would end the launcher alone and leave the gateway running until stdin closed: they
+// are passed on too. (SIGUSR1 is Node's own: it starts the debugger.)
+const forwarded = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR2"];
 const forward = (signal) => {
   if (child.exitCode === null && child.signalCode === null) child.kill(signal);
 };
@@ -86,10 +88,14 @@ child.on("error", (e) => {
 
 child.on("exit", (code, signal) => {
   if (signal) {
-    // Die of the same signal, so the host sees what it would have seen without the launcher.
-    for (const s of forwarded) process.removeListener(s, forward);
-    process.kill(process.pid, signal);
-    // Only reached for a signal whose default action is not to terminate (Node ignores SIGPIPE).
+    // Die of the same signal, so the host sees what it would have seen without the launcher;
+    // but never raise a signal Node acts on itself: SIGUSR1 starts its debugger listener (on
+    // 127.0.0.1:9229) instead of ending the process, and SIGPIPE is ignored.
+    if (signal !== "SIGUSR1" && signal !== "SIGPIPE") {
+      for (const s of forwarded) process.removeListener(s, forward);
+      process.kill(process.pid, signal);
+    }
+    // Reached for those, and for any other signal whose default action is not to terminate.
     process.exit(128 + (os.constants.signals[signal] || 0));
   }
   process.exit(code === null ? 1 : code);
