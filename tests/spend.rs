@@ -193,3 +193,90 @@ async fn a_variant_reaches_the_model_and_a_wrong_one_is_refused() {
         assert!(message.contains(says), "{args}: {message}");
     }
 }
+
+/// `limits.max_tasks` and the day's cap hold for every turn that calls a model, however the
+/// calls arrive: of five starts sent at once under `max_tasks: 2`, two start and three are
+/// refused (each took its room only when its task was registered, so all five passed a check
+/// that only counted); a follow-up that brings a finished task back to work while two others
+/// run is refused too; and once the day's spend passed its cap, a follow-up is refused like a
+/// new task (it spent without limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_take_their_room_at_the_check_and_hold_for_follow_ups() {
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__MAX_TASKS", "2"),
+        ("OPENCODE_MCP_LIMITS__MAX_COST_USD_PER_DAY", "0.15"),
+    ])
+    .await;
+    let server = rig.server_id();
+    let calls = (0..5).map(|i| {
+        rig.client.call(
+            "opencode_start_task",
+            json!({ "server_id": server, "prompt": format!("at once {i} [[delay:2000]]") }),
+        )
+    });
+    let replies = futures::future::join_all(calls).await;
+    let mut started = Vec::new();
+    let mut refused = 0;
+    for reply in replies {
+        let reply = reply.expect("the call is answered");
+        if reply.is_error {
+            assert_eq!(reply.error_code(), Some("limit_exceeded"), "{}", reply.text);
+            refused += 1;
+        } else {
+            started.push(
+                reply.structured["task_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_string(),
+            );
+        }
+    }
+    assert_eq!((started.len(), refused), (2, 3), "{started:?}");
+    let ids: Vec<&str> = started.iter().map(String::as_str).collect();
+    let w = rig.wait(&ids, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+
+    // Two run; a follow-up of a finished one would make three.
+    let running: Vec<String> = futures::future::join_all(
+        (0..2)
+            .map(|i| rig.start_task_with(json!({ "prompt": format!("busy {i} [[delay:3000]]") }))),
+    )
+    .await
+    .iter()
+    .map(|s| s["task_id"].as_str().expect("id").to_string())
+    .collect();
+    let (code, message) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": started[0], "prompt": "and one more thing" }),
+        )
+        .await;
+    assert_eq!(code, "limit_exceeded", "{message}");
+    assert!(message.contains("max_tasks"), "{message}");
+    let ids: Vec<&str> = running.iter().map(String::as_str).collect();
+    let w = rig.wait(&ids, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+
+    // About $0.20 in one step: past the day's $0.15. Its follow-up is refused like a new task.
+    let costly = rig.start_task("costly [[usage:200000]]").await;
+    let costly = costly["task_id"].as_str().expect("id").to_string();
+    let r = rig.finish(&costly).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    let (code, message) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": costly, "prompt": "spend some more" }),
+        )
+        .await;
+    assert_eq!(code, "budget_exceeded", "{message}");
+    assert!(message.contains("max_cost_usd_per_day"), "{message}");
+    let asked = rig.fake.requests().len();
+    let (code, _) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": started[1], "prompt": "and another" }),
+        )
+        .await;
+    assert_eq!(code, "budget_exceeded");
+    assert_eq!(rig.fake.requests().len(), asked, "no model was called");
+}

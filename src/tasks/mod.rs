@@ -16,9 +16,11 @@
 //! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
 //!   validating the JSON their answer ends with, and the bounded automatic corrections.
 //! - `spend`: spend guards: a task's caps, what its turn spent so far, the day's total.
+//! - `capacity`: room for unfinished tasks (`limits.max_tasks`), taken at the check.
 //! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
+mod capacity;
 mod error;
 pub mod gc;
 mod model;
@@ -40,6 +42,7 @@ pub mod usage;
 mod wait;
 mod workspace;
 
+pub use capacity::Slots;
 pub use error::TaskError;
 pub use model::*;
 pub use owner::alive as gateway_alive;

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::capacity::Slots;
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::record::{GroupMember, TaskRecord};
@@ -188,6 +189,7 @@ impl TaskService {
             checks: Default::default(),
             foreign: Default::default(),
             config: live.clone(),
+            capacity: Default::default(),
         };
         let mut pool = ServerPool::new(config.clone());
         if let Some(dir) = &state_dir {
@@ -441,32 +443,31 @@ impl TaskService {
         }
     }
 
-    /// Refuses `new` more tasks when they would make more than `limits.max_tasks` unfinished.
-    /// Finished tasks never count: they leave memory and stay readable from disk. `fan_out`
-    /// asks for all its targets at once, before its concurrent starts each check for one.
-    pub fn ensure_capacity(&self, new: usize) -> Result<(), TaskError> {
+    /// Takes room for `new` more unfinished tasks, or refuses when they would make more than
+    /// `limits.max_tasks` (see `capacity.rs`). Finished tasks never count: they leave memory and
+    /// stay readable from disk. `fan_out` takes room for all its targets at once and hands one
+    /// slot to each of its starts ([`TaskService::start_with`]).
+    pub fn reserve(&self, new: usize) -> Result<Slots, TaskError> {
         let max = self.config().limits.max_tasks as usize;
-        let live = self.registry.live_count();
-        if live + new > max {
-            let what = if new == 1 {
-                String::new()
-            } else {
-                format!(" and {new} more were asked for at once")
-            };
-            return Err(TaskError::LimitExceeded(format!(
-                "{live} tasks are unfinished{what}, and limits.max_tasks is {max}; wait for some to finish, or raise the limit"
-            )));
-        }
-        Ok(())
+        self.tracker.capacity.reserve(&self.registry, new, max)
     }
 
     /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it. With an
     /// `idempotency_key`, a retry returns the task the first call started (concurrent calls with
     /// one key run one after the other); a first call that failed leaves the key free.
     pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
+        self.start_with(req, None).await
+    }
+
+    /// [`TaskService::start`] in room already taken (`room`, one slot), or taking its own.
+    pub async fn start_with(
+        &self,
+        req: StartTask,
+        room: Option<Slots>,
+    ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let Some(key) = req.idempotency_key.clone() else {
-            return self.start_new(req, None).await;
+            return self.start_new(req, None, room).await;
         };
         let fingerprint = req.fingerprint();
         let slot = self.key_slot(&key);
@@ -483,7 +484,7 @@ impl TaskService {
             }
             // The task it started has expired: the key starts anew.
         }
-        let snapshot = self.start_new(req, Some((key, fingerprint))).await?;
+        let snapshot = self.start_new(req, Some((key, fingerprint)), room).await?;
         *bound = Some((fingerprint, snapshot.task_id.clone()));
         Ok(snapshot)
     }
@@ -534,13 +535,18 @@ impl TaskService {
         &self,
         req: StartTask,
         idempotency: Option<(String, u64)>,
+        room: Option<Slots>,
     ) -> Result<TaskSnapshot, TaskError> {
         if let Some(schema) = &req.output_schema {
             structured::check_schema(schema)
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
         let server = self.server(&req.server_id)?;
-        self.ensure_capacity(1)?;
+        // Held until the task is registered: until then it counts as an unfinished task.
+        let room = match room {
+            Some(room) => room,
+            None => self.reserve(1)?,
+        };
         let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
         self.within_daily_cap()?;
         let directory = match req.directory {
@@ -610,6 +616,7 @@ impl TaskService {
         entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
         // Registered before the prompt goes out, so no event of this turn can be missed.
         self.registry.insert(entry);
+        drop(room);
         if let Err(e) = server
             .api
             .prompt_async(
@@ -826,6 +833,19 @@ pub(super) async fn open_turn(
         .registry
         .get(task_id)
         .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
+    // Every turn that calls a model is held to the day's cap, and a finished task brought back
+    // to work takes room among the unfinished ones (a correction's task never stopped being
+    // unfinished). The room is held until the claim made the task unfinished again.
+    let config = ctx.config.get();
+    spend::within_daily_cap(&config, &ctx.registry)?;
+    let room = match follows {
+        Follows::Finished => Some(ctx.capacity.reserve(
+            &ctx.registry,
+            1,
+            config.limits.max_tasks as usize,
+        )?),
+        Follows::Correction => None,
+    };
     let git_guard = match entry.rec.workspace {
         Some(_) => Some(ctx.git_lock.write().await),
         None => None,
@@ -861,7 +881,7 @@ pub(super) async fn open_turn(
         })
         .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
     let (previous, message_id, turn, variant) = claimed?;
-    drop(git_guard);
+    drop((git_guard, room));
     if let Err(e) = server
         .api
         .prompt_async(

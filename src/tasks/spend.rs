@@ -13,11 +13,14 @@
 //! - **The day's spend** (`limits.max_cost_usd_per_day`): the recorded cost of the turns that
 //!   finished since midnight UTC, the earlier turns of tasks started today, and what running
 //!   turns have spent so far ([`Registry::spent_since`](super::registry::Registry::spent_since)).
-//!   Once it reaches the cap, new tasks are refused until midnight UTC; running ones finish.
+//!   Once it reaches the cap, every turn that would call a model is refused until midnight UTC
+//!   (a new task, a follow-up, the gateway's own correction of a structured answer); running
+//!   turns finish.
 
 use std::collections::HashMap;
 
 use super::error::TaskError;
+use super::registry::Registry;
 use super::service::TaskService;
 use crate::config::{Budget, Config};
 use crate::opencode::Tokens;
@@ -116,22 +119,29 @@ fn today_utc() -> (u64, u64) {
 impl TaskService {
     /// Refuses a new task once the day's spend reached `limits.max_cost_usd_per_day`.
     pub(super) fn within_daily_cap(&self) -> Result<(), TaskError> {
-        let Some(cap) = self.config().limits.max_cost_usd_per_day else {
-            return Ok(());
-        };
-        let (today, tomorrow) = today_utc();
-        let spent = self.registry.spent_since(today);
-        if spent < cap {
-            return Ok(());
-        }
-        let now = super::record::epoch_ms(std::time::SystemTime::now());
-        let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
-        Err(TaskError::BudgetExceeded(format!(
-            "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \
-             no new task until it resets at 00:00 UTC (in {}); running tasks go on",
-            humantime::format_duration(left)
-        )))
+        within_daily_cap(&self.config(), &self.registry)
     }
+}
+
+/// Refuses a turn that would call a model (a new task, a follow-up, an automatic correction)
+/// once the day's spend reached `limits.max_cost_usd_per_day`. Turns already running go on.
+pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(), TaskError> {
+    let Some(cap) = config.limits.max_cost_usd_per_day else {
+        return Ok(());
+    };
+    let (today, tomorrow) = today_utc();
+    let spent = registry.spent_since(today);
+    if spent < cap {
+        return Ok(());
+    }
+    let now = super::record::epoch_ms(std::time::SystemTime::now());
+    let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
+    Err(TaskError::BudgetExceeded(format!(
+        "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \
+         no new task, follow-up or correction until it resets at 00:00 UTC (in {}); running \
+         turns go on",
+        humantime::format_duration(left)
+    )))
 }
 
 #[cfg(test)]

@@ -69,6 +69,8 @@ pub struct TrackerContext {
     /// The configuration in force, shared with the service: `timeouts.task` for the turns the
     /// gateway opens itself, `limits.structured_retries` for a structured answer's corrections.
     pub config: crate::config::LiveConfig,
+    /// Room for unfinished tasks, taken by starts and by follow-ups of finished tasks.
+    pub capacity: Arc<super::capacity::Capacity>,
 }
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
@@ -1313,6 +1315,7 @@ mod tests {
             checks: Default::default(),
             foreign: Default::default(),
             config: crate::config::LiveConfig::new(Arc::new(crate::gateway::test_config())),
+            capacity: Default::default(),
         }
     }
 

@@ -189,13 +189,12 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let budget = checks::budget("budget", args.budget)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
     let server_id = server_id(args.server_id, ctx).await?;
-    // The starts run at once and each checks the limit for itself, so all of them would pass it
-    // together: the group asks for its room first. (A retry with a key may start nothing new.)
-    if idempotency_key.is_none() {
-        ctx.tasks
-            .ensure_capacity(targets.len())
-            .map_err(ToolError::from)?;
-    }
+    // The group takes its room first, all of it or none, and hands one slot to each start.
+    // (A retry with a key may start nothing new: its starts each take their own.)
+    let mut room = match idempotency_key {
+        None => Some(ctx.tasks.reserve(targets.len()).map_err(ToolError::from)?),
+        Some(_) => None,
+    };
     let group = crate::ids::group_id();
     let requests = targets.iter().zip(0u32..).map(|(target, index)| {
         let (model, tier) = match target {
@@ -229,7 +228,13 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
             variant: None,
         }
     });
-    let started = futures::future::join_all(requests.map(|r| ctx.tasks.start(r))).await;
+    let starts: Vec<_> = requests
+        .map(|r| {
+            let slot = room.as_mut().and_then(tasks::Slots::take_one);
+            ctx.tasks.start_with(r, slot)
+        })
+        .collect();
+    let started = futures::future::join_all(starts).await;
     let mut tasks = Vec::with_capacity(started.len());
     let mut failure = None;
     for (target, result) in targets.iter().zip(started) {
