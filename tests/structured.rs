@@ -215,6 +215,10 @@ async fn a_bad_output_schema_is_refused_at_start() {
             json!({ "description": "x".repeat(20_000) }),
             "more than the limit",
         ),
+        // 4 KB whose check of one string takes 2^60 steps: each level an `anyOf` of two
+        // references to the next (it kept its task `running` for over a minute and pinned a
+        // runtime worker).
+        (fan_out_of_references(60), "flatten the references"),
     ];
     for (schema, expected) in cases {
         let (code, message) = rig
@@ -231,6 +235,20 @@ async fn a_bad_output_schema_is_refused_at_start() {
     assert!(rig.fake.chat_requests().is_empty());
     let tasks = rig.ok("opencode_list_tasks", json!({})).await;
     assert_eq!(tasks["tasks"], json!([]), "{tasks}");
+}
+
+/// A schema of `levels` definitions, each an `anyOf` of two references to the next.
+fn fan_out_of_references(levels: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..levels {
+        let next = format!("#/$defs/d{}", i + 1);
+        defs.insert(
+            format!("d{i}"),
+            json!({ "anyOf": [{ "$ref": next }, { "$ref": next, "minimum": 1 }] }),
+        );
+    }
+    defs.insert(format!("d{levels}"), json!({ "type": "string" }));
+    json!({ "$defs": defs, "$ref": "#/$defs/d0" })
 }
 
 /// A cancel while the gateway's correction turn runs ends the task `cancelled`: no waiter is

@@ -37,6 +37,12 @@ use crate::opencode::{FileChange, Server};
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
 /// and kept in the task's record.
 pub const MAX_SCHEMA_BYTES: usize = 16 * 1024;
+/// Most subschemas that checking one value may visit, `$ref`s expanded ([`expanded_size`]).
+const MAX_EXPANDED: usize = 20_000;
+/// Longest check of one answer: a schema that passed [`check_schema`] takes milliseconds. One that
+/// takes longer (a pathological pattern the start-up checks do not foresee) fails the check
+/// rather than hold the task `running`.
+const CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Validation errors reported per answer (to the model and in the result); the rest are counted.
 const MAX_ERRORS: usize = 8;
 /// Characters of one error message kept.
@@ -133,6 +139,15 @@ pub fn check_schema(schema: &Value) -> Result<(), SchemaError> {
             &e.to_string(),
         )));
     }
+    let expanded = expanded_size(schema, MAX_EXPANDED);
+    if expanded > MAX_EXPANDED {
+        return Err(SchemaError::Invalid(format!(
+            "through its `$ref`s, checking one value may visit more than {MAX_EXPANDED} \
+             subschemas (references that fan out, such as an `anyOf` of two references to a \
+             definition that does the same, double at each level and take forever to check); \
+             flatten the references"
+        )));
+    }
     if let Some((at, target)) = outside_ref(schema, String::new()) {
         return Err(SchemaError::Invalid(error_line(
             &at,
@@ -145,6 +160,44 @@ pub fn check_schema(schema: &Value) -> Result<(), SchemaError> {
     jsonschema::validator_for(schema)
         .map(drop)
         .map_err(|e| SchemaError::Invalid(cap(&e.to_string(), MAX_ERROR_CHARS)))
+}
+
+/// How many subschemas checking one value against `schema` may visit, counting each `$ref` as
+/// the subschema it names, expanded; stops counting past `limit`. A reference into its own chain
+/// (recursion, which follows the value's own depth) counts once, and so does one that is not a
+/// JSON pointer. Every object in the schema counts, keywords' values included: an estimate from
+/// above, far below the limit for any schema of [`MAX_SCHEMA_BYTES`] without references that
+/// fan out, and far above it for one whose references double at each level.
+fn expanded_size(schema: &Value, limit: usize) -> usize {
+    fn size<'a>(root: &'a Value, node: &'a Value, chain: &mut Vec<&'a str>, limit: usize) -> usize {
+        let mut total = 1usize;
+        let children: Box<dyn Iterator<Item = &Value>> = match node {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref") {
+                    let named = target
+                        .strip_prefix('#')
+                        .filter(|_| !chain.contains(&target.as_str()))
+                        .and_then(|pointer| root.pointer(pointer));
+                    if let Some(named) = named {
+                        chain.push(target);
+                        total = total.saturating_add(size(root, named, chain, limit));
+                        chain.pop();
+                    }
+                }
+                Box::new(map.values())
+            }
+            Value::Array(items) => Box::new(items.iter()),
+            _ => return 0,
+        };
+        for child in children {
+            if total > limit {
+                break;
+            }
+            total = total.saturating_add(size(root, child, chain, limit));
+        }
+        total
+    }
+    size(schema, schema, &mut Vec::new(), limit)
 }
 
 /// The first `$ref` (its JSON pointer and target) that does not point within the schema. Such
@@ -293,6 +346,23 @@ pub fn check_answer(schema: &Value, text: &str) -> Result<Value, Vec<String>> {
     Err(errors)
 }
 
+/// [`check_answer`] on a blocking thread, within [`CHECK_LIMIT`]: validation is CPU work of a
+/// size the schema decides, and on one of the runtime's workers a costly one would stall every
+/// task (signals included). A check past the limit is a failed check, said so; its thread runs
+/// on until the validator returns, which the start-up bound on `$ref` expansion keeps rare.
+async fn check_off_runtime(schema: Value, text: String) -> Result<Value, Vec<String>> {
+    let check = tokio::task::spawn_blocking(move || check_answer(&schema, &text));
+    match tokio::time::timeout(CHECK_LIMIT, check).await {
+        Ok(Ok(checked)) => checked,
+        Ok(Err(e)) => Err(vec![format!("the check against output_schema failed: {e}")]),
+        Err(_) => Err(vec![format!(
+            "checking the answer against output_schema took longer than {} s and was stopped: \
+             the schema is too costly to check; simplify it",
+            CHECK_LIMIT.as_secs()
+        )]),
+    }
+}
+
 /// One error as `` `<instance path>`: <message> `` (the root is `/`), the message capped.
 fn error_line(path: &str, message: &str) -> String {
     let path = if path.is_empty() { "/" } else { path };
@@ -388,7 +458,7 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
     let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
     let (checked, next) = match &entry.rec.outcome {
         Some(o) => {
-            let checked = check_answer(&state.schema, &o.text);
+            let checked = check_off_runtime(state.schema.clone(), o.text.clone()).await;
             let next = next(
                 checked.clone(),
                 earlier,
@@ -691,5 +761,42 @@ mod tests {
         }
         assert!(matches!(next(bad(), 0, 0), Next::GiveUp(_)));
         assert_eq!(next(Ok(json!(1)), 5, 0), Next::Accept(json!(1)));
+    }
+
+    /// References that fan out (each level an `anyOf` of two references to the next) are
+    /// refused at once: 4 KB of schema whose check takes 2^60 steps. A recursive schema (a
+    /// tree) and shared definitions are fine.
+    #[test]
+    fn references_that_fan_out_are_refused_and_recursion_is_not() {
+        let mut defs = serde_json::Map::new();
+        for i in 0..60 {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({"anyOf": [{"$ref": next}, {"$ref": next, "minimum": 1}]}),
+            );
+        }
+        defs.insert("d60".into(), json!({"type": "string"}));
+        let bomb = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+        assert!(serde_json::to_string(&bomb).expect("json").len() < MAX_SCHEMA_BYTES);
+        let err = check_schema(&bomb).expect_err("fans out").to_string();
+        assert!(err.contains("flatten the references"), "{err}");
+
+        let tree = json!({
+            "$defs": {"node": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+            }}},
+            "$ref": "#/$defs/node"
+        });
+        assert!(check_schema(&tree).is_ok());
+        assert!(expanded_size(&tree, MAX_EXPANDED) < 100);
+        let shared = json!({
+            "$defs": {"id": {"type": "string", "pattern": "^[a-z]+$"}},
+            "type": "object",
+            "properties": (0..50).map(|i| (format!("f{i}"), json!({"$ref": "#/$defs/id"})))
+                .collect::<serde_json::Map<_, _>>()
+        });
+        assert!(check_schema(&shared).is_ok());
     }
 }
