@@ -736,3 +736,63 @@ async fn a_git_dir_planted_by_the_agent_runs_nothing_and_is_not_believed() {
         "the gateway says what it ignored:\n{stderr}"
     );
 }
+
+/// A repository whose real path is not UTF-8 (reached through a symlink that is) is refused
+/// with what to do, and leaves no worktree or branch behind: records keep paths as text, and a
+/// path stored changed would send a later apply, discard or gc to a directory that does not
+/// exist. Titles and idempotency keys are bounded, for `fan_out` as for `start_task`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_not_utf8_and_overlong_names_are_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = OpenCodeEnv::new();
+    let base = env.root().join("tmp");
+    let real = base.join(std::ffi::OsStr::from_bytes(b"repo-\xff"));
+    std::fs::create_dir_all(&real).expect("mkdir");
+    git(&real, &["init", "-q", "-b", "main"]);
+    std::fs::write(real.join("a.txt"), "a\n").expect("write");
+    git(&real, &["add", "-A"]);
+    git(&real, &["commit", "-q", "-m", "initial"]);
+    let link = base.join("repo-link");
+    std::os::unix::fs::symlink(&real, &link).expect("symlink");
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree",
+                    "directory": link.display().to_string() }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains("not valid UTF-8"), "{message}");
+    assert_eq!(git(&real, &["branch", "--list", "opencode-mcp/*"]), "");
+    let worktrees = git(&real, &["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+
+    let long = "t".repeat(201);
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "title": long }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(
+        message.contains("`title`") && message.contains("200"),
+        "{message}"
+    );
+    let (code, message) = rig
+        .err(
+            "opencode_fan_out",
+            json!({ "server_id": rig.server_id(), "prompt": "x",
+                    "models": [
+                        format!("{}/{}", support::FAKE_PROVIDER, support::FAKE_MODEL),
+                        format!("{}/{}", support::FAKE_PROVIDER, support::FAKE_STRONG_MODEL),
+                    ],
+                    "idempotency_key": "k".repeat(129) }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains("`idempotency_key`"), "{message}");
+    assert!(rig.fake.chat_requests().is_empty(), "nothing was started");
+}

@@ -120,14 +120,29 @@ async fn toplevel(dir: &Path) -> Result<PathBuf, GitError> {
         .cmd(&["rev-parse", "--show-toplevel"])
         .output()
         .await?;
-    let top = out.line();
+    // The path as git printed it, bytes and all (a lossy reading would name a directory that
+    // does not exist).
+    let top = out.stdout.split(|b| *b == b'\n').next().unwrap_or_default();
     if out.code != Some(0) || top.is_empty() {
         return Err(GitError::NotARepository {
             dir: dir.to_path_buf(),
         });
     }
-    let top = PathBuf::from(top);
+    let top = path_of_bytes(top);
     Ok(top.canonicalize().unwrap_or(top))
+}
+
+/// A path from git's output, as the bytes it printed.
+fn path_of_bytes(bytes: &[u8]) -> PathBuf {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        PathBuf::from(OsStr::from_bytes(bytes))
+    }
+    #[cfg(not(unix))]
+    {
+        PathBuf::from(String::from_utf8_lossy(bytes).into_owned())
+    }
 }
 
 /// The commit `HEAD` names.

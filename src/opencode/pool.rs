@@ -389,7 +389,16 @@ pub fn resolve_directory(directory: Option<String>) -> Result<String, OpencodeEr
             canonical.display()
         )));
     }
-    Ok(canonical.to_string_lossy().into_owned())
+    // Kept as text from here on (records, OpenCode's `directory`): a real path that is not
+    // UTF-8 would be kept changed, naming a directory that does not exist.
+    canonical.into_os_string().into_string().map_err(|raw| {
+        OpencodeError::Config(format!(
+            "directory `{}` resolves to `{}`, which is not valid UTF-8: the gateway keeps task \
+             directories as text; rename the directory",
+            path.display(),
+            std::path::Path::new(&raw).display()
+        ))
+    })
 }
 
 /// Whether `url` names this machine: an IP loopback address (`127.0.0.0/8`, `::1`) or

@@ -72,16 +72,33 @@ impl TaskService {
         let root = self.worktrees_dir()?;
         let _one_at_a_time = self.git_lock.write().await;
         let created = git::create(Path::new(directory), &root, task_id, base).await?;
+        // Records keep paths as text: a path that is not UTF-8 would be stored changed, and a
+        // later apply, discard or gc would aim at a directory that does not exist.
+        let text = |p: &Path| p.to_str().map(str::to_string);
+        let paths = (
+            text(&created.origin),
+            text(&created.path),
+            text(&created.session_dir),
+        );
+        let (Some(origin), Some(path), Some(session_dir)) = paths else {
+            let _ = git::remove(&created.origin, &created.path, &created.branch).await;
+            return Err(TaskError::InvalidArgument(format!(
+                "the repository at {} (or the state directory) has a path that is not valid \
+                 UTF-8, which the gateway cannot keep in a task's record: rename the directory, \
+                 or start the task with isolation `none`",
+                created.origin.display()
+            )));
+        };
         Ok((
             WorkspaceRecord {
-                origin: created.origin.display().to_string(),
-                path: created.path.display().to_string(),
+                origin,
+                path,
                 branch: created.branch,
                 base: created.base,
                 applied: None,
                 discarded: false,
             },
-            created.session_dir.display().to_string(),
+            session_dir,
         ))
     }
 

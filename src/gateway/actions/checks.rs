@@ -25,6 +25,39 @@ pub fn optional_name(field: &str, value: Option<String>) -> Result<Option<String
     value.map(|v| required_name(field, v)).transpose()
 }
 
+/// Longest `title` accepted: it is shown in every status and list, and stored with the task.
+pub const MAX_TITLE_CHARS: usize = 200;
+/// Longest `idempotency_key` accepted.
+pub const MAX_KEY_CHARS: usize = 128;
+
+/// An optional name of at most `max` characters.
+fn bounded_name(
+    field: &str,
+    value: Option<String>,
+    max: usize,
+) -> Result<Option<String>, ToolError> {
+    let value = optional_name(field, value)?;
+    if let Some(v) = &value {
+        let chars = v.chars().count();
+        if chars > max {
+            return Err(ToolError::invalid_argument(format!(
+                "`{field}` is {chars} characters long; at most {max} are accepted"
+            )));
+        }
+    }
+    Ok(value)
+}
+
+/// An optional task title (at most [`MAX_TITLE_CHARS`]).
+pub fn title(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
+    bounded_name(field, value, MAX_TITLE_CHARS)
+}
+
+/// An optional idempotency key (at most [`MAX_KEY_CHARS`]).
+pub fn idempotency_key(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
+    bounded_name(field, value, MAX_KEY_CHARS)
+}
+
 /// A prompt: not blank, at most `limits.max_prompt_bytes` bytes. Kept as written.
 pub fn prompt(field: &str, value: String, config: &Config) -> Result<String, ToolError> {
     if value.trim().is_empty() {

@@ -183,8 +183,8 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let prompt = checks::prompt("prompt", args.prompt, ctx.config)?;
     let agent = checks::optional_name("agent", args.agent)?;
     let directory = checks::directory("directory", args.directory)?;
-    let title = checks::optional_name("title", args.title)?;
-    let idempotency_key = checks::optional_name("idempotency_key", args.idempotency_key)?;
+    let title = checks::title("title", args.title)?;
+    let idempotency_key = checks::idempotency_key("idempotency_key", args.idempotency_key)?;
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;

@@ -158,16 +158,8 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
     let model = checks::model("model", args.model)?;
     let tier = checks::tier("tier", args.tier, ctx.config)?;
     let directory = checks::directory("directory", args.directory)?;
-    let title = checks::optional_name("title", args.title)?;
-    let idempotency_key = checks::optional_name("idempotency_key", args.idempotency_key)?;
-    if idempotency_key
-        .as_ref()
-        .is_some_and(|k| k.chars().count() > 128)
-    {
-        return Err(ToolError::invalid_argument(
-            "`idempotency_key` is longer than 128 characters",
-        ));
-    }
+    let title = checks::title("title", args.title)?;
+    let idempotency_key = checks::idempotency_key("idempotency_key", args.idempotency_key)?;
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
     let variant = checks::optional_name("variant", args.variant)?;
