@@ -683,7 +683,7 @@ async fn a_second_signal_during_shutdown_exits_at_once() {
     assert!(gone, "the gateway is still running");
     rig.client
         .wait_stderr_line(
-            &["SIGTERM received while shutting down: exiting now"],
+            &["SIGTERM received again while shutting down: exiting now"],
             Duration::from_secs(10),
         )
         .await

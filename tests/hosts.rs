@@ -644,10 +644,13 @@ fn claude_code_picks_up_a_reload(version: &str) {
     let user_file = user_config_file(&env);
     let script = vec![
         Step::tool(t("opencode_start_task"), move |_| {
+            // Always loaded: a host that defers tools behind a search lists it in its very
+            // next request, as one without search does.
             std::fs::write(
                 &user_file,
-                "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks, \
-                 newest first, to find one whose start reply was lost.\n",
+                "tools:\n  tasks_now:\n    action: list_tasks\n    always_load: true\n    \
+                 description: The stored tasks, newest first, to find one whose start reply was \
+                 lost.\n",
             )
             .expect("write the user's delegation.yaml");
             json!({"server_id": "default", "prompt": "hold on [[delay:10000]]"})
@@ -735,35 +738,48 @@ fn claude_code_delegates(version: &str) {
     let fake_llm = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let t = claude_code::tool;
-    let script = vec![
-        Step::tool_json(t("opencode_start_server"), json!({})),
-        Step::tool(
-            t("opencode_list_agents"),
-            |r| json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id")}),
-        ),
-        Step::tool(t("opencode_start_task"), |r| {
-            json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
+    // The 2026-era releases run with their defaults: tools are deferred behind a tool search,
+    // except the gateway's always-loaded ones. The server and agent tools are found by their
+    // search hints, with words a model would use.
+    let searching = version != claude_code::CLAUDE_CODE;
+    let search = searching.then(|| {
+        Step::tool_json(
+            "ToolSearch",
+            json!({"query": "OpenCode server agents", "max_results": 5}),
+        )
+    });
+    let script: Vec<Step> = search
+        .into_iter()
+        .chain([
+            Step::tool_json(t("opencode_start_server"), json!({})),
+            Step::tool(
+                t("opencode_list_agents"),
+                |r| json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id")}),
+            ),
+            Step::tool(t("opencode_start_task"), |r| {
+                json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
                    "prompt": "first task from claude code [[delay:5000]]"})
-        }),
-        Step::tool(t("opencode_start_task"), |r| {
-            json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
+            }),
+            Step::tool(t("opencode_start_task"), |r| {
+                json!({"server_id": id_from(r, "opencode_start_server", 0, "server_id"),
                    "prompt": "second task from claude code [[delay:5000]]"})
-        }),
-        Step::tool(t("opencode_wait_for_task"), |r| {
-            json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id"),
+            }),
+            Step::tool(t("opencode_wait_for_task"), |r| {
+                json!({"task_ids": [id_from(r, "opencode_start_task", 0, "task_id"),
                                 id_from(r, "opencode_start_task", 1, "task_id")],
                    "mode": "all", "timeout_ms": 60000})
-        }),
-        Step::tool(
-            t("opencode_get_task_result"),
-            |r| json!({"task_id": id_from(r, "opencode_start_task", 0, "task_id")}),
-        ),
-        Step::tool_json(
-            t("opencode_get_task_result"),
-            json!({"task_id": "tsk_nope"}),
-        ),
-        Step::text("All delegated work is done."),
-    ];
+            }),
+            Step::tool(
+                t("opencode_get_task_result"),
+                |r| json!({"task_id": id_from(r, "opencode_start_task", 0, "task_id")}),
+            ),
+            Step::tool_json(
+                t("opencode_get_task_result"),
+                json!({"task_id": "tsk_nope"}),
+            ),
+            Step::text("All delegated work is done."),
+        ])
+        .collect();
     let api = FakeAnthropic::start(&t(""), script);
     let claude = claude_code::ClaudeCode::new(
         &env,
@@ -790,7 +806,37 @@ fn claude_code_delegates(version: &str) {
     );
 
     // What the model saw, call by call.
-    let results = api.final_tool_results();
+    let mut results = api.final_tool_results();
+    if searching {
+        let first = &api.main_requests()[0];
+        let offered = first.body["tools"].as_array().cloned().unwrap_or_default();
+        let loaded = |name: &str| {
+            offered
+                .iter()
+                .any(|tool| tool["name"] == t(name) && tool.get("defer_loading").is_none())
+        };
+        for name in [
+            "opencode_start_task",
+            "opencode_wait_for_task",
+            "opencode_get_task_result",
+        ] {
+            assert!(
+                loaded(name),
+                "{name} is in the first request, not deferred: {:?}",
+                first.tool_names()
+            );
+        }
+        assert!(!loaded("opencode_start_server"), "deferred until searched");
+        let found = results.remove(0);
+        assert_eq!(found.name, "ToolSearch", "{results:#?}");
+        for name in ["opencode_start_server", "opencode_list_agents"] {
+            assert!(
+                found.text.contains(&t(name)) || found.content.to_string().contains(&t(name)),
+                "the search by hint found {name}: {}",
+                found.content
+            );
+        }
+    }
     let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
     let expected: Vec<String> = [
         "opencode_start_server",

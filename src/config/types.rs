@@ -560,6 +560,17 @@ pub struct ToolConfig {
     /// Optional human-readable title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// Keep this tool in every request a host sends its model, also in hosts that otherwise
+    /// defer tools behind a tool search (Claude Code; `_meta` `anthropic/alwaysLoad`). Meant for
+    /// the tools one delegation needs: each always-loaded tool costs its description and schema
+    /// on every request, a deferred one a search call once per session.
+    #[serde(default)]
+    pub always_load: bool,
+    /// Words a host's tool search finds this tool by (`_meta` `anthropic/searchHint`): what a
+    /// model would look for when it needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub search_hint: Option<String>,
     /// Preset tools: the arguments the host fills in, each a string used as `{{name}}` in
     /// `prompt`. A list: a layer that sets it replaces the whole list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

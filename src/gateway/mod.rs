@@ -49,6 +49,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{watch::Watch, Config};
 
+/// How long an exit on a second signal waits for queued task records to reach the disk.
+const SECOND_SIGNAL_FLUSH: Duration = Duration::from_secs(1);
+
 /// How long stopping the managed servers may take at exit before we give up on them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -77,11 +80,9 @@ pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), Gat
     // The handlers are installed here, before the first byte is served: installed inside the
     // spawned task, a SIGTERM right after `initialize` could still meet the default action and
     // kill the process without stopping its servers.
-    let signals = tokio::spawn(cancel_on_signal(stop.clone()));
-    let served = serve(gateway, stop.clone(), watch, handshake_done).await;
-    // Shutting down (the host closed stdin, or a signal came): a signal from now on means
-    // "stop waiting", and the handler exits at once.
-    stop.cancel();
+    let signals = tokio::spawn(cancel_on_signal(stop.clone(), tasks.clone()));
+    let served = serve(gateway, stop, watch, handshake_done).await;
+    // The handlers stay installed through the shutdown: a second signal ends the wait.
     tracing::info!("stopping managed OpenCode servers");
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())
         .await
@@ -140,13 +141,16 @@ async fn serve(
 }
 
 /// Installs the SIGTERM, SIGINT and SIGHUP handlers now, and returns a future that cancels
-/// `stop` on the first of them. A signal that comes once `stop` is cancelled (a second Ctrl-C
-/// while the servers are being stopped, or a host's SIGTERM after it closed stdin) ends the
-/// process at once, with the signal's exit status: whoever sends it is done waiting. Nothing is
-/// left behind by that: each managed OpenCode's supervisor sees its lifeline close and takes
-/// its server down.
+/// `stop` on the first of them. A second signal (a second Ctrl-C while the servers are being
+/// stopped) ends the process at once, with the signal's exit status: whoever sends it is done
+/// waiting. Nothing is left behind by that: each managed OpenCode's supervisor sees its lifeline
+/// close and takes its server down. The first signal always gets the orderly shutdown, also
+/// when it comes after the host closed stdin (Claude Code closes stdin, then sends SIGTERM).
 #[cfg(unix)]
-fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
+fn cancel_on_signal(
+    stop: CancellationToken,
+    tasks: std::sync::Arc<crate::tasks::TaskService>,
+) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     // SIGHUP too: a closed terminal (or the npm launcher, which forwards it) means the host is
     // gone, and the default action would end the gateway without stopping its servers or
@@ -166,16 +170,22 @@ fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output 
         let Some((mut term, mut int, mut hup)) = handlers else {
             return;
         };
+        let mut received = false;
         loop {
             let (name, number) = tokio::select! {
                 _ = term.recv() => ("SIGTERM", libc::SIGTERM),
                 _ = int.recv() => ("SIGINT", libc::SIGINT),
                 _ = hup.recv() => ("SIGHUP", libc::SIGHUP),
             };
-            if stop.is_cancelled() {
-                tracing::warn!("{name} received while shutting down: exiting now");
+            if received {
+                // Claude Code sends SIGINT then SIGTERM when it exits: expected, not a fault.
+                tracing::info!("{name} received again while shutting down: exiting now");
+                // The records first (a second at most): a task that finished must not read
+                // back as running after a restart.
+                tasks.flush_records(SECOND_SIGNAL_FLUSH).await;
                 std::process::exit(128 + number);
             }
+            received = true;
             tracing::info!("{name} received, shutting down");
             stop.cancel();
         }
@@ -184,7 +194,10 @@ fn cancel_on_signal(stop: CancellationToken) -> impl std::future::Future<Output 
 
 /// Cancels `stop` on the first Ctrl-C.
 #[cfg(not(unix))]
-async fn cancel_on_signal(stop: CancellationToken) {
+async fn cancel_on_signal(
+    stop: CancellationToken,
+    _tasks: std::sync::Arc<crate::tasks::TaskService>,
+) {
     if tokio::signal::ctrl_c().await.is_ok() {
         tracing::info!("interrupted, shutting down");
         stop.cancel();

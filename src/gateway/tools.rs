@@ -143,15 +143,29 @@ fn describe(name: &str, tool: &ToolConfig, config: &Config) -> (Tool, Route) {
         .title
         .clone()
         .unwrap_or_else(|| parts.title.to_string());
-    let described = Tool::new(name.to_string(), tool.description.clone(), input)
+    let mut described = Tool::new(name.to_string(), tool.description.clone(), input)
         .with_title(title)
         .with_raw_output_schema(parts.output.into())
         .with_annotations(parts.annotations);
+    described.meta = loading_meta(tool);
     let route = Route {
         action: tool.action,
         preset,
     };
     (described, route)
+}
+
+/// How a host that defers tools behind a search loads this one (Claude Code reads these keys
+/// of a tool's `_meta`; hosts that do not know them ignore them): always, or found by its hint.
+fn loading_meta(tool: &ToolConfig) -> Option<rmcp::model::MetaObject> {
+    let mut meta = JsonObject::new();
+    if tool.always_load {
+        meta.insert("anthropic/alwaysLoad".into(), true.into());
+    }
+    if let Some(hint) = &tool.search_hint {
+        meta.insert("anthropic/searchHint".into(), hint.clone().into());
+    }
+    (!meta.is_empty()).then_some(rmcp::model::MetaObject(meta))
 }
 
 #[cfg(test)]

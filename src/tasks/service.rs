@@ -780,6 +780,16 @@ impl TaskService {
 
     /// Reads what is still unread of finished turns, stops every managed server, and waits for
     /// the task store's writer (used on shutdown).
+    /// Puts every task record still queued on disk, waiting at most `timeout`: for an exit that
+    /// does not wait for the orderly [`Self::shutdown`] (a second signal).
+    pub async fn flush_records(&self, timeout: Duration) {
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(timeout).await {
+                tracing::warn!(error = %e, "task records may be missing from the state directory");
+            }
+        }
+    }
+
     pub async fn shutdown(&self) {
         let flushes = self
             .pool

@@ -301,9 +301,6 @@ impl ClaudeCode {
                 "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL",
                 "1".into(),
             ),
-            // Newer releases defer MCP tools behind a search tool the scripted model does not
-            // use; with this off, every tool is in every request, as in the older releases.
-            ("ENABLE_TOOL_SEARCH", "false".into()),
             // Anything that still tries to leave the machine meets a closed port.
             ("HTTPS_PROXY", "http://127.0.0.1:9".into()),
             ("HTTP_PROXY", "http://127.0.0.1:9".into()),
@@ -312,6 +309,12 @@ impl ClaudeCode {
             ("NO_PROXY", "127.0.0.1,localhost".into()),
             ("no_proxy", "127.0.0.1,localhost".into()),
         ]);
+        if self.version == CLAUDE_CODE {
+            // The 2025-era release is tested as it was pinned, every tool in every request. The
+            // 2026-era releases run with their own defaults, tool search included: the gateway's
+            // delegation tools must reach the model as installed (`anthropic/alwaysLoad`).
+            cmd.env("ENABLE_TOOL_SEARCH", "false");
+        }
         cmd.envs(self.claude_env.iter().map(|(k, v)| (k, v)));
         cmd.arg("--mcp-config")
             .arg(&mcp_config)
