@@ -373,6 +373,8 @@ mod tests {
             description: format!("{name} starts"),
             enabled,
             title: None,
+            always_load: false,
+            search_hint: None,
             arguments: Vec::new(),
             prompt: None,
             fixed: Default::default(),
