@@ -789,7 +789,7 @@ async fn a_path_that_is_not_utf8_and_overlong_names_are_refused() {
                         format!("{}/{}", support::FAKE_PROVIDER, support::FAKE_MODEL),
                         format!("{}/{}", support::FAKE_PROVIDER, support::FAKE_STRONG_MODEL),
                     ],
-                    "idempotency_key": "k".repeat(129) }),
+                    "idempotency_key": "k".repeat(101) }),
         )
         .await;
     assert_eq!(code, "invalid_argument", "{message}");

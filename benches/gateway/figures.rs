@@ -599,3 +599,39 @@ fn joined(values: &[f64], decimals: usize) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// Issue 40's rows: what the host's model reads on every request, in characters. The
+/// TypeScript original's figures (5,253 of tools and 4,635 of instructions, 9,888 in all) were
+/// measured from outside with the same count; it is not installed here, so it is no baseline
+/// of this run.
+pub fn surface(out: &mut Collected, s: &crate::surface::Surface) {
+    let one = |n: usize| Summary::of(&[n as f64]);
+    out.figures.push(
+        Figure::new(
+            "surface_always_loaded",
+            "host model reads per request, always-loaded tools + instructions (tool search on)",
+            "chars",
+        )
+        .gateway(one(s.always))
+        .target("≤ 5,000", s.always <= 5_000)
+        .note(format!(
+            "{} ({} with compact JSON); instructions {}",
+            s.always_loaded.join(", "),
+            s.always_compact,
+            s.instructions
+        )),
+    );
+    out.figures.push(
+        Figure::new(
+            "surface_whole",
+            "host model reads per request, every tool + instructions (no tool search)",
+            "chars",
+        )
+        .gateway(one(s.whole))
+        .target("≤ 9,888 (the TypeScript original's)", s.whole <= 9_888)
+        .note(format!(
+            "{} tools; {} with compact JSON; before issue 40: 22,675",
+            s.tools, s.whole_compact
+        )),
+    );
+}

@@ -23,6 +23,7 @@ mod report;
 mod scenarios;
 mod sse;
 mod stats;
+mod surface;
 mod tour;
 mod worktree;
 
@@ -94,7 +95,8 @@ const START_MODEL: &str = "fake/fake-strong";
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
+    "surface",
     "start",
     "start_model",
     "cycle",
@@ -511,6 +513,13 @@ async fn run() -> Result<(), BoxError> {
             )
             .await?;
             figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);
+            save(&out, &machine, false)?;
+        }
+
+        if knobs.runs("surface") {
+            step("surface: what a host's model reads on every request (tools/list, instructions)");
+            let s = surface::measure(&cold_launch).await?;
+            figures::surface(&mut out, &s);
             save(&out, &machine, false)?;
         }
 

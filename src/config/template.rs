@@ -432,7 +432,7 @@ mod tests {
         }
         assert!(config
             .instructions
-            .contains("opencode_start_task with server_id"));
+            .contains("opencode_start_task (server_id"));
         assert!(
             stale_mentions(&config).is_empty(),
             "{:?}",
@@ -447,9 +447,7 @@ mod tests {
              opencode_start_task:\n    enabled: false\n",
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(config
-            .instructions
-            .contains("delegate_start with server_id"));
+        assert!(config.instructions.contains("delegate_start (server_id"));
         for text in texts(&config).iter().filter(|t| t.shown) {
             assert!(
                 !text.text.contains("opencode_start_task"),

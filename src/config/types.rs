@@ -362,10 +362,10 @@ pub const MAX_TOKENS: u64 = 1_000_000_000_000;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
-    /// Most USD the turn may cost.
+    // The names say what each is (in USD, in tokens): every word of an input schema is read by
+    // the host's model on every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_usd: Option<f64>,
-    /// Most tokens the turn may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
 }

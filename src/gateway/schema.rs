@@ -34,6 +34,7 @@ pub fn input_schema<T: JsonSchema>() -> JsonObject {
         .into_generator()
         .into_root_schema_for::<T>();
     RecursiveTransform(drop_null_type).transform(&mut schema);
+    RecursiveTransform(compact).transform(&mut schema);
     finish(schema)
 }
 
@@ -59,6 +60,10 @@ pub fn property<'a>(schema: &'a mut JsonObject, name: &str) -> Option<&'a mut Js
 /// tolerates leaving out (it has a serde default) but that hosts' existing prompts always pass,
 /// such as `server_id`, whose required status the tools keep from the original.
 pub fn require_first(schema: &mut JsonObject, name: &str) {
+    // Required, so its serde default (an empty string) is no default a host should show.
+    if let Some(property) = property(schema, name) {
+        property.remove("default");
+    }
     let required = schema
         .entry("required")
         .or_insert_with(|| Value::Array(Vec::new()));
@@ -115,6 +120,41 @@ fn unwrap_description(schema: &mut Schema) {
     }
 }
 
+/// What a host's model reads of an input schema costs it on every request, so inputs say each
+/// thing once: a `oneOf` of constants (an enum whose variants have doc comments) becomes a plain
+/// `enum` (the property's own description says what the values mean), and `minLength: 1` and
+/// `additionalProperties: true|false` go (the gateway refuses a blank value, and an unknown
+/// argument, with an error naming it; a free-form object is an object without properties).
+fn compact(schema: &mut Schema) {
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let constants = match object.get("oneOf") {
+        Some(Value::Array(options)) if !options.is_empty() => options
+            .iter()
+            .map(|o| o.get("const").cloned().map(|c| (c, o.get("type").cloned())))
+            .collect::<Option<Vec<_>>>(),
+        _ => None,
+    };
+    if let Some(constants) = constants {
+        object.remove("oneOf");
+        if let Some(Some(kind)) = constants.first().map(|(_, t)| t.clone()) {
+            object.entry("type").or_insert(kind);
+        }
+        let values = constants.into_iter().map(|(c, _)| c).collect();
+        object.insert("enum".into(), Value::Array(values));
+    }
+    if object.get("minLength") == Some(&Value::from(1)) {
+        object.remove("minLength");
+    }
+    // Unknown arguments are refused by the gateway itself, naming them (`deny_unknown_fields`);
+    // saying so in every object of every schema costs the host's model on each request. (`true`
+    // is JSON Schema's default.)
+    if matches!(object.get("additionalProperties"), Some(Value::Bool(_))) {
+        object.remove("additionalProperties");
+    }
+}
+
 /// `"type": ["string", "null"]` -> `"type": "string"`; `null` leaves `enum`;
 /// `anyOf: [X, {"type": "null"}]` -> X.
 fn drop_null_type(schema: &mut Schema) {
@@ -159,7 +199,9 @@ mod tests {
     #[derive(Deserialize, Serialize, JsonSchema)]
     #[allow(dead_code)]
     enum Mode {
+        /// The first.
         A,
+        /// The second.
         B,
     }
 
@@ -191,8 +233,14 @@ mod tests {
             schema["properties"]["port"]["description"],
             "A port, wrapped."
         );
+        // Documented variants: a plain enum in the input, said once.
         assert_eq!(schema["properties"]["mode"]["enum"], json!(["A", "B"]));
-        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["mode"]["type"], "string");
+        assert!(
+            !text.contains("oneOf") && !text.contains("The first"),
+            "{text}"
+        );
+        assert!(schema.get("additionalProperties").is_none(), "{text}");
         assert_eq!(schema["required"], json!(["name"]));
     }
 

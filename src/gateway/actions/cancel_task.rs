@@ -16,7 +16,7 @@ use crate::tasks::TaskSnapshot;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` returned by the start task tool.
+    /// The task.
     #[schemars(length(min = 1))]
     pub task_id: String,
 }

@@ -27,8 +27,10 @@ pub fn optional_name(field: &str, value: Option<String>) -> Result<Option<String
 
 /// Longest `title` accepted: it is shown in every status and list, and stored with the task.
 pub const MAX_TITLE_CHARS: usize = 200;
-/// Longest `idempotency_key` accepted.
+/// Longest `idempotency_key` of a start; a fan-out's is shorter, as each of its tasks' keys is
+/// it plus `/<tier or model>`.
 pub const MAX_KEY_CHARS: usize = 128;
+pub const MAX_GROUP_KEY_CHARS: usize = 100;
 
 /// An optional name of at most `max` characters.
 fn bounded_name(
@@ -53,9 +55,13 @@ pub fn title(field: &str, value: Option<String>) -> Result<Option<String>, ToolE
     bounded_name(field, value, MAX_TITLE_CHARS)
 }
 
-/// An optional idempotency key (at most [`MAX_KEY_CHARS`]).
-pub fn idempotency_key(field: &str, value: Option<String>) -> Result<Option<String>, ToolError> {
-    bounded_name(field, value, MAX_KEY_CHARS)
+/// An optional idempotency key of at most `max` characters.
+pub fn idempotency_key(
+    field: &str,
+    value: Option<String>,
+    max: usize,
+) -> Result<Option<String>, ToolError> {
+    bounded_name(field, value, max)
 }
 
 /// A prompt: not blank, at most `limits.max_prompt_bytes` bytes. Kept as written.

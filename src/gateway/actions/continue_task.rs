@@ -21,20 +21,19 @@ use crate::tasks::{self, Detail, TaskSnapshot};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` returned by the start task tool.
+    /// The task.
     #[schemars(length(min = 1))]
     pub task_id: String,
-    /// The follow-up: a correction, the next step, or an answer to the agent's question.
+    /// The follow-up: a correction, the next step, an answer.
     #[schemars(length(min = 1))]
     pub prompt: String,
-    /// Run this turn with another OpenCode agent. Default: the task's agent.
+    /// Another agent for this turn.
     #[schemars(length(min = 1))]
     pub agent: Option<String>,
-    /// Run this turn with another exact model, `provider/model`. Default: the task's model.
+    /// Another `provider/model` for this turn.
     #[schemars(length(min = 1))]
     pub model: Option<String>,
-    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
-    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }

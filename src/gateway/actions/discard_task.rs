@@ -13,7 +13,7 @@ use crate::tasks::DiscardOutcome;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` of a finished task started with isolation `worktree`.
+    /// A finished worktree task.
     #[schemars(length(min = 1))]
     pub task_id: String,
 }

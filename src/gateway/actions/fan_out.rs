@@ -30,47 +30,38 @@ pub const MAX_TARGETS: usize = 8;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool, or `default` (also when left out):
-    /// the gateway's own server, started on first use.
+    /// `default`, or a start server tool's id.
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub server_id: String,
-    /// The task every target gets, self-contained (the agents see nothing of your
-    /// conversation).
+    /// The self-contained task every target gets.
     #[schemars(length(min = 1))]
     pub prompt: String,
-    /// Configured tiers to ask, each once (2 or more). Give `tiers` or `models`, not both.
+    /// Tiers to ask, each once; or `models`.
     pub tiers: Option<Vec<String>>,
-    /// Exact model ids (`provider/model`) to ask, each once (2 or more).
+    /// `provider/model`s to ask, each once.
     pub models: Option<Vec<String>>,
-    /// The OpenCode agent every target runs. Default: the server's default agent.
+    /// OpenCode agent. Default: the server's.
     #[schemars(length(min = 1))]
     pub agent: Option<String>,
-    /// Absolute path the sessions work in. Default: the server's directory.
+    /// Absolute path to work in.
     #[schemars(length(min = 1))]
     pub directory: Option<String>,
-    /// `worktree`: each target works in a git worktree of its own (they never collide);
-    /// `none`: all work in `directory` itself, which suits read-only work such as a review.
-    /// Default: `isolation.mode` of delegation.yaml.
+    /// `worktree` each, or `none` (all in `directory`; for reviews).
     pub isolation: Option<Isolation>,
-    /// With isolation `worktree`: `working_tree` (HEAD plus your uncommitted changes) or
-    /// `head`. Default: `isolation.base` of delegation.yaml.
+    /// A worktree's start.
     pub base: Option<Base>,
-    /// A short title; each task's title adds its tier or model.
+    /// Short title.
     #[schemars(length(min = 1))]
     pub title: Option<String>,
-    /// Makes a retried call safe: the same key with the same arguments returns the tasks the
-    /// first call started.
+    /// A retry with the same key returns the first call's tasks.
     #[schemars(length(min = 1, max = 100))]
     pub idempotency_key: Option<String>,
-    /// A JSON Schema every answer must end with a matching JSON value for (as for start task):
-    /// each task's answer is checked and corrected on its own, and carries `structured`.
+    /// JSON Schema of each structured answer.
     pub output_schema: Option<serde_json::Map<String, Value>>,
-    /// Caps on what each task's turn may spend (`max_cost_usd`, `max_tokens`), as on the start
-    /// task tool: each task stops on its own when it passes them. Only lowers the caps of
-    /// delegation.yaml.
+    /// Spend caps per turn.
     pub budget: Option<Budget>,
-    /// `lean` (default) or `full` (also the OpenCode ids, directory, agent, turn).
+    /// `full` adds ids, model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }
@@ -184,7 +175,11 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let agent = checks::optional_name("agent", args.agent)?;
     let directory = checks::directory("directory", args.directory)?;
     let title = checks::title("title", args.title)?;
-    let idempotency_key = checks::idempotency_key("idempotency_key", args.idempotency_key)?;
+    let idempotency_key = checks::idempotency_key(
+        "idempotency_key",
+        args.idempotency_key,
+        checks::MAX_GROUP_KEY_CHARS,
+    )?;
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
     let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;

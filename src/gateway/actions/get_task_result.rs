@@ -18,19 +18,16 @@ use crate::tasks::{Detail, ResultView, TaskResult};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` returned by the start task tool.
+    /// The task.
     #[schemars(length(min = 1))]
     pub task_id: String,
-    /// Character offset into the final text (or the diff): 0 for the first page, then the
-    /// `next_offset` of the previous page.
+    /// Where a page starts: the previous page's `next_offset`.
     #[serde(default)]
     pub offset: u64,
-    /// `text` (default): the agent's answer. `diff`: the unified diff of everything a worktree
-    /// task changed against its base, paged the same way.
+    /// `text`: the answer; `diff`: a worktree task's unified diff.
     #[serde(default)]
     pub view: ResultView,
-    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
-    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }

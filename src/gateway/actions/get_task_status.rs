@@ -15,14 +15,13 @@ use crate::tasks::{Detail, TaskSnapshot};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` returned by the start task tool.
+    /// The task.
     #[schemars(length(min = 1))]
     pub task_id: String,
-    /// Also report what a running task is doing now (current tool, recent text, tokens).
+    /// What a running task is doing.
     #[serde(default)]
     pub include_progress: bool,
-    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
-    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }

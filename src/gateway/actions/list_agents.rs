@@ -16,8 +16,7 @@ use crate::tasks::AgentCatalog;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool, or `default` (the gateway's own
-    /// server, started on first use).
+    /// A start server tool's id, or `default`.
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub server_id: String,

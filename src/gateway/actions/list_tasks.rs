@@ -21,7 +21,7 @@ pub struct Args {
     /// Only tasks with this status.
     #[serde(default)]
     pub status: Option<TaskStatus>,
-    /// Most tasks to list, newest first (default 20).
+    /// Most tasks, newest first.
     #[serde(default = "default_limit")]
     #[schemars(range(min = 1, max = MAX_LIMIT))]
     pub limit: u32,

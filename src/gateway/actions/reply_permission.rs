@@ -29,10 +29,10 @@ pub enum Reply {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `task_id` of a task whose status is `waiting_permission`.
+    /// A task `waiting_permission`.
     #[schemars(length(min = 1))]
     pub task_id: String,
-    /// `once`, `always` or `reject`.
+    // The values say it; the tool's description says what each does.
     pub reply: Reply,
 }
 

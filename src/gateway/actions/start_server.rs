@@ -17,10 +17,9 @@ use crate::opencode::ServerInfo;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Port the server listens on. Omit it (or pass 0) to pick a free port.
+    /// 0 or absent: a free port.
     pub port: Option<u16>,
-    /// Absolute path of the project the server works in. Default: the directory this gateway
-    /// was started in.
+    /// Absolute project path. Default: the gateway's.
     pub directory: Option<String>,
 }
 

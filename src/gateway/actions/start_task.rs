@@ -21,61 +21,43 @@ use crate::tasks::{self, Detail, TaskSnapshot};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool, or `default`: the server for the
-    /// gateway's own directory, started on first use, so no start server call is needed.
+    /// `default` (started on first use), or a start server tool's id.
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub server_id: String,
-    /// The task for the agent, self-contained: the goal, the files involved, constraints and
-    /// how to check the result. The agent sees nothing of your conversation.
+    /// Self-contained: goal, files, constraints, how to check. The agent sees nothing else.
     #[schemars(length(min = 1))]
     pub prompt: String,
-    /// The OpenCode agent to run (see the list agents tool). Default: the server's default agent.
+    /// OpenCode agent (list agents tool).
     #[schemars(length(min = 1))]
     pub agent: Option<String>,
-    /// An exact model id, `provider/model`. Do not combine with `tier`.
+    /// Exact `provider/model`, instead of `tier`.
     #[schemars(length(min = 1))]
     pub model: Option<String>,
-    /// A configured model tier, cheapest that can do the job. Do not combine with `model`.
+    /// The cheapest tier that can do the job (see the delegate_task prompt).
     #[schemars(length(min = 1))]
     pub tier: Option<String>,
-    /// The model's variant to run, e.g. its reasoning effort (`high`), in place of the tier's;
-    /// one the chosen model offers (an unknown one is refused with the model's variants).
+    /// Model variant, e.g. effort `high`.
     #[schemars(length(min = 1))]
     pub variant: Option<String>,
-    /// Absolute path the session works in. Default: the server's directory. With isolation
-    /// `worktree`, the repository around it is the one the task gets a worktree of.
+    /// Absolute path to work in.
     #[schemars(length(min = 1))]
     pub directory: Option<String>,
-    /// `worktree`: the task works in a git worktree of its own (branch `opencode-mcp/<task_id>`,
-    /// outside your tree), so parallel tasks never collide; its result shows its diff, and
-    /// opencode_apply_task or opencode_discard_task take it or leave it. `none`: it works in
-    /// `directory` itself. Default: `isolation.mode` of delegation.yaml.
+    /// `worktree`: its own git worktree, so parallel edits never collide.
     pub isolation: Option<Isolation>,
-    /// With isolation `worktree`: what the worktree starts from. `working_tree`: HEAD plus your
-    /// uncommitted changes (untracked files included). `head`: the last commit only. Default:
-    /// `isolation.base` of delegation.yaml.
+    /// A worktree's start: `working_tree` (HEAD plus your uncommitted changes) or `head`.
     pub base: Option<Base>,
-    /// A short title for the task, shown in status reports and in OpenCode.
+    /// Short title.
     #[schemars(length(min = 1))]
     pub title: Option<String>,
-    /// Makes a retried call safe (after a timeout or a reconnect): the same key with the same
-    /// arguments returns the task the first call started instead of starting another agent; the
-    /// same key with other arguments is refused (`conflict`). Use a fresh key per task.
+    /// A retry with the same key and arguments returns the first call's task.
     #[schemars(length(min = 1, max = 128))]
     pub idempotency_key: Option<String>,
-    /// A JSON Schema for a structured answer: the agent is told to end with one matching JSON
-    /// value (in a ```json block), the gateway checks it, sends mismatches back to the same
-    /// session for correction (`limits.structured_retries` times), and the result carries the
-    /// parsed `structured` value or `structured_error`. References to other documents are
-    /// refused (nothing is fetched).
+    /// JSON Schema of a structured answer: checked, corrected, returned as `structured`.
     pub output_schema: Option<serde_json::Map<String, Value>>,
-    /// Caps on what the task's turn may spend (`max_cost_usd` in USD, `max_tokens`): past either,
-    /// the turn is stopped and the task ends `failed` (`BudgetExceeded`), its partial answer and
-    /// changed files kept. It can only lower the caps of delegation.yaml (`limits`, the tier's).
+    /// Spend caps per turn.
     pub budget: Option<Budget>,
-    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
-    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }
@@ -159,7 +141,11 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
     let tier = checks::tier("tier", args.tier, ctx.config)?;
     let directory = checks::directory("directory", args.directory)?;
     let title = checks::title("title", args.title)?;
-    let idempotency_key = checks::idempotency_key("idempotency_key", args.idempotency_key)?;
+    let idempotency_key = checks::idempotency_key(
+        "idempotency_key",
+        args.idempotency_key,
+        checks::MAX_KEY_CHARS,
+    )?;
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
     let variant = checks::optional_name("variant", args.variant)?;

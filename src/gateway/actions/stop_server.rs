@@ -15,8 +15,7 @@ use crate::opencode::StopInfo;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The `server_id` returned by the start server tool, or `default` for the server the
-    /// start tools' `default` stands for.
+    /// A start server tool's id, or `default`.
     #[schemars(length(min = 1))]
     pub server_id: String,
 }

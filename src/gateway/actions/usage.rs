@@ -15,8 +15,7 @@ use crate::tasks::usage::{self, UsageReport};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Only tasks whose latest turn started within this long ago (`24h`, `30m`, `7d`). Default:
-    /// since the gateway started.
+    /// A period, e.g. `24h`. Default: since the gateway started.
     #[serde(default)]
     pub since: Option<String>,
 }

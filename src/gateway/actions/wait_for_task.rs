@@ -17,7 +17,7 @@ use std::time::Duration;
 use rmcp::model::{JsonObject, ProgressNotificationParam, ProgressToken, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::time::Instant;
 
 use super::{checks, ActionSpec, Ctx};
@@ -32,21 +32,18 @@ use crate::tasks::{Detail, Files, TaskSnapshot, TaskStatus, WaitMode, WaitOutcom
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The ids of the tasks to wait for (repeats are ignored); a fan-out's `group_id` stands
-    /// for all of its tasks.
+    /// Task ids, or a fan-out's `group_id`.
     #[schemars(length(min = 1))]
     pub task_ids: Vec<String>,
-    /// `all`: return when every task has finished; `any`: as soon as one has.
+    /// `all` tasks finished, or `any`.
     #[serde(default)]
     pub mode: WaitMode,
-    /// How long to wait, in milliseconds, before returning the current statuses; 0 returns them
-    /// at once.
+    /// Then the current statuses are returned; 0: at once.
     pub timeout_ms: Option<u64>,
-    /// Also report what the running tasks are doing (current tool, recent text, tokens).
+    /// What running tasks are doing.
     #[serde(default)]
     pub include_progress: bool,
-    /// `lean` (default): status, answer, error, changed files. `full`: also the OpenCode ids,
-    /// directory, agent, model, turn, tokens, cost, tool calls and timings.
+    /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
 }
@@ -70,12 +67,10 @@ impl ActionSpec for WaitForTask {
         }
         let default_ms = checks::millis(config.timeouts.wait_default.get());
         let max_ms = checks::millis(config.timeouts.wait_max.get());
+        // `default` and `maximum` say it: not again in words.
         if let Some(timeout) = property(schema, "timeout_ms") {
             timeout.insert("default".into(), json!(default_ms));
             timeout.insert("maximum".into(), json!(max_ms));
-            if let Some(Value::String(d)) = timeout.get_mut("description") {
-                d.push_str(&format!(" Default {default_ms}, at most {max_ms}."));
-            }
         }
     }
 }
