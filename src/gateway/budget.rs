@@ -21,6 +21,9 @@ use crate::tasks::{TaskResult, WaitOutcome};
 /// Characters kept free below the budget, for the host's own wrapping of the result.
 const MARGIN: usize = 200;
 
+/// Characters of a message beside the answer (an error) kept on a page that has no room for it.
+const MESSAGE_CHARS: usize = 300;
+
 /// The least of the answer a page carries when that much is left (in the host's unit): below
 /// it, the page sheds the fields it can spare instead.
 const MIN_PAGE: usize = 2_000;
@@ -87,14 +90,24 @@ pub fn page_result(
         .sum();
     let mut room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
     let mut omitted = Vec::new();
-    for field in ["tools", "workspace", "files_changed"] {
+    // Last of all the structured value and its checks: they are read from the answer's end, so
+    // a reader paging the text still gets them.
+    for field in [
+        "tools",
+        "workspace",
+        "files_changed",
+        "structured_attempts",
+        "structured",
+    ] {
         if room >= left {
             break;
         }
         let had = match field {
             "tools" => result.tools.take().is_some_and(|t| !t.is_empty()),
             "workspace" => result.workspace.take().is_some(),
-            _ => !std::mem::take(&mut result.files_changed).is_empty(),
+            "files_changed" => !std::mem::take(&mut result.files_changed).is_empty(),
+            "structured_attempts" => result.structured_attempts.take().is_some(),
+            _ => result.structured.take().is_some(),
         };
         if had {
             omitted.push(field.to_string());
@@ -102,7 +115,32 @@ pub fn page_result(
         }
         room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
     }
-    let text = fitting(&full, start, max_chars, room, unit);
+    if room < left {
+        // Still no room: the messages beside the answer are cut to a line each (an error
+        // message can be as long as a provider made it).
+        for message in [
+            result.error.as_mut().map(|e| &mut e.message),
+            result.text_error.as_mut(),
+            result.files_error.as_mut(),
+            result.structured_error.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some((cut, _)) = message.char_indices().nth(MESSAGE_CHARS) {
+                message.truncate(cut);
+                message.push('…');
+            }
+        }
+        room = budget.saturating_sub(shown_len(&result, unit) + MARGIN);
+    }
+    let mut text = fitting(&full, start, max_chars, room, unit);
+    if text.is_empty() && start < total && max_chars > 0 {
+        // Nothing more can go and still no character fits (an error message of the budget's
+        // size): one character anyway, over the margin kept for the host's wrapping rather than
+        // a page that sends its reader back to the same offset for ever.
+        text = full.chars().skip(start).take(1).collect();
+    }
     let end = start + text.chars().count();
     result.text = text;
     result.truncated = end < total;
@@ -375,5 +413,77 @@ mod tests {
             "{a_len} {c_len}"
         );
         assert_eq!(a.next_offset, Some(a_len as u64));
+    }
+
+    /// The paging invariant, over random result shapes and budgets: while text is left, every
+    /// page carries some of it and moves `next_offset` on, and the pages join to the whole text.
+    /// (A large structured value, attempts or error once left pages with `text: ""` and
+    /// `next_offset: 0` for ever.)
+    #[test]
+    fn every_page_carries_text_whatever_the_shape_and_budget() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n.max(1)
+        };
+        let alphabet = ['a', ' ', '"', '\\', '\n', 'é', '😀', '\u{1}'];
+        for case in 0..150 {
+            let len = next(8_000) as usize + 1;
+            let text: String = (0..len)
+                .map(|_| alphabet[next(alphabet.len() as u64) as usize])
+                .collect();
+            let mut whole = result(&text);
+            if next(2) == 0 {
+                whole.structured =
+                    Some(serde_json::json!({ "v": "s".repeat(next(30_000) as usize) }));
+            }
+            if next(2) == 0 {
+                whole.structured_attempts = Some(Vec::new());
+            }
+            if next(2) == 0 {
+                whole.error = Some(crate::opencode::ErrorInfo {
+                    name: "APIError".into(),
+                    message: "e".repeat(next(12_000) as usize),
+                });
+            }
+            if next(2) == 0 {
+                whole.files_changed = (0..next(500))
+                    .map(|i| {
+                        serde_json::from_value(serde_json::json!({
+                            "file": format!("src/f{i}.rs"), "additions": i, "deletions": 0
+                        }))
+                        .expect("a file change")
+                    })
+                    .collect();
+            }
+            // From a third of Codex's budget up: below that a page is an envelope and a few
+            // characters, but still never empty.
+            let budget = 3_000 + next(25_000) as usize;
+            let unit = if next(2) == 0 {
+                LengthUnit::Bytes
+            } else {
+                LengthUnit::Utf16
+            };
+            let mut offset = 0u64;
+            let mut joined = String::new();
+            loop {
+                let page = page_result(whole.clone(), offset, 50_000, budget, unit);
+                assert!(
+                    !page.text.is_empty(),
+                    "case {case}: an empty page at {offset} of {len} (budget {budget})"
+                );
+                joined.push_str(&page.text);
+                match page.next_offset {
+                    Some(n) => {
+                        assert!(n > offset, "case {case}: no progress at {offset}");
+                        offset = n;
+                    }
+                    None => break,
+                }
+            }
+            assert_eq!(joined, text, "case {case}");
+        }
     }
 }

@@ -331,8 +331,9 @@ pub struct TaskResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ToolCall>>,
     /// Fields this page left out so that it still carries the answer within the host's result
-    /// size (`tools`, `workspace`, `files_changed`, in that order): the wait for this task
-    /// listed the changed files, and `view` `diff` shows the changes.
+    /// size (`tools`, `workspace`, `files_changed`, `structured_attempts`, `structured`, in that
+    /// order): the wait for this task listed the changed files, `view` `diff` shows the changes,
+    /// and the structured value is the JSON the answer ends with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub omitted: Option<Vec<String>>,
 }
