@@ -372,8 +372,11 @@ async fn a_reload_reaches_a_listen_stream() {
     assert_eq!(stream.acknowledged().tools_list_changed, Some(true));
     assert_eq!(stream.acknowledged().prompts_list_changed, Some(true));
 
+    // The user's own file: the layer hot reload applies (the repository's applies at start).
+    let user_dir = rig.env.root().join("config/opencode-mcp");
+    std::fs::create_dir_all(&user_dir).expect("the user's config directory");
     std::fs::write(
-        rig.env.work_dir().join("delegation.yaml"),
+        user_dir.join("delegation.yaml"),
         "tools:\n  tasks_now:\n    action: list_tasks\n    description: The stored tasks.\n",
     )
     .expect("write delegation.yaml");
