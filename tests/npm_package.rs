@@ -365,23 +365,12 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
     // end the session; the gateway exits 0 on it, and the launcher with the gateway's code. A
     // launcher that did not forward would die of the signal itself and leave the gateway
     // holding stdout open.
-    let mut child = tree
-        .launcher()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the launcher");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let lines = Lines::new(child.stdout.take().expect("stdout"));
-    writeln!(stdin, "{}", initialize_request()).expect("write initialize");
-    stdin.flush().expect("flush");
-    assert_initialize_result(&lines.next("answer to initialize").expect("stdout closed"));
+    let (child, stdin, lines) = initialized(&tree);
     // SAFETY: kill(2) on our own child's pid with a valid signal.
     let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(sent, 0, "kill(SIGTERM)");
     assert_json_rpc(&lines.rest("stdout after SIGTERM"));
-    let status = wait_bounded(child, "the launcher after SIGTERM");
+    let status = wait_output(child, "the launcher after SIGTERM").status;
     assert_eq!(status.code(), Some(0), "launcher status after SIGTERM");
     drop(stdin);
 
@@ -395,7 +384,7 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
         assert_eq!(sent, 0, "kill({name})");
         // End of file on stdout while stdin is still open: the gateway is gone too.
         assert_json_rpc(&lines.rest(&format!("stdout after {name}")));
-        let status = wait_bounded(child, &format!("the launcher after {name}"));
+        let status = wait_output(child, &format!("the launcher after {name}")).status;
         assert_eq!(
             status.signal(),
             Some(signal),

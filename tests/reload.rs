@@ -196,12 +196,8 @@ async fn restart_only_keys_warn_and_the_rest_of_the_edit_applies() -> Result<(),
     let state = sandbox.root().join("state");
     let explicit = sandbox.root().join("mine.yaml");
     std::fs::write(&explicit, format!("state_dir: {}\n", state.display()))?;
-    let client = sandbox
-        .launch()
-        .arg("--config")
-        .arg(&explicit)
-        .connect()
-        .await?;
+    let launch = || sandbox.launch().arg("--config").arg(&explicit);
+    let client = launch().connect().await?;
 
     // --config FILE is the user's own layer: `state_dir` may be set there, but not while serving.
     save(
@@ -272,12 +268,7 @@ async fn restart_only_keys_warn_and_the_rest_of_the_edit_applies() -> Result<(),
 
     // At the next start it applies, under the repository's trust rules: it may add a tool, not
     // choose what the gateway runs.
-    let client = sandbox
-        .launch()
-        .arg("--config")
-        .arg(&explicit)
-        .connect()
-        .await?;
+    let client = launch().connect().await?;
     let withheld = client
         .wait_stderr_line(&["`opencode.command`", "is not applied"], NOTICED)
         .await?;

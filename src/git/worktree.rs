@@ -193,6 +193,18 @@ impl Drop for TempPath {
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Makes the directory of temporary indexes and object stores. Owner-only, like the worktrees:
+/// a temporary index lists the user's untracked files.
+fn make_scratch(scratch: &Path) -> Result<(), GitError> {
+    crate::private_files::create_dir(scratch)
+        .map(drop)
+        .map_err(|error| GitError::Io {
+            dir: scratch.to_path_buf(),
+            context: "creating the directory for temporary indexes",
+            error,
+        })
+}
+
 /// A new name in `scratch`: `.<what>-<pid>-<seq>`.
 fn scratch_path(scratch: &Path, what: &str) -> PathBuf {
     let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -203,12 +215,7 @@ fn scratch_path(scratch: &Path, what: &str) -> PathBuf {
 /// ones gone, untracked files that are not ignored added. Written through a temporary index in
 /// `scratch`, so the repository's own index and files are left exactly as they were.
 pub async fn snapshot_tree(repo: &Repo, scratch: &Path) -> Result<String, GitError> {
-    // Owner-only, like the worktrees: a temporary index lists the user's untracked files.
-    crate::private_files::create_dir(scratch).map_err(|error| GitError::Io {
-        dir: scratch.to_path_buf(),
-        context: "creating the directory for temporary indexes",
-        error,
-    })?;
+    make_scratch(scratch)?;
     let temp = TempPath(scratch_path(scratch, "index"));
     let real = repo
         .git(&["rev-parse", "--path-format=absolute", "--git-path", "index"])
@@ -379,11 +386,7 @@ impl Worktree {
     /// goes when the [`Reading`] is dropped. Reading a task's result never writes the user's
     /// `.git`.
     pub async fn read(&self, scratch: &Path) -> Result<Reading, GitError> {
-        crate::private_files::create_dir(scratch).map_err(|error| GitError::Io {
-            dir: scratch.to_path_buf(),
-            context: "creating the directory for temporary indexes",
-            error,
-        })?;
+        make_scratch(scratch)?;
         let objects = TempPath(scratch_path(scratch, "objects"));
         std::fs::create_dir(&objects.0).map_err(|error| GitError::Io {
             dir: objects.0.clone(),
