@@ -1418,6 +1418,25 @@ fn claude_code_2026_runs_a_delegated_task_in_the_background() {
     let results = last.tool_results();
     assert_eq!(results.len(), 1, "one call: {results:#?}");
     assert_eq!(results[0].name, t("opencode_start_task"));
+    // With the host's defaults (tool search on), the delegation needed no search: the start
+    // tool was in the first request, not deferred.
+    let first_tools = main[0].body["tools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        first_tools
+            .iter()
+            .any(|tool| tool["name"] == t("opencode_start_task")
+                && tool.get("defer_loading").is_none()),
+        "{:?}",
+        main[0].tool_names()
+    );
+    assert!(
+        main.iter()
+            .all(|r| r.tool_results().iter().all(|x| x.name != "ToolSearch")),
+        "no tool-search call"
+    );
     assert!(
         results[0].text.contains("started server-side task tsk_")
             && results[0].text.contains("background"),
