@@ -1573,3 +1573,73 @@ fn a_frozen_repository_file_is_read_as_it_was() {
         std::time::Duration::from_secs(9 * 60)
     );
 }
+
+/// A repository's `tiers` are held to the user's: a tier the user defines keeps the user's
+/// models and variant, and its caps may only go down (one left out keeps the user's); each
+/// change it tried is reported withheld, with what is in force. A tier of its own is taken.
+/// (Its list replaced the user's whole: a $5 budget passed where the user's tier cap was $0.5.)
+#[test]
+fn a_repositorys_tiers_keep_the_users_models_and_caps() {
+    let dir = workdir();
+    let user = dir.path().join("user");
+    write(
+        &user,
+        "delegation.yaml",
+        "tiers:\n  - name: fast\n    handles: small work\n    models: [cheap/one]\n    \
+         max_cost_usd: 0.5\n    max_tokens: 1000\n",
+    );
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "tiers:\n  - name: fast\n    handles: anything\n    models: [pricey/big]\n    \
+         variant: high\n    max_cost_usd: 5\n  - name: own\n    handles: the repository's\n    \
+         models: [some/model]\n    max_tokens: 500\n",
+    );
+    let sources = Sources {
+        user_dir: Some(user.clone()),
+        ..sources(dir.path())
+    };
+    let cfg = load_with_env(&sources, env(&[])).expect("loads");
+    let fast = cfg.tier("fast").expect("the fast tier");
+    assert_eq!(fast.models, ["cheap/one"]);
+    assert_eq!(fast.variant, None);
+    assert_eq!(fast.max_cost_usd, Some(0.5));
+    assert_eq!(fast.max_tokens, Some(1000));
+    assert_eq!(
+        fast.handles, "anything",
+        "its words are the repository's to tune"
+    );
+    let own = cfg.tier("own").expect("the repository's own tier");
+    assert_eq!(own.models, ["some/model"]);
+    let mut keys: Vec<&str> = cfg.withheld.iter().map(|w| w.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "tiers.fast.max_cost_usd",
+            "tiers.fast.models",
+            "tiers.fast.variant"
+        ]
+    );
+    let models = cfg
+        .withheld
+        .iter()
+        .find(|w| w.key == "tiers.fast.models")
+        .expect("withheld")
+        .to_string();
+    assert!(
+        models.contains("pricey/big") && models.contains("cheap/one"),
+        "says what was asked and what is in force: {models}"
+    );
+    // A lower cap is taken.
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "tiers:\n  - name: fast\n    handles: small\n    max_cost_usd: 0.25\n",
+    );
+    let cfg = load_with_env(&sources, env(&[])).expect("loads");
+    let fast = cfg.tier("fast").expect("the fast tier");
+    assert_eq!(fast.max_cost_usd, Some(0.25));
+    assert_eq!(fast.models, ["cheap/one"], "models left out are the user's");
+    assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
+}

@@ -312,12 +312,24 @@ pub fn load_checked(
         let below = |key: &str| figment.extract_inner::<String>(key).ok();
         let in_force = |key: &str| figment.find_value(key).ok();
         let below_cap = |key: &str| figment.extract_inner::<f64>(key).ok();
+        // The tiers the user set (the built-in ones name no model and no cap: a repository
+        // may fill those in).
+        let below_tiers = || {
+            let users = figment
+                .find_metadata("tiers")
+                .is_some_and(|m| m.name != BUILT_IN_NAME);
+            users
+                .then(|| figment.extract_inner::<Vec<super::Tier>>("tiers").ok())
+                .flatten()
+                .unwrap_or_default()
+        };
         for dict in data.values_mut() {
             drop_empty_sections(dict, &built_in);
             if is_repo {
                 trust::drop_unchanged(dict, &in_force);
                 let mut out = trust::filter(dict, &below);
                 out.extend(trust::filter_caps(dict, &below_cap));
+                out.extend(trust::filter_tiers(dict, &below_tiers()));
                 withheld.extend(
                     out.into_iter()
                         .map(|(key, value)| (path.clone(), key, value)),
@@ -601,8 +613,26 @@ fn plain(expected: &str) -> String {
     }
 }
 
-/// The value in force at `key` and the layer it comes from, for messages.
+/// The value in force at `key` and the layer it comes from, for messages. A tier's field
+/// (`tiers.<name>.<field>`) is looked up by the tier's name (the list has no keys).
 fn in_force(figment: &Figment, key: &str) -> String {
+    if let Some((name, field)) = key
+        .strip_prefix("tiers.")
+        .and_then(|rest| rest.split_once('.'))
+    {
+        let tiers = figment
+            .extract_inner::<Vec<super::Tier>>("tiers")
+            .unwrap_or_default();
+        let value = tiers
+            .iter()
+            .find(|t| t.name == name)
+            .and_then(|t| serde_json::to_value(t).ok())
+            .and_then(|t| t.get(field).cloned());
+        return match value {
+            Some(v) => format!("{v} from your configuration"),
+            None => "unset".to_string(),
+        };
+    }
     match figment.find_value(key) {
         Ok(value) if !matches!(value, Value::Empty(..)) => {
             format!(

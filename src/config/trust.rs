@@ -70,6 +70,9 @@ impl fmt::Display for Withheld {
         } else if self.key == ISOLATION_KEY {
             "a repository's delegation.yaml may tighten isolation (`none` < `worktree`), never \
              loosen it"
+        } else if self.key.starts_with("tiers.") {
+            "a repository's delegation.yaml may not change which model or variant your tiers \
+             run, nor raise or remove their caps"
         } else if self.key.starts_with("tools.") && self.key.ends_with(".action") {
             "a repository's delegation.yaml may change a tool's action only with a description \
              of its own (the host would read the old tool's description)"
@@ -262,6 +265,79 @@ pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<
         }
     }
     withheld
+}
+
+/// Holds a repository's `tiers` to the user's: a tier the user's layers define keeps their
+/// `models` and `variant` (which model a tier means decides where the code goes and what it
+/// costs), and its `max_cost_usd` / `max_tokens` may only go down (one left out keeps the
+/// user's). A tier of a new name, or any tier when only the built-in list is below (it names no
+/// model and no cap), is the repository's own, under `limits`. The list itself is
+/// still the repository's (figment replaces lists whole): a tier it leaves out is not offered.
+/// Returns the withheld keys (`tiers.<name>.<field>`) and their values.
+pub fn filter_tiers(dict: &mut Dict, below: &[super::Tier]) -> Vec<(String, String)> {
+    let mut withheld = Vec::new();
+    let Some(Value::Array(_, tiers)) = dict.get_mut("tiers") else {
+        return withheld;
+    };
+    for tier in tiers.iter_mut() {
+        let Value::Dict(_, fields) = tier else {
+            continue;
+        };
+        let Some(name) = fields
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let Some(mine) = below.iter().find(|b| b.name == name) else {
+            continue;
+        };
+        let mut hold = |field: &str, user: Option<Value>, keep: &dyn Fn(&Value) -> bool| {
+            let given = fields.get(field).cloned();
+            if given.as_ref().is_some_and(keep) {
+                return;
+            }
+            if let Some(g) = &given {
+                withheld.push((format!("tiers.{name}.{field}"), show(g)));
+            }
+            match user {
+                Some(v) => {
+                    fields.insert(field.to_string(), v);
+                }
+                None => {
+                    fields.remove(field);
+                }
+            }
+        };
+        let models = as_value(&mine.models);
+        let same_models = |g: &Value| models.as_ref().is_some_and(|m| show(m) == show(g));
+        hold("models", models.clone(), &same_models);
+        let variant = mine.variant.as_ref().and_then(as_value);
+        let same_variant = |g: &Value| variant.as_ref().is_some_and(|v| show(v) == show(g));
+        hold("variant", variant.clone(), &same_variant);
+        for (field, cap) in [
+            ("max_cost_usd", mine.max_cost_usd),
+            ("max_tokens", mine.max_tokens.map(|t| t as f64)),
+        ] {
+            let Some(cap) = cap else {
+                continue;
+            };
+            let user = match field {
+                "max_tokens" => mine.max_tokens.and_then(|t| as_value(&t)),
+                _ => as_value(&cap),
+            };
+            let lower =
+                |g: &Value| matches!(g, Value::Num(_, n) if number(n).is_some_and(|v| v <= cap));
+            hold(field, user, &lower);
+        }
+    }
+    withheld
+}
+
+/// A value as figment data.
+fn as_value<T: serde::Serialize>(v: &T) -> Option<Value> {
+    Value::serialize(v).ok()
 }
 
 fn lookup<'a>(dict: &'a Dict, key: &str) -> Option<&'a Value> {
