@@ -1643,3 +1643,57 @@ fn a_repositorys_tiers_keep_the_users_models_and_caps() {
     assert_eq!(fast.models, ["cheap/one"], "models left out are the user's");
     assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
 }
+
+/// Limits that multiply what delegation spends may only go down in a repository's file, like
+/// the caps: more tasks at once, more paid corrections, a longer task deadline are withheld
+/// (with a warning naming the key), a lower value is taken, and a value of the wrong shape is
+/// still reported as an error naming the file.
+#[test]
+fn a_repository_may_only_lower_the_limits_that_multiply_spend() {
+    let defaults = {
+        let dir = workdir();
+        load_with_env(&sources(dir.path()), env(&[])).expect("loads")
+    };
+    let (max_tasks, retries, task) = (
+        defaults.limits.max_tasks,
+        defaults.limits.structured_retries,
+        defaults.timeouts.task.get(),
+    );
+    let dir = workdir();
+    write(
+        dir.path(),
+        "delegation.yaml",
+        &format!(
+            "limits:\n  max_tasks: {}\n  structured_retries: {}\ntimeouts:\n  task: {}s\n",
+            max_tasks + 1,
+            retries + 1,
+            task.as_secs() + 60
+        ),
+    );
+    let cfg = load_with_env(&sources(dir.path()), env(&[])).expect("loads");
+    assert_eq!(cfg.limits.max_tasks, max_tasks);
+    assert_eq!(cfg.limits.structured_retries, retries);
+    assert_eq!(cfg.timeouts.task.get(), task);
+    let mut keys: Vec<&str> = cfg.withheld.iter().map(|w| w.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "limits.max_tasks",
+            "limits.structured_retries",
+            "timeouts.task"
+        ]
+    );
+    assert!(cfg.withheld[0].to_string().contains("may lower this limit"));
+
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "limits:\n  max_tasks: 2\n  structured_retries: 0\ntimeouts:\n  task: 1m\n  stall: 30s\n",
+    );
+    let cfg = load_with_env(&sources(dir.path()), env(&[])).expect("loads");
+    assert_eq!(cfg.limits.max_tasks, 2);
+    assert_eq!(cfg.limits.structured_retries, 0);
+    assert_eq!(cfg.timeouts.task.get(), std::time::Duration::from_secs(60));
+    assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
+}

@@ -330,6 +330,13 @@ pub fn load_checked(
                 let mut out = trust::filter(dict, &below);
                 out.extend(trust::filter_caps(dict, &below_cap));
                 out.extend(trust::filter_tiers(dict, &below_tiers()));
+                let below_duration = |key: &str| {
+                    figment
+                        .extract_inner::<super::HumanDuration>(key)
+                        .ok()
+                        .map(super::HumanDuration::get)
+                };
+                out.extend(trust::filter_durations(dict, &below_duration));
                 withheld.extend(
                     out.into_iter()
                         .map(|(key, value)| (path.clone(), key, value)),

@@ -48,6 +48,12 @@ pub const CAP_KEYS: &[&str] = &[
     "limits.max_cost_usd_per_day",
 ];
 
+/// Limits a repository may only lower, like the caps: how many tasks run at once, how many
+/// paid correction turns a structured answer gets, and how long a task may run. Each multiplies
+/// what delegation spends.
+pub const LIMIT_KEYS: &[&str] = &["limits.max_tasks", "limits.structured_retries"];
+pub const DURATION_LIMIT_KEYS: &[&str] = &["timeouts.task"];
+
 /// A setting of the repository's file that was not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Withheld {
@@ -65,6 +71,10 @@ impl fmt::Display for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = if CAP_KEYS.contains(&self.key.as_str()) {
             "a repository's delegation.yaml may lower a spending cap, never raise or remove it"
+        } else if LIMIT_KEYS.contains(&self.key.as_str())
+            || DURATION_LIMIT_KEYS.contains(&self.key.as_str())
+        {
+            "a repository's delegation.yaml may lower this limit, never raise it"
         } else if self.key == PERMISSION_KEY {
             "a repository's delegation.yaml may tighten the permission policy, never loosen it"
         } else if self.key == ISOLATION_KEY {
@@ -243,7 +253,7 @@ pub fn filter(dict: &mut Dict, below: &dyn Fn(&str) -> Option<String>) -> Vec<(S
 /// withheld keys and their values.
 pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<(String, String)> {
     let mut withheld = Vec::new();
-    for key in CAP_KEYS {
+    for key in CAP_KEYS.iter().chain(LIMIT_KEYS) {
         let Some(value) = lookup(dict, key) else {
             continue;
         };
@@ -254,9 +264,40 @@ pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<
         let taken = match (given, below(key)) {
             (Some(v), Some(cap)) => v <= cap,
             (Some(_), None) => true,
+            // A limit that is no number is left to the typed extraction, which reports it.
+            (None, _) if LIMIT_KEYS.contains(key) => true,
             // No number: only harmless when nothing below caps it either (the typed extraction
             // then reports a wrong shape).
             (None, cap) => cap.is_none(),
+        };
+        if !taken {
+            if let Some(value) = take(dict, key) {
+                withheld.push((key.to_string(), show(&value)));
+            }
+        }
+    }
+    withheld
+}
+
+/// Removes the durations in [`DURATION_LIMIT_KEYS`] a repository layer would raise: taken only
+/// when it reads as a duration at most the one below. Returns the withheld keys and values.
+pub fn filter_durations(
+    dict: &mut Dict,
+    below: &dyn Fn(&str) -> Option<std::time::Duration>,
+) -> Vec<(String, String)> {
+    let mut withheld = Vec::new();
+    for key in DURATION_LIMIT_KEYS {
+        let Some(value) = lookup(dict, key) else {
+            continue;
+        };
+        let given = value
+            .as_str()
+            .and_then(|t| t.parse::<super::HumanDuration>().ok())
+            .map(super::HumanDuration::get);
+        let taken = match (given, below(key)) {
+            (Some(v), Some(limit)) => v <= limit,
+            // No duration: left to the typed extraction, which reports it naming the file.
+            (None, _) | (_, None) => true,
         };
         if !taken {
             if let Some(value) = take(dict, key) {
