@@ -329,20 +329,7 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
     assert_eq!(text(&out.stdout).trim_end(), expected_version);
 
     // 2. MCP over the launcher's stdio; stdout carries JSON-RPC and nothing else.
-    let mut child = tree
-        .launcher()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the launcher");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let lines = Lines::new(child.stdout.take().expect("stdout"));
-    let mut stderr = child.stderr.take().expect("stderr");
-    writeln!(stdin, "{}", initialize_request()).expect("write initialize");
-    stdin.flush().expect("flush");
-    let first = lines.next("answer to initialize").expect("stdout closed");
-    assert_initialize_result(&first);
+    let (child, mut stdin, lines) = initialized(&tree);
     for msg in [
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
@@ -356,10 +343,8 @@ fn npm_package_installs_offline_and_serves_mcp_through_the_launcher() {
         rest.iter().any(|l| l.contains("\"id\":2")),
         "no tools/list answer: {rest:?}"
     );
-    let status = wait_bounded(child, "the launcher after stdin closed");
-    let mut err = String::new();
-    stderr.read_to_string(&mut err).expect("read stderr");
-    assert_eq!(status.code(), Some(0), "stderr:\n{err}");
+    let out = wait_output(child, "the launcher after stdin closed");
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
 
     // 3. SIGTERM to the launcher reaches the gateway. stdin stays open, so only the signal can
     // end the session; the gateway exits 0 on it, and the launcher with the gateway's code. A
