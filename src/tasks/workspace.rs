@@ -119,8 +119,7 @@ impl TaskService {
             return view;
         }
         let summary = async {
-            let _reading = self.git_lock.read().await;
-            let now = self.current_tree(w).await?;
+            let (_shared, now) = self.current_tree(w).await?;
             Ok::<_, TaskError>(git::summary(now.repo(), &w.base, &now.tree).await?)
         };
         match summary.await {
@@ -134,11 +133,16 @@ impl TaskService {
     }
 
     /// The worktree as it is now, untracked files included, snapshot for reading (nothing is
-    /// written to the user's repository). The caller holds the git lock, shared.
-    async fn current_tree(&self, w: &WorkspaceRecord) -> Result<git::Reading, TaskError> {
+    /// written to the user's repository), with the git lock held shared: keep the guard while
+    /// the snapshot is read, so no apply or discard runs meanwhile.
+    async fn current_tree(
+        &self,
+        w: &WorkspaceRecord,
+    ) -> Result<(tokio::sync::RwLockReadGuard<'_, ()>, git::Reading), TaskError> {
+        let shared = self.git_lock.read().await;
         let scratch = self.worktrees_dir()?;
         let worktree = pin(w).await?;
-        Ok(worktree.read(&scratch).await?)
+        Ok((shared, worktree.read(&scratch).await?))
     }
 
     /// The task's result, with its unified diff in place of the answer for `view: diff`.
@@ -156,8 +160,7 @@ impl TaskService {
             }
             let max_chars = self.config().limits.max_result_chars as usize;
             let (diff, capped) = {
-                let _reading = self.git_lock.read().await;
-                let now = self.current_tree(w).await?;
+                let (_shared, now) = self.current_tree(w).await?;
                 git::unified(now.repo(), &w.base, &now.tree, max_chars).await?
             };
             result.total_chars = diff.chars().count() as u64;
