@@ -327,6 +327,61 @@ async fn a_permission_ask_is_input_the_host_asks_its_user_for() {
     assert!(!model_saw(&rig, "refused-42"), "a declined command ran");
 }
 
+/// Two subagents asking at once are two forms, each keyed by its ask's id; the answer to one
+/// goes to that ask only: the other stays asked, with its own form, until it is answered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_asks_at_once_are_two_forms_each_answered_on_its_own() {
+    let env = OpenCodeEnv::new().with_config(json!({ "permission": { "bash": "ask" } }));
+    let rig = modern_rig(env, true, &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")]).await;
+    let dir = rig.env.work_dir();
+    let prompt = "two helpers [[parallel]] \
+         [[task:general:{{bash:touch from-first.txt}} first child]] \
+         [[task:general:{{bash:touch from-second.txt}} second child]]";
+    let id = start(&rig, prompt).await.task.task_id.clone();
+    let both = poll(&rig, &id, |t| match &t.task.payload {
+        TaskPayload::InputRequired { input_requests } => input_requests.len() == 2,
+        _ => t.task.status().is_terminal(),
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &both.task.payload else {
+        panic!("two asks were expected: {both:?}");
+    };
+    let key_for = |file: &str| -> String {
+        input_requests
+            .iter()
+            .find(|(_, r)| serde_json::to_string(r).unwrap_or_default().contains(file))
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| panic!("no form for {file}: {input_requests:?}"))
+    };
+    let (first, second) = (key_for("from-first.txt"), key_for("from-second.txt"));
+    assert_ne!(first, second);
+
+    let once = json!({"action": "accept", "content": {"decision": "once"}});
+    answer(&rig, &id, BTreeMap::from([(second.clone(), once.clone())])).await;
+    let one_left = poll(&rig, &id, |t| match &t.task.payload {
+        TaskPayload::InputRequired { input_requests } => input_requests.len() == 1,
+        _ => true,
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &one_left.task.payload else {
+        panic!("the first ask is unanswered, yet: {one_left:?}");
+    };
+    assert_eq!(
+        input_requests.keys().collect::<Vec<_>>(),
+        [&first],
+        "the answer went to the second ask only"
+    );
+    assert!(
+        !dir.join("from-first.txt").exists(),
+        "the first is unanswered"
+    );
+
+    answer(&rig, &id, BTreeMap::from([(first, once)])).await;
+    let done = poll_terminal(&rig, &id).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed, "{done:?}");
+    assert!(dir.join("from-first.txt").exists() && dir.join("from-second.txt").exists());
+}
+
 /// Hosts that do not declare the extension get exactly what they got before: a plain result
 /// on protocol 2026-07-28, and over `initialize` not even the extension in the capabilities.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

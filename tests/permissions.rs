@@ -52,13 +52,13 @@ async fn permission_asks_are_shown_and_answered() {
     );
     let asked = w["tasks"][0].clone();
     assert_eq!(asked["status"], "waiting_permission", "{asked}");
-    assert_eq!(asked["permission"]["permission"], "bash", "{asked}");
+    assert_eq!(asked["permissions"][0]["permission"], "bash", "{asked}");
     // Once said, the same ask does not end the next wait early.
     let again = rig.wait(&[&allowed], "all", 300).await;
     assert!(again.get("asking").is_none(), "{again}");
     assert_eq!(again["timed_out"], true, "{again}");
     assert_eq!(again["tasks"][0]["status"], "waiting_permission", "{again}");
-    assert!(asked["permission"]["patterns"]
+    assert!(asked["permissions"][0]["patterns"]
         .to_string()
         .contains("echo permitted"));
     let (code, _) = rig

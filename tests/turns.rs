@@ -974,9 +974,12 @@ async fn a_subagents_permission_ask_is_shown_on_the_task_and_answered() {
         asked,
         "the child's ask {ask} is pending on OpenCode, but the task shows {snapshot}"
     );
-    assert_eq!(snapshot["permission"]["permission"], "bash", "{snapshot}");
+    assert_eq!(
+        snapshot["permissions"][0]["permission"], "bash",
+        "{snapshot}"
+    );
     assert!(
-        snapshot["permission"]["patterns"]
+        snapshot["permissions"][0]["patterns"]
             .to_string()
             .contains("touch from-child.txt"),
         "{snapshot}"
@@ -1086,6 +1089,135 @@ async fn cancelling_a_task_rejects_its_subagents_pending_ask() {
     );
     let w = rig.wait(&[&task], "all", 1000).await;
     assert_eq!(w["tasks"][0]["status"], "cancelled", "{w}");
+}
+
+/// A prompt whose model calls the `task` tool twice in one step; OpenCode runs both subagents at
+/// once, and each child's bash asks (`bash: ask`).
+const TWO_SUBAGENTS_PROMPT: &str = "two helpers [[parallel]] \
+     [[task:general:{{bash:touch from-first.txt}} first child]] \
+     [[task:general:{{bash:touch from-second.txt}} second child]]";
+
+/// **Two asks at once: each is shown with its id, and an answer lands only on the ask it names.**
+///
+/// Two subagents of one task ask for bash at the same time (both listed by `GET /permission`).
+/// Before, the task held one ask, the newer replaced the older, and `reply_permission` answered
+/// whichever it held: a host that had read ask A approved ask B.
+///
+/// Proves: the task shows both asks with OpenCode's ids; a reply without `permission_id` is
+/// refused while two are pending (naming both, answering none); a reply naming B answers B only
+/// (OpenCode still lists A, B's file lands, A's does not); naming B again is refused; with one
+/// left the id may be left out; the task then completes with both files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_asks_at_once_are_each_answered_by_their_id() {
+    let (rig, opencode) = Rig::attached(
+        subagent_env(),
+        &[("OPENCODE_MCP_OPENCODE__PERMISSION", "ask")],
+    )
+    .await;
+    let dir = rig.env.work_dir();
+    let task = task_id(&rig.start_task(TWO_SUBAGENTS_PROMPT).await);
+    let asks = poll(Duration::from_secs(60), || async {
+        let asks = pending_permissions(&opencode, &dir).await;
+        (asks.len() == 2).then_some(asks)
+    })
+    .await
+    .expect("both children ask for bash within 60 s");
+    let id_of = |file: &str| -> String {
+        asks.iter()
+            .find(|a| a["patterns"].to_string().contains(file))
+            .and_then(|a| a["id"].as_str())
+            .unwrap_or_else(|| panic!("no ask for {file}: {asks:?}"))
+            .to_owned()
+    };
+    let (first, second) = (id_of("from-first.txt"), id_of("from-second.txt"));
+
+    let (snapshot, both) = watch_task(&rig, &task, Duration::from_secs(10), |t| {
+        t["permissions"].as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
+    assert!(both, "OpenCode lists two asks, the task shows {snapshot}");
+    assert_eq!(snapshot["status"], "waiting_permission", "{snapshot}");
+    let mut shown: Vec<&str> = snapshot["permissions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["id"].as_str())
+        .collect();
+    shown.sort_unstable();
+    let mut expected = vec![first.as_str(), second.as_str()];
+    expected.sort_unstable();
+    assert_eq!(shown, expected, "{snapshot}");
+
+    // No id while two are pending: refused, and nothing is answered.
+    let (code, message) = rig
+        .err(
+            "opencode_reply_permission",
+            json!({ "task_id": task, "reply": "always" }),
+        )
+        .await;
+    assert_eq!(code, "conflict", "{message}");
+    assert!(
+        message.contains(&first) && message.contains(&second) && message.contains("permission_id"),
+        "{message}"
+    );
+    assert_eq!(pending_permissions(&opencode, &dir).await.len(), 2);
+
+    // Naming the second answers the second only.
+    let replied = rig
+        .ok(
+            "opencode_reply_permission",
+            json!({ "task_id": task, "reply": "once", "permission_id": second }),
+        )
+        .await;
+    assert_eq!(replied["status"], "waiting_permission", "{replied}");
+    assert_eq!(replied["permissions"][0]["id"], first.as_str(), "{replied}");
+    assert_eq!(
+        replied["permissions"].as_array().map(Vec::len),
+        Some(1),
+        "{replied}"
+    );
+    let left: Vec<Value> = pending_permissions(&opencode, &dir).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(
+        left[0]["id"],
+        first.as_str(),
+        "the first ask is still pending"
+    );
+    let second_ran = poll(Duration::from_secs(30), || async {
+        dir.join("from-second.txt").exists().then_some(())
+    })
+    .await;
+    assert!(second_ran.is_some(), "the second child's bash ran");
+    assert!(
+        !dir.join("from-first.txt").exists(),
+        "the first is unanswered"
+    );
+
+    // The second again: no longer pending.
+    let (code, message) = rig
+        .err(
+            "opencode_reply_permission",
+            json!({ "task_id": task, "reply": "once", "permission_id": second }),
+        )
+        .await;
+    assert_eq!(code, "conflict", "{message}");
+    assert!(message.contains(&first), "{message}");
+
+    // One left: the id may be left out.
+    let replied = rig
+        .ok(
+            "opencode_reply_permission",
+            json!({ "task_id": task, "reply": "once" }),
+        )
+        .await;
+    assert_eq!(replied["status"], "running", "{replied}");
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert!(
+        dir.join("from-first.txt").exists(),
+        "the first child's bash ran"
+    );
+    assert!(pending_permissions(&opencode, &dir).await.is_empty());
 }
 
 /// **Two concurrent follow-ups on one finished task: exactly one wins.**

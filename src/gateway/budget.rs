@@ -359,7 +359,7 @@ mod tests {
             title: format!("task {id}"),
             elapsed_ms: 1,
             error: None,
-            permission: None,
+            permissions: Vec::new(),
             progress: None,
             text: None,
             next_offset: None,

@@ -104,14 +104,17 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
         let asking: Vec<&TaskSnapshot> = outcome
             .tasks
             .iter()
-            .filter(|t| !t.status.is_terminal() && t.permission.is_some())
+            .filter(|t| !t.status.is_terminal() && !t.permissions.is_empty())
             .collect();
         if !asking.is_empty() {
+            // One form per pending ask, keyed by its id: two subagents asking at once are two
+            // questions, each answered on its own.
             let requests = asking
                 .iter()
-                .filter_map(|t| {
-                    let ask = t.permission.as_ref()?;
-                    ask_form(&t.task_id, &t.title, ask)
+                .flat_map(|t| {
+                    t.permissions
+                        .iter()
+                        .filter_map(|ask| ask_form(&t.task_id, &t.title, ask))
                 })
                 .collect();
             let task = base(McpTaskStatus::InputRequired)
@@ -158,13 +161,14 @@ pub async fn update(id: &str, responses: InputResponses, ctx: &Ctx<'_>) -> Resul
         let Some(task) = outcome
             .tasks
             .iter()
-            .find(|t| t.permission.as_ref().is_some_and(|ask| ask.id == key))
+            .find(|t| t.permissions.iter().any(|ask| ask.id == key))
         else {
             tracing::debug!(task = id, ask = %key, "tasks/update for an ask no longer pending");
             continue;
         };
         let reply = reply_of(&response);
-        let args = json!({"task_id": task.task_id, "reply": reply});
+        // The answer goes to the ask the key names, never to whichever ask is pending now.
+        let args = json!({"task_id": task.task_id, "reply": reply, "permission_id": key});
         run(Action::ReplyPermission, args, ctx).await?;
     }
     Ok(())
@@ -245,11 +249,6 @@ fn failure(task: &TaskSnapshot) -> (String, JsonObject) {
 /// The form that asks the user about one pending permission: what the task wants to run, and
 /// the three answers OpenCode takes. Keyed by the ask's id.
 fn ask_form(task_id: &str, title: &str, ask: &PermissionAsk) -> Option<(String, InputRequest)> {
-    let what = if ask.patterns.is_empty() {
-        ask.permission.clone()
-    } else {
-        format!("{} {}", ask.permission, ask.patterns.join(" "))
-    };
     let request = json!({
         "method": "elicitation/create",
         "params": {
@@ -257,7 +256,7 @@ fn ask_form(task_id: &str, title: &str, ask: &PermissionAsk) -> Option<(String, 
             "message": format!(
                 "OpenCode task \"{}\" asks permission to run: {}",
                 shorten(title, 80),
-                shorten(&what, 400)
+                ask.summary(400)
             ),
             "requestedSchema": {
                 "type": "object",

@@ -155,7 +155,7 @@ fn compact(schema: &mut Schema) {
     }
 }
 
-/// `"type": ["string", "null"]` -> `"type": "string"`; `null` leaves `enum`;
+/// `"type": ["string", "null"]` -> `"type": "string"`; `null` leaves `enum` and `default`;
 /// `anyOf: [X, {"type": "null"}]` -> X.
 fn drop_null_type(schema: &mut Schema) {
     let Some(object) = schema.as_object_mut() else {
@@ -170,6 +170,11 @@ fn drop_null_type(schema: &mut Schema) {
     }
     if let Some(Value::Array(values)) = object.get_mut("enum") {
         values.retain(|v| !v.is_null());
+    }
+    // `null` is no longer a value the schema allows, so it cannot be the default either: an
+    // argument left out is simply not given.
+    if object.get("default") == Some(&Value::Null) {
+        object.remove("default");
     }
     let nullable_any_of = match object.get("anyOf") {
         Some(Value::Array(options)) if options.len() == 2 => {

@@ -179,6 +179,29 @@ pub struct PermissionAsk {
     pub metadata: serde_json::Value,
 }
 
+impl PermissionAsk {
+    /// What is asked, on one line of at most `max_chars` characters: the permission and its
+    /// patterns (`bash rm -rf build`), cut with `…`. The patterns are the agent's text: shown
+    /// to the host as data, never read as instructions.
+    pub fn summary(&self, max_chars: usize) -> String {
+        let mut what = self.permission.clone();
+        for p in &self.patterns {
+            what.push(' ');
+            what.push_str(p);
+        }
+        let flat: String = what
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if flat.chars().count() <= max_chars {
+            return flat;
+        }
+        let mut cut: String = flat.chars().take(max_chars.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
 /// One file a session changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileChange {
@@ -257,6 +280,20 @@ pub fn error_info_from_json(value: &serde_json::Value) -> ErrorInfo {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_asks_summary_is_one_bounded_line() {
+        let ask = PermissionAsk {
+            id: "per_1".into(),
+            session_id: "ses".into(),
+            permission: "bash".into(),
+            patterns: vec!["rm -rf build\nrm -rf /".into(), "ls".into()],
+            metadata: serde_json::Value::Null,
+        };
+        assert_eq!(ask.summary(100), "bash rm -rf build rm -rf / ls");
+        assert_eq!(ask.summary(8), "bash rm…");
+        assert_eq!(ask.summary(8).chars().count(), 8);
+    }
+
     #[test]
     fn token_sums_saturate() {
         let huge = Tokens {

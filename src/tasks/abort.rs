@@ -24,7 +24,7 @@ pub(super) enum IfAbortFails {
 }
 
 impl TaskService {
-    /// Aborts the turn (and rejects a permission it, or one of its subagents, waits on);
+    /// Aborts the turn (and rejects every permission it, or one of its subagents, waits on);
     /// idempotent on finished tasks.
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
@@ -195,12 +195,11 @@ async fn wait_for_first_reply(
 }
 
 /// Aborts a task's turn (`turn`, or whatever turn is current when `None`): claims it (so events
-/// cannot decide its status meanwhile, and a second abort is a no-op), rejects a permission it
-/// waits on (OpenCode's abort leaves the ask listed), aborts the session (OpenCode passes the
+/// cannot decide its status meanwhile, and a second abort is a no-op), rejects every ask it
+/// waits on (OpenCode's abort leaves asks listed), aborts the session (OpenCode passes the
 /// abort on to subagents' child sessions), rejects any other ask of the task still listed (one
 /// raised just before the abort whose event had not arrived), and finishes the task with
-/// `status`. Returns the turn
-/// it finished, if it did.
+/// `status`. Returns the turn it finished, if it did.
 pub(super) async fn abort_turn(
     ctx: &TrackerContext,
     server: &Server,
@@ -223,13 +222,13 @@ pub(super) async fn abort_turn(
         wait_for_first_reply(ctx, task_id, entry.rec.turn, gave_up).await;
     }
     let rec = &entry.rec;
-    if let Some(ask) = &rec.permission {
+    for ask in &rec.permissions {
         if let Err(e) = server
             .api
             .reply_permission(&rec.directory, &ask.id, PermissionReply::Reject)
             .await
         {
-            tracing::warn!(task_id, error = %e, "rejecting the pending permission failed");
+            tracing::warn!(task_id, ask = %ask.id, error = %e, "rejecting a pending permission failed");
         }
     }
     match server.api.abort(&rec.directory, &rec.session_id).await {
@@ -243,8 +242,9 @@ pub(super) async fn abort_turn(
                     tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway")
                 }
                 Ok(_) => {
-                    let answered = rec.permission.as_ref().map(|p| p.id.as_str());
-                    tracker::reject_pending_asks(ctx, server, &rec.directory, task_id, answered)
+                    let answered: Vec<String> =
+                        rec.permissions.iter().map(|p| p.id.clone()).collect();
+                    tracker::reject_pending_asks(ctx, server, &rec.directory, task_id, &answered)
                         .await
                 }
             }

@@ -136,9 +136,10 @@ pub struct TaskSnapshot {
     /// Why the task failed, timed out or was cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
-    /// The permission the task waits for (status `waiting_permission`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub permission: Option<PermissionAsk>,
+    /// The permission asks the task waits on (status `waiting_permission`), oldest first; each
+    /// is answered by its `id`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub permissions: Vec<PermissionAsk>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     /// The answer of a finished turn (wait results), as much as fits in this result.

@@ -55,7 +55,16 @@ pub struct TaskRecord {
     pub finished_ms: Option<u64>,
     pub status: TaskStatus,
     pub error: Option<ErrorInfo>,
-    pub permission: Option<PermissionAsk>,
+    /// The permission asks the turn waits on (its own session's and its subagents'), oldest
+    /// first; each is answered by its id. Records written before asks were kept apart hold one
+    /// ask, or `null`, under `permission`.
+    #[serde(
+        default,
+        alias = "permission",
+        deserialize_with = "asks_one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub permissions: Vec<PermissionAsk>,
     /// The finished turn as read over HTTP (text, tokens, tools).
     pub outcome: Option<TurnState>,
     /// Why the finished turn's outcome could not be read (after retries): reported with the
@@ -183,7 +192,7 @@ impl TaskRecord {
             finished_ms: None,
             status: TaskStatus::Pending,
             error: None,
-            permission: None,
+            permissions: Vec::new(),
             outcome: None,
             outcome_error: None,
             files_changed: None,
@@ -227,7 +236,7 @@ impl TaskRecord {
         self.finished_ms = None;
         self.status = TaskStatus::Pending;
         self.error = None;
-        self.permission = None;
+        self.permissions.clear();
         self.outcome = None;
         self.outcome_error = None;
         self.files_changed = None;
@@ -238,7 +247,7 @@ impl TaskRecord {
     pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
         self.status = status;
         self.error = error;
-        self.permission = None;
+        self.permissions.clear();
         self.finished_ms = Some(epoch_ms(SystemTime::now()));
         // However the turn ended, no check of its answer is pending any more.
         if let Some(s) = self.structured.as_mut() {
@@ -306,6 +315,24 @@ pub fn epoch_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Reads `permissions` as a list, or as the single ask (or `null`) of a record written when a
+/// task held one ask.
+fn asks_one_or_many<'de, D>(d: D) -> Result<Vec<PermissionAsk>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        Many(Vec<PermissionAsk>),
+        One(Option<PermissionAsk>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::Many(asks) => asks,
+        OneOrMany::One(ask) => ask.into_iter().collect(),
+    })
 }
 
 /// The error a task whose turn died with its gateway reports.
@@ -397,5 +424,32 @@ mod tests {
         let r: TaskRecord = serde_json::from_value(old).expect("an old record loads");
         assert!(r.child_sessions.is_empty() && r.outcome_error.is_none());
         assert!(r.workspace.is_none());
+        assert!(r.permissions.is_empty());
+    }
+
+    #[test]
+    fn a_record_holding_one_ask_loads_it_as_the_only_pending_one() {
+        let ask = serde_json::json!({
+            "id": "per_1", "session_id": "ses", "permission": "bash",
+            "patterns": ["rm -rf build"], "metadata": {}
+        });
+        let mut rec = serde_json::to_value(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses".into(),
+            "/w".into(),
+            "t".into(),
+        ))
+        .expect("record");
+        rec["permission"] = ask.clone();
+        let r: TaskRecord = serde_json::from_value(rec.clone()).expect("loads");
+        assert_eq!(r.permissions.len(), 1);
+        assert_eq!(r.permissions[0].id, "per_1");
+        // Written back, it holds a list, which loads the same.
+        let again = serde_json::to_value(&r).expect("json");
+        assert_eq!(again["permissions"][0]["id"], "per_1");
+        assert!(again.get("permission").is_none());
+        let r2: TaskRecord = serde_json::from_value(again).expect("loads");
+        assert_eq!(r2.permissions, r.permissions);
     }
 }

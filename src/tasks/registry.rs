@@ -92,16 +92,31 @@ pub struct Live {
     pub tools_run: u32,
     pub retry: Option<RetryInfo>,
     pub last_event: Instant,
-    /// When the pending permission was recorded: a permission list read before that cannot
-    /// clear it.
-    pub permission_since: Option<Instant>,
-    /// The pending permission was shown to the host (in a status or the return of a wait): a
-    /// wait returns early only for an ask the host has not been shown yet. Not saved: after a
-    /// restart an ask is news again.
-    pub ask_shown: bool,
+    /// What is known of each pending ask (by id) beyond the record. Not saved: after a restart
+    /// an ask is news again.
+    pub asks: HashMap<String, AskSeen>,
     /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
     /// id, how many checks, since when (see [`super::turn::abandoned`]).
     pub unfinished: Option<(String, u32, Instant)>,
+}
+
+/// What the gateway knows of one pending permission ask beyond the record.
+#[derive(Debug, Clone, Copy)]
+pub struct AskSeen {
+    /// When the ask was recorded: a permission list read before that cannot clear it.
+    pub since: Instant,
+    /// Shown to the host (in a status or the return of a wait): a wait returns early only for
+    /// an ask the host has not been shown yet.
+    pub shown: bool,
+}
+
+impl AskSeen {
+    fn now() -> Self {
+        Self {
+            since: Instant::now(),
+            shown: false,
+        }
+    }
 }
 
 impl Live {
@@ -122,8 +137,7 @@ impl Live {
             tools_run: 0,
             retry: None,
             last_event: Instant::now(),
-            permission_since: None,
-            ask_shown: false,
+            asks: HashMap::new(),
             unfinished: None,
         }
     }
@@ -161,8 +175,8 @@ impl TaskEntry {
         // A pending ask read back is as old as the restore: a permission list read after it that
         // no longer has the ask (answered while the gateway was down) clears it. Without a time
         // the sweep never did, and the task showed `waiting_permission` for good.
-        if rec.permission.is_some() {
-            live.permission_since = Some(Instant::now());
+        for ask in &rec.permissions {
+            live.asks.insert(ask.id.clone(), AskSeen::now());
         }
         Self { rec, live }
     }
@@ -250,40 +264,32 @@ impl TaskEntry {
     }
 
     /// A permission ask of the task (or of one of its subagents) is pending: the task waits for
-    /// it. A turn that is not open (over, being checked or aborted), or the ask it already
-    /// shows, is left as it is.
+    /// it, beside any other ask still pending (two subagents may ask at once; each is answered
+    /// by its own id). A turn that is not open (over, being checked or aborted), or an ask it
+    /// already holds, is left as it is.
     pub fn ask_permission(&mut self, ask: PermissionAsk) {
-        if !self.is_open() {
-            return;
-        }
-        if self.rec.permission.as_ref().is_some_and(|p| p.id == ask.id) {
+        if !self.is_open() || self.rec.permissions.iter().any(|p| p.id == ask.id) {
             return;
         }
         self.rec.status = TaskStatus::WaitingPermission;
-        self.rec.permission = Some(ask);
-        self.live.permission_since = Some(Instant::now());
-        self.live.ask_shown = false;
+        self.live.asks.insert(ask.id.clone(), AskSeen::now());
+        self.rec.permissions.push(ask);
     }
 
-    /// The ask `request_id` was answered: if it is the one the task shows, the task runs again.
+    /// The ask `request_id` was answered: it is no longer pending, and once no ask is, the task
+    /// runs again.
     pub fn permission_answered(&mut self, request_id: &str) {
-        if self
-            .rec
-            .permission
-            .as_ref()
-            .is_some_and(|p| p.id == request_id)
-        {
-            self.rec.permission = None;
-            self.live.permission_since = None;
-            if self.rec.status == TaskStatus::WaitingPermission {
-                self.rec.status = TaskStatus::Running;
-            }
+        self.rec.permissions.retain(|p| p.id != request_id);
+        self.live.asks.remove(request_id);
+        if self.rec.permissions.is_empty() && self.rec.status == TaskStatus::WaitingPermission {
+            self.rec.status = TaskStatus::Running;
         }
     }
 
     /// Ends the turn with a terminal status.
     pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
         self.rec.finish(status, error);
+        self.live.asks.clear();
         self.live.current_tool = None;
         self.live.retry = None;
         // The answer is in the record now (or is read over HTTP): the streamed copy goes.
@@ -373,7 +379,7 @@ impl TaskEntry {
             title: r.title.clone(),
             elapsed_ms: self.duration().as_millis() as u64,
             error: r.error.clone(),
-            permission: r.permission.clone(),
+            permissions: r.permissions.clone(),
             progress,
             text: None,
             next_offset: None,
@@ -625,7 +631,11 @@ fn observable(e: &TaskEntry) -> impl PartialEq {
     (
         e.rec.status,
         e.rec.turn,
-        e.rec.permission.as_ref().map(|p| p.id.clone()),
+        e.rec
+            .permissions
+            .iter()
+            .map(|p| p.id.clone())
+            .collect::<Vec<_>>(),
         e.live.phase,
         // The turn's first reply (an abort waits for it: see `abort.rs`).
         e.live.latest_reply.is_some(),
@@ -847,13 +857,18 @@ impl Registry {
         Some(r)
     }
 
-    /// The unfinished tasks among `ids` with a pending permission the host has not been shown.
+    /// The unfinished tasks among `ids` with a pending permission ask the host has not been
+    /// shown.
     pub fn unshown_asks(&self, ids: &[String]) -> Vec<String> {
         let t = self.lock();
         ids.iter()
             .filter(|id| {
                 t.tasks.get(*id).is_some_and(|e| {
-                    !e.rec.status.is_terminal() && e.rec.permission.is_some() && !e.live.ask_shown
+                    !e.rec.status.is_terminal()
+                        && e.rec
+                            .permissions
+                            .iter()
+                            .any(|p| !e.live.asks.get(&p.id).is_some_and(|a| a.shown))
                 })
             })
             .cloned()
@@ -861,14 +876,16 @@ impl Registry {
     }
 
     /// These asks (task id, ask id) have been shown to the host; one a task no longer waits on
-    /// (answered, or replaced by a newer ask) is left alone.
+    /// (answered meanwhile) is left alone.
     pub fn asks_shown<'a>(&self, asks: impl IntoIterator<Item = (&'a str, &'a str)>) {
         let mut t = self.lock();
         for (task_id, ask_id) in asks {
-            if let Some(e) = t.tasks.get_mut(task_id) {
-                if e.rec.permission.as_ref().is_some_and(|p| p.id == ask_id) {
-                    e.live.ask_shown = true;
-                }
+            if let Some(seen) = t
+                .tasks
+                .get_mut(task_id)
+                .and_then(|e| e.live.asks.get_mut(ask_id))
+            {
+                seen.shown = true;
             }
         }
     }
@@ -1234,13 +1251,7 @@ mod tests {
             Phase::Open,
             "a refused abort leaves the turn open"
         );
-        e.ask_permission(PermissionAsk {
-            id: "per_1".into(),
-            session_id: "ses_a".into(),
-            permission: "bash".into(),
-            patterns: vec![],
-            metadata: serde_json::Value::Null,
-        });
+        e.ask_permission(ask("per_1", "ses_a"));
         assert_eq!(e.rec.status, TaskStatus::WaitingPermission);
         assert!(e.claim_abort(1));
         e.finish(TaskStatus::Cancelled, None);
@@ -1326,23 +1337,64 @@ mod tests {
         assert!(r.update("never", |_| ()).is_none());
     }
 
+    fn ask(id: &str, session: &str) -> PermissionAsk {
+        PermissionAsk {
+            id: id.into(),
+            session_id: session.into(),
+            permission: "bash".into(),
+            patterns: vec![],
+            metadata: serde_json::Value::Null,
+        }
+    }
+
     /// A task restored with a pending ask can have it cleared by the next permission sweep.
     #[test]
     fn a_restored_ask_can_be_swept() {
         let mut e = entry("asking");
-        e.ask_permission(PermissionAsk {
-            id: "per_1".into(),
-            session_id: "ses_asking".into(),
-            permission: "bash".into(),
-            patterns: vec![],
-            metadata: serde_json::Value::Null,
-        });
+        e.ask_permission(ask("per_1", "ses_asking"));
         let restored = TaskEntry::from_record(e.rec.clone());
-        assert!(restored.rec.permission.is_some());
+        assert_eq!(restored.rec.permissions.len(), 1);
         assert!(
-            restored.live.permission_since.is_some(),
+            restored.live.asks.contains_key("per_1"),
             "the sweep only clears asks with a time"
         );
+    }
+
+    /// Two asks at once (two subagents) are both kept, in order; answering one leaves the task
+    /// waiting on the other, and only the last answer lets it run.
+    #[test]
+    fn every_pending_ask_is_kept_until_it_is_answered() {
+        let r = Registry::default();
+        r.insert(entry("t"));
+        r.update("t", |e| {
+            e.ask_permission(ask("per_a", "ses_child1"));
+            e.ask_permission(ask("per_b", "ses_child2"));
+            e.ask_permission(ask("per_a", "ses_child1"));
+        });
+        let shown = |r: &Registry| {
+            r.snapshots(&["t".into()], false, Duration::from_secs(60))
+                .expect("snapshot")
+                .remove(0)
+        };
+        let s = shown(&r);
+        assert_eq!(s.status, TaskStatus::WaitingPermission);
+        let ids: Vec<&str> = s.permissions.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["per_a", "per_b"]);
+        // Shown one by one: the task stays news while any ask is unshown.
+        assert_eq!(r.unshown_asks(&["t".into()]), ["t"]);
+        r.asks_shown([("t", "per_a")]);
+        assert_eq!(r.unshown_asks(&["t".into()]), ["t"]);
+        r.asks_shown([("t", "per_b")]);
+        assert!(r.unshown_asks(&["t".into()]).is_empty());
+        r.update("t", |e| e.permission_answered("per_b"));
+        let s = shown(&r);
+        assert_eq!(s.status, TaskStatus::WaitingPermission);
+        assert_eq!(s.permissions.len(), 1);
+        assert_eq!(s.permissions[0].id, "per_a");
+        r.update("t", |e| e.permission_answered("per_a"));
+        let s = shown(&r);
+        assert_eq!(s.status, TaskStatus::Running);
+        assert!(s.permissions.is_empty());
     }
 
     /// Releasing an idempotency key (a failed all-or-nothing fan-out) is written at once, not

@@ -728,22 +728,48 @@ impl TaskService {
         self.snapshot(&entry.rec.id, false)
     }
 
-    /// Answers the permission the task is waiting on (its own, or one of its subagents').
-    /// Refused when it waits on none, so an answer can never land on a later, different ask.
+    /// Answers one permission ask the task waits on (its own, or one of its subagents'):
+    /// `ask_id`, or without it the only pending ask. An answer never lands on an ask the host
+    /// did not name: with several pending, or an id no longer pending, it is refused and the
+    /// pending asks are listed.
     pub async fn reply_permission(
         &self,
         task_id: &str,
+        ask_id: Option<&str>,
         reply: PermissionReply,
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.entry(task_id)?;
-        let ask = match (&entry.rec.permission, entry.rec.status) {
-            (Some(ask), TaskStatus::WaitingPermission) => ask.clone(),
-            _ => {
-                return Err(TaskError::Conflict(format!(
-                    "task {} is not waiting for a permission (status {})",
+        let pending = &entry.rec.permissions;
+        if pending.is_empty() || entry.rec.status != TaskStatus::WaitingPermission {
+            return Err(TaskError::Conflict(format!(
+                "task {} is not waiting for a permission (status {})",
+                entry.rec.id,
+                entry.rec.status.as_str()
+            )));
+        }
+        let listed = || {
+            pending
+                .iter()
+                .map(|p| format!("`{}` ({})", p.id, p.summary(80)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ask = match (ask_id, pending.as_slice()) {
+            (Some(id), _) => pending.iter().find(|p| p.id == id).ok_or_else(|| {
+                TaskError::Conflict(format!(
+                    "task {} has no pending ask `{id}` (answered already?); it waits on: {}",
                     entry.rec.id,
-                    entry.rec.status.as_str()
+                    listed()
+                ))
+            })?,
+            (None, [only]) => only,
+            (None, _) => {
+                return Err(TaskError::Conflict(format!(
+                    "task {} waits on {} asks: name the one to answer with `permission_id`: {}",
+                    entry.rec.id,
+                    pending.len(),
+                    listed()
                 )))
             }
         };

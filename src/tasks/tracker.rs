@@ -267,29 +267,29 @@ async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &st
                 .update(&owner.task_id, |e| e.ask_permission(ask));
         }
     }
+    // Recorded before this list was read, and not in it: answered while the stream was down.
+    let stale = |e: &super::registry::TaskEntry| -> Vec<String> {
+        e.rec
+            .permissions
+            .iter()
+            .filter(|p| !pending.contains(&p.id))
+            .filter(|p| e.live.asks.get(&p.id).is_some_and(|a| a.since < started))
+            .map(|p| p.id.clone())
+            .collect()
+    };
     for id in ctx.registry.ids_where(|e| {
-        e.rec.server_id == server.id
-            && e.rec.directory == directory
-            && e.rec.permission.is_some()
-            && e.live.permission_since.is_some_and(|t| t < started)
+        e.rec.server_id == server.id && e.rec.directory == directory && !stale(e).is_empty()
     }) {
         ctx.registry.update(&id, |e| {
-            let stale = e
-                .rec
-                .permission
-                .as_ref()
-                .filter(|p| !pending.contains(&p.id))
-                .filter(|_| e.live.permission_since.is_some_and(|t| t < started))
-                .map(|p| p.id.clone());
-            if let Some(stale) = stale {
-                e.permission_answered(&stale);
+            for ask in stale(e) {
+                e.permission_answered(&ask);
             }
         });
     }
 }
 
 /// Rejects every ask OpenCode still lists for `task_id` (its own session's or a subagent's),
-/// except `answered` (rejected already). Called after an abort: OpenCode leaves a pending ask
+/// except those `answered` (rejected already). Called after an abort: OpenCode leaves a pending ask
 /// listed when it aborts the session, and an ask raised just before the abort may not have
 /// reached the task through the event stream yet, so only OpenCode's own list finds it.
 pub(super) async fn reject_pending_asks(
@@ -297,7 +297,7 @@ pub(super) async fn reject_pending_asks(
     server: &Server,
     directory: &str,
     task_id: &str,
-    answered: Option<&str>,
+    answered: &[String],
 ) {
     let asks = match server.api.permissions(directory).await {
         Ok(a) => a,
@@ -307,7 +307,7 @@ pub(super) async fn reject_pending_asks(
         }
     };
     for ask in asks {
-        if Some(ask.id.as_str()) == answered {
+        if answered.contains(&ask.id) {
             continue;
         }
         let owner = resolve_owner(ctx, server, directory, &ask.session_id).await;
@@ -1530,8 +1530,13 @@ mod tests {
         let asked = registry.get("tsk_a").expect("task");
         assert_eq!(asked.rec.status, TaskStatus::WaitingPermission);
         assert_eq!(
-            asked.rec.permission.map(|p| p.session_id).as_deref(),
-            Some("ses_child")
+            asked
+                .rec
+                .permissions
+                .iter()
+                .map(|p| p.session_id.as_str())
+                .collect::<Vec<_>>(),
+            ["ses_child"]
         );
         registry.update("tsk_a", |e| {
             apply_child(

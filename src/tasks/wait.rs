@@ -12,9 +12,9 @@ impl TaskService {
     /// The permission asks in these snapshots have been shown to the host (a status, or the
     /// return of a wait): a later wait does not return early for them.
     pub fn asks_shown<'a>(&self, shown: impl IntoIterator<Item = &'a TaskSnapshot>) {
-        self.registry.asks_shown(shown.into_iter().filter_map(|t| {
-            t.permission
-                .as_ref()
+        self.registry.asks_shown(shown.into_iter().flat_map(|t| {
+            t.permissions
+                .iter()
                 .map(|p| (t.task_id.as_str(), p.id.as_str()))
         }));
     }
@@ -101,7 +101,7 @@ impl TaskService {
                 };
                 let asking: Vec<String> = unfinished
                     .iter()
-                    .filter(|t| t.permission.is_some() && unshown.contains(&t.task_id))
+                    .filter(|t| !t.permissions.is_empty() && unshown.contains(&t.task_id))
                     .map(|t| t.task_id.clone())
                     .collect();
                 if done || expired || !asking.is_empty() {

@@ -37,6 +37,7 @@
 //! | `[[error500]]` | HTTP 500 without a retry header, on every attempt |
 //! | `[[usage:<n>]]` | the usage chunk of every answer to this request reports `<n>` prompt tokens (instead of 100): with a small-context model (`fake-small`, see [`OpenCodeEnv::with_small_model`](super::isolation::OpenCodeEnv::with_small_model)) this makes OpenCode auto-compact after the step |
 //! | `[[answers:<a1>;;<a2>;;...]]` | in **any** user message of the request (so it outlives follow-ups the test did not write): the text answer is `<ak>`, where `k` is the number of user messages in the request (the last one for more), in place of the echo; `\n` becomes a newline and `{{`/`}}` become `[[`/`]]` (so an answer can carry a marker into what the gateway sends back, e.g. a validation error quoting it). For turn-by-turn answers in one session, e.g. a wrong structured answer, then a right one |
+//! | `[[parallel]]` | issue every tool marker of the prompt at once, as one step with several `tool_calls` (OpenCode runs them side by side, e.g. two subagents); the next step answers with text |
 //! | `[[task:<subagent_type>:<prompt>]]` | answer with a `task` tool call `{"description": "<first words of prompt>", "prompt": "<prompt>", "subagent_type": "<subagent_type>"}` (a subagent in a child session); `<prompt>` cannot hold `]]`, so write `{{`/`}}` for `[[`/`]]`: `[[task:general:{{bash:touch x}}]]` makes the child run `[[bash:touch x]]` |
 //!
 //! OpenCode 1.18.33 retries a 500 five times (six requests in all), waiting `retry-after-ms` when
@@ -109,6 +110,8 @@ pub enum Marker {
         subagent_type: String,
         prompt: String,
     },
+    /// `[[parallel]]`: all tool calls in one step.
+    Parallel,
 }
 
 /// What the fake answered.
@@ -127,6 +130,8 @@ pub enum Reply {
         name: String,
         arguments: Value,
     },
+    /// `[[parallel]]`: several tool calls in one step, as (id, name, arguments).
+    ToolCalls(Vec<(String, String, Value)>),
     Error {
         status: u16,
         message: String,
@@ -448,6 +453,7 @@ fn parse_marker(inner: &str) -> Option<Marker> {
         ("slow", Some(arg)) => Some(Marker::Slow { ms: ms(arg)? }),
         ("delay", Some(arg)) => Some(Marker::Delay { ms: ms(arg)? }),
         ("error400", None) => Some(Marker::Error400),
+        ("parallel", None) => Some(Marker::Parallel),
         ("error500", None) => Some(Marker::Error500 {
             retry_after_ms: None,
             times: None,
@@ -515,6 +521,7 @@ enum Plan {
         name: String,
         arguments: Value,
     },
+    ToolCalls(Vec<(String, String, Value)>),
     Text {
         text: String,
         slow_ms: Option<u64>,
@@ -539,6 +546,7 @@ impl Plan {
                 name: name.clone(),
                 arguments: arguments.clone(),
             },
+            Plan::ToolCalls(calls) => Reply::ToolCalls(calls.clone()),
             Plan::Text { text, slow_ms } => Reply::Text {
                 text: text.clone(),
                 slow_ms: *slow_ms,
@@ -621,7 +629,23 @@ fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
         })
         .filter(|(name, _)| this.tools.iter().any(|t| t == name))
         .collect();
-    if let Some((name, arguments)) = tool_calls.into_iter().nth(tool_steps_done) {
+    if this.markers.contains(&Marker::Parallel) && tool_calls.len() > 1 {
+        if tool_steps_done == 0 {
+            return Plan::ToolCalls(
+                tool_calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (name, arguments))| {
+                        (
+                            format!("call_fake_{}_{k}", this.index),
+                            name.to_owned(),
+                            arguments,
+                        )
+                    })
+                    .collect(),
+            );
+        }
+    } else if let Some((name, arguments)) = tool_calls.into_iter().nth(tool_steps_done) {
         return Plan::ToolCall {
             id: format!("call_fake_{}_{}", this.index, tool_steps_done),
             name: name.to_owned(),
@@ -947,6 +971,18 @@ fn completion_json(index: usize, model: &str, plan: &Plan, prompt_tokens: u64) -
             }),
             "tool_calls",
         ),
+        Plan::ToolCalls(calls) => (
+            json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": calls.iter().map(|(id, name, arguments)| json!({
+                    "id": id,
+                    "type": "function",
+                    "function": { "name": name, "arguments": arguments.to_string() }
+                })).collect::<Vec<_>>()
+            }),
+            "tool_calls",
+        ),
         Plan::Text { text, .. } => (json!({ "role": "assistant", "content": text }), "stop"),
         Plan::Error { .. } => (json!({ "role": "assistant", "content": "" }), "stop"),
     };
@@ -1011,6 +1047,23 @@ where
                     None,
                 ),
             );
+            "tool_calls"
+        }
+        Plan::ToolCalls(calls) => {
+            for (index, (id, name, arguments)) in calls.iter().enumerate() {
+                push(
+                    Duration::ZERO,
+                    delta(
+                        json!({ "tool_calls": [{
+                            "index": index,
+                            "id": id,
+                            "type": "function",
+                            "function": { "name": name, "arguments": arguments.to_string() }
+                        }] }),
+                        None,
+                    ),
+                );
+            }
             "tool_calls"
         }
         Plan::Text { text, slow_ms } => {

@@ -1,8 +1,10 @@
-//! `reply_permission`: answer the permission ask a task is waiting on.
+//! `reply_permission`: answer a permission ask a task is waiting on.
 //!
 //! With `opencode.permission: ask`, OpenCode pauses a tool call until someone answers; the task
-//! shows `waiting_permission` with what is asked. An unanswered ask would keep the session busy
-//! forever (the original's bug 5), so the host gets a tool to answer it.
+//! shows `waiting_permission` with each pending ask and its id. An unanswered ask would keep the
+//! session busy forever (the original's bug 5), so the host gets a tool to answer it. Two
+//! subagents may ask at once: an answer goes to the ask its `permission_id` names, or, without
+//! one, to the only pending ask; it never lands on an ask the host has not seen.
 
 use rmcp::model::ToolAnnotations;
 use schemars::JsonSchema;
@@ -13,7 +15,7 @@ use crate::gateway::error::ToolError;
 use crate::opencode::PermissionReply;
 use crate::tasks::TaskSnapshot;
 
-/// How to answer.
+// How to answer (the tool's description says; a schema description would only repeat it).
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Reply {
@@ -34,6 +36,9 @@ pub struct Args {
     pub task_id: String,
     // The values say it; the tool's description says what each does.
     pub reply: Reply,
+    /// The ask's `id`, if several are pending.
+    #[serde(default)]
+    pub permission_id: Option<String>,
 }
 
 /// The `reply_permission` action.
@@ -62,5 +67,12 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         Reply::Always => PermissionReply::Always,
         Reply::Reject => PermissionReply::Reject,
     };
-    Ok(ctx.tasks.reply_permission(&task_id, reply).await?)
+    let ask = args
+        .permission_id
+        .map(|id| checks::required_name("permission_id", id))
+        .transpose()?;
+    Ok(ctx
+        .tasks
+        .reply_permission(&task_id, ask.as_deref(), reply)
+        .await?)
 }

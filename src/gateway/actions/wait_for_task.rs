@@ -351,13 +351,14 @@ fn describe(task: &TaskSnapshot) -> String {
     let progress = task.progress.as_ref();
     let doing = match (task.status, progress) {
         (TaskStatus::Pending, _) => "starting".to_string(),
-        (TaskStatus::WaitingPermission, _) => match &task.permission {
-            Some(ask) => format!(
-                "waiting for permission: {} {}",
-                ask.permission,
-                shorten(&ask.patterns.join(" "), 60)
+        (TaskStatus::WaitingPermission, _) => match task.permissions.as_slice() {
+            [] => "waiting for permission".to_string(),
+            [ask] => format!("waiting for permission: {}", ask.summary(70)),
+            [ask, more @ ..] => format!(
+                "waiting for permission: {} (and {} more)",
+                ask.summary(70),
+                more.len()
             ),
-            None => "waiting for permission".to_string(),
         },
         (_, Some(p)) if p.retry.is_some() => {
             let retry = p.retry.as_ref().map(|r| (r.attempt, r.message.as_str()));
@@ -451,7 +452,7 @@ mod tests {
             structured_attempts: None,
             elapsed_ms: 0,
             error: None,
-            permission: None,
+            permissions: Vec::new(),
             progress: tool.map(|(tool, title)| Progress {
                 current_tool: Some(tool.into()),
                 current_tool_title: Some(title.into()),
