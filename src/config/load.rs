@@ -309,36 +309,30 @@ pub fn load_checked(
             }
         };
         // Only the repository's layer is filtered, against what the layers below set.
-        let below = |key: &str| figment.extract_inner::<String>(key).ok();
         let in_force = |key: &str| figment.find_value(key).ok();
-        let below_cap = |key: &str| figment.extract_inner::<f64>(key).ok();
         // The tiers the user set (the built-in ones name no model and no cap: a repository
         // may fill those in).
-        let below_tiers = || {
-            let users = figment
+        let user_tiers = if is_repo
+            && figment
                 .find_metadata("tiers")
-                .is_some_and(|m| m.name != BUILT_IN_NAME);
-            users
-                .then(|| figment.extract_inner::<Vec<super::Tier>>("tiers").ok())
-                .flatten()
+                .is_some_and(|m| m.name != BUILT_IN_NAME)
+        {
+            figment
+                .extract_inner::<Vec<super::Tier>>("tiers")
                 .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let below = trust::Below {
+            value: &in_force,
+            tiers: &user_tiers,
         };
         for dict in data.values_mut() {
             drop_empty_sections(dict, &built_in);
             if is_repo {
-                trust::drop_unchanged(dict, &in_force);
-                let mut out = trust::filter(dict, &below);
-                out.extend(trust::filter_caps(dict, &below_cap));
-                out.extend(trust::filter_tiers(dict, &below_tiers()));
-                let below_duration = |key: &str| {
-                    figment
-                        .extract_inner::<super::HumanDuration>(key)
-                        .ok()
-                        .map(super::HumanDuration::get)
-                };
-                out.extend(trust::filter_durations(dict, &below_duration));
                 withheld.extend(
-                    out.into_iter()
+                    trust::filter(dict, &below)
+                        .into_iter()
                         .map(|(key, value)| (path.clone(), key, value)),
                 );
             }
@@ -648,7 +642,16 @@ fn in_force(figment: &Figment, key: &str) -> String {
                 origin_of_key(figment, key)
             )
         }
-        _ => "unset".to_string(),
+        _ => match key.split('.').collect::<Vec<_>>().as_slice() {
+            // A host no layer names gets `hosts.default`'s entry.
+            ["hosts", name, field] if *name != "default" => {
+                format!(
+                    "unset, so {}",
+                    in_force(figment, &format!("hosts.default.{field}"))
+                )
+            }
+            _ => "unset".to_string(),
+        },
     }
 }
 

@@ -51,7 +51,7 @@ pub use template::{
     placeholders, render, stale_mentions, tool_names, tool_placeholders, StaleMention,
     TIERS_PLACEHOLDER, TOOL_PREFIX,
 };
-pub use trust::{Withheld, TRUST_KEYS};
+pub use trust::{Policy, Rule, Withheld, POLICY};
 pub use types::*;
 pub use validate::Issue;
 pub use yaml::Yaml;

@@ -1,12 +1,15 @@
-//! The trust boundary of the configuration layers.
+//! The trust boundary of the configuration layers: what a repository's `delegation.yaml` may set.
 //!
 //! The `delegation.yaml` in the directory the host starts the gateway in is the *repository's*
 //! file: whoever wrote the repository wrote it, and cloning a repository must not let it choose
-//! what the gateway executes, where it sends prompts and code, which secret goes with them, or
-//! where task output is kept. So from that layer the keys in [`TRUST_KEYS`] are withheld (not
-//! merged), and `opencode.permission` is taken only when it is at least as strict as what the
-//! layers below say (`allow` < `ask` < `deny`). Everything else (tools, prompts, tiers, timeouts,
-//! limits, instructions) is the surface a repository is meant to tune.
+//! what the gateway executes, where it sends prompts and code, which secret goes with them, where
+//! task output is kept, or how much delegation may spend. [`POLICY`] is the whole rule, one row
+//! per key pattern, each saying what a repository's value gets: taken as written ([`Rule::Free`]),
+//! withheld, taken only when it lowers (a cap, a limit, a timeout) or tightens (the permission
+//! policy, isolation) what the layers below set, or, for a tool's fixed argument, taken only when
+//! it is the safe value. The tools, prompts, instructions, new tiers and most limits stay the
+//! surface a repository is meant to tune. A withheld value is reported ([`Withheld`]) with what
+//! is in force instead.
 //!
 //! The user's own layers (their global file, `--config`, the environment) may set every key. A
 //! repository file named explicitly with `--config` is the user vouching for it, and is loaded as
@@ -17,42 +20,307 @@ use std::path::PathBuf;
 
 use figment::value::{Dict, Value};
 
-/// Keys a repository's `delegation.yaml` may not set: what runs (`opencode.command`), where it
-/// connects (`url`, `hostname`, `port`), which secret is sent (`password_env`) and where data
-/// lands (`state_dir`).
-pub const TRUST_KEYS: &[&str] = &[
-    "opencode.command",
-    "opencode.url",
-    "opencode.hostname",
-    "opencode.port",
-    "opencode.password_env",
-    "state_dir",
+/// What a repository's value for a key gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Taken as written: the surface a repository tunes.
+    Free,
+    /// Never taken.
+    Withheld,
+    /// Taken when it is at most the value below (numbers, or durations such as `10m`); where
+    /// nothing is set below, any value lowers. Unsetting (`~`) a value set below is raising it.
+    OnlyLower,
+    /// Taken when it is one of these words (loosest first) and at least as strict as the word
+    /// below (unset below: the loosest).
+    OnlyTighter(&'static [&'static str]),
+    /// A tool's fixed argument, taken only as one of these values: fixing any other value would
+    /// choose, out of the host's sight, what the host itself may only choose knowingly.
+    OnlyFixedTo(&'static [&'static str]),
+    /// A tool's `action`, taken when it stays the same or the entry brings its own description
+    /// (else the host would read the old tool's description over the new action).
+    WithOwnDescription,
+}
+
+/// One row of the policy: keys matching `pattern` (dotted; `*` is one segment, a tier's or a
+/// tool's or a host's name) get `rule`, for the reason `why` (shown with a withheld value).
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub pattern: &'static str,
+    pub rule: Rule,
+    pub why: &'static str,
+}
+
+const RUNS: &str = "a repository's delegation.yaml may not choose what the gateway runs, where it \
+                    connects, which secret it sends or where it keeps data";
+const CAP: &str =
+    "a repository's delegation.yaml may lower a spending cap, never raise or remove it";
+const LIMIT: &str = "a repository's delegation.yaml may lower this limit, never raise it";
+const TIER: &str = "a repository's delegation.yaml may not change which model or variant your \
+                    tiers run, nor raise or remove their caps";
+const WHERE: &str = "a repository's delegation.yaml may not fix, out of the host's sight, where \
+                     a tool's tasks run, on which server, with which agent, or what they answer";
+const FREE: &str = "the surface a repository tunes";
+const RANKS_PERMISSION: &[&str] = &["allow", "ask", "deny"];
+const RANKS_ISOLATION: &[&str] = &["none", "worktree"];
+const RANKS_BASE: &[&str] = &["working_tree", "head"];
+const RANKS_COUNT: &[&str] = &["utf16", "bytes"];
+
+/// What a repository's `delegation.yaml` may set, key by key. The first row whose pattern
+/// matches a key decides it; a key no row matches is taken (a test checks that every key of the
+/// configuration has a row). Tier rows apply to a tier your own layers define; a tier of a new
+/// name, or a built-in one (which names no model and no cap), is the repository's to fill in.
+pub const POLICY: &[Policy] = &[
+    // What runs, where it connects, which secret is sent, where data lands.
+    Policy {
+        pattern: "opencode.command",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "opencode.url",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "opencode.hostname",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "opencode.port",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "opencode.password_env",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "state_dir",
+        rule: Rule::Withheld,
+        why: RUNS,
+    },
+    Policy {
+        pattern: "opencode.permission",
+        rule: Rule::OnlyTighter(RANKS_PERMISSION),
+        why: "a repository's delegation.yaml may tighten the permission policy, never loosen it",
+    },
+    Policy {
+        pattern: "isolation.mode",
+        rule: Rule::OnlyTighter(RANKS_ISOLATION),
+        why: "a repository's delegation.yaml may tighten isolation (`none` < `worktree`), never \
+              loosen it",
+    },
+    Policy {
+        pattern: "isolation.base",
+        rule: Rule::OnlyTighter(RANKS_BASE),
+        why: "a repository's delegation.yaml may not bring your uncommitted and untracked files \
+              into agents' worktrees (`head` is taken, `working_tree` only where it is in force)",
+    },
+    // What delegation spends, and how long it may hold the host and the machine.
+    Policy {
+        pattern: "limits.max_cost_usd",
+        rule: Rule::OnlyLower,
+        why: CAP,
+    },
+    Policy {
+        pattern: "limits.max_tokens",
+        rule: Rule::OnlyLower,
+        why: CAP,
+    },
+    Policy {
+        pattern: "limits.max_cost_usd_per_day",
+        rule: Rule::OnlyLower,
+        why: CAP,
+    },
+    Policy {
+        pattern: "limits.max_tasks",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "limits.structured_retries",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "limits.max_result_chars",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "limits.result_page_chars",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "limits.*",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "timeouts.task",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "timeouts.request",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "timeouts.wait_default",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "timeouts.wait_max",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "timeouts.*",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "hosts.*.result_chars",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "hosts.*.wait_max",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "hosts.*.count",
+        rule: Rule::OnlyTighter(RANKS_COUNT),
+        why: "a repository's delegation.yaml may count a host's result in bytes (never larger \
+              than utf16), not the other way round",
+    },
+    // Your tiers: which model they mean decides where the code goes and what it costs.
+    Policy {
+        pattern: "tiers.*.models",
+        rule: Rule::Withheld,
+        why: TIER,
+    },
+    Policy {
+        pattern: "tiers.*.variant",
+        rule: Rule::Withheld,
+        why: TIER,
+    },
+    Policy {
+        pattern: "tiers.*.max_cost_usd",
+        rule: Rule::OnlyLower,
+        why: TIER,
+    },
+    Policy {
+        pattern: "tiers.*.max_tokens",
+        rule: Rule::OnlyLower,
+        why: TIER,
+    },
+    Policy {
+        pattern: "tiers.*.*",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    // A tool's fixed arguments (a preset): where its tasks work and what they may do.
+    Policy {
+        pattern: "tools.*.action",
+        rule: Rule::WithOwnDescription,
+        why: "a repository's delegation.yaml may change a tool's action only with a description \
+              of its own (the host would read the old tool's description)",
+    },
+    Policy {
+        pattern: "tools.*.directory",
+        rule: Rule::Withheld,
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.server_id",
+        rule: Rule::Withheld,
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.port",
+        rule: Rule::Withheld,
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.agent",
+        rule: Rule::Withheld,
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.isolation",
+        rule: Rule::OnlyFixedTo(&["worktree"]),
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.base",
+        rule: Rule::OnlyFixedTo(&["head"]),
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.reply",
+        rule: Rule::OnlyFixedTo(&["reject"]),
+        why: WHERE,
+    },
+    Policy {
+        pattern: "tools.*.*",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    // The words the host reads, and the rest.
+    Policy {
+        pattern: "instructions",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "prompts",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "tiers",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "report",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "reload",
+        rule: Rule::Free,
+        why: FREE,
+    },
+    Policy {
+        pattern: "$schema",
+        rule: Rule::Free,
+        why: FREE,
+    },
 ];
 
-/// The permission key, which a repository may only tighten.
-pub const PERMISSION_KEY: &str = "opencode.permission";
+/// The row deciding `key`: the first whose pattern matches it, segment by segment.
+pub fn policy_for(key: &str) -> Option<&'static Policy> {
+    POLICY.iter().find(|p| matches(p.pattern, key))
+}
 
-/// The isolation default, which a repository may only tighten (`none` < `worktree`).
-pub const ISOLATION_KEY: &str = "isolation.mode";
-
-/// Arguments a repository's tool entry may not fix: where the tool's tasks work, out of the
-/// host's sight (a preset fixing `directory: /` runs every task in the root; one fixing
-/// `isolation: none` edits the checkout). `isolation: worktree` is tightening and is taken.
-pub const UNFIXABLE_ARGUMENTS: &[&str] = &["directory", "isolation"];
-
-/// Spending caps, which a repository may only lower (a cap where the layers below set none is
-/// lowering too).
-pub const CAP_KEYS: &[&str] = &[
-    "limits.max_cost_usd",
-    "limits.max_tokens",
-    "limits.max_cost_usd_per_day",
-];
-
-/// Limits a repository may only lower, like the caps: how many tasks run at once, how many
-/// paid correction turns a structured answer gets, and how long a task may run. Each multiplies
-/// what delegation spends.
-pub const LIMIT_KEYS: &[&str] = &["limits.max_tasks", "limits.structured_retries"];
-pub const DURATION_LIMIT_KEYS: &[&str] = &["timeouts.task"];
+fn matches(pattern: &str, key: &str) -> bool {
+    let (mut p, mut k) = (pattern.split('.'), key.split('.'));
+    loop {
+        match (p.next(), k.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a == "*" || a == b => {}
+            _ => return false,
+        }
+    }
+}
 
 /// A setting of the repository's file that was not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,30 +337,7 @@ pub struct Withheld {
 
 impl fmt::Display for Withheld {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = if CAP_KEYS.contains(&self.key.as_str()) {
-            "a repository's delegation.yaml may lower a spending cap, never raise or remove it"
-        } else if LIMIT_KEYS.contains(&self.key.as_str())
-            || DURATION_LIMIT_KEYS.contains(&self.key.as_str())
-        {
-            "a repository's delegation.yaml may lower this limit, never raise it"
-        } else if self.key == PERMISSION_KEY {
-            "a repository's delegation.yaml may tighten the permission policy, never loosen it"
-        } else if self.key == ISOLATION_KEY {
-            "a repository's delegation.yaml may tighten isolation (`none` < `worktree`), never \
-             loosen it"
-        } else if self.key.starts_with("tiers.") {
-            "a repository's delegation.yaml may not change which model or variant your tiers \
-             run, nor raise or remove their caps"
-        } else if self.key.starts_with("tools.") && self.key.ends_with(".action") {
-            "a repository's delegation.yaml may change a tool's action only with a description \
-             of its own (the host would read the old tool's description)"
-        } else if self.key.starts_with("tools.") {
-            "a repository's delegation.yaml may not fix where a tool's tasks work, out of the \
-             host's sight (it may fix `isolation: worktree`)"
-        } else {
-            "a repository's delegation.yaml may not choose what the gateway runs, where it \
-             connects, which secret it sends or where it keeps data"
-        };
+        let why = policy_for(&self.key).map_or(RUNS, |p| p.why);
         let text = format!(
             "file {}: `{}` ({}) is not applied: {why}; in force: {}. Set it in your own \
              $XDG_CONFIG_HOME/opencode-mcp/delegation.yaml, in a file passed with --config, or \
@@ -116,48 +361,169 @@ pub fn env_name(key: &str) -> String {
     )
 }
 
-/// How strict a permission policy is (`allow` < `ask` < `deny`); anything else has no rank.
-fn strictness(policy: &str) -> Option<u8> {
-    match policy {
-        "allow" => Some(0),
-        "ask" => Some(1),
-        "deny" => Some(2),
-        _ => None,
-    }
+/// What the layers below the repository's file hold.
+pub struct Below<'a> {
+    /// The value of a dotted key in force below (`None`: unset).
+    pub value: &'a dyn Fn(&str) -> Option<Value>,
+    /// The tiers the user's own layers define (not the built-in list: its tiers name no model
+    /// and no cap, and a repository may fill those in).
+    pub tiers: &'a [super::Tier],
 }
 
-/// How strict an isolation mode is; anything else has no rank.
-fn isolation_rank(mode: &str) -> Option<u8> {
-    match mode {
-        "none" => Some(0),
-        "worktree" => Some(1),
-        _ => None,
+/// Applies [`POLICY`] to a repository layer's data: a value not taken is removed (for a tier,
+/// replaced by the user's own), and returned with its dotted key. A value that repeats what is
+/// in force is dropped quietly, whatever its rule: a repository that commits a copy of the
+/// resolved configuration (`print-config`) changes nothing, so there is nothing to report at
+/// every start, and `check-config` has no reason to fail on it.
+pub fn filter(dict: &mut Dict, below: &Below) -> Vec<(String, String)> {
+    let mut withheld = Vec::new();
+    walk(dict, "", below, &mut withheld);
+    if let Some(Value::Array(_, tiers)) = dict.get_mut("tiers") {
+        filter_tiers(tiers, below.tiers, &mut withheld);
     }
+    withheld
 }
 
-/// Removes the settings of a repository layer that [`filter`] would withhold but that repeat
-/// the value already in force below it (`in_force` reads the layers below; `None`: unset).
-///
-/// A repository that commits a copy of the resolved configuration (`print-config`) or of the
-/// built-in file repeats `opencode.command: opencode`, `state_dir: ~` and the like. Those
-/// change nothing, so there is nothing to withhold and nothing to warn about at every start,
-/// and `check-config` has no reason to fail on them. A value that differs in any way is left
-/// for [`filter`] to withhold and report.
-pub fn drop_unchanged(dict: &mut Dict, in_force: &dyn Fn(&str) -> Option<Value>) {
-    let mut keys: Vec<String> = TRUST_KEYS.iter().map(|k| k.to_string()).collect();
-    if let Some(Value::Dict(_, tools)) = dict.get("tools") {
-        for name in tools.keys() {
-            keys.extend(
-                UNFIXABLE_ARGUMENTS
-                    .iter()
-                    .map(|arg| format!("tools.{name}.{arg}")),
-            );
+/// Judges each key of `dict` (at `prefix`) by its row; a key without a row of its own is
+/// looked into, if it is a map.
+fn walk(dict: &mut Dict, prefix: &str, below: &Below, out: &mut Vec<(String, String)>) {
+    let keys: Vec<String> = dict.keys().cloned().collect();
+    for key in keys {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match policy_for(&path).map(|p| p.rule) {
+            Some(Rule::Free) => {}
+            Some(rule) => {
+                let in_force = in_force_below(&path, below);
+                let Some(value) = dict.get(&key) else {
+                    continue;
+                };
+                if same(value, in_force.as_ref()) {
+                    dict.remove(&key);
+                } else if !taken(rule, value, in_force.as_ref(), dict) {
+                    if let Some(value) = dict.remove(&key) {
+                        out.push((path, show(&value)));
+                    }
+                }
+            }
+            None => {
+                if let Some(Value::Dict(_, inner)) = dict.get_mut(&key) {
+                    walk(inner, &path, below, out);
+                }
+            }
         }
     }
-    for key in keys {
-        let unchanged = lookup(dict, &key).is_some_and(|v| same(v, in_force(&key).as_ref()));
-        if unchanged {
-            take(dict, &key);
+}
+
+/// The value in force below for `path`; a host the layers below do not name is held to what
+/// they set for `hosts.default` (the entry such a host would get).
+fn in_force_below(path: &str, below: &Below) -> Option<Value> {
+    let set = |key: &str| (below.value)(key).filter(|v| !matches!(v, Value::Empty(..)));
+    set(path).or_else(|| match path.split('.').collect::<Vec<_>>().as_slice() {
+        ["hosts", _, field] => set(&format!("hosts.default.{field}")),
+        _ => None,
+    })
+}
+
+/// Whether a repository's `value` is taken under `rule`, over `below` (the value in force
+/// before this file; `None`: unset). `entry` is the map the value sits in (a tool's entry, for
+/// its description). Judged on the raw value, whatever its shape: a value that is no number or
+/// duration where one is compared is left for the typed extraction to report (naming the
+/// file), except a number written as a string, which is compared as the number it would be.
+fn taken(rule: Rule, value: &Value, below: Option<&Value>, entry: &Dict) -> bool {
+    match rule {
+        Rule::Free => true,
+        Rule::Withheld => false,
+        Rule::OnlyLower => match below {
+            None => true,
+            Some(below) => match (magnitude(value), magnitude(below)) {
+                (Some(v), Some(b)) => v <= b,
+                // Unsetting a limit set below removes it: raising it as far as it goes.
+                _ if matches!(value, Value::Empty(..)) => false,
+                _ => true,
+            },
+        },
+        Rule::OnlyTighter(ranks) => {
+            let rank = |v: &Value| v.as_str().and_then(|s| ranks.iter().position(|r| *r == s));
+            let floor = below.and_then(rank).unwrap_or(0);
+            rank(value).is_some_and(|r| r >= floor)
+        }
+        Rule::OnlyFixedTo(allowed) => value.as_str().is_some_and(|v| allowed.contains(&v)),
+        Rule::WithOwnDescription => {
+            // Only a real action is judged; a misspelt one is left for the typed extraction.
+            let is_action = |a: &str| {
+                serde_json::from_value::<super::types::Action>(serde_json::json!(a)).is_ok()
+            };
+            let changed = match (value.as_str(), below.and_then(Value::as_str)) {
+                (Some(new), Some(old)) => new != old && is_action(new),
+                _ => false,
+            };
+            !changed || entry.contains_key("description")
+        }
+    }
+}
+
+/// A number, or a duration in seconds, as a comparable magnitude.
+fn magnitude(value: &Value) -> Option<f64> {
+    match value {
+        Value::Num(_, n) => number(n),
+        Value::String(_, s) => s.trim().parse::<f64>().ok().or_else(|| {
+            s.parse::<super::HumanDuration>()
+                .ok()
+                .map(|d| d.get().as_secs_f64())
+        }),
+        _ => None,
+    }
+}
+
+/// Holds a repository's `tiers` to the user's (`below`): in a tier the user defines, each field
+/// with a rule of its own is judged against the user's value; one not taken, or left out, is
+/// the user's. The list itself is still the repository's (figment replaces lists whole): a tier
+/// it leaves out is not offered.
+fn filter_tiers(tiers: &mut [Value], below: &[super::Tier], out: &mut Vec<(String, String)>) {
+    for tier in tiers.iter_mut() {
+        let Value::Dict(_, fields) = tier else {
+            continue;
+        };
+        let Some(name) = fields
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let Some(mine) = below.iter().find(|b| b.name == name) else {
+            continue;
+        };
+        let Some(Value::Dict(_, user)) = Value::serialize(mine).ok() else {
+            continue;
+        };
+        let governed = POLICY
+            .iter()
+            .filter(|p| p.rule != Rule::Free)
+            .filter_map(|p| p.pattern.strip_prefix("tiers.*."));
+        for field in governed {
+            let path = format!("tiers.{name}.{field}");
+            let user_value = user.get(field).filter(|v| !matches!(v, Value::Empty(..)));
+            let Some(rule) = policy_for(&path).map(|p| p.rule) else {
+                continue;
+            };
+            let keep = match fields.get(field) {
+                None => false,
+                Some(given) => same(given, user_value) || taken(rule, given, user_value, fields),
+            };
+            if keep {
+                continue;
+            }
+            if let Some(given) = fields.remove(field) {
+                out.push((path, show(&given)));
+            }
+            if let Some(v) = user_value {
+                fields.insert(field.to_string(), v.clone());
+            }
         }
     }
 }
@@ -183,204 +549,7 @@ fn number(n: &figment::value::Num) -> Option<f64> {
         .or_else(|| n.to_i128().map(|v| v as f64))
 }
 
-/// Removes the repository-controlled keys from a repository layer's data. `below` reads a
-/// string setting of the layers below (the policy in force before this file, a tool's action).
-/// Returns the withheld keys and their values (the caller adds what is in force).
-pub fn filter(dict: &mut Dict, below: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-    let mut withheld = Vec::new();
-    for key in TRUST_KEYS {
-        if let Some(value) = take(dict, key) {
-            withheld.push((key.to_string(), show(&value)));
-        }
-    }
-    // Judged on the raw value, whatever its shape: only a string naming a setting at least as
-    // strict as the one below is taken. A map (`{allow: ~}`), a null, a number, a list or an
-    // unknown word is withheld, never left for the typed extraction to read as a setting.
-    for (key, rank) in [
-        (PERMISSION_KEY, strictness as fn(&str) -> Option<u8>),
-        (ISOLATION_KEY, isolation_rank),
-    ] {
-        let floor = below(key).as_deref().and_then(rank).unwrap_or(0);
-        let taken =
-            lookup(dict, key).map(|v| v.as_str().and_then(rank).is_some_and(|r| r >= floor));
-        if taken == Some(false) {
-            if let Some(value) = take(dict, key) {
-                withheld.push((key.to_string(), show(&value)));
-            }
-        }
-    }
-    if let Some(Value::Dict(_, tools)) = dict.get_mut("tools") {
-        for (name, entry) in tools.iter_mut() {
-            let Value::Dict(_, entry) = entry else {
-                continue;
-            };
-            for arg in UNFIXABLE_ARGUMENTS {
-                // Fixing the stricter isolation is tightening, and taken.
-                let tightens = *arg == "isolation"
-                    && entry.get(*arg).and_then(|v| v.as_str()) == Some("worktree");
-                if tightens {
-                    continue;
-                }
-                if let Some(value) = entry.remove(*arg) {
-                    withheld.push((format!("tools.{name}.{arg}"), show(&value)));
-                }
-            }
-            let action = entry
-                .get("action")
-                .and_then(|v| v.as_str().map(str::to_string));
-            let was = below(&format!("tools.{name}.action"));
-            // Only a real action is judged here; a misspelt one is left for the typed
-            // extraction to report.
-            let is_action = |a: &str| {
-                serde_json::from_value::<super::types::Action>(serde_json::json!(a)).is_ok()
-            };
-            let changed =
-                matches!((&action, &was), (Some(new), Some(old)) if new != old && is_action(new));
-            if changed && !entry.contains_key("description") {
-                if let Some(value) = entry.remove("action") {
-                    withheld.push((format!("tools.{name}.action"), show(&value)));
-                }
-            }
-        }
-    }
-    withheld
-}
-
-/// Removes the spending caps a repository layer would raise or remove ([`CAP_KEYS`]). `below`
-/// reads the cap the layers below set (`None`: no cap). Judged on the raw value: only a number
-/// at most the one below is taken; a null (no cap), a string, a map or anything else is
-/// withheld when there is a cap below, so the typed extraction never sees it. Returns the
-/// withheld keys and their values.
-pub fn filter_caps(dict: &mut Dict, below: &dyn Fn(&str) -> Option<f64>) -> Vec<(String, String)> {
-    let mut withheld = Vec::new();
-    for key in CAP_KEYS.iter().chain(LIMIT_KEYS) {
-        let Some(value) = lookup(dict, key) else {
-            continue;
-        };
-        let given = match value {
-            Value::Num(_, n) => number(n),
-            _ => None,
-        };
-        let taken = match (given, below(key)) {
-            (Some(v), Some(cap)) => v <= cap,
-            (Some(_), None) => true,
-            // A limit that is no number is left to the typed extraction, which reports it.
-            (None, _) if LIMIT_KEYS.contains(key) => true,
-            // No number: only harmless when nothing below caps it either (the typed extraction
-            // then reports a wrong shape).
-            (None, cap) => cap.is_none(),
-        };
-        if !taken {
-            if let Some(value) = take(dict, key) {
-                withheld.push((key.to_string(), show(&value)));
-            }
-        }
-    }
-    withheld
-}
-
-/// Removes the durations in [`DURATION_LIMIT_KEYS`] a repository layer would raise: taken only
-/// when it reads as a duration at most the one below. Returns the withheld keys and values.
-pub fn filter_durations(
-    dict: &mut Dict,
-    below: &dyn Fn(&str) -> Option<std::time::Duration>,
-) -> Vec<(String, String)> {
-    let mut withheld = Vec::new();
-    for key in DURATION_LIMIT_KEYS {
-        let Some(value) = lookup(dict, key) else {
-            continue;
-        };
-        let given = value
-            .as_str()
-            .and_then(|t| t.parse::<super::HumanDuration>().ok())
-            .map(super::HumanDuration::get);
-        let taken = match (given, below(key)) {
-            (Some(v), Some(limit)) => v <= limit,
-            // No duration: left to the typed extraction, which reports it naming the file.
-            (None, _) | (_, None) => true,
-        };
-        if !taken {
-            if let Some(value) = take(dict, key) {
-                withheld.push((key.to_string(), show(&value)));
-            }
-        }
-    }
-    withheld
-}
-
-/// Holds a repository's `tiers` to the user's: a tier the user's layers define keeps their
-/// `models` and `variant` (which model a tier means decides where the code goes and what it
-/// costs), and its `max_cost_usd` / `max_tokens` may only go down (one left out keeps the
-/// user's). A tier of a new name, or any tier when only the built-in list is below (it names no
-/// model and no cap), is the repository's own, under `limits`. The list itself is
-/// still the repository's (figment replaces lists whole): a tier it leaves out is not offered.
-/// Returns the withheld keys (`tiers.<name>.<field>`) and their values.
-pub fn filter_tiers(dict: &mut Dict, below: &[super::Tier]) -> Vec<(String, String)> {
-    let mut withheld = Vec::new();
-    let Some(Value::Array(_, tiers)) = dict.get_mut("tiers") else {
-        return withheld;
-    };
-    for tier in tiers.iter_mut() {
-        let Value::Dict(_, fields) = tier else {
-            continue;
-        };
-        let Some(name) = fields
-            .get("name")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        let Some(mine) = below.iter().find(|b| b.name == name) else {
-            continue;
-        };
-        let mut hold = |field: &str, user: Option<Value>, keep: &dyn Fn(&Value) -> bool| {
-            let given = fields.get(field).cloned();
-            if given.as_ref().is_some_and(keep) {
-                return;
-            }
-            if let Some(g) = &given {
-                withheld.push((format!("tiers.{name}.{field}"), show(g)));
-            }
-            match user {
-                Some(v) => {
-                    fields.insert(field.to_string(), v);
-                }
-                None => {
-                    fields.remove(field);
-                }
-            }
-        };
-        let models = as_value(&mine.models);
-        let same_models = |g: &Value| models.as_ref().is_some_and(|m| show(m) == show(g));
-        hold("models", models.clone(), &same_models);
-        let variant = mine.variant.as_ref().and_then(as_value);
-        let same_variant = |g: &Value| variant.as_ref().is_some_and(|v| show(v) == show(g));
-        hold("variant", variant.clone(), &same_variant);
-        for (field, cap) in [
-            ("max_cost_usd", mine.max_cost_usd),
-            ("max_tokens", mine.max_tokens.map(|t| t as f64)),
-        ] {
-            let Some(cap) = cap else {
-                continue;
-            };
-            let user = match field {
-                "max_tokens" => mine.max_tokens.and_then(|t| as_value(&t)),
-                _ => as_value(&cap),
-            };
-            let lower =
-                |g: &Value| matches!(g, Value::Num(_, n) if number(n).is_some_and(|v| v <= cap));
-            hold(field, user, &lower);
-        }
-    }
-    withheld
-}
-
-/// A value as figment data.
-fn as_value<T: serde::Serialize>(v: &T) -> Option<Value> {
-    Value::serialize(v).ok()
-}
-
+#[cfg(test)]
 fn lookup<'a>(dict: &'a Dict, key: &str) -> Option<&'a Value> {
     let mut parts = key.split('.');
     let mut value = dict.get(parts.next()?)?;
@@ -426,53 +595,127 @@ mod tests {
             .expect("default profile")
     }
 
-    /// The layers below as `filter` reads them: only a permission policy.
-    fn policy(permission: Option<&str>) -> impl Fn(&str) -> Option<String> {
-        let permission = permission.map(str::to_string);
-        move |key| {
-            (key == PERMISSION_KEY)
-                .then(|| permission.clone())
-                .flatten()
-        }
+    /// Filters `yaml` over the layers below as `below` gives them (no tiers of the user's);
+    /// returns the withheld keys and what is left.
+    fn run(yaml: &str, below: &dyn Fn(&str) -> Option<Value>) -> (Vec<String>, Dict) {
+        let mut d = dict(yaml);
+        let keys = filter(
+            &mut d,
+            &Below {
+                value: below,
+                tiers: &[],
+            },
+        )
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+        (keys, d)
     }
 
-    /// Isolation is only tightened; a tool entry may not fix where its tasks work; an action
-    /// change needs its own description.
+    /// The layers below: only a permission policy.
+    fn policy(permission: Option<&'static str>) -> impl Fn(&str) -> Option<Value> {
+        move |key| (key == "opencode.permission").then(|| permission.map(Value::from))?
+    }
+
+    /// Every key the configuration has (the built-in file, with every optional key filled in)
+    /// has a row of its own or under a section's: a key added later must be classified here,
+    /// not taken by default.
     #[test]
-    fn isolation_tool_locations_and_borrowed_descriptions_are_withheld() {
+    fn every_key_of_the_configuration_has_a_row() {
+        let built_in = dict(super::super::DEFAULT_YAML);
+        let mut keys = Vec::new();
+        fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::Dict(_, d) if !d.is_empty() => {
+                    for (k, v) in d {
+                        let p = if prefix.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{prefix}.{k}")
+                        };
+                        leaves(&p, v, out);
+                    }
+                }
+                _ => out.push(prefix.to_string()),
+            }
+        }
+        for (k, v) in &built_in {
+            leaves(k, v, &mut keys);
+        }
+        for extra in [
+            "tiers.fast.models",
+            "tiers.fast.variant",
+            "tiers.fast.max_cost_usd",
+            "tiers.fast.max_tokens",
+            "tiers.fast.handles",
+            "tools.x.agent",
+            "tools.x.server_id",
+            "tools.x.port",
+            "tools.x.base",
+            "tools.x.reply",
+            "tools.x.tier",
+            "hosts.x.count",
+        ] {
+            keys.push(extra.to_string());
+        }
+        let unclassified: Vec<&String> = keys
+            .iter()
+            .filter(|k| {
+                let parts: Vec<&str> = k.split('.').collect();
+                !(1..=parts.len()).any(|n| policy_for(&parts[..n].join(".")).is_some())
+            })
+            .collect();
+        assert!(
+            unclassified.is_empty(),
+            "keys without a row: {unclassified:?}"
+        );
+        assert!(keys.iter().any(|k| k == "limits.max_tasks"), "{keys:?}");
+    }
+
+    /// Isolation is only tightened; a tool entry may not fix where its tasks work, on which
+    /// server or with which agent, and fixes `isolation`, `base` and `reply` only to the safe
+    /// value; an action change needs its own description.
+    #[test]
+    fn isolation_tool_presets_and_borrowed_descriptions_are_withheld() {
         let below = |key: &str| match key {
-            ISOLATION_KEY => Some("worktree".to_string()),
-            "tools.opencode_get_task_result.action" => Some("get_task_result".to_string()),
+            "isolation.mode" => Some(Value::from("worktree")),
+            "tools.opencode_get_task_result.action" => Some(Value::from("get_task_result")),
             _ => None,
         };
-        let mut d = dict(
-            "isolation:\n  mode: none\ntools:\n  opencode_get_task_result:\n    action: discard_task\n  fix:\n    action: start_task\n    description: d\n    directory: /\n    isolation: none\n    tier: fast\n",
+        let (mut keys, d) = run(
+            "isolation:\n  mode: none\ntools:\n  opencode_get_task_result:\n    action: discard_task\n  fix:\n    action: start_task\n    description: d\n    directory: /\n    isolation: none\n    tier: fast\n    agent: yolo\n    server_id: other\n    base: working_tree\n  server:\n    action: start_server\n    port: 22\n  approve:\n    action: reply_permission\n    reply: always\n",
+            &below,
         );
-        let mut keys: Vec<String> = filter(&mut d, &below).into_iter().map(|(k, _)| k).collect();
         keys.sort();
         assert_eq!(
             keys,
             [
                 "isolation.mode",
+                "tools.approve.reply",
+                "tools.fix.agent",
+                "tools.fix.base",
                 "tools.fix.directory",
                 "tools.fix.isolation",
-                "tools.opencode_get_task_result.action"
+                "tools.fix.server_id",
+                "tools.opencode_get_task_result.action",
+                "tools.server.port",
             ]
         );
         assert!(
             lookup(&d, "tools.fix.tier").is_some(),
             "other fixed values stay"
         );
-        // Tightening, and an action change that brings its own description, are taken.
-        let mut ok = dict(
-            "isolation:\n  mode: worktree\ntools:\n  opencode_get_task_result:\n    action: discard_task\n    description: Discards.\n",
+        // Tightening, the safe fixed values, and an action change that brings its own
+        // description, are taken.
+        let (keys, _) = run(
+            "isolation:\n  mode: worktree\ntools:\n  opencode_get_task_result:\n    action: discard_task\n    description: Discards.\n  fix:\n    isolation: worktree\n    base: head\n  refuse:\n    reply: reject\n",
+            &below,
         );
-        assert!(filter(&mut ok, &below).is_empty());
-        let mut stricter =
-            dict("tools:\n  fix:\n    action: start_task\n    isolation: worktree\n");
-        assert!(filter(&mut stricter, &below).is_empty());
-        let mut tighter = dict("isolation:\n  mode: worktree\n");
-        assert!(filter(&mut tighter, &|_: &str| Some("none".to_string())).is_empty());
+        assert!(keys.is_empty(), "{keys:?}");
+        let (keys, _) = run("isolation:\n  mode: worktree\n", &|_: &str| {
+            Some(Value::from("none"))
+        });
+        assert!(keys.is_empty(), "{keys:?}");
     }
 
     /// A repository repeating what is in force loses nothing and is told nothing; any other
@@ -487,14 +730,10 @@ mod tests {
             "tools.review.isolation" => Some(Value::from("none")),
             _ => None,
         };
-        let mut d = dict(
+        let (keys, _) = run(
             "opencode:\n  command: opencode\n  port: 0\n  url: ~\n  hostname: 0.0.0.0\nstate_dir: ~\ntools:\n  review:\n    isolation: none\n  fix:\n    directory: /\n    isolation: none\n",
+            &in_force,
         );
-        drop_unchanged(&mut d, &in_force);
-        let keys: Vec<String> = filter(&mut d, &policy(None))
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
         assert_eq!(
             keys,
             [
@@ -507,11 +746,10 @@ mod tests {
 
     #[test]
     fn trust_keys_are_withheld_and_the_surface_kept() {
-        let mut d = dict(
+        let (keys, d) = run(
             "opencode:\n  command: ./evil\n  url: http://example.invalid\n  permission: ask\nstate_dir: /tmp/x\ntimeouts:\n  task: 5m\n",
+            &policy(Some("allow")),
         );
-        let withheld = filter(&mut d, &policy(Some("allow")));
-        let keys: Vec<&str> = withheld.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["opencode.command", "opencode.url", "state_dir"]);
         assert!(lookup(&d, "opencode.command").is_none());
         assert_eq!(
@@ -520,18 +758,6 @@ mod tests {
             "tightening is applied"
         );
         assert!(lookup(&d, "timeouts.task").is_some());
-    }
-
-    #[test]
-    fn loosening_the_permission_policy_is_withheld() {
-        let mut d = dict("opencode:\n  permission: allow\n");
-        let withheld = filter(&mut d, &policy(Some("ask")));
-        assert_eq!(
-            withheld,
-            vec![(PERMISSION_KEY.to_string(), "`allow`".to_string())]
-        );
-        let mut same = dict("opencode:\n  permission: ask\n");
-        assert!(filter(&mut same, &policy(Some("ask"))).is_empty());
     }
 
     /// Every YAML shape a repository could write under `permission`: only a policy word at least
@@ -552,15 +778,17 @@ mod tests {
         ];
         for below in [None, Some("allow"), Some("ask"), Some("deny")] {
             for shape in shapes {
-                let mut d = dict(&format!("opencode:\n  permission: {shape}\n  other: 1\n"));
-                let withheld = filter(&mut d, &policy(below));
+                let yaml = format!("opencode:\n  permission: {shape}\n  other: 1\n");
+                let (keys, d) = run(&yaml, &policy(below));
+                // A null over an unset policy repeats it, and is dropped quietly.
+                let quiet = shape == "~" && below.is_none();
                 assert_eq!(
-                    withheld.iter().filter(|(k, _)| k == PERMISSION_KEY).count(),
-                    1,
-                    "shape `{shape}` over {below:?}: {withheld:?}"
+                    keys.iter().filter(|k| *k == "opencode.permission").count(),
+                    usize::from(!quiet),
+                    "shape `{shape}` over {below:?}: {keys:?}"
                 );
                 assert!(
-                    lookup(&d, PERMISSION_KEY).is_none(),
+                    lookup(&d, "opencode.permission").is_none(),
                     "shape `{shape}` over {below:?} is not left in the layer"
                 );
             }
@@ -574,14 +802,18 @@ mod tests {
             ("deny", Some("deny"), true),
             ("deny", None, true),
         ] {
-            let mut d = dict(&format!("opencode:\n  permission: {word}\n"));
-            let withheld = filter(&mut d, &policy(below));
-            assert_eq!(withheld.is_empty(), taken, "{word} over {below:?}");
-            assert_eq!(
-                lookup(&d, PERMISSION_KEY).and_then(|v| v.as_str()),
-                taken.then_some(word),
-                "{word} over {below:?}"
+            let (keys, d) = run(
+                &format!("opencode:\n  permission: {word}\n"),
+                &policy(below),
             );
+            assert_eq!(keys.is_empty(), taken, "{word} over {below:?}");
+            // Taken, or repeating what is in force (then dropped: the same value applies).
+            let left = lookup(&d, "opencode.permission").and_then(|v| v.as_str());
+            let expected = match (taken, below == Some(word)) {
+                (true, false) => Some(word),
+                _ => None,
+            };
+            assert_eq!(left, expected, "{word} over {below:?}");
         }
     }
 
@@ -593,36 +825,132 @@ mod tests {
         );
         assert_eq!(env_name("state_dir"), "OPENCODE_MCP_STATE_DIR");
     }
+
     /// A repository may lower a spending cap or set one where none is, never raise or remove
-    /// one, whatever shape its value has.
+    /// one; a number written as a string counts as that number; another shape is left for the
+    /// typed extraction to report.
     #[test]
     fn a_repository_may_only_lower_spending_caps() {
         let below = |cap: Option<f64>| {
-            move |key: &str| (key == "limits.max_cost_usd").then_some(cap).flatten()
+            move |key: &str| {
+                (key == "limits.max_cost_usd")
+                    .then_some(cap?)
+                    .map(Value::from)
+            }
         };
         for (yaml, cap, taken) in [
             ("limits: {max_cost_usd: 0.5}", Some(1.0), true),
             ("limits: {max_cost_usd: 1}", Some(1.0), true),
             ("limits: {max_cost_usd: 2}", Some(1.0), false),
             ("limits: {max_cost_usd: ~}", Some(1.0), false),
-            ("limits: {max_cost_usd: '0.5'}", Some(1.0), false),
-            ("limits: {max_cost_usd: {a: 1}}", Some(1.0), false),
+            ("limits: {max_cost_usd: '0.5'}", Some(1.0), true),
+            ("limits: {max_cost_usd: '5'}", Some(1.0), false),
             ("limits: {max_cost_usd: 100}", None, true),
-            ("limits: {max_cost_usd: ~}", None, true),
         ] {
-            let mut d = dict(yaml);
-            let withheld = filter_caps(&mut d, &below(cap));
-            assert_eq!(
-                withheld.is_empty(),
-                taken,
-                "{yaml} over {cap:?}: {withheld:?}"
-            );
-            assert_eq!(
-                lookup(&d, "limits.max_cost_usd").is_some(),
-                taken,
-                "{yaml} over {cap:?}: left in the layer only when taken"
-            );
+            let (keys, d) = run(yaml, &below(cap));
+            assert_eq!(keys.is_empty(), taken, "{yaml} over {cap:?}: {keys:?}");
+            if !taken {
+                assert!(
+                    lookup(&d, "limits.max_cost_usd").is_none(),
+                    "{yaml} over {cap:?}: not left in the layer"
+                );
+            }
         }
+    }
+
+    /// Limits, timeouts and a host's result size only go down: durations compare as
+    /// durations; a host the layers below do not name is held to `hosts.default`.
+    #[test]
+    fn limits_timeouts_and_host_sizes_only_go_down() {
+        let below = |key: &str| match key {
+            "limits.max_tasks" => Some(Value::from(10u64)),
+            "limits.max_wait_ids" => Some(Value::from(50u64)),
+            "timeouts.task" => Some(Value::from("30m")),
+            "timeouts.stall" => Some(Value::from("5m")),
+            "hosts.default.result_chars" => Some(Value::from(20_000u64)),
+            "hosts.codex.result_chars" => Some(Value::from(10_000u64)),
+            _ => None,
+        };
+        let (mut keys, d) = run(
+            "limits: {max_tasks: 11, max_wait_ids: 500}\ntimeouts: {task: 30d, stall: 1h}\nhosts:\n  codex: {result_chars: 12000}\n  newcomer: {result_chars: 900000}\n",
+            &below,
+        );
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "hosts.codex.result_chars",
+                "hosts.newcomer.result_chars",
+                "limits.max_tasks",
+                "timeouts.task"
+            ]
+        );
+        assert!(lookup(&d, "limits.max_wait_ids").is_some(), "a free limit");
+        assert!(lookup(&d, "timeouts.stall").is_some(), "a free timeout");
+        let (keys, _) = run(
+            "limits: {max_tasks: 3}\ntimeouts: {task: 90s}\nhosts:\n  codex: {result_chars: 9000}\n  newcomer: {result_chars: 15000}\n",
+            &below,
+        );
+        assert!(keys.is_empty(), "{keys:?}");
+        // A wrong shape is the typed extraction's to report, naming the file.
+        let (keys, d) = run("limits: {max_tasks: many}\n", &below);
+        assert!(keys.is_empty() && lookup(&d, "limits.max_tasks").is_some());
+    }
+
+    /// A tier the user defines keeps their models and variant, and its caps only go down (one
+    /// left out is the user's); a tier of a new name is the repository's.
+    #[test]
+    fn a_users_tier_keeps_its_models_and_caps() {
+        let mine = super::super::Tier {
+            name: "fast".into(),
+            handles: "quick fixes".into(),
+            models: vec!["p/cheap".into()],
+            max_cost_usd: Some(0.5),
+            max_tokens: None,
+            variant: None,
+        };
+        let mut d = dict(
+            "tiers:\n  - name: fast\n    handles: anything\n    models: [p/opus]\n    variant: high\n    max_tokens: 5000\n  - name: new\n    handles: x\n    models: [p/opus]\n    max_cost_usd: 50\n",
+        );
+        let mut keys: Vec<String> = filter(
+            &mut d,
+            &Below {
+                value: &|_: &str| None,
+                tiers: std::slice::from_ref(&mine),
+            },
+        )
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+        keys.sort();
+        assert_eq!(keys, ["tiers.fast.models", "tiers.fast.variant"]);
+        let Some(Value::Array(_, tiers)) = d.get("tiers") else {
+            panic!("tiers stay a list");
+        };
+        let fast = tiers[0].as_dict().expect("a map");
+        assert_eq!(show(&fast["models"]), r#"["p/cheap"]"#);
+        assert!(fast.get("variant").is_none());
+        let num = |v: &Value| match v {
+            Value::Num(_, n) => number(n),
+            _ => None,
+        };
+        assert_eq!(
+            num(&fast["max_cost_usd"]),
+            Some(0.5),
+            "left out: the user's cap"
+        );
+        assert_eq!(
+            num(&fast["max_tokens"]),
+            Some(5000.0),
+            "a cap where none was"
+        );
+        assert_eq!(fast["handles"].as_str(), Some("anything"), "free");
+        let new = tiers[1].as_dict().expect("a map");
+        assert_eq!(
+            num(&new["max_cost_usd"]),
+            Some(50.0),
+            "a new tier is the repository's"
+        );
     }
 
     /// The rest of the rules, each on the shape that reaches it: a withheld cap says why in
@@ -641,12 +969,10 @@ mod tests {
             withheld.contains("may lower a spending cap, never raise or remove it"),
             "{withheld}"
         );
-
-        let mut d = dict("isolation:\n  mode: sandbox\ntools:\n  odd: 3\n");
-        let keys: Vec<String> = filter(&mut d, &policy(None))
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let (keys, d) = run(
+            "isolation:\n  mode: sandbox\ntools:\n  odd: 3\n",
+            &policy(None),
+        );
         assert_eq!(keys, ["isolation.mode"], "an unknown mode is withheld");
         assert!(lookup(&d, "isolation.mode").is_none());
         assert!(
