@@ -270,6 +270,36 @@ async fn a_fan_out_is_one_task_for_the_group() {
         assert_eq!(task["group_id"], id.as_str(), "{waited}");
         assert_eq!(task["text"], echo_reply("Is this sound?"), "{waited}");
     }
+
+    // A follow-up of one member is that member's task, not the group's: cancelling it leaves
+    // the other member alone. (The group id used to win, and the cancel stopped every member.)
+    let member = tasks[0]["task_id"].as_str().expect("task_id").to_string();
+    let other = tasks[1]["task_id"].as_str().expect("task_id").to_string();
+    let follow_up = handle(
+        &rig,
+        "opencode_continue_task",
+        json!({"task_id": member, "prompt": "And now? [[delay:30000]]"}),
+    )
+    .await;
+    assert_eq!(follow_up.task.task_id, member, "{follow_up:?}");
+    rig.client
+        .peer()
+        .cancel_task(CancelTaskParams::new(&member))
+        .await
+        .expect("tasks/cancel");
+    let cancelled = poll_terminal(&rig, &member).await;
+    assert_eq!(
+        cancelled.task.status(),
+        TaskStatus::Cancelled,
+        "{cancelled:?}"
+    );
+    let status = rig
+        .ok("opencode_get_task_status", json!({"task_id": other}))
+        .await;
+    assert_eq!(
+        status["status"], "completed",
+        "the other member is untouched: {status}"
+    );
 }
 
 /// A permission ask is `input_required` with a form; the user's choice, sent back with

@@ -7,7 +7,7 @@
 
 mod support;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use support::fake_llm::echo_reply;
 use support::git::init_repo;
 use support::rig::{person_schema, poll_for, wait_gone, Rig, TASK_TIMEOUT_MS};
@@ -153,6 +153,54 @@ async fn a_record_expires_after_its_task_left_memory() {
     assert!(message.contains(&task), "{message}");
 }
 
+/// **A fan-out group keeps its members across a restart.** Records older than
+/// `limits.finished_in_memory` are left on disk at a restore; they were never put back into
+/// their group, so a wait on the group id answered `not_found`.
+///
+/// Proves: after the restart the group id still names both answers, in the fan-out's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_group_answers_after_a_restart() {
+    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__FINISHED_IN_MEMORY", "1s")]).await;
+    let out = rig
+        .ok(
+            "opencode_fan_out",
+            json!({
+                "server_id": rig.server_id(),
+                "prompt": "one question, two models",
+                "models": ["fake/fake-model", "fake/fake-strong"]
+            }),
+        )
+        .await;
+    let group = out["group_id"].as_str().expect("group_id").to_string();
+    let w = rig.wait(&[&group], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let members: Vec<Value> = w["tasks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(members.len(), 2, "{w}");
+    // Old enough to be left on disk by the next restore.
+    let finished = std::time::Instant::now();
+    rig.kill_gateway().await;
+    let rest = std::time::Duration::from_millis(1500).saturating_sub(finished.elapsed());
+    tokio::time::sleep(rest).await;
+    rig.relaunch().await;
+
+    let w = rig.wait(&[&group], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let after: Vec<&str> = w["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["task_id"].as_str())
+        .collect();
+    let before: Vec<&str> = members
+        .iter()
+        .filter_map(|t| t["task_id"].as_str())
+        .collect();
+    assert_eq!(after, before, "{w}");
+    for t in w["tasks"].as_array().into_iter().flatten() {
+        assert_eq!(t["text"], echo_reply("one question, two models"), "{w}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
     let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
@@ -210,18 +258,109 @@ async fn two_gateways_share_the_state_directory_without_stepping_on_each_other()
         )
         .await
         .expect("call");
-    assert_eq!(
-        other.error_code(),
-        Some("not_found"),
-        "a live gateway's unfinished task is left to it: {}",
-        other.text
+    // Answered for from its record, and left to the gateway running it: acting on it is
+    // refused, naming that gateway.
+    assert!(other.error_code().is_none(), "{}", other.text);
+    let seen = other.structured.clone();
+    assert!(
+        matches!(seen["status"].as_str(), Some("pending" | "running")),
+        "{seen}"
     );
+    let refused = second
+        .call("opencode_cancel_task", json!({ "task_id": running }))
+        .await
+        .expect("call");
+    assert_eq!(refused.error_code(), Some("conflict"), "{}", refused.text);
+    assert!(refused.text.contains("another gateway"), "{}", refused.text);
     second.close().await.expect("close");
 
     // The first gateway's task was not marked interrupted by the second one.
     let r = rig.finish(&running).await;
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt));
+}
+
+/// **A task whose gateway is still going when its successor starts is taken over once it is
+/// gone.** A host's reconnect starts the new gateway while the old one still shuts down: the
+/// new one restores in milliseconds and found the task's owner alive. It answered `not_found`
+/// for the task for its whole life (a host's retry with the same idempotency key started a
+/// duplicate), and nothing ever adopted the turn still running on the attached server.
+///
+/// The old gateway is held stopped (SIGSTOP: alive, its owner lock held) while the new one
+/// starts, so the overlap does not depend on timing; then it is killed.
+///
+/// Proves: meanwhile the new gateway shows the task from its record and refuses to act on it,
+/// naming the other gateway; a retry with the same idempotency key answers with the same task;
+/// once the old gateway is gone the new one adopts the task, which completes with its answer,
+/// with one LLM call for the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_a_gateway_still_shutting_down_is_taken_over_once_it_is_gone() {
+    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
+    let prompt = "outlives a slow shutdown [[delay:3000]]";
+    let args = json!({
+        "server_id": rig.server_id(),
+        "prompt": prompt,
+        "idempotency_key": "retry-me"
+    });
+    let task = id(&rig.start_task_with(args.clone()).await);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("outlives a slow shutdown")
+        })
+        .await;
+    let old = rig.client.pid().expect("gateway pid");
+    let old_t = libc::pid_t::try_from(old).expect("pid fits");
+    // SAFETY: kill(2) on a pid this test spawned; no memory is involved.
+    unsafe {
+        libc::kill(old_t, libc::SIGSTOP);
+    }
+    let old_client = std::mem::replace(
+        &mut rig.client,
+        rig.launch.connect().await.expect("a second gateway starts"),
+    );
+
+    let st = rig.status(&task).await;
+    assert!(
+        matches!(st["status"].as_str(), Some("pending" | "running")),
+        "the task is answered for from its record: {st}"
+    );
+    let (code, message) = rig
+        .err(
+            "opencode_continue_task",
+            json!({ "task_id": task, "prompt": "x" }),
+        )
+        .await;
+    assert_eq!(code, "conflict", "{message}");
+    assert!(message.contains(&old.to_string()), "{message}");
+    let retried = rig.start_task_with(args).await;
+    assert_eq!(
+        id(&retried),
+        task,
+        "the retry is the same task, not a duplicate"
+    );
+
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(old_t, libc::SIGKILL);
+    }
+    drop(old_client);
+    assert!(wait_gone(old, std::time::Duration::from_secs(10)).await);
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let r = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task, "detail": "full" }),
+        )
+        .await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(prompt));
+    let session = w["tasks"][0]["session_id"].as_str().expect("session");
+    assert_eq!(
+        rig.requests_for(session).len(),
+        1,
+        "one LLM call for the turn"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

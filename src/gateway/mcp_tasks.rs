@@ -76,9 +76,12 @@ pub fn runs_as_task(action: Action) -> bool {
 /// The handle for a started task or group, from the action's own result (`task_id`, or a fan-out's
 /// `group_id`). `None` when the result names neither (then the plain result is returned).
 pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
+    // A task's own id first: a follow-up of a fan-out member carries its `group_id` too, and
+    // its handle is that one task (cancelling it must not cancel the other members). Only a
+    // fan-out's result names a group and no task.
     let id = result
-        .get("group_id")
-        .or_else(|| result.get("task_id"))
+        .get("task_id")
+        .or_else(|| result.get("group_id"))
         .and_then(Value::as_str)?;
     let now = timestamp(Utc::now());
     let task = Task::new(id, McpTaskStatus::Working, now.clone(), now)
@@ -337,13 +340,16 @@ mod tests {
     }
 
     #[test]
-    fn a_handle_names_the_group_before_the_task() {
+    fn a_handle_names_the_task_and_a_fan_outs_group() {
         let h = handle(&json!({"task_id": "t1", "status": "pending"}), 5).expect("handle");
         assert_eq!(h.task.task_id, "t1");
         assert_eq!(h.task.poll_interval_ms, Some(POLL_INTERVAL_MS));
         assert_eq!(h.task.ttl_ms, Some(5));
         let g = handle(&json!({"group_id": "g1", "task_ids": ["a"]}), 5).expect("handle");
         assert_eq!(g.task.task_id, "g1");
+        // A follow-up of a fan-out member is that member's, not the group's.
+        let member = json!({"task_id": "t2", "group_id": "g1", "status": "pending"});
+        assert_eq!(handle(&member, 5).expect("handle").task.task_id, "t2");
         assert!(handle(&json!({"servers": []}), 5).is_none());
         let wire = serde_json::to_value(h).expect("serializes");
         assert_eq!(wire["resultType"], "task");

@@ -28,7 +28,7 @@ impl TaskService {
     /// idempotent on finished tasks.
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
-        let entry = self.entry(task_id)?;
+        let entry = self.own_entry(task_id)?;
         if entry.rec.status.is_terminal() {
             return self.snapshot(task_id, false);
         }

@@ -23,9 +23,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
-use super::record::{TaskRecord, WorkspaceRecord};
+use super::record::{GroupMember, TaskRecord, WorkspaceRecord};
 use super::spend::Spending;
-use super::store::Store;
+use super::store::{Durability, Store};
 use super::stream::StreamedTurn;
 use super::turn::ReplySeen;
 use super::usage::TaskSummary;
@@ -98,6 +98,9 @@ pub struct Live {
     /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
     /// id, how many checks, since when (see [`super::turn::abandoned`]).
     pub unfinished: Option<(String, u32, Instant)>,
+    /// Set on a view of another live gateway's unfinished task read from its record (see
+    /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.
+    pub foreign: Option<u32>,
 }
 
 /// What the gateway knows of one pending permission ask beyond the record.
@@ -139,6 +142,7 @@ impl Live {
             last_event: Instant::now(),
             asks: HashMap::new(),
             unfinished: None,
+            foreign: None,
         }
     }
 }
@@ -471,12 +475,17 @@ impl Tables {
         self.next_sweep = Some(self.next_sweep.map_or(due, |at| at.min(due)));
     }
 
+    /// Makes `task_id` a member of its fan-out group (once).
+    fn join_group(&mut self, task_id: &str, g: &GroupMember) {
+        let members = self.groups.entry(g.id.clone()).or_default();
+        if !members.iter().any(|(_, id)| id == task_id) {
+            members.push((g.index, task_id.to_string()));
+        }
+    }
+
     fn index(&mut self, e: &TaskEntry) {
         if let Some(g) = &e.rec.group {
-            let members = self.groups.entry(g.id.clone()).or_default();
-            if !members.iter().any(|(_, id)| *id == e.rec.id) {
-                members.push((g.index, e.rec.id.clone()));
-            }
+            self.join_group(&e.rec.id, g);
         }
         self.by_session.insert(
             e.rec.session_id.clone(),
@@ -709,10 +718,20 @@ impl Registry {
     /// in memory, so it is left where [`Self::evict_finished`] would put it at once. What an
     /// eviction keeps of a task is kept of it: its spend toward today's guard and when its
     /// record expires. `day_spend` is the task's [`record_day_spend`].
-    pub fn restore_on_disk(&self, task_id: &str, day_spend: (u64, f64), disk_ttl: Duration) {
+    pub fn restore_on_disk(
+        &self,
+        task_id: &str,
+        day_spend: (u64, f64),
+        group: Option<&GroupMember>,
+        disk_ttl: Duration,
+    ) {
         let finished = TaskRecord::instant_at(day_spend.0);
-        self.lock()
-            .left_on_disk(task_id, day_spend, finished, disk_ttl);
+        let mut t = self.lock();
+        t.left_on_disk(task_id, day_spend, finished, disk_ttl);
+        // Still a member of its group: a wait on the group reads it back by id.
+        if let Some(g) = group {
+            t.join_group(task_id, g);
+        }
     }
 
     /// Adds a task and writes it.
@@ -749,13 +768,29 @@ impl Registry {
     }
 
     /// The task, from memory or, for a finished task that left memory, from the store. Either
-    /// way it counts as used (see [`Live::last_used`]).
+    /// way it counts as used (see [`Live::last_used`]). Another gateway's unfinished task is a
+    /// view of its record ([`Self::foreign`]).
     pub fn get(&self, task_id: &str) -> Option<TaskEntry> {
         if let Some(e) = self.lock().tasks.get_mut(task_id) {
             e.live.last_used = Instant::now();
             return Some(TaskEntry::clone(e));
         }
-        self.load(task_id)
+        self.load(task_id).or_else(|| self.foreign(task_id))
+    }
+
+    /// A view of an unfinished task another gateway on this state directory runs (or ran: a
+    /// gateway shutting down while this one started), read from its record as that gateway
+    /// last wrote it. It is answered for, not taken: that gateway may still finish it, and
+    /// this one adopts it once that gateway is gone (see `restore.rs`). Not held in memory.
+    pub fn foreign(&self, task_id: &str) -> Option<TaskEntry> {
+        let rec = self.store.as_ref()?.load(task_id)?;
+        if rec.status.is_terminal() || rec.owner_pid == std::process::id() {
+            return None;
+        }
+        let owner = rec.owner_pid;
+        let mut entry = TaskEntry::from_record(rec);
+        entry.live.foreign = Some(owner);
+        Some(entry)
     }
 
     /// Whether the task exists, in memory or on disk, without reading it back into memory.
@@ -765,7 +800,8 @@ impl Registry {
     }
 
     /// Brings a finished task back from disk into memory (it leaves again with the next
-    /// eviction). Unfinished tasks on disk are another gateway's and are not taken.
+    /// eviction). An unfinished task on disk is another gateway's: it is not taken, and
+    /// [`Self::foreign`] reads it.
     fn load(&self, task_id: &str) -> Option<TaskEntry> {
         let rec = self.store.as_ref()?.load(task_id)?;
         if !rec.status.is_terminal() {
@@ -920,12 +956,12 @@ impl Registry {
         include_progress: bool,
         stall: Duration,
     ) -> Result<Vec<TaskSnapshot>, Vec<String>> {
-        self.bring_back(ids)?;
+        let views = self.bring_back(ids)?;
         let t = self.lock();
         let mut out = Vec::with_capacity(ids.len());
         let mut gone = Vec::new();
         for id in ids {
-            match t.tasks.get(id) {
+            match t.tasks.get(id).map(|e| &**e).or_else(|| views.get(id)) {
                 Some(e) => out.push(e.snapshot(include_progress, stall)),
                 None => gone.push(id.clone()),
             }
@@ -942,12 +978,12 @@ impl Registry {
     /// a wait on all of 200 tasks, building 200 snapshots per change was most of what the
     /// gateway spent waiting.
     pub fn finished_count(&self, ids: &[String]) -> Result<usize, Vec<String>> {
-        self.bring_back(ids)?;
+        let views = self.bring_back(ids)?;
         let t = self.lock();
         let mut finished = 0;
         let mut gone = Vec::new();
         for id in ids {
-            match t.tasks.get(id) {
+            match t.tasks.get(id).map(|e| &**e).or_else(|| views.get(id)) {
                 Some(e) => finished += usize::from(e.rec.status.is_terminal()),
                 None => gone.push(id.clone()),
             }
@@ -959,9 +995,10 @@ impl Registry {
         }
     }
 
-    /// Brings finished tasks among `ids` that left memory back from disk; the ids known nowhere
-    /// are the error.
-    fn bring_back(&self, ids: &[String]) -> Result<(), Vec<String>> {
+    /// Brings finished tasks among `ids` that left memory back from disk, and reads views of
+    /// another gateway's unfinished ones (returned, not held); the ids known nowhere are the
+    /// error.
+    fn bring_back(&self, ids: &[String]) -> Result<HashMap<String, TaskEntry>, Vec<String>> {
         let missing: Vec<String> = {
             let t = self.lock();
             ids.iter()
@@ -969,12 +1006,21 @@ impl Registry {
                 .cloned()
                 .collect()
         };
-        let unknown: Vec<String> = missing
-            .into_iter()
-            .filter(|id| self.load(id).is_none())
-            .collect();
+        let mut views = HashMap::new();
+        let mut unknown = Vec::new();
+        for id in missing {
+            if self.load(&id).is_some() {
+                continue;
+            }
+            match self.foreign(&id) {
+                Some(view) => {
+                    views.insert(id, view);
+                }
+                None => unknown.push(id),
+            }
+        }
         if unknown.is_empty() {
-            Ok(())
+            Ok(views)
         } else {
             Err(unknown)
         }
@@ -990,6 +1036,7 @@ impl Registry {
     pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> Evicted {
         let mut t = self.lock();
         let has_store = self.store.is_some();
+        let mut unsaved = Vec::new();
         let old: Vec<(String, Instant, bool)> = t
             .tasks
             .values()
@@ -998,9 +1045,29 @@ impl Registry {
                 // The record's life counts from the finish; its stay in memory from last use.
                 let expired = finished.elapsed() >= disk_ttl;
                 let unused = finished.max(e.live.last_used).elapsed() >= memory_ttl;
-                (expired || (has_store && unused)).then(|| (e.rec.id.clone(), finished, expired))
+                // Only what is on disk leaves memory: a record still queued leaves with a later
+                // eviction, one whose write was given up is offered to the writer again (a
+                // full disk may have room now) and stays, so its answer is never lost.
+                let durable = match &self.store {
+                    Some(store) if !expired && unused => match store.durability(&e.rec.id) {
+                        Durability::OnDisk => true,
+                        Durability::Queued => false,
+                        Durability::Unsaved => {
+                            unsaved.push(e.rec.clone());
+                            false
+                        }
+                    },
+                    _ => true,
+                };
+                (expired || (has_store && unused && durable))
+                    .then(|| (e.rec.id.clone(), finished, expired))
             })
             .collect();
+        if let Some(store) = &self.store {
+            for rec in unsaved {
+                store.submit(rec);
+            }
+        }
         let mut out = Evicted {
             left_memory: old.len(),
             worktrees: Vec::new(),
@@ -1298,9 +1365,9 @@ mod tests {
         done.finish(TaskStatus::Completed, None);
         r.insert(done);
         let hour = Duration::from_secs(3600);
-        assert_eq!(r.evict_finished(hour, hour).left_memory, 0);
+        assert_eq!(r.flushed_evict(hour, hour).left_memory, 0);
         assert_eq!(
-            r.evict_finished(Duration::ZERO, Duration::ZERO).left_memory,
+            r.flushed_evict(Duration::ZERO, Duration::ZERO).left_memory,
             1
         );
         assert!(r.get("running").is_some() && r.get("done").is_none());
@@ -1325,9 +1392,9 @@ mod tests {
         let ten_minutes = Duration::from_secs(600);
         // Read back by a call: used now, so the next eviction tick leaves it alone.
         assert!(r.get("done").is_some());
-        assert_eq!(r.evict_finished(ten_minutes, 24 * hour).left_memory, 0);
+        assert_eq!(r.flushed_evict(ten_minutes, 24 * hour).left_memory, 0);
         // Unused for the TTL, it leaves memory; an update then reads it back and is applied.
-        assert_eq!(r.evict_finished(Duration::ZERO, 24 * hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, 24 * hour).left_memory, 1);
         let moved = r.update("done", |e| e.rec.server_id = "srv_new".into());
         assert!(moved.is_some(), "the update found the task on disk");
         assert_eq!(
@@ -1397,6 +1464,42 @@ mod tests {
         assert!(s.permissions.is_empty());
     }
 
+    /// A finished task leaves memory only once its record is on disk: one whose write fails for
+    /// good (here an id that can be no file name) stays, and is answered from memory; one
+    /// written leaves as before.
+    /// [`Registry::evict_finished`] once every queued record is on disk (only what is on disk
+    /// leaves memory).
+    impl Registry {
+        fn flushed_evict(&self, memory_ttl: Duration, disk_ttl: Duration) -> Evicted {
+            if let Some(store) = &self.store {
+                let _ = store.flush_blocking(Duration::from_secs(10));
+            }
+            self.evict_finished(memory_ttl, disk_ttl)
+        }
+    }
+
+    #[test]
+    fn only_a_task_whose_record_is_on_disk_leaves_memory() {
+        let (r, store, _dir) = stored();
+        let mut lost = entry("bad/id");
+        lost.finish(TaskStatus::Completed, None);
+        r.insert(lost);
+        let mut kept = entry("good");
+        kept.finish(TaskStatus::Completed, None);
+        r.insert(kept);
+        let _ = store.flush_blocking(Duration::from_secs(10));
+        assert_eq!(store.durability("bad/id"), Durability::Unsaved);
+        assert_eq!(store.durability("good"), Durability::OnDisk);
+        let evicted = r.flushed_evict(Duration::ZERO, Duration::from_secs(3600));
+        assert_eq!(evicted.left_memory, 1, "only the one on disk left memory");
+        assert!(
+            r.any(|e| e.rec.id == "bad/id"),
+            "the unsaved answer stays in memory"
+        );
+        assert!(!r.any(|e| e.rec.id == "good"));
+        assert!(r.get("good").is_some(), "read back from disk");
+    }
+
     /// Releasing an idempotency key (a failed all-or-nothing fan-out) is written at once, not
     /// only with some later durable change.
     #[test]
@@ -1425,7 +1528,7 @@ mod tests {
             done.finish(TaskStatus::Completed, None);
             r.insert(done.clone());
             if leave_memory_first {
-                assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+                assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
             }
             let mut continued = done.rec.clone();
             continued.begin_turn("msg_2".into(), None, None);
@@ -1433,7 +1536,7 @@ mod tests {
             store
                 .flush_blocking(Duration::from_secs(10))
                 .expect("written");
-            r.evict_finished(Duration::ZERO, Duration::ZERO);
+            r.flushed_evict(Duration::ZERO, Duration::ZERO);
             sweep(&r, &store, Duration::ZERO);
             store
                 .flush_blocking(Duration::from_secs(10))
@@ -1448,7 +1551,7 @@ mod tests {
         let mut done = entry("own");
         done.finish(TaskStatus::Completed, None);
         r.insert(done);
-        r.evict_finished(Duration::ZERO, Duration::ZERO);
+        r.flushed_evict(Duration::ZERO, Duration::ZERO);
         store
             .flush_blocking(Duration::from_secs(10))
             .expect("flushed");
@@ -1478,7 +1581,7 @@ mod tests {
         }
         let hour = Duration::from_secs(3600);
         // Leaving memory is not expiring: the worktree stays the task's.
-        let first = r.evict_finished(Duration::ZERO, hour);
+        let first = r.flushed_evict(Duration::ZERO, hour);
         assert_eq!((first.left_memory, first.worktrees.len()), (3, 0));
         // Not yet expired: the sweep finds nothing, and says when to look again.
         assert!(sweep(&r, &store, hour).is_empty());
@@ -1513,12 +1616,12 @@ mod tests {
         assert_eq!(r.group_members("grp_1"), ["fast", "slow"]);
         let hour = Duration::from_secs(3600);
         // The fast answer leaves memory while its sibling still runs: still a member.
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         assert_eq!(r.group_members("grp_1"), ["fast", "slow"]);
         assert!(r.snapshots(&r.group_members("grp_1"), false, hour).is_ok());
         // Its record expires: it is no longer listed, the running one is.
-        r.evict_finished(Duration::ZERO, hour);
-        r.evict_finished(Duration::ZERO, Duration::ZERO);
+        r.flushed_evict(Duration::ZERO, hour);
+        r.flushed_evict(Duration::ZERO, Duration::ZERO);
         sweep(&r, &store, Duration::ZERO);
         assert_eq!(r.group_members("grp_1"), ["slow"]);
         r.remove("slow");
@@ -1539,7 +1642,7 @@ mod tests {
         let finished_ms = done.rec.finished_ms.expect("finished");
         r.insert(done);
         let hour = Duration::from_secs(3600);
-        let left = r.evict_finished(Duration::ZERO, hour);
+        let left = r.flushed_evict(Duration::ZERO, hour);
         assert_eq!((left.left_memory, left.sweep_due), (1, false));
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1555,11 +1658,11 @@ mod tests {
         // Not due for an hour: a sweep now leaves it, and puts the next one an hour out.
         assert!(sweep(&r, &store, hour).is_empty());
         assert!(store.load("done").is_some());
-        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(!r.flushed_evict(Duration::ZERO, hour).sweep_due);
         // Due: the sweep deletes it, and one sweep runs at a time.
         r.lock().next_sweep = Some(Instant::now());
-        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
-        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(r.flushed_evict(Duration::ZERO, hour).sweep_due);
+        assert!(!r.flushed_evict(Duration::ZERO, hour).sweep_due);
         sweep(&r, &store, Duration::ZERO);
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1576,8 +1679,8 @@ mod tests {
         let (r, _store, _dir) = stored();
         let hour = Duration::from_secs(3600);
         r.lock().next_sweep = Some(Instant::now());
-        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
-        assert!(!r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(r.flushed_evict(Duration::ZERO, hour).sweep_due);
+        assert!(!r.flushed_evict(Duration::ZERO, hour).sweep_due);
         r.sweep_failed(hour);
         let next = r.lock().next_sweep.expect("a next sweep is planned");
         assert!(
@@ -1585,7 +1688,7 @@ mod tests {
             "not at once: {next:?}"
         );
         r.lock().next_sweep = Some(Instant::now());
-        assert!(r.evict_finished(Duration::ZERO, hour).sweep_due);
+        assert!(r.flushed_evict(Duration::ZERO, hour).sweep_due);
     }
 
     /// A file dated later than its record's finish (touched, copied) expires late, never early;
@@ -1607,7 +1710,7 @@ mod tests {
         file.set_modified(std::time::SystemTime::now() - 2 * hour)
             .expect("dated");
         drop(file);
-        r.evict_finished(Duration::ZERO, hour);
+        r.flushed_evict(Duration::ZERO, hour);
         assert!(sweep(&r, &store, hour).is_empty());
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1634,14 +1737,14 @@ mod tests {
         }
         assert_eq!(r.spent_since(today), 0.75);
         let hour = Duration::from_secs(3600);
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 3);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 3);
         assert_eq!(r.spent_since(today), 0.75, "left memory");
         store
             .flush_blocking(Duration::from_secs(10))
             .expect("written");
         assert!(r.get("a").is_some());
         assert_eq!(r.spent_since(today), 0.75, "read back");
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         assert_eq!(r.spent_since(today), 0.75, "left again");
         assert_eq!(r.spent_since(today + 86_400_000), 0.0, "tomorrow");
     }
@@ -1656,19 +1759,19 @@ mod tests {
         r.insert(done);
         r.insert(entry("live"));
         let hour = Duration::from_secs(3600);
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         assert_eq!(r.ids_where(|_| true), vec!["live".to_string()]);
         // A wait's count brings it back too, and counts it finished.
         let both = ["done".to_string(), "live".to_string()];
         assert_eq!(r.finished_count(&both), Ok(1));
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         let back = r.get("done").expect("read back from disk");
         assert_eq!(back.rec.status, TaskStatus::Completed);
         assert!(r.snapshots(&["done".into()], false, hour).is_ok());
         // Past the TTL it is gone for good, whether in memory or only on disk.
-        assert_eq!(r.evict_finished(Duration::ZERO, hour).left_memory, 1);
+        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         assert_eq!(
-            r.evict_finished(Duration::ZERO, Duration::ZERO).left_memory,
+            r.flushed_evict(Duration::ZERO, Duration::ZERO).left_memory,
             0
         );
         assert!(sweep(&r, &store, Duration::ZERO).is_empty());

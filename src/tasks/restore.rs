@@ -1,8 +1,9 @@
 //! Restore: the tasks a previous gateway left in the state directory. Finished tasks become
 //! answerable again; unfinished ones on a managed server died with that gateway's server and
 //! are reported `failed` (`Interrupted`); unfinished ones on the configured attached server are
-//! adopted and finish normally; unfinished tasks of another gateway that is still running are
-//! left to it.
+//! adopted and finish normally. Unfinished tasks of another gateway that is still running are
+//! left to it, answered for from their records meanwhile, and taken over the same way once that
+//! gateway is gone (one shutting down while this one starts, as on a host's reconnect).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,10 @@ use super::registry::TaskEntry;
 use super::service::TaskService;
 use super::tracker;
 use super::turn::Idle;
+
+/// How often the owners of other gateways' unfinished tasks are asked whether they are still
+/// alive (a lock probe: one open and one `flock` each).
+const OWNER_POLL: Duration = Duration::from_millis(250);
 
 /// A stored record as the restore keeps it.
 enum Loaded {
@@ -31,6 +36,8 @@ enum Loaded {
 struct Resting {
     id: String,
     idempotency: Option<(String, u64)>,
+    /// Its fan-out group, which still counts it among its members.
+    group: Option<super::record::GroupMember>,
     /// Its finish (epoch ms) and its spend toward that day's guard.
     day_spend: (u64, f64),
 }
@@ -52,6 +59,7 @@ impl Loaded {
         Self::OnDisk(Resting {
             day_spend: super::registry::record_day_spend(&record, || 0.0),
             idempotency: record.idempotency,
+            group: record.group,
             id: record.id,
         })
     }
@@ -86,11 +94,11 @@ impl TaskService {
                 store.load_each(|record| Loaded::sort(record, now, memory_ttl, disk_ttl))
             })
             .await;
-            let adopt = match loaded {
+            let (adopt, foreign) = match loaded {
                 Ok((records, bad)) => this.take_over(records, bad),
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the state directory failed");
-                    Vec::new()
+                    (Vec::new(), Vec::new())
                 }
             };
             this.restored.send_replace(true);
@@ -99,6 +107,9 @@ impl TaskService {
             tracker::evict(&this.tracker);
             if !adopt.is_empty() {
                 this.adopt(adopt).await;
+            }
+            if !foreign.is_empty() {
+                tokio::spawn(this.watch_owners(foreign));
             }
         });
     }
@@ -109,24 +120,21 @@ impl TaskService {
         let _ = rx.wait_for(|done| *done).await;
     }
 
-    /// Registers loaded records; returns the ids to adopt on the attached server.
+    /// Registers loaded records; returns the ids to adopt on the attached server, and the
+    /// unfinished tasks of gateways still alive (task id, owner pid).
     fn take_over(
         &self,
         records: Vec<Loaded>,
         bad: Vec<(std::path::PathBuf, String)>,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, Vec<(String, u32)>) {
         for (path, why) in bad {
             tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
         }
-        let attach_url = self
-            .config()
-            .opencode
-            .url
-            .as_deref()
-            .map(|u| u.trim_end_matches('/').to_string());
+        let attach_url = self.attach_url();
         let store = self.registry.store().cloned();
         let owner_alive = |pid: u32| store.as_ref().is_some_and(|s| s.owner_alive(pid));
         let mut adopt = Vec::new();
+        let mut foreign = Vec::new();
         let mut loaded = 0usize;
         for record in records {
             let record = match record {
@@ -138,6 +146,7 @@ impl TaskService {
                     self.registry.restore_on_disk(
                         &rest.id,
                         rest.day_spend,
+                        rest.group.as_ref(),
                         self.tracker.finished_ttl,
                     );
                     loaded += 1;
@@ -153,33 +162,98 @@ impl TaskService {
                 continue;
             }
             if record.owner_pid != std::process::id() && owner_alive(record.owner_pid) {
+                // Another gateway's live work, or a gateway still shutting down while this one
+                // starts (a host's reconnect): answered for from its record meanwhile, and
+                // taken over once that gateway is gone.
+                foreign.push((record.id, record.owner_pid));
                 continue;
             }
-            let attached_here =
-                !record.managed && attach_url.as_deref() == Some(record.server_url.as_str());
-            let mut entry = TaskEntry::from_record(record);
-            if attached_here {
-                adopt.push(entry.rec.id.clone());
-                self.registry.insert(entry);
-            } else {
-                let reason = if entry.rec.managed {
-                    "the gateway running this task exited, and its managed OpenCode server with it; continue the task (its session is kept) or start it again"
-                } else {
-                    "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
-                };
-                entry.finish(TaskStatus::Failed, Some(interrupted(reason)));
-                self.registry.insert(entry);
-            }
+            adopt.extend(self.take_unfinished(record, attach_url.as_deref()));
             loaded += 1;
         }
-        if loaded > 0 {
+        if loaded > 0 || !foreign.is_empty() {
             tracing::info!(
                 tasks = loaded,
                 adopting = adopt.len(),
+                other_gateways = foreign.len(),
                 "restored tasks from the state directory"
             );
         }
-        adopt
+        (adopt, foreign)
+    }
+
+    /// Takes over an unfinished task whose gateway is gone: on the attached server it is
+    /// registered to be adopted (its id is returned); on a managed server, which died with its
+    /// gateway, or on a server no longer configured, it is finished `failed` (`Interrupted`).
+    fn take_unfinished(&self, record: TaskRecord, attach_url: Option<&str>) -> Option<String> {
+        let attached_here = !record.managed && attach_url == Some(record.server_url.as_str());
+        let mut entry = TaskEntry::from_record(record);
+        if attached_here {
+            let id = entry.rec.id.clone();
+            self.registry.insert(entry);
+            return Some(id);
+        }
+        let reason = if entry.rec.managed {
+            "the gateway running this task exited, and its managed OpenCode server with it; continue the task (its session is kept) or start it again"
+        } else {
+            "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
+        };
+        entry.finish(TaskStatus::Failed, Some(interrupted(reason)));
+        self.registry.insert(entry);
+        None
+    }
+
+    /// The URL of the configured attached server, as records name it.
+    fn attach_url(&self) -> Option<String> {
+        self.config()
+            .opencode
+            .url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_string())
+    }
+
+    /// Watches the gateways whose unfinished tasks the restore found (`foreign`: task id and
+    /// owner pid): once one is gone, each of its tasks is read again and taken over as at a
+    /// restore (a turn it finished while going keeps its answer). A gateway shutting down
+    /// spends seconds stopping while its successor restores in milliseconds; without this its
+    /// running tasks stayed another's for the successor's whole life.
+    async fn watch_owners(self: Arc<Self>, mut foreign: Vec<(String, u32)>) {
+        let Some(store) = self.registry.store().cloned() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(OWNER_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !foreign.is_empty() {
+            tick.tick().await;
+            let mut gone = Vec::new();
+            foreign.retain(|(id, pid)| {
+                let alive = store.owner_alive(*pid);
+                if !alive {
+                    gone.push(id.clone());
+                }
+                alive
+            });
+            let attach_url = self.attach_url();
+            let mut adopt = Vec::new();
+            for id in gone {
+                // Another call may have read it into memory once it finished.
+                if self.registry.any(|e| e.rec.id == id) {
+                    continue;
+                }
+                let Some(record) = store.load(&id) else {
+                    continue;
+                };
+                if record.status.is_terminal() {
+                    self.registry.restore(TaskEntry::from_record(record));
+                    continue;
+                }
+                tracing::info!(task = %id, owner = record.owner_pid, "taking over a task whose gateway exited");
+                adopt.extend(self.take_unfinished(record, attach_url.as_deref()));
+            }
+            if !adopt.is_empty() {
+                self.adopt(adopt).await;
+            }
+        }
     }
 
     /// Attaches to the configured server and hands it the unfinished tasks a previous gateway

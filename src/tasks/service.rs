@@ -330,6 +330,21 @@ impl TaskService {
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
     }
 
+    /// The task, to act on: another gateway's unfinished task (a view of its record) is
+    /// refused, naming that gateway, since only the gateway running a turn may change it.
+    pub(super) fn own_entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
+        let entry = self.entry(task_id)?;
+        match entry.live.foreign {
+            None => Ok(entry),
+            Some(pid) => Err(TaskError::Conflict(format!(
+                "task {task_id} is run by another gateway (pid {pid}) sharing this state \
+                 directory; it is {}. Ask again once it finishes, or once that gateway exits \
+                 (this one then takes the task over)",
+                entry.rec.status.as_str()
+            ))),
+        }
+    }
+
     pub async fn start_server(
         &self,
         port: Option<u16>,
@@ -648,7 +663,7 @@ impl TaskService {
     /// `conflict`.
     pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
-        let entry = self.entry(&req.task_id)?;
+        let entry = self.own_entry(&req.task_id)?;
         let still_running = |e: &TaskEntry| {
             TaskError::Conflict(format!(
                 "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
@@ -739,7 +754,7 @@ impl TaskService {
         reply: PermissionReply,
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
-        let entry = self.entry(task_id)?;
+        let entry = self.own_entry(task_id)?;
         let pending = &entry.rec.permissions;
         if pending.is_empty() || entry.rec.status != TaskStatus::WaitingPermission {
             return Err(TaskError::Conflict(format!(

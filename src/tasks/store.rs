@@ -80,6 +80,16 @@ pub enum StoreError {
 /// task (see the module notes).
 pub const MID_TURN_DELAY: Duration = Duration::from_secs(1);
 
+/// Whether a task's newest state has reached the disk ([`Store::durability`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    OnDisk,
+    /// Queued or being written: on disk shortly.
+    Queued,
+    /// Its write failed for good (or the writer stopped): the file holds an older state.
+    Unsaved,
+}
+
 /// What the writer does to one task's file.
 #[derive(Debug, Clone)]
 enum Op {
@@ -144,6 +154,10 @@ struct Queue {
     hurry: u64,
     /// Tries so far of the writes that failed and are queued again, by task.
     retries: HashMap<String, u32>,
+    /// Tasks whose newest operation could not be applied and is no longer queued (given up
+    /// after [`WRITE_RETRIES`], or never writable, or the writer stopped): their record on disk
+    /// is older than what the gateway holds.
+    unsaved: std::collections::HashSet<String>,
     /// The last handle is gone: drain and stop.
     closing: bool,
     /// The writer thread's state.
@@ -294,6 +308,7 @@ impl Store {
             };
         }
         if q.writer == Writer::Stopped {
+            q.unsaved.insert(id.clone());
             drop(q);
             tracing::warn!(task_id = %id, "the task store's writer has stopped; this change is not saved");
             return;
@@ -322,6 +337,20 @@ impl Store {
         // A writer asleep until an earlier write falls due needs no wake-up for a later one.
         if !wait || was_idle {
             shared.work.notify_one();
+        }
+    }
+
+    /// Whether the task's newest state is on disk: nothing of it still queued or being written,
+    /// and its last write not given up. What is not durable must stay in memory, or its answer
+    /// would be gone once it left.
+    pub fn durability(&self, task_id: &str) -> Durability {
+        let q = self.shared().lock();
+        if q.pending.contains_key(task_id) || q.writing.contains_key(task_id) {
+            Durability::Queued
+        } else if q.unsaved.contains(task_id) {
+            Durability::Unsaved
+        } else {
+            Durability::OnDisk
         }
     }
 
@@ -628,14 +657,14 @@ fn run_writer(shared: &Shared) {
             (batch, q.submitted.min(waiting.saturating_sub(1)))
         };
         let mut failed = Vec::new();
-        let mut lost = 0;
+        let mut lost = Vec::new();
         for (id, op) in batch.iter() {
             match apply(&shared.dir, id, op) {
                 Ok(()) => {}
                 // An id that cannot be a file name never will be: not tried again.
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
                     tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
-                    lost += 1;
+                    lost.push(id.clone());
                 }
                 Err(e) => {
                     tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
@@ -652,12 +681,14 @@ fn run_writer(shared: &Shared) {
             .iter()
             .filter(|(id, _)| !q.retries.contains_key(id))
             .count();
-        q.failed += (lost + first_failures) as u64;
+        q.failed += (lost.len() + first_failures) as u64;
         for (id, _) in batch.iter() {
-            if !failed.iter().any(|(f, _)| f == id) {
+            if !failed.iter().any(|(f, _)| f == id) && !lost.contains(id) {
                 q.retries.remove(id);
+                q.unsaved.remove(id);
             }
         }
+        q.unsaved.extend(lost);
         // A failed write is tried again unless a newer one of the same task replaced it: a
         // record lost to a full disk would make the task unknown once it leaves memory.
         let mut requeued = false;
@@ -667,6 +698,7 @@ fn run_writer(shared: &Shared) {
             if *tries > WRITE_RETRIES {
                 q.retries.remove(&id);
                 tracing::warn!(task_id = %id, "giving up writing the task's record after {WRITE_RETRIES} retries");
+                q.unsaved.insert(id);
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(slot) = q.pending.entry(id) {

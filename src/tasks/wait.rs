@@ -19,8 +19,8 @@ impl TaskService {
         }));
     }
 
-    /// `ids` with each fan-out group id replaced by its tasks (in target order), repeats
-    /// dropped. A group with no known task is reported like an unknown task id.
+    /// `ids` with each fan-out group id replaced by its tasks (in target order) that still
+    /// exist, repeats dropped. A group with no known task is reported like an unknown task id.
     pub async fn expand_groups(&self, ids: Vec<String>) -> Result<Vec<String>, TaskError> {
         if !ids
             .iter()
@@ -36,7 +36,14 @@ impl TaskService {
                 out.push(id);
                 continue;
             }
-            let members = self.registry.group_members(&id);
+            // A member whose record is gone (another gateway sharing the state directory swept
+            // it when it expired) is no longer part of the answer; the rest still are.
+            let members: Vec<String> = self
+                .registry
+                .group_members(&id)
+                .into_iter()
+                .filter(|m| self.registry.knows(m))
+                .collect();
             if members.is_empty() {
                 unknown.push(id);
             }

@@ -153,7 +153,7 @@ impl TaskService {
     ) -> Result<TaskResult, TaskError> {
         let mut result = self.result(task_id).await?;
         if view == ResultView::Diff {
-            let entry = self.entry(task_id)?;
+            let entry = self.own_entry(task_id)?;
             let w = workspace_of(&entry)?;
             if w.discarded {
                 return Err(discarded(task_id));
@@ -245,7 +245,7 @@ impl TaskService {
 
     /// The task, refused (`conflict`) while its agent may still write to the worktree.
     fn settled(&self, task_id: &str, what: &str) -> Result<TaskEntry, TaskError> {
-        let entry = self.entry(task_id)?;
+        let entry = self.own_entry(task_id)?;
         if !entry.is_settled() {
             return Err(TaskError::Conflict(format!(
                 "task {task_id} is still {}: its agent may still be writing; wait for it \
