@@ -121,7 +121,7 @@ fn result_of(task: &GetTaskResult) -> &rmcp::model::JsonObject {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it() {
+async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_is_a_task_of_its_own() {
     let rig = modern_rig(OpenCodeEnv::new(), true, &[]).await;
     let prompt = "native task [[delay:1500]]";
     let started = start(&rig, prompt).await;
@@ -165,18 +165,38 @@ async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it
         .await;
     assert_eq!(plain["text"], echo_reply(prompt), "{plain}");
 
-    // A follow-up is a task again, under the same id, and reads its own turn.
+    // A follow-up is a task of its own (the turn it opened), and reads its own turn; the
+    // first handle, reported completed, stays completed with its own answer (a terminal state
+    // is final: it used to go back to `working`).
+    let first_done = done.clone();
     let next = handle(
         &rig,
         "opencode_continue_task",
-        json!({"task_id": id, "prompt": "second turn"}),
+        json!({"task_id": id, "prompt": "second turn [[delay:1500]]"}),
     )
     .await;
-    assert_eq!(next.task.task_id, id);
-    let done = poll_terminal(&rig, &id).await;
+    let next_id = next.task.task_id.clone();
+    assert_eq!(next_id, format!("{id}.2"), "{next:?}");
+    let first_again = get(&rig, &id).await;
+    assert_eq!(
+        first_again.task.status(),
+        TaskStatus::Completed,
+        "{first_again:?}"
+    );
+    assert_eq!(first_again.task.payload, first_done.task.payload);
+    assert_eq!(
+        first_again.task.task.created_at,
+        first_done.task.task.created_at
+    );
+    let working = get(&rig, &next_id).await;
+    assert_eq!(working.task.status(), TaskStatus::Working, "{working:?}");
+    // Its times are the turn's, not the poll's.
+    let again = get(&rig, &next_id).await;
+    assert_eq!(working.task.task.created_at, again.task.task.created_at);
+    let done = poll_terminal(&rig, &next_id).await;
     assert_eq!(
         result_of(&done)["structuredContent"]["tasks"][0]["text"],
-        echo_reply("second turn"),
+        echo_reply("second turn [[delay:1500]]"),
         "{done:?}"
     );
 
@@ -184,11 +204,11 @@ async fn a_start_is_a_task_the_host_polls_to_its_answer_and_a_continue_reuses_it
     let mut rig = rig;
     rig.kill_gateway().await;
     rig.relaunch().await;
-    let after = get(&rig, &id).await;
+    let after = get(&rig, &next_id).await;
     assert_eq!(after.task.status(), TaskStatus::Completed, "{after:?}");
     assert_eq!(
         result_of(&after)["structuredContent"]["tasks"][0]["text"],
-        echo_reply("second turn"),
+        echo_reply("second turn [[delay:1500]]"),
         "{after:?}"
     );
 
@@ -281,13 +301,14 @@ async fn a_fan_out_is_one_task_for_the_group() {
         json!({"task_id": member, "prompt": "And now? [[delay:30000]]"}),
     )
     .await;
-    assert_eq!(follow_up.task.task_id, member, "{follow_up:?}");
+    let follow_up = follow_up.task.task_id;
+    assert_eq!(follow_up, format!("{member}.2"));
     rig.client
         .peer()
-        .cancel_task(CancelTaskParams::new(&member))
+        .cancel_task(CancelTaskParams::new(&follow_up))
         .await
         .expect("tasks/cancel");
-    let cancelled = poll_terminal(&rig, &member).await;
+    let cancelled = poll_terminal(&rig, &follow_up).await;
     assert_eq!(
         cancelled.task.status(),
         TaskStatus::Cancelled,
@@ -439,6 +460,45 @@ async fn without_the_extension_a_start_returns_its_plain_result() {
         capabilities.get("extensions").is_none(),
         "an initialize host is not told of the tasks extension: {capabilities}"
     );
+}
+
+/// A task method acts only as an enabled tool would: with `cancel_task` and `reply_permission`
+/// disabled in the configuration, `tasks/cancel` and `tasks/update` are refused, naming the
+/// action, and the task runs on. (They used to act regardless.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_methods_do_not_act_for_a_disabled_tool() {
+    let rig = modern_rig(
+        OpenCodeEnv::new(),
+        true,
+        &[
+            ("OPENCODE_MCP_TOOLS__OPENCODE_CANCEL_TASK__ENABLED", "false"),
+            (
+                "OPENCODE_MCP_TOOLS__OPENCODE_REPLY_PERMISSION__ENABLED",
+                "false",
+            ),
+        ],
+    )
+    .await;
+    let id = start(&rig, "runs on [[delay:1500]]").await.task.task_id;
+    let refused = rig
+        .client
+        .peer()
+        .cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect_err("tasks/cancel is refused");
+    assert!(refused.to_string().contains("cancel_task"), "{refused}");
+    let refused = rig
+        .client
+        .peer()
+        .update_task(UpdateTaskParams::new(&id, BTreeMap::new()))
+        .await
+        .expect_err("tasks/update is refused");
+    assert!(
+        refused.to_string().contains("reply_permission"),
+        "{refused}"
+    );
+    let done = poll_terminal(&rig, &id).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed, "{done:?}");
 }
 
 /// `subscriptions/listen`: acknowledged at once, held open, and a reload's `list_changed`

@@ -379,6 +379,8 @@ mod tests {
             group_id: None,
             tokens: None,
             cost: None,
+            turn_started_ms: 0,
+            updated_ms: 0,
         }
     }
 

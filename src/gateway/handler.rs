@@ -52,6 +52,8 @@ pub struct Gateway {
     client: Arc<Mutex<Option<String>>>,
     /// Whether list changes are announced (`reload: true`).
     reload: bool,
+    /// The native task handles already reported finished (see `mcp_tasks.rs`).
+    settled: Arc<mcp_tasks::Settled>,
 }
 
 impl Gateway {
@@ -87,6 +89,7 @@ impl Gateway {
             info: Arc::new(info),
             listeners: Arc::default(),
             client: Arc::default(),
+            settled: Arc::default(),
         }
     }
 
@@ -203,8 +206,12 @@ impl ServerHandler for Gateway {
         self.host_of(context.request_context());
         let id = context.sink().id().clone();
         self.listeners.add(context.sink().clone());
+        // Removed however this ends: cancelled, or dropped with the session.
+        let _listening = Listening {
+            listeners: &self.listeners,
+            id,
+        };
         context.cancelled().await;
-        self.listeners.remove(&id);
         Ok(())
     }
 
@@ -216,7 +223,7 @@ impl ServerHandler for Gateway {
         let id = request.task_id;
         let task = self
             .with_ctx(&context, async |ctx, ttl| {
-                mcp_tasks::get(&id, ttl, ctx).await
+                mcp_tasks::get(&id, ttl, ctx, &self.settled).await
             })
             .await?;
         Ok(GetTaskResult::new(task))
@@ -297,7 +304,11 @@ impl ServerHandler for Gateway {
             Ok(value) => {
                 if mcp_tasks::requested(&context.meta) && mcp_tasks::runs_as_task(route.action) {
                     let ttl = mcp_tasks::ttl_ms(&surface.config);
-                    if let Some(handle) = mcp_tasks::handle(&value, ttl) {
+                    let follow_up = (route.action == crate::config::Action::ContinueTask)
+                        .then(|| value.get("task_id").and_then(serde_json::Value::as_str))
+                        .flatten()
+                        .and_then(|id| self.tasks.turn_of(id));
+                    if let Some(handle) = mcp_tasks::handle(&value, ttl, follow_up) {
                         return Ok(handle.into());
                     }
                 }
@@ -334,5 +345,17 @@ impl ServerHandler for Gateway {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         Ok(prompts::get(&self.surface().config, &request)?.into())
+    }
+}
+
+/// Takes a listen stream's sink out of the listeners when the stream ends, however it ends.
+struct Listening<'a> {
+    listeners: &'a Listeners,
+    id: rmcp::model::RequestId,
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.listeners.remove(&self.id);
     }
 }

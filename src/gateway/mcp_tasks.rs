@@ -20,10 +20,14 @@
 //!   as `completed`; a failed or timed-out task is `failed` with its error, a cancelled one
 //!   `cancelled`. A fan-out group is `completed` with every answer once all have finished. The
 //!   records answer by id, so a restarted gateway still answers for its tasks.
+//!   A terminal state is final ([`Settled`]): a follow-up gets a handle of its own, naming the
+//!   turn it opened (`tsk_x.2`), and the earlier handle keeps its answer.
 //! - `tasks/update` carries the user's choice in that form to OpenCode, as
-//!   `opencode_reply_permission` does.
-//! - `tasks/cancel` is `cancel_task` (for a group: each of its tasks); idempotent, since hosts
-//!   send it twice at once.
+//!   `opencode_reply_permission` does, answering the ask each response's key names.
+//! - `tasks/cancel` is `cancel_task` (for a group: all of its tasks at once, each failure
+//!   reported); idempotent, since hosts send it twice at once.
+//! - Both act only when an enabled tool offers the same action: the user's configuration decides
+//!   what the host may do, whichever way it asks.
 //!
 //! Claude Code polls every `pollIntervalMs` and ignores pushed task notifications, so the
 //! interval alone decides how soon a finished task is seen: [`POLL_INTERVAL_MS`].
@@ -45,6 +49,73 @@ use crate::tasks::{TaskSnapshot, TaskStatus, WaitOutcome};
 /// How often the host should poll `tasks/get`: a finished task is seen within about a second,
 /// and a poll is a read of memory, so one a second per running task costs nothing.
 pub const POLL_INTERVAL_MS: u64 = 1000;
+
+/// Between a task id and the turn a follow-up's handle stands for (`tsk_x.2`): task and group
+/// ids never hold it.
+const TURN_MARK: char = '.';
+
+/// The task or group id a handle stands for.
+fn task_of(handle: &str) -> &str {
+    handle.split_once(TURN_MARK).map_or(handle, |(id, _)| id)
+}
+
+/// The terminal states already reported, by handle: SEP-2663's terminal states are final, so a
+/// handle reported `completed` stays so, also once a follow-up opens a new turn of the same task
+/// (that turn has a handle of its own). Held for the handles' time to live, at most
+/// [`MAX_SETTLED`] of them; a restarted gateway works them out again from the records.
+#[derive(Default)]
+pub struct Settled {
+    states: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, DetailedTask)>>,
+}
+
+/// Most terminal states [`Settled`] keeps (the oldest go first).
+const MAX_SETTLED: usize = 10_000;
+
+impl Settled {
+    fn get(&self, handle: &str) -> Option<DetailedTask> {
+        let states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        states.get(handle).map(|(_, t)| t.clone())
+    }
+
+    fn keep(&self, handle: &str, task: &DetailedTask, ttl_ms: u64) {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = std::time::Duration::from_millis(ttl_ms);
+        states.retain(|_, (at, _)| at.elapsed() < ttl);
+        if states.len() >= MAX_SETTLED {
+            if let Some(oldest) = states
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                states.remove(&oldest);
+            }
+        }
+        states.insert(
+            handle.to_string(),
+            (std::time::Instant::now(), task.clone()),
+        );
+    }
+}
+
+/// Whether the configuration offers `action` through an enabled tool: a task method that acts
+/// (`tasks/update`, `tasks/cancel`) does only what a tool the user left enabled would.
+fn offered(ctx: &Ctx<'_>, action: Action, method: &str) -> Result<(), ToolError> {
+    if ctx
+        .config
+        .tools
+        .values()
+        .any(|t| t.enabled && t.action == action)
+    {
+        return Ok(());
+    }
+    Err(ToolError::new(
+        ErrorCode::InvalidArgument,
+        format!(
+            "{method} is refused: no enabled tool in delegation.yaml performs `{}`",
+            action.as_str()
+        ),
+    ))
+}
 
 /// The error code of a `failed` task's error object: JSON-RPC's range for server-defined errors.
 /// `data.code` carries the gateway's own code (`failed`, `timed_out`, ...).
@@ -75,7 +146,7 @@ pub fn runs_as_task(action: Action) -> bool {
 
 /// The handle for a started task or group, from the action's own result (`task_id`, or a fan-out's
 /// `group_id`). `None` when the result names neither (then the plain result is returned).
-pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
+pub fn handle(result: &Value, ttl_ms: u64, follow_up: Option<u32>) -> Option<CreateTaskResult> {
     // A task's own id first: a follow-up of a fan-out member carries its `group_id` too, and
     // its handle is that one task (cancelling it must not cancel the other members). Only a
     // fan-out's result names a group and no task.
@@ -83,6 +154,12 @@ pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
         .get("task_id")
         .or_else(|| result.get("group_id"))
         .and_then(Value::as_str)?;
+    // A follow-up is a task of its own for the host: its handle names the turn it opened, so
+    // the handle of the earlier turn, reported finished, stays finished.
+    let id = match follow_up {
+        Some(turn) => format!("{id}{TURN_MARK}{turn}"),
+        None => id.to_string(),
+    };
     let now = timestamp(Utc::now());
     let task = Task::new(id, McpTaskStatus::Working, now.clone(), now)
         .with_status_message(status_word(result))
@@ -92,12 +169,38 @@ pub fn handle(result: &Value, ttl_ms: u64) -> Option<CreateTaskResult> {
 }
 
 /// `tasks/get`: the task or group `id` now, as the host's task states.
-pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, ToolError> {
+pub async fn get(
+    handle: &str,
+    ttl_ms: u64,
+    ctx: &Ctx<'_>,
+    settled: &Settled,
+) -> Result<DetailedTask, ToolError> {
+    if let Some(task) = settled.get(handle) {
+        return Ok(task);
+    }
+    let task = state(handle, ttl_ms, ctx).await?;
+    if task.task.status.is_terminal() {
+        settled.keep(handle, &task, ttl_ms);
+    }
+    Ok(task)
+}
+
+/// The state of the task or group a handle stands for, now.
+async fn state(handle: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, ToolError> {
+    let id = task_of(handle);
     // The wait tool's answer for `id` at once: every state below is read from it.
     let outcome = actions::wait_now(id, ctx).await?;
-    let now = timestamp(Utc::now());
+    // Created when its turn (the earliest, for a group) was sent; updated when the last of
+    // them moved. Read from the tasks, so a poll does not move them.
+    let created = outcome.tasks.iter().map(|t| t.turn_started_ms).min();
+    let updated = outcome.tasks.iter().map(|t| t.updated_ms).max();
+    let at = |ms: Option<u64>| {
+        ms.and_then(|ms| DateTime::<Utc>::from_timestamp_millis(i64::try_from(ms).ok()?))
+            .map_or_else(|| timestamp(Utc::now()), timestamp)
+    };
+    let (created, updated) = (at(created), at(updated));
     let base = |status| {
-        Task::new(id, status, now.clone(), now.clone())
+        Task::new(handle, status, created.clone(), updated.clone())
             .with_ttl_ms(ttl_ms)
             .with_poll_interval_ms(POLL_INTERVAL_MS)
     };
@@ -159,7 +262,8 @@ pub async fn get(id: &str, ttl_ms: u64, ctx: &Ctx<'_>) -> Result<DetailedTask, T
 /// that names no ask still pending is skipped: the ask was answered another way (the model's
 /// `opencode_reply_permission`, a cancel) between the host's poll and the user's choice.
 pub async fn update(id: &str, responses: InputResponses, ctx: &Ctx<'_>) -> Result<(), ToolError> {
-    let outcome = actions::wait_now(id, ctx).await?;
+    offered(ctx, Action::ReplyPermission, "tasks/update")?;
+    let outcome = actions::wait_now(task_of(id), ctx).await?;
     for (key, response) in responses {
         let Some(task) = outcome
             .tasks
@@ -180,11 +284,33 @@ pub async fn update(id: &str, responses: InputResponses, ctx: &Ctx<'_>) -> Resul
 /// `tasks/cancel`: cancels the task, or each task of a group. Cancelling a finished task
 /// changes nothing, so the host's second, simultaneous cancel is answered like the first.
 pub async fn cancel(id: &str, ctx: &Ctx<'_>) -> Result<(), ToolError> {
-    let ids = ctx.tasks.expand_groups(vec![id.to_string()]).await?;
-    for task_id in ids {
-        run(Action::CancelTask, json!({ "task_id": task_id }), ctx).await?;
+    offered(ctx, Action::CancelTask, "tasks/cancel")?;
+    let ids = ctx
+        .tasks
+        .expand_groups(vec![task_of(id).to_string()])
+        .await?;
+    // Every member at once: one abort that fails (or waits on OpenCode) holds up no other.
+    let results = futures::future::join_all(ids.iter().map(|task_id| async move {
+        let outcome = run(Action::CancelTask, json!({ "task_id": task_id }), ctx).await;
+        (task_id, outcome)
+    }))
+    .await;
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|(task_id, r)| r.err().map(|e| format!("{task_id}: {}", e.message)))
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    Err(ToolError::new(
+        ErrorCode::OpencodeError,
+        format!(
+            "cancelled {} of {} tasks; not cancelled: {}",
+            ids.len() - failed.len(),
+            ids.len(),
+            failed.join("; ")
+        ),
+    ))
 }
 
 /// A JSON-RPC error object for a failed call of a task method.
@@ -242,10 +368,15 @@ fn failure(task: &TaskSnapshot) -> (String, JsonObject) {
     let mut error = JsonObject::new();
     error.insert("code".into(), json!(TASK_FAILED));
     error.insert("message".into(), json!(message));
-    error.insert(
-        "data".into(),
-        json!({"code": task.status.as_str(), "task_id": task.task_id}),
-    );
+    let mut data = json!({"code": task.status.as_str(), "task_id": task.task_id});
+    // What the turn wrote before it failed is part of its answer.
+    if let Some(text) = task.text.as_deref().filter(|t| !t.is_empty()) {
+        data["partial_text"] = json!(text);
+        if let Some(offset) = task.next_offset {
+            data["next_offset"] = json!(offset);
+        }
+    }
+    error.insert("data".into(), data);
     (message, error)
 }
 
@@ -341,16 +472,21 @@ mod tests {
 
     #[test]
     fn a_handle_names_the_task_and_a_fan_outs_group() {
-        let h = handle(&json!({"task_id": "t1", "status": "pending"}), 5).expect("handle");
+        let h = handle(&json!({"task_id": "t1", "status": "pending"}), 5, None).expect("handle");
         assert_eq!(h.task.task_id, "t1");
         assert_eq!(h.task.poll_interval_ms, Some(POLL_INTERVAL_MS));
         assert_eq!(h.task.ttl_ms, Some(5));
-        let g = handle(&json!({"group_id": "g1", "task_ids": ["a"]}), 5).expect("handle");
+        let g = handle(&json!({"group_id": "g1", "task_ids": ["a"]}), 5, None).expect("handle");
         assert_eq!(g.task.task_id, "g1");
         // A follow-up of a fan-out member is that member's, not the group's.
         let member = json!({"task_id": "t2", "group_id": "g1", "status": "pending"});
-        assert_eq!(handle(&member, 5).expect("handle").task.task_id, "t2");
-        assert!(handle(&json!({"servers": []}), 5).is_none());
+        assert_eq!(
+            handle(&member, 5, Some(3)).expect("handle").task.task_id,
+            "t2.3"
+        );
+        assert_eq!(task_of("t2.3"), "t2");
+        assert_eq!(task_of("g1"), "g1");
+        assert!(handle(&json!({"servers": []}), 5, None).is_none());
         let wire = serde_json::to_value(h).expect("serializes");
         assert_eq!(wire["resultType"], "task");
         assert_eq!(wire["status"], "working");

@@ -205,6 +205,15 @@ pub struct TaskSnapshot {
     /// it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    /// When the current turn was sent, and when the task last moved (its finish, else its
+    /// latest event), in epoch ms: a native task's `createdAt` and `lastUpdatedAt`. Not in tool
+    /// results.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub turn_started_ms: u64,
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub updated_ms: u64,
 }
 
 impl TaskSnapshot {

@@ -413,6 +413,12 @@ impl TaskEntry {
                 .as_ref()
                 .filter(|_| r.status.is_terminal())
                 .map(|o| o.cost),
+            turn_started_ms: r.turn_started_ms,
+            updated_ms: r.finished_ms.unwrap_or_else(|| {
+                let now = super::record::epoch_ms(std::time::SystemTime::now());
+                let since = u64::try_from(self.live.last_event.elapsed().as_millis()).unwrap_or(0);
+                now.saturating_sub(since).max(r.turn_started_ms)
+            }),
         }
     }
 

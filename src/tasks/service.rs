@@ -330,6 +330,11 @@ impl TaskService {
             .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
     }
 
+    /// The task's current turn (1 for the first prompt), if the task is known.
+    pub fn turn_of(&self, task_id: &str) -> Option<u32> {
+        self.registry.get(task_id).map(|e| e.rec.turn)
+    }
+
     /// The task, to act on: another gateway's unfinished task (a view of its record) is
     /// refused, naming that gateway, since only the gateway running a turn may change it.
     pub(super) fn own_entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {

@@ -458,6 +458,8 @@ mod tests {
                 current_tool_title: Some(title.into()),
                 ..Progress::default()
             }),
+            turn_started_ms: 0,
+            updated_ms: 0,
         }
     }
 
