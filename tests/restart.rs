@@ -201,6 +201,48 @@ async fn a_fan_out_group_answers_after_a_restart() {
     }
 }
 
+/// **A gateway that runs no server still lets records expire.** Eviction and the sweep ran on a
+/// server's reconcile tick, so a restarted gateway that only answers reads (it starts no server
+/// until a task needs one) never deleted a record, nor its worktree.
+///
+/// Proves: after a restart with no server started, the finished task's record is still
+/// answered at first, and goes once its TTL has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_in_a_gateway_that_runs_no_server() {
+    let ttl = std::time::Duration::from_secs(6);
+    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "6s")]).await;
+    let task = id(&rig.start_task("expires later").await);
+    let done = rig.finish(&task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let finished = std::time::Instant::now();
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let file = rig
+        .env
+        .root()
+        .join(format!("state/opencode-mcp/tasks/{task}.json"));
+    let st = rig.status(&task).await;
+    assert_eq!(st["status"], "completed", "answered until it expires: {st}");
+    assert!(
+        finished.elapsed() < ttl,
+        "the machine took the whole TTL to restart; nothing was tested"
+    );
+    let gone = poll_for(ttl + std::time::Duration::from_secs(30), || {
+        (!file.exists()).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the expired record is still there\n--- gateway stderr ---\n{}",
+        rig.client.stderr()
+    );
+    let servers = rig.ok("opencode_list_tasks", json!({})).await;
+    assert!(
+        !servers.to_string().contains(&task),
+        "an expired task is not listed: {servers}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_tasks_on_an_attached_server_are_adopted_after_a_restart() {
     let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;

@@ -877,12 +877,15 @@ impl Registry {
     /// first, so a change is never lost to eviction: `None` means the task does not exist (or
     /// is another gateway's unfinished one).
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
-        if !self.lock().tasks.contains_key(task_id) {
-            self.load(task_id)?;
-        }
-        let (r, wake) = {
+        // A task read back from disk (outside the lock: it reads a file) may be evicted again
+        // before the lock is taken anew: a few tries, so an update is never lost to that.
+        for _ in 0..4 {
             let mut t = self.lock();
-            let entry = t.tasks.get_mut(task_id)?;
+            let Some(entry) = t.tasks.get_mut(task_id) else {
+                drop(t);
+                self.load(task_id)?;
+                continue;
+            };
             entry.live.last_used = Instant::now();
             // Everything in the record is saved and nothing else is (progress lives in `Live`):
             // any change of the record is written, so no field can be forgotten.
@@ -891,12 +894,15 @@ impl Registry {
             if entry.rec != before {
                 self.persist(&entry.rec);
             }
-            (r, seen != observable(entry))
-        };
-        if wake {
-            self.bump();
+            let wake = seen != observable(entry);
+            drop(t);
+            if wake {
+                self.bump();
+            }
+            return Some(r);
         }
-        Some(r)
+        tracing::warn!(task_id, "a task kept leaving memory while being updated");
+        None
     }
 
     /// The unfinished tasks among `ids` with a pending permission ask the host has not been

@@ -76,11 +76,13 @@ impl TaskService {
     /// of the host's handshake), so a full state directory (about 10 ms of reading per 1,000
     /// records) never delays the `initialize` reply, on two cores least of all; every action
     /// that reads tasks waits for it ([`Self::restored`]). Adopting, which needs the network,
-    /// runs after that in the background.
+    /// runs after that in the background, and so does the housekeeping of finished tasks
+    /// ([`tracker::housekeep`]) from here on.
     pub fn restore(
         self: &Arc<Self>,
         after: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
+        tokio::spawn(tracker::housekeep(self.tracker.clone()));
         let Some(store) = self.registry.store().cloned() else {
             return;
         };

@@ -88,8 +88,6 @@ pub async fn run(
         }
     };
     tokio::pin!(exited);
-    // The registry's change count when memory was last given back (see `give_back_when_quiet`).
-    let mut trimmed_at = 0;
     loop {
         tokio::select! {
             how = &mut exited => {
@@ -98,13 +96,7 @@ pub async fn run(
                 return;
             }
             _ = server.stop.cancelled() => return,
-            _ = reconcile.tick() => {
-                if evict(&ctx) {
-                    trimmed_at = ctx.registry.version();
-                }
-                give_back_when_quiet(&ctx, &mut trimmed_at);
-                spawn_reconcile(&ctx, &server, false);
-            }
+            _ = reconcile.tick() => spawn_reconcile(&ctx, &server, false),
             msg = events.recv() => match msg {
                 None => return,
                 Some(PumpEvent::Connected) => {
@@ -121,6 +113,24 @@ pub async fn run(
                 Some(PumpEvent::Event(event)) => apply(&ctx, &server, *event),
             }
         }
+    }
+}
+
+/// The gateway's housekeeping, whatever servers run: finished tasks leave memory, expired
+/// records and their worktrees go, and memory is given back once things are quiet. It ran on
+/// each server's reconcile tick before, so after `stop_server`, or in a restarted gateway that
+/// only answers reads, nothing was ever evicted or swept.
+pub async fn housekeep(ctx: TrackerContext) {
+    let mut tick = tokio::time::interval(RECONCILE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The registry's change count when memory was last given back (see `give_back_when_quiet`).
+    let mut trimmed_at = 0;
+    loop {
+        tick.tick().await;
+        if evict(&ctx) {
+            trimmed_at = ctx.registry.version();
+        }
+        give_back_when_quiet(&ctx, &mut trimmed_at);
     }
 }
 
