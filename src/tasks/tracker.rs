@@ -1129,14 +1129,14 @@ pub async fn read_files(
     // read that still finds none leaves the list unknown (the result says so) for the
     // background read, which goes on longer, to settle.
     let edited = edited_files(rec.outcome.as_ref());
-    let late: &[Duration] = match attempts {
-        Attempts::Patient => &EMPTY_DIFF_LATE,
-        Attempts::Once => &[],
+    let late: &[Duration] = match (attempts, edited) {
+        (Attempts::Patient, Edits::Surely) => &EMPTY_DIFF_LATE,
+        _ => &[],
     };
     let mut pauses = EMPTY_DIFF_RETRIES.iter().chain(late);
     let files = loop {
         match read().await {
-            Ok(files) if files.is_empty() && edited => match pauses.next() {
+            Ok(files) if files.is_empty() && edited != Edits::No => match pauses.next() {
                 Some(pause) => {
                     tracing::debug!(
                         task_id,
@@ -1229,14 +1229,41 @@ fn untracked_files(rec: &super::record::TaskRecord) -> String {
     why
 }
 
-/// OpenCode's tools that write files themselves; a shell command may too, but most change
-/// nothing, and waiting on every one of them would delay the list of most turns.
+/// OpenCode's tools that write files themselves.
 const EDITING_TOOLS: [&str; 5] = ["write", "edit", "multiedit", "patch", "apply_patch"];
 
-/// Whether the turn completed a file-editing tool call, so that its list of changed files
-/// should not be empty.
-fn edited_files(outcome: Option<&TurnState>) -> bool {
-    editing_calls(outcome).next().is_some()
+/// Tools that may write files without saying so: a shell command, a subagent (whose edits are
+/// its child session's calls, not the turn's).
+const MAYBE_EDITING_TOOLS: [&str; 2] = ["bash", "task"];
+
+/// How sure it is that a turn changed files, which decides how long an empty list of changed
+/// files is doubted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edits {
+    /// A file-editing tool completed: an empty list is read again for about 3 s, and in the
+    /// background for about 25 s more, before it is believed.
+    Surely,
+    /// A shell command or a subagent completed: most change nothing, so an empty list is read
+    /// again for about 3 s only (the first read was believed before, and lagged behind edits).
+    Maybe,
+    /// No tool that writes ran: an empty list is believed at once.
+    No,
+}
+
+/// How sure it is that the turn changed files.
+fn edited_files(outcome: Option<&TurnState>) -> Edits {
+    if editing_calls(outcome).next().is_some() {
+        return Edits::Surely;
+    }
+    let maybe = outcome
+        .into_iter()
+        .flat_map(|o| &o.tools)
+        .any(|t| t.status == "completed" && MAYBE_EDITING_TOOLS.contains(&t.tool.as_str()));
+    if maybe {
+        Edits::Maybe
+    } else {
+        Edits::No
+    }
 }
 
 /// The turn's completed calls of [`EDITING_TOOLS`].
@@ -1250,7 +1277,7 @@ fn editing_calls(outcome: Option<&TurnState>) -> impl Iterator<Item = &crate::op
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_a_completed_editing_tool_makes_an_empty_list_suspect() {
+    fn a_completed_writing_tool_makes_an_empty_list_suspect() {
         use crate::opencode::ToolCall;
         let turn = |tools: &[(&str, &str)]| TurnState {
             tools: tools
@@ -1264,15 +1291,26 @@ mod tests {
                 .collect(),
             ..TurnState::default()
         };
-        assert!(edited_files(Some(&turn(&[
-            ("read", "completed"),
-            ("write", "completed")
-        ]))));
-        assert!(edited_files(Some(&turn(&[("edit", "completed")]))));
-        assert!(!edited_files(Some(&turn(&[("write", "error")]))));
-        assert!(!edited_files(Some(&turn(&[("bash", "completed")]))));
-        assert!(!edited_files(Some(&turn(&[]))));
-        assert!(!edited_files(None));
+        let edits = |tools: &[(&str, &str)]| edited_files(Some(&turn(tools)));
+        assert_eq!(
+            edits(&[("read", "completed"), ("write", "completed")]),
+            Edits::Surely
+        );
+        assert_eq!(edits(&[("edit", "completed")]), Edits::Surely);
+        assert_eq!(
+            edits(&[("bash", "completed"), ("edit", "completed")]),
+            Edits::Surely
+        );
+        // A shell command or a subagent may have written files: doubted for a while too.
+        assert_eq!(edits(&[("bash", "completed")]), Edits::Maybe);
+        assert_eq!(edits(&[("task", "completed")]), Edits::Maybe);
+        assert_eq!(edits(&[("write", "error")]), Edits::No);
+        assert_eq!(
+            edits(&[("bash", "error"), ("read", "completed")]),
+            Edits::No
+        );
+        assert_eq!(edits(&[]), Edits::No);
+        assert_eq!(edited_files(None), Edits::No);
     }
 
     /// The set of foreign sessions stays bounded however many a shared server shows.
