@@ -20,6 +20,9 @@ async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
         ("OPENCODE_MCP_LIMITS__MAX_COST_USD_PER_DAY", "0.2"),
     ])
     .await;
+    // A second gateway on the same state directory (another host window), started before
+    // anything was spent: the day's cap is the user's, whichever gateway spent it.
+    let second = rig.launch.connect().await.expect("a second gateway starts");
 
     // Above the cap in force: refused before anything starts.
     let (code, message) = rig
@@ -111,6 +114,22 @@ async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
         message.contains("max_cost_usd_per_day") && message.contains("00:00 UTC"),
         "{message}"
     );
+    // The other gateway counts what this one spent: it refuses too (it used to count only
+    // its own tasks, so each gateway could spend the whole cap).
+    let refused = second
+        .call(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": "from the other window" }),
+        )
+        .await
+        .expect("call");
+    assert_eq!(
+        refused.error_code(),
+        Some("budget_exceeded"),
+        "{}",
+        refused.text
+    );
+    second.close().await.expect("close");
 }
 
 /// A variant (reasoning effort) reaches the model request as OpenCode sends it, from a tier's

@@ -202,7 +202,7 @@ async fn wait_for_first_reply(
 /// `status`. Returns the turn it finished, if it did.
 pub(super) async fn abort_turn(
     ctx: &TrackerContext,
-    server: &Server,
+    server: &Arc<Server>,
     task_id: &str,
     turn: Option<u32>,
     status: TaskStatus,
@@ -239,7 +239,13 @@ pub(super) async fn abort_turn(
         outcome => {
             match outcome {
                 Err(e) => {
-                    tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway")
+                    tracing::warn!(task_id, error = %e, "aborting the session failed; finishing the task anyway, and trying again");
+                    tokio::spawn(keep_aborting(
+                        server.clone(),
+                        rec.directory.clone(),
+                        rec.session_id.clone(),
+                        task_id.to_string(),
+                    ));
                 }
                 Ok(_) => {
                     let answered: Vec<String> =
@@ -257,4 +263,38 @@ pub(super) async fn abort_turn(
             Ok(finished.flatten())
         }
     }
+}
+
+/// Pauses between the tries of [`keep_aborting`]: about five minutes in all.
+const ABORT_RETRIES: [Duration; 9] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(60),
+    Duration::from_secs(120),
+];
+
+/// Tries the abort of a session again until OpenCode confirms it, after an abort the gateway
+/// had to give up on (a deadline or a budget, which end the task whatever OpenCode says): until
+/// then the session may go on calling its model, and spending (which still counts: see
+/// `tracker.rs`). Ends early when the server is stopped.
+async fn keep_aborting(server: Arc<Server>, directory: String, session: String, task_id: String) {
+    for pause in ABORT_RETRIES {
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = server.stop.cancelled() => return,
+        }
+        match server.api.abort(&directory, &session).await {
+            Ok(_) => {
+                tracing::info!(task_id, "the session's abort went through on a later try");
+                return;
+            }
+            Err(e) => tracing::debug!(task_id, error = %e, "aborting the session failed again"),
+        }
+    }
+    tracing::warn!(task_id, "OpenCode never confirmed the abort of the task's session; it may still be running on its server");
 }

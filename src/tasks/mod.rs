@@ -23,6 +23,7 @@ mod abort;
 mod capacity;
 mod error;
 pub mod gc;
+mod ledger;
 mod model;
 mod owner;
 mod record;

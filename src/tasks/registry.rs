@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::ledger::Ledger;
 use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
 use super::record::{GroupMember, TaskRecord, WorkspaceRecord};
 use super::spend::Spending;
@@ -86,6 +87,10 @@ pub struct Live {
     pub streamed: StreamedTurn,
     /// What the turn has spent so far, from the stream (see `spend.rs`).
     pub spending: Spending,
+    /// What the earlier rounds of this host turn spent (a structured answer's automatic
+    /// corrections are turns of their own, but one request of the host): the caps hold for the
+    /// host's turn as a whole, so `structured_retries` does not multiply them.
+    pub spent_before: (f64, u64),
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
     pub steps: u32,
@@ -101,6 +106,8 @@ pub struct Live {
     /// Set on a view of another live gateway's unfinished task read from its record (see
     /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.
     pub foreign: Option<u32>,
+    /// The turn's spend as last written to the day's ledger.
+    pub ledgered: f64,
 }
 
 /// What the gateway knows of one pending permission ask beyond the record.
@@ -134,6 +141,7 @@ impl Live {
             latest_reply: None,
             streamed: StreamedTurn::default(),
             spending: Spending::default(),
+            spent_before: (0.0, 0),
             current_tool: None,
             text_tail: String::new(),
             steps: 0,
@@ -143,6 +151,7 @@ impl Live {
             asks: HashMap::new(),
             unfinished: None,
             foreign: None,
+            ledgered: 0.0,
         }
     }
 }
@@ -195,6 +204,26 @@ impl TaskEntry {
         self.rec.begin_turn(user_message_id, agent, model);
         self.stop_deadline();
         self.live = Live::new(Instant::now());
+    }
+
+    /// Opens the next round of the same host turn (a structured answer's correction): a new
+    /// turn, whose caps count what the earlier rounds spent.
+    pub fn begin_correction(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
+        let before = self.budget_spend();
+        self.begin_turn(user_message_id, agent, model);
+        self.live.spent_before = before;
+    }
+
+    /// What the host's turn has spent against its caps: this round and the earlier ones.
+    pub fn budget_spend(&self) -> (f64, u64) {
+        let (usd, tokens) = self.live.spending.total();
+        let (usd_before, tokens_before) = self.live.spent_before;
+        (usd + usd_before, tokens.saturating_add(tokens_before))
     }
 
     /// Ends the current turn's deadline timer, if one is armed.
@@ -370,8 +399,8 @@ impl TaskEntry {
                     && r.status != TaskStatus::WaitingPermission
                     && since_event > stall,
                 retry: self.live.retry.clone(),
-                spent_usd: r.budget.map(|_| self.live.spending.total().0),
-                spent_tokens: r.budget.map(|_| self.live.spending.total().1),
+                spent_usd: r.budget.map(|_| self.budget_spend().0),
+                spent_tokens: r.budget.map(|_| self.budget_spend().1),
                 budget: r.budget,
             }
         });
@@ -452,8 +481,6 @@ struct Tables {
     /// slots), copied whole at each growth.
     tasks: HashMap<String, Box<TaskEntry>>,
     by_session: HashMap<String, SessionOwner>,
-    /// What finished tasks that left memory spent today (see [`DiskSpend`]).
-    disk_spend: DiskSpend,
     /// When the next record that left memory expires, if any did: the state directory is swept
     /// then ([`Registry::sweep_disk`]). Records on disk cost no memory per task: the sweep
     /// finds them by their files' dates (see `store`).
@@ -467,16 +494,9 @@ struct Tables {
 }
 
 impl Tables {
-    /// A finished task, out of memory, whose record stays on disk: what is kept of it is its
-    /// spend toward today's guard and when its record is due to expire (`finished` + `disk_ttl`).
-    fn left_on_disk(
-        &mut self,
-        task_id: &str,
-        day_spend: (u64, f64),
-        finished: Instant,
-        disk_ttl: Duration,
-    ) {
-        self.disk_spend.add(task_id, day_spend);
+    /// A finished task, out of memory, whose record stays on disk: what is kept of it is when
+    /// its record is due to expire (`finished` + `disk_ttl`).
+    fn left_on_disk(&mut self, finished: Instant, disk_ttl: Duration) {
         let due = finished + disk_ttl;
         self.next_sweep = Some(self.next_sweep.map_or(due, |at| at.min(due)));
     }
@@ -527,62 +547,14 @@ impl Tables {
     }
 }
 
-/// A UTC day in milliseconds: spend counts by the day its turn finished.
-const DAY_MS: u64 = 86_400_000;
-
-/// Today's spend of finished tasks that left memory, for [`Registry::spent_since`] (their
-/// spend counts for the day even once their records expired): per task (keyed by a hash of its
-/// id), so one read back into memory stops counting here and counts there instead. Only
-/// today's (UTC) tasks that cost something are kept, and the map starts over when the day
-/// does: its size is bounded by a day of paid work, not by history.
-#[derive(Default)]
-struct DiskSpend {
-    /// The UTC day (days since the epoch) the entries count toward.
-    day: u64,
-    by_task: HashMap<u64, f64>,
-}
-
-impl DiskSpend {
-    fn key(task_id: &str) -> u64 {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(task_id)
-    }
-
-    /// A task left memory having spent `cost`, its turn finished at `finished_ms`.
-    fn add(&mut self, task_id: &str, (finished_ms, cost): (u64, f64)) {
-        let today = super::record::epoch_ms(std::time::SystemTime::now()) / DAY_MS;
-        if today != self.day {
-            self.day = today;
-            self.by_task = HashMap::new();
-        }
-        if cost > 0.0 && finished_ms / DAY_MS == today {
-            self.by_task.insert(Self::key(task_id), cost);
-        }
-    }
-
-    /// A task came back into memory: it counts there now.
-    fn remove(&mut self, task_id: &str) {
-        if !self.by_task.is_empty() {
-            self.by_task.remove(&Self::key(task_id));
-        }
-    }
-
-    /// The spend of tasks that finished at or after `since` (epoch ms): all of today's when
-    /// `since` is today's midnight, the only question asked of it.
-    fn since(&self, since: u64) -> f64 {
-        if (self.day + 1) * DAY_MS <= since {
-            return 0.0;
-        }
-        self.by_task.values().sum()
-    }
-}
-
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
 /// when one is attached.
 pub struct Registry {
     tables: Mutex<Tables>,
     changed: watch::Sender<u64>,
     store: Option<Store>,
+    /// The day's spend, shared with the other gateways on the state directory (`ledger.rs`).
+    ledger: Ledger,
 }
 
 /// A task whose record expired while it still had a worktree: the worktree is removed, or kept
@@ -624,21 +596,12 @@ pub struct Evicted {
     pub sweep_due: bool,
 }
 
-/// A finished task's spend that counts toward a day: when its turn finished, and the turn's
-/// cost (as read, else as streamed) plus its earlier turns' if the task was started the same
-/// day.
-fn day_spend(e: &TaskEntry) -> (u64, f64) {
-    record_day_spend(&e.rec, || e.live.spending.total().0)
-}
-
-/// [`day_spend`] of a record: `streamed` is the turn's cost as streamed, for a turn that ended
-/// without an outcome (a record read back from disk has none).
-pub(super) fn record_day_spend(rec: &TaskRecord, streamed: impl FnOnce() -> f64) -> (u64, f64) {
-    let finished = rec.finished_ms.unwrap_or_default();
-    let turn = rec.outcome.as_ref().map_or_else(streamed, |o| o.cost);
-    let same_day = finished / DAY_MS == rec.started_ms() / DAY_MS;
-    let earlier = if same_day { rec.earlier.cost } else { 0.0 };
-    (finished, turn + earlier)
+/// What the task's current turn has spent so far: as streamed (its session and its
+/// subagents'), or, if more, as read over HTTP once it ended.
+fn turn_spend(e: &TaskEntry) -> f64 {
+    let streamed = e.live.spending.total().0;
+    let read = e.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+    streamed.max(read)
 }
 
 /// What a waiter can observe (a change wakes them).
@@ -672,10 +635,12 @@ fn sweep_pause(disk_ttl: Duration) -> Duration {
 impl Registry {
     /// A registry, writing every durable change to `store` when given.
     pub fn new(store: Option<Store>) -> Self {
+        let ledger = Ledger::new(store.as_ref().map(|s| s.state_dir().join("spend")));
         Self {
             tables: Mutex::new(Tables::default()),
             changed: watch::channel(0).0,
             store,
+            ledger,
         }
     }
 
@@ -727,17 +692,23 @@ impl Registry {
     pub fn restore_on_disk(
         &self,
         task_id: &str,
-        day_spend: (u64, f64),
+        finished_ms: u64,
         group: Option<&GroupMember>,
         disk_ttl: Duration,
     ) {
-        let finished = TaskRecord::instant_at(day_spend.0);
+        let finished = TaskRecord::instant_at(finished_ms);
         let mut t = self.lock();
-        t.left_on_disk(task_id, day_spend, finished, disk_ttl);
+        t.left_on_disk(finished, disk_ttl);
         // Still a member of its group: a wait on the group reads it back by id.
         if let Some(g) = group {
             t.join_group(task_id, g);
         }
+    }
+
+    /// Turn `turn` of `task_id` spent `usd` (a record read back at a restore, whose spend the
+    /// day's ledger may not hold yet: written before the ledger existed).
+    pub fn note_spend(&self, task_id: &str, turn: u32, usd: f64) {
+        self.ledger.observe(task_id, turn, usd);
     }
 
     /// Adds a task and writes it.
@@ -821,7 +792,6 @@ impl Registry {
             e.live.last_used = Instant::now();
             return Some(TaskEntry::clone(e));
         }
-        t.disk_spend.remove(task_id);
         t.index(&entry);
         t.tasks.insert(task_id.to_string(), Box::new(entry.clone()));
         Some(entry)
@@ -895,7 +865,17 @@ impl Registry {
                 self.persist(&entry.rec);
             }
             let wake = seen != observable(entry);
+            // Spend is observed here, where every change of a task passes: a turn's spend
+            // that grew is written to the day's ledger (once per step at most).
+            let spent = turn_spend(entry);
+            let grew = (spent > entry.live.ledgered).then(|| {
+                entry.live.ledgered = spent;
+                (entry.rec.turn, spent)
+            });
             drop(t);
+            if let Some((turn, usd)) = grew {
+                self.ledger.observe(task_id, turn, usd);
+            }
             if wake {
                 self.bump();
             }
@@ -1091,10 +1071,9 @@ impl Registry {
             };
             t.unindex(&e);
             if expired {
-                t.disk_spend.add(&id, day_spend(&e));
                 out.worktrees.extend(self.expire(&mut t, &e.rec));
             } else {
-                t.left_on_disk(&id, day_spend(&e), finished, disk_ttl);
+                t.left_on_disk(finished, disk_ttl);
             }
         }
         if !t.sweeping && t.next_sweep.is_some_and(|at| at <= Instant::now()) {
@@ -1160,26 +1139,10 @@ impl Registry {
         Expired::of(rec)
     }
 
-    /// The recorded cost of what finished at or after `since` (epoch ms), plus what running turns
-    /// spent so far: the day's spend for `limits.max_cost_usd_per_day` (see `spend.rs`).
-    pub fn spent_since(&self, since: u64) -> f64 {
-        let t = self.lock();
-        let in_memory = t.tasks.values().map(|e| {
-            if e.rec.status.is_terminal() {
-                match day_spend(e) {
-                    (at, cost) if at >= since => cost,
-                    _ => 0.0,
-                }
-            } else {
-                let earlier = if e.rec.started_ms() >= since {
-                    e.rec.earlier.cost
-                } else {
-                    0.0
-                };
-                earlier + e.live.spending.total().0
-            }
-        });
-        in_memory.sum::<f64>() + t.disk_spend.since(since)
+    /// What today's (UTC) turns spent, as every gateway on the state directory observed them:
+    /// the day's spend for `limits.max_cost_usd_per_day` (see `spend.rs`, `ledger.rs`).
+    pub fn spent_today(&self) -> f64 {
+        self.ledger.spent_today()
     }
 }
 
@@ -1476,6 +1439,32 @@ mod tests {
         assert!(s.permissions.is_empty());
     }
 
+    /// A structured answer's correction is a round of the same host turn: the caps count what
+    /// every round spent (`structured_retries` used to multiply them); a follow-up starts over.
+    #[test]
+    fn corrections_spend_against_the_caps_of_the_turn_they_correct() {
+        let tokens = crate::opencode::Tokens {
+            input: 100,
+            ..Default::default()
+        };
+        let mut e = entry("s");
+        e.live.spending.note("msg_a", 0.25, &tokens);
+        e.begin_correction("msg_2".into(), None, None);
+        assert_eq!(e.rec.turn, 2);
+        e.live.spending.note("msg_b", 0.125, &tokens);
+        assert_eq!(e.budget_spend(), (0.375, 200));
+        assert_eq!(turn_spend(&e), 0.125, "the ledger counts each round once");
+        e.begin_correction("msg_3".into(), None, None);
+        assert_eq!(e.budget_spend(), (0.375, 200));
+        e.finish(TaskStatus::Completed, None);
+        e.begin_turn("msg_4".into(), None, None);
+        assert_eq!(
+            e.budget_spend(),
+            (0.0, 0),
+            "a follow-up is a turn of its own"
+        );
+    }
+
     /// A finished task leaves memory only once its record is on disk: one whose write fails for
     /// good (here an id that can be no file name) stays, and is answered from memory; one
     /// written leaves as before.
@@ -1731,34 +1720,55 @@ mod tests {
         assert!(r.lock().next_sweep.is_some(), "and looked at again later");
     }
 
-    /// A finished task's spend counts toward today once, whether it is in memory, left memory,
-    /// or was read back.
+    /// A turn's spend counts toward today once, with the most that was seen of it (streamed,
+    /// subagents included, or read), wherever its task is; a later turn adds its own; another
+    /// gateway on the same state directory counts the same.
     #[test]
-    fn a_days_spend_counts_each_task_once_wherever_it_is() {
-        let (r, store, _dir) = stored();
-        let today =
-            super::super::record::epoch_ms(std::time::SystemTime::now()) / 86_400_000 * 86_400_000;
-        for (id, cost) in [("a", 0.25), ("b", 0.5), ("free", 0.0)] {
-            let mut e = entry(id);
-            e.finish(TaskStatus::Completed, None);
-            e.rec.outcome = Some(crate::tasks::turn::TurnState {
-                cost,
-                ..Default::default()
-            });
-            r.insert(e);
+    fn a_days_spend_counts_each_turn_once_for_every_gateway() {
+        let (r, store, dir) = stored();
+        let tokens = crate::opencode::Tokens::default();
+        let read = |cost| crate::tasks::turn::TurnState {
+            cost,
+            ..Default::default()
+        };
+        for id in ["a", "b", "free"] {
+            r.insert(entry(id));
         }
-        assert_eq!(r.spent_since(today), 0.75);
+        // `a` streamed more (a subagent's steps) than its own session's cost read later.
+        r.update("a", |e| e.live.spending.note("msg_child", 0.3, &tokens));
+        r.update("a", |e| {
+            e.finish(TaskStatus::Completed, None);
+            e.rec.outcome = Some(read(0.25));
+        });
+        r.update("b", |e| {
+            e.finish(TaskStatus::Completed, None);
+            e.rec.outcome = Some(read(0.5));
+        });
+        r.update("free", |e| e.finish(TaskStatus::Completed, None));
+        assert!((r.spent_today() - 0.8).abs() < 1e-9, "{}", r.spent_today());
         let hour = Duration::from_secs(3600);
         assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 3);
-        assert_eq!(r.spent_since(today), 0.75, "left memory");
-        store
-            .flush_blocking(Duration::from_secs(10))
-            .expect("written");
+        assert!((r.spent_today() - 0.8).abs() < 1e-9, "left memory");
         assert!(r.get("a").is_some());
-        assert_eq!(r.spent_since(today), 0.75, "read back");
-        assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
-        assert_eq!(r.spent_since(today), 0.75, "left again");
-        assert_eq!(r.spent_since(today + 86_400_000), 0.0, "tomorrow");
+        assert!((r.spent_today() - 0.8).abs() < 1e-9, "read back");
+        // A follow-up's turn adds its own spend; the first turn still counts.
+        r.update("b", |e| {
+            e.begin_turn("msg_2".into(), None, None);
+            e.live.spending.note("msg_3", 0.125, &tokens);
+        });
+        assert!(
+            (r.spent_today() - 0.925).abs() < 1e-9,
+            "{}",
+            r.spent_today()
+        );
+        // Another gateway on the same state directory counts the same day.
+        drop(store);
+        let other = Registry::new(Store::open(&dir.0).ok());
+        assert!(
+            (other.spent_today() - 0.925).abs() < 1e-9,
+            "{}",
+            other.spent_today()
+        );
     }
 
     #[test]

@@ -38,8 +38,11 @@ struct Resting {
     idempotency: Option<(String, u64)>,
     /// Its fan-out group, which still counts it among its members.
     group: Option<super::record::GroupMember>,
-    /// Its finish (epoch ms) and its spend toward that day's guard.
-    day_spend: (u64, f64),
+    /// Its finish (epoch ms), when its record is due to expire from.
+    finished_ms: u64,
+    /// Its turn, and what it spent toward its finishing day (see [`day_spend`]).
+    turn: u32,
+    spend: f64,
 }
 
 impl Loaded {
@@ -57,12 +60,32 @@ impl Loaded {
             return Self::Whole(Box::new(record));
         }
         Self::OnDisk(Resting {
-            day_spend: super::registry::record_day_spend(&record, || 0.0),
+            finished_ms: record.finished_ms.unwrap_or_default(),
+            turn: record.turn,
+            spend: day_spend(&record, now),
             idempotency: record.idempotency,
             group: record.group,
             id: record.id,
         })
     }
+}
+
+/// What a finished record spent toward today (UTC, `now` being epoch ms): its last turn's cost,
+/// and its earlier turns' if it was started today; nothing if it finished another day. The day's
+/// ledger holds every turn that ran since it existed; this covers records written before.
+fn day_spend(record: &TaskRecord, now: u64) -> f64 {
+    const DAY_MS: u64 = 86_400_000;
+    let today = now / DAY_MS;
+    if !record.status.is_terminal() || record.finished_ms.unwrap_or_default() / DAY_MS != today {
+        return 0.0;
+    }
+    let turn = record.outcome.as_ref().map_or(0.0, |o| o.cost);
+    let earlier = if record.started_ms() / DAY_MS == today {
+        record.earlier.cost
+    } else {
+        0.0
+    };
+    turn + earlier
 }
 
 impl TaskService {
@@ -145,9 +168,10 @@ impl TaskService {
                     if let Some((key, fingerprint)) = rest.idempotency {
                         self.bind_key(key, fingerprint, rest.id.clone());
                     }
+                    self.registry.note_spend(&rest.id, rest.turn, rest.spend);
                     self.registry.restore_on_disk(
                         &rest.id,
-                        rest.day_spend,
+                        rest.finished_ms,
                         rest.group.as_ref(),
                         self.tracker.finished_ttl,
                     );
@@ -159,6 +183,9 @@ impl TaskService {
                 self.bind_key(key, fingerprint, record.id.clone());
             }
             if record.status.is_terminal() {
+                let now = super::record::epoch_ms(std::time::SystemTime::now());
+                self.registry
+                    .note_spend(&record.id, record.turn, day_spend(&record, now));
                 self.registry.restore(TaskEntry::from_record(record));
                 loaded += 1;
                 continue;
@@ -360,8 +387,8 @@ mod tests {
             panic!("left on disk");
         };
         assert_eq!(
-            (rest.id.as_str(), rest.day_spend),
-            ("f", (now - 700_000, 0.5))
+            (rest.id.as_str(), rest.finished_ms, rest.spend),
+            ("f", now - 700_000, 0.5)
         );
         assert_eq!(rest.idempotency, Some(("k".to_string(), 7)));
     }
@@ -400,7 +427,7 @@ mod tests {
             .map(|s| s.id)
             .collect();
         assert_eq!(in_memory, vec!["tsk_new".to_string()]);
-        let spent = service.registry.spent_since(now / DAY_MS * DAY_MS);
+        let spent = service.registry.spent_today();
         assert!((spent - 0.75).abs() < 1e-9, "spent today: {spent}");
         let bound = service.key_slot("old-key");
         let bound = bound.try_lock().expect("not in use").clone();
@@ -410,8 +437,18 @@ mod tests {
             old.rec.outcome.map(|o| o.text).as_deref(),
             Some("answer of tsk_old")
         );
-        // Read back, it counts once: in memory now, no longer on disk.
-        let spent = service.registry.spent_since(now / DAY_MS * DAY_MS);
+        // Read back, it counts once; and a second restart counts nothing twice.
+        let spent = service.registry.spent_today();
+        assert!((spent - 0.75).abs() < 1e-9, "spent today: {spent}");
+        drop(service);
+        let again = Arc::new(TaskService::new(Arc::new({
+            let mut c = crate::gateway::test_config();
+            c.state_dir = Some(dir.display().to_string());
+            c
+        })));
+        again.restore(async {});
+        again.restored().await;
+        let spent = again.registry.spent_today();
         assert!((spent - 0.75).abs() < 1e-9, "spent today: {spent}");
         let _ = std::fs::remove_dir_all(&dir);
     }

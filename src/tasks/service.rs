@@ -932,7 +932,12 @@ pub(super) async fn open_turn(
             }
             prepare(e);
             let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
-            e.begin_turn(message_id.clone(), agent.clone(), model.clone());
+            match follows {
+                Follows::Finished => e.begin_turn(message_id.clone(), agent.clone(), model.clone()),
+                Follows::Correction => {
+                    e.begin_correction(message_id.clone(), agent.clone(), model.clone())
+                }
+            }
             Ok((previous, message_id, e.rec.turn, e.rec.variant.clone()))
         })
         .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;

@@ -3,19 +3,27 @@
 //! - **The caps of a task** are the lowest of `limits.max_cost_usd` / `limits.max_tokens`, its
 //!   tier's, and its start call's `budget` ([`caps`]); a call may lower them, never raise them
 //!   (it is refused, naming the cap in force). They are kept in the task's record and apply to
-//!   every turn of it, each on its own.
+//!   each host turn of it (the first prompt, each `continue_task`) on its own. A structured
+//!   answer's automatic corrections are rounds of the host turn they correct: the caps count
+//!   every round together, and no correction is sent once they are reached (so
+//!   `structured_retries` does not multiply them).
 //! - **Spent so far** is summed from the event stream while the turn runs ([`Spending`]): every
 //!   assistant message's cost and tokens as OpenCode reports them in `message.updated` (it
 //!   updates them at each step's end), of the task's own session and of its subagents' child
 //!   sessions, compaction summaries included. When the sum passes a cap, the tracker aborts the
 //!   turn at once: the task ends `failed` (`BudgetExceeded`, saying what was spent against which
-//!   cap), and its partial answer and changed files are read as after any abort.
-//! - **The day's spend** (`limits.max_cost_usd_per_day`): the recorded cost of the turns that
-//!   finished since midnight UTC, the earlier turns of tasks started today, and what running
-//!   turns have spent so far ([`Registry::spent_since`](super::registry::Registry::spent_since)).
-//!   Once it reaches the cap, every turn that would call a model is refused until midnight UTC
-//!   (a new task, a follow-up, the gateway's own correction of a structured answer); running
-//!   turns finish.
+//!   cap), and its partial answer and changed files are read as after any abort. An abort
+//!   OpenCode does not confirm is tried again until it does (`abort.rs`), and what the session
+//!   spends meanwhile still counts. A turn whose last step passes a cap has already ended when
+//!   its cost is reported: it is `completed`, and all it spent counts toward the day.
+//! - **The day's spend** (`limits.max_cost_usd_per_day`) is kept in the state directory's
+//!   ledger (`ledger.rs`), shared by every gateway on it: each turn counts once, with the most
+//!   that was seen of it (streamed, or read over HTTP once it ended), on each UTC day it was
+//!   seen spending. Once it reaches the cap, every turn that would call a model is refused until
+//!   midnight UTC (a new task, a follow-up, the gateway's own correction of a structured answer);
+//!   running turns finish. The cap counts what OpenCode reports as cost: a model OpenCode prices
+//!   at $0 (a subscription, a local model) spends nothing by that measure, even where the usage
+//!   report puts a catalog price on its tokens for the savings figure.
 
 use std::collections::HashMap;
 
@@ -129,8 +137,8 @@ pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(
     let Some(cap) = config.limits.max_cost_usd_per_day else {
         return Ok(());
     };
-    let (today, tomorrow) = today_utc();
-    let spent = registry.spent_since(today);
+    let (_, tomorrow) = today_utc();
+    let spent = registry.spent_today();
     if spent < cap {
         return Ok(());
     }

@@ -260,6 +260,11 @@ impl Store {
         })
     }
 
+    /// The state directory the store keeps its records in.
+    pub fn state_dir(&self) -> &Path {
+        &self.handle.state_dir
+    }
+
     /// Whether the gateway `pid` that wrote a record is still running (its owner lock is held).
     pub fn owner_alive(&self, pid: u32) -> bool {
         super::owner::alive(&self.handle.state_dir, pid)

@@ -488,6 +488,8 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
             if !holding(e, turn) {
                 return None;
             }
+            let (usd, tokens) = e.budget_spend();
+            let budget = e.rec.budget;
             let s = e.rec.structured.as_mut()?;
             s.record(attempt);
             match next {
@@ -501,7 +503,28 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
                     e.finish(TaskStatus::Completed, None);
                     None
                 }
-                Next::Correct(prompt) => Some((prompt, e.rec.agent.clone(), e.rec.model.clone())),
+                Next::Correct(prompt) => {
+                    // A correction is another round of the same host turn, under the same caps:
+                    // none once they are reached (it would be stopped at its first step).
+                    let spent = budget.as_ref().and_then(|b| {
+                        let reached = b.max_cost_usd.is_some_and(|cap| usd >= cap)
+                            || b.max_tokens.is_some_and(|cap| tokens >= cap);
+                        reached.then(|| {
+                            b.passed_by(usd, tokens).unwrap_or_else(|| {
+                                format!("it reached its caps (${usd:.4}, {tokens} tokens)")
+                            })
+                        })
+                    });
+                    if let Some(why) = spent {
+                        s.error = Some(format!(
+                            "the answer does not match output_schema, and no correction was sent: \
+                             {why}"
+                        ));
+                        e.finish(TaskStatus::Completed, None);
+                        return None;
+                    }
+                    Some((prompt, e.rec.agent.clone(), e.rec.model.clone()))
+                }
             }
         })
         .flatten();

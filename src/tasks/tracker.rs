@@ -463,10 +463,12 @@ fn apply(ctx: &TrackerContext, server: &Arc<Server>, event: Event) {
                 return Then::Nothing;
             }
             e.live.last_event = Instant::now();
+            // Spend counts also after the turn ended for us: an abort OpenCode did not confirm
+            // at once may leave a step running, and what it costs is spent all the same.
+            note_spending(e, &event, owner.child);
             if e.rec.status.is_terminal() {
                 return Then::Nothing;
             }
-            note_spending(e, &event, owner.child);
             let then = if owner.child {
                 apply_child(ctx, e, &event);
                 Then::Nothing
@@ -521,7 +523,7 @@ fn note_spending(e: &mut super::registry::TaskEntry, event: &Event, child: bool)
 /// The open turn has spent past one of its task's caps.
 fn over_budget(e: &super::registry::TaskEntry) -> Option<Then> {
     let budget = e.rec.budget.as_ref().filter(|_| e.is_open())?;
-    let (cost, tokens) = e.live.spending.total();
+    let (cost, tokens) = e.budget_spend();
     let why = budget.passed_by(cost, tokens)?;
     Some(Then::OverBudget {
         turn: e.rec.turn,
