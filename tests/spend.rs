@@ -299,3 +299,68 @@ async fn caps_take_their_room_at_the_check_and_hold_for_follow_ups() {
     assert_eq!(code, "budget_exceeded");
     assert_eq!(rig.fake.requests().len(), asked, "no model was called");
 }
+
+/// **Steps that finished while no gateway watched count against the budget.** The per-turn caps
+/// saw only what the event stream delivered: a turn adopted after a restart (or after a stream
+/// gap) started counting from zero, and could spend its whole cap again. Now its spend is read
+/// over HTTP (its session's and its subagents' messages) once adopted.
+///
+/// An attached OpenCode goes on with a capped turn while the gateway is killed; three or more
+/// steps of about $0.10 finish unwatched; a new gateway adopts the turn.
+///
+/// Proves: the turn ends `BudgetExceeded` within two model calls of the adoption (without the
+/// read it had $0.35 to spend afresh: four more steps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
+    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
+    let steps: String = (1..=11)
+        .map(|i| format!(" [[bash:echo step {i}]]"))
+        .collect();
+    let prompt = format!("spend unwatched [[usage:100000]] [[delay:600]]{steps}");
+    let started = rig
+        .start_task_with(json!({ "prompt": prompt, "budget": { "max_cost_usd": 0.35 } }))
+        .await;
+    let task = started["task_id"].as_str().expect("task_id").to_string();
+    let st = rig
+        .ok(
+            "opencode_get_task_status",
+            json!({ "task_id": task, "detail": "full" }),
+        )
+        .await;
+    let session = st["session_id"].as_str().expect("session_id").to_string();
+    let steps_asked = |rig: &Rig| {
+        rig.requests_for(&session)
+            .into_iter()
+            .filter(|q| !q.is_title_request())
+            .count()
+    };
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("spend unwatched")
+        })
+        .await;
+    rig.kill_gateway().await;
+    let unwatched = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        (steps_asked(&rig) >= 4).then_some(())
+    })
+    .await;
+    assert!(unwatched.is_some(), "OpenCode went on without the gateway");
+    let before = steps_asked(&rig);
+    rig.relaunch().await;
+
+    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    let r = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": task, "detail": "full" }),
+        )
+        .await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["name"], "BudgetExceeded", "{r}");
+    let asked = steps_asked(&rig);
+    assert!(
+        asked <= before + 2,
+        "stopped within two model calls of the adoption: {before} calls before it, {asked} in all"
+    );
+}

@@ -279,6 +279,23 @@ impl Api {
         Ok(r.into_inner().parent_id)
     }
 
+    /// `GET /session/{id}/children`: the ids of the session's child sessions (its subagents').
+    pub async fn children(
+        &self,
+        directory: &str,
+        session_id: &str,
+    ) -> Result<Vec<String>, OpencodeError> {
+        let r = self
+            .client
+            .session_children()
+            .session_id(session_id)
+            .directory(directory)
+            .send()
+            .await
+            .map_err(|e| OpencodeError::from_client("GET /session/{id}/children", e))?;
+        Ok(r.into_inner().into_iter().map(|s| s.id).collect())
+    }
+
     /// `POST /session/{id}/prompt_async` with our own message id, so the turn can be told apart
     /// from every other (see `tasks::turn`). OpenCode answers 204 at once; failures of the turn
     /// itself arrive later as events.

@@ -184,6 +184,10 @@ impl TaskEntry {
         // gateway that ran it, and is claimed again by whoever runs it now.
         if rec.status.is_terminal() {
             live.phase = Phase::Finished;
+        } else {
+            // What the stream showed of the turn went with the gateway that saw it: its answer
+            // and its spend so far are read over HTTP.
+            live.streamed.mark_gap();
         }
         // A pending ask read back is as old as the restore: a permission list read after it that
         // no longer has the ask (answered while the gateway was down) clears it. Without a time

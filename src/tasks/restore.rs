@@ -326,6 +326,9 @@ impl TaskService {
             if !checking {
                 self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
             }
+            // What the turn spent while no gateway watched counts against its caps now, not
+            // only from its next step on.
+            tracker::reconcile_spend(&self.tracker, &server, &id).await;
             tracker::spawn_check(&self.tracker, &server, id, Idle::No, None);
         }
     }

@@ -91,15 +91,21 @@ pub struct Spending {
 }
 
 impl Spending {
-    /// Notes the cost and tokens a message reports now (replacing what it reported before).
+    /// Notes the cost and tokens a message reports now. A message's figures only grow (OpenCode
+    /// updates them at each step's end), and the stream and a read over HTTP may see it at
+    /// different moments: the larger of what was seen counts.
     pub fn note(&mut self, message_id: &str, cost: f64, tokens: &Tokens) {
         let cost = if cost.is_finite() && cost > 0.0 {
             cost
         } else {
             0.0
         };
-        self.by_message
-            .insert(message_id.to_string(), (cost, total_tokens(tokens)));
+        let seen = self
+            .by_message
+            .entry(message_id.to_string())
+            .or_insert((0.0, 0));
+        seen.0 = seen.0.max(cost);
+        seen.1 = seen.1.max(total_tokens(tokens));
     }
 
     /// USD and tokens so far.
@@ -218,6 +224,8 @@ mod tests {
         };
         s.note("msg_1", 0.25, &tokens(10));
         s.note("msg_1", 0.5, &tokens(20));
+        // An older view of the same message (read over HTTP before the stream's) lowers nothing.
+        s.note("msg_1", 0.25, &tokens(10));
         s.note("msg_2", f64::NAN, &tokens(5));
         assert_eq!(s.total(), (0.5, 27));
         let cap = Budget {

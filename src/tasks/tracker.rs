@@ -229,6 +229,9 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>, all: bool) {
         }
         for (dir, tasks) in by_dir {
             sweep_permissions(&ctx, &server, &dir).await;
+            for (id, _, _) in &tasks {
+                reconcile_spend(&ctx, &server, id).await;
+            }
             if all {
                 for (id, _, _) in tasks {
                     spawn_check(&ctx, &server, id, Idle::No, None);
@@ -255,6 +258,64 @@ fn spawn_reconcile(ctx: &TrackerContext, server: &Arc<Server>, all: bool) {
             }
         }
     });
+}
+
+/// Counts what an open turn spent from its messages read over HTTP, when its streamed view has
+/// a gap (a reconnect, a dropped event, a restart): the stream's `message.updated` of a step
+/// finished meanwhile never comes, and a turn could otherwise spend up to its cap again after
+/// each gap. Its own session's messages of the turn, and its subagents' (their child sessions
+/// are listed by OpenCode, also one whose `session.created` was missed: it is adopted, so its
+/// later events count too). A cap passed is acted on as from the stream.
+pub(super) async fn reconcile_spend(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str) {
+    let Some(e) = ctx.registry.get(task_id) else {
+        return;
+    };
+    if !e.is_open() || !e.live.streamed.has_gap() {
+        return;
+    }
+    let (dir, session, since, turn) = (
+        e.rec.directory.clone(),
+        e.rec.session_id.clone(),
+        e.rec.user_message_id.clone(),
+        e.rec.turn,
+    );
+    let mut seen = Vec::new();
+    match server.api.turn_messages(&dir, &session, &since).await {
+        Ok(messages) => seen.extend(messages),
+        Err(e) => {
+            tracing::debug!(task_id, error = %e, "reconcile: reading the turn's messages failed");
+            return;
+        }
+    }
+    match server.api.children(&dir, &session).await {
+        Ok(children) => {
+            for child in children {
+                ctx.registry.adopt_child(&session, &child);
+                if let Ok(messages) = server.api.turn_messages(&dir, &child, &since).await {
+                    seen.extend(messages);
+                }
+            }
+        }
+        Err(e) => {
+            tracing::debug!(task_id, error = %e, "reconcile: listing subagent sessions failed")
+        }
+    }
+    let then = ctx.registry.update(task_id, |e| {
+        if e.rec.turn != turn || !e.is_open() {
+            return None;
+        }
+        // Message ids sort by time across sessions: what is newer than our prompt is the turn's.
+        for m in seen
+            .iter()
+            .filter(|m| m.role == crate::opencode::Role::Assistant && m.id > since)
+        {
+            e.live.spending.note(&m.id, m.cost, &m.tokens);
+        }
+        over_budget(e)
+    });
+    if let Some(Some(Then::OverBudget { turn, why })) = then {
+        stop_over_budget(ctx, server, task_id, turn, why).await;
+    }
 }
 
 /// Reads the pending permissions of one directory and gives each to its task (a subagent's ask
