@@ -4,10 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::asks;
+use super::completion;
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
+use super::outcome;
+use super::outcome::Attempts;
 use super::service::TaskService;
-use super::tracker::{self, Attempts, TrackerContext};
+use super::tracker::TrackerContext;
 use super::turn::Idle;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
 use tokio_util::sync::CancellationToken;
@@ -113,9 +117,10 @@ async fn deadline_passed(
     // The turn may have ended without the gateway seeing it yet (events missed, or it ended
     // while the gateway was down, so this deadline fires at once after a restart): read it
     // first, and claim only a turn that is really still running.
-    if let Some(ended) = tracker::check_completion(ctx, server, task_id, Idle::No, Some(turn)).await
+    if let Some(ended) =
+        completion::check_completion(ctx, server, task_id, Idle::No, Some(turn)).await
     {
-        tracker::read_files(ctx, server, task_id, ended, Attempts::Patient).await;
+        outcome::read_files(ctx, server, task_id, ended, Attempts::Patient).await;
         return;
     }
     let error = ErrorInfo {
@@ -136,18 +141,18 @@ async fn deadline_passed(
     )
     .await
     {
-        tracker::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
-        tracker::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+        outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+        outcome::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
     }
 }
 
 fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     let (ctx, server, task_id) = (ctx.clone(), server.clone(), task_id.to_string());
     tokio::spawn(async move {
-        tracker::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+        outcome::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
         // What the turn changed before it was stopped, kept in the record like a finished
         // turn's.
-        tracker::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+        outcome::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
     });
 }
 
@@ -250,8 +255,7 @@ pub(super) async fn abort_turn(
                 Ok(_) => {
                     let answered: Vec<String> =
                         rec.permissions.iter().map(|p| p.id.clone()).collect();
-                    tracker::reject_pending_asks(ctx, server, &rec.directory, task_id, &answered)
-                        .await
+                    asks::reject_pending_asks(ctx, server, &rec.directory, task_id, &answered).await
                 }
             }
             let finished = registry.update(task_id, |e| {

@@ -165,7 +165,7 @@ impl Ledger {
 /// Appends `bytes` to `path` in one write, the file created owner-only.
 fn append(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
-        super::store::create_private_dir(dir)?;
+        crate::private_files::create_dir(dir)?;
     }
     let mut options = std::fs::OpenOptions::new();
     options.create(true).append(true);

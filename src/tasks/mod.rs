@@ -1,30 +1,43 @@
 //! Tasks: what a delegated task is and how its state is decided, kept, read and waited on.
 //!
-//! - `turn`: pure: a task's turn (everything after our own user message) and the one rule for
-//!   "it is over, and this is its answer".
-//! - `record` (the durable record), `registry` (live tasks: record + progress under one lock),
-//!   `store` (the records on disk).
-//! - `tracker`: feeds OpenCode's events and HTTP reads into `turn` and the registry; `stream`
-//!   assembles a turn's messages from the events, so a turn ended by its idle frame has its
-//!   answer without a read.
+//! The data, each room depending only on the ones above it:
+//! - `model` (the shapes status, wait and result report; also the tools' output schemas),
+//!   `turn` (pure: a task's turn and the one rule for "it is over, and this is its answer"),
+//!   `stream` (a turn's messages assembled from the events).
+//! - `record` (the durable record, with a structured task's state), `entry` (a task's record and
+//!   live state, moved only by named phase transitions, with the turn's spend so far).
+//! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
+//!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
+//!   memory under one lock, the change signal, eviction and expiry), `capacity`
+//!   (`limits.max_tasks`, taken at the check), `spend` (a task's caps and the day's cap).
+//!
+//! The behaviour:
+//! - `tracker`: one per OpenCode server, it feeds the server's events into the entries; beside
+//!   it, `completion` (is the turn over: checks over HTTP), `outcome` (reading a finished turn and
+//!   its changed files), `asks` (permission asks as OpenCode lists them), `budget` (a running
+//!   turn's caps enforced), and `housekeeping` (eviction and expiry, for the gateway as a whole).
 //! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
-//!   with one job a file beside it: `restore`, `resolve`, `abort`, `result`, `wait`, and
-//!   `workspace` (a task's git worktree: create, diff, apply, discard).
+//!   with one job a file beside it: `restore` (and adopting another gateway's tasks), `resolve`,
+//!   `abort`, `result`, `wait`, and `workspace` (a task's git worktree: create, diff, apply,
+//!   discard).
+//! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
+//!   validating the JSON their answer ends with, and the bounded automatic corrections.
 //! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
 //! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
 //!   `opencode-mcp tasks` and their tools).
-//! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
-//!   validating the JSON their answer ends with, and the bounded automatic corrections.
-//! - `spend`: spend guards: a task's caps, what its turn spent so far, the day's total.
-//! - `capacity`: room for unfinished tasks (`limits.max_tasks`), taken at the check.
-//! - `model`: the shapes status, wait and result report (also the tools' output schemas).
 
 mod abort;
+mod asks;
+mod budget;
 mod capacity;
+mod completion;
+mod entry;
 mod error;
 pub mod gc;
+mod housekeeping;
 mod ledger;
 mod model;
+mod outcome;
 mod owner;
 mod record;
 mod registry;

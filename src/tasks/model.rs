@@ -6,7 +6,6 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::record::WorkspaceRecord;
 use crate::git::DiffFile;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens, ToolCall};
 
@@ -408,21 +407,6 @@ pub struct Workspace {
     /// Why `changes` could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff_error: Option<String>,
-}
-
-impl Workspace {
-    pub fn from_record(w: &WorkspaceRecord) -> Self {
-        Self {
-            path: w.path.clone(),
-            branch: w.branch.clone(),
-            base: w.base.clone(),
-            origin: w.origin.clone(),
-            applied: w.applied.is_some(),
-            discarded: w.discarded,
-            changes: None,
-            diff_error: None,
-        }
-    }
 }
 
 /// `all`: wait until every task is finished; `any`: until one is.

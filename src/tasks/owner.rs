@@ -29,7 +29,7 @@ impl OwnerLock {
     /// same pid is simply taken over: its lock went with that process.
     pub fn acquire(state_dir: &Path) -> std::io::Result<Self> {
         let dir = state_dir.join(OWNERS_DIR);
-        super::store::create_private_dir(&dir)?;
+        crate::private_files::create_dir(&dir)?;
         let path = lock_path(state_dir, std::process::id());
         let file = open(&path)?;
         match file.try_lock() {

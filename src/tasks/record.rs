@@ -10,8 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::model::TaskStatus;
-use super::structured::StructuredState;
+use serde_json::Value;
+
+use super::model::{StructuredAttempt, TaskStatus, Workspace};
 use super::turn::TurnState;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
 
@@ -315,6 +316,73 @@ pub fn epoch_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// What a structured task's record keeps across its turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StructuredState {
+    /// The `output_schema` the task was started with.
+    pub schema: Value,
+    /// The answers of the current round checked so far, oldest first.
+    #[serde(default)]
+    pub attempts: Vec<StructuredAttempt>,
+    /// The parsed value of the accepted answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    /// Why no answer was accepted (the last attempt's errors), once the round is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The turn whose completed answer is being checked: the task is reported running until the
+    /// check accepts it, gives up, or opens a correction turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checking: Option<u32>,
+    /// Our user messages of the round's turns before the current one (the answers that were
+    /// corrected). OpenCode reports changed files per turn, and a correction usually rewrites
+    /// only the JSON: the round's files are those of all its turns, or a task whose first answer
+    /// edited files would report none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrected_messages: Vec<String>,
+}
+
+impl StructuredState {
+    pub fn new(schema: Value) -> Self {
+        Self {
+            schema,
+            attempts: Vec::new(),
+            value: None,
+            error: None,
+            checking: None,
+            corrected_messages: Vec::new(),
+        }
+    }
+
+    /// A host's follow-up: a new round under the same schema.
+    pub fn restart(&mut self) {
+        *self = Self::new(std::mem::take(&mut self.schema));
+    }
+
+    /// Records the check of `attempt.turn` (replacing an earlier check of the same turn, which a
+    /// restart can repeat).
+    pub(super) fn record(&mut self, attempt: StructuredAttempt) {
+        self.attempts.retain(|a| a.turn != attempt.turn);
+        self.attempts.push(attempt);
+    }
+}
+
+/// A worktree as status and results show it (its diff is read when asked for).
+impl Workspace {
+    pub fn from_record(w: &WorkspaceRecord) -> Self {
+        Self {
+            path: w.path.clone(),
+            branch: w.branch.clone(),
+            base: w.base.clone(),
+            origin: w.origin.clone(),
+            applied: w.applied.is_some(),
+            discarded: w.discarded,
+            changes: None,
+            diff_error: None,
+        }
+    }
 }
 
 /// Reads `permissions` as a list, or as the single ask (or `null`) of a record written when a

@@ -8,11 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::budget;
+use super::completion;
+use super::entry::TaskEntry;
+use super::housekeeping;
 use super::model::TaskStatus;
 use super::record::{interrupted, TaskRecord};
-use super::registry::TaskEntry;
 use super::service::TaskService;
-use super::tracker;
 use super::turn::Idle;
 
 /// How often the owners of other gateways' unfinished tasks are asked whether they are still
@@ -100,12 +102,12 @@ impl TaskService {
     /// records) never delays the `initialize` reply, on two cores least of all; every action
     /// that reads tasks waits for it ([`Self::restored`]). Adopting, which needs the network,
     /// runs after that in the background, and so does the housekeeping of finished tasks
-    /// ([`tracker::housekeep`]) from here on.
+    /// ([`housekeeping::housekeep`]) from here on.
     pub fn restore(
         self: &Arc<Self>,
         after: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
-        tokio::spawn(tracker::housekeep(self.tracker.clone()));
+        tokio::spawn(housekeeping::housekeep(self.tracker.clone()));
         let Some(store) = self.registry.store().cloned() else {
             return;
         };
@@ -129,7 +131,7 @@ impl TaskService {
             this.restored.send_replace(true);
             // Records that expired while no gateway ran go now, with their worktrees, rather
             // than at the first reconcile tick of a server this gateway may never start.
-            tracker::evict(&this.tracker);
+            housekeeping::evict(&this.tracker);
             if !adopt.is_empty() {
                 this.adopt(adopt).await;
             }
@@ -328,8 +330,8 @@ impl TaskService {
             }
             // What the turn spent while no gateway watched counts against its caps now, not
             // only from its next step on.
-            tracker::reconcile_spend(&self.tracker, &server, &id).await;
-            tracker::spawn_check(&self.tracker, &server, id, Idle::No, None);
+            budget::reconcile_spend(&self.tracker, &server, &id).await;
+            completion::spawn_check(&self.tracker, &server, id, Idle::No, None);
         }
     }
 }

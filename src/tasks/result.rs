@@ -6,8 +6,9 @@
 
 use super::error::TaskError;
 use super::model::TaskResult;
+use super::outcome;
+use super::outcome::Attempts;
 use super::service::TaskService;
-use super::tracker::{self, Attempts};
 use super::turn::TurnState;
 
 /// Whether a result may ask OpenCode for the turn's changed files when they are not known yet.
@@ -62,7 +63,7 @@ impl TaskService {
             if let Some(s) = &server {
                 if finished {
                     // The background read has not landed yet: read it now, and keep it.
-                    tracker::read_outcome(
+                    outcome::read_outcome(
                         &self.tracker,
                         s,
                         task_id,
@@ -80,7 +81,7 @@ impl TaskService {
                 } else {
                     // A running turn: what it has said so far.
                     let max_chars = self.config().limits.max_result_chars as usize;
-                    if let Ok(partial) = tracker::read_turn(s, &entry.rec, max_chars).await {
+                    if let Ok(partial) = outcome::read_turn(s, &entry.rec, max_chars).await {
                         entry.rec.outcome = Some(partial);
                     }
                 }
@@ -93,12 +94,12 @@ impl TaskService {
         }
         if finished && files == Files::Read && entry.rec.files_changed.is_none() {
             if let Some(s) = &server {
-                tracker::read_files(
+                outcome::read_files(
                     &self.tracker,
                     s,
                     task_id,
                     entry.rec.turn,
-                    tracker::Attempts::Once,
+                    outcome::Attempts::Once,
                 )
                 .await;
                 if let Some(now) = self

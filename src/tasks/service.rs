@@ -9,14 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::capacity::Slots;
+use super::entry::TaskEntry;
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
+use super::outcome;
+use super::record::StructuredState;
 use super::record::{GroupMember, TaskRecord};
-use super::registry::{Registry, TaskEntry};
+use super::registry::Registry;
 use super::resolve::Choice;
 use super::spend;
 use super::store::{self, Store};
-use super::structured::{self, StructuredState};
+use super::structured;
 use super::tracker::{self, TrackerContext};
 use super::usage::TaskSummary;
 use crate::config::Budget;
@@ -450,9 +453,9 @@ impl TaskService {
         }
         let reads = pending.iter().map(|id| async move {
             let turn = self.registry.get(id).map(|e| e.rec.turn).unwrap_or(0);
-            tracker::read_outcome(&self.tracker, server, id, turn, tracker::Attempts::Once).await;
+            outcome::read_outcome(&self.tracker, server, id, turn, outcome::Attempts::Once).await;
             if files {
-                tracker::read_files(&self.tracker, server, id, turn, tracker::Attempts::Once).await;
+                outcome::read_files(&self.tracker, server, id, turn, outcome::Attempts::Once).await;
             }
         });
         if tokio::time::timeout(bound, futures::future::join_all(reads))
@@ -568,7 +571,7 @@ impl TaskService {
             None => self.reserve(1)?,
         };
         let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
-        self.within_daily_cap()?;
+        spend::within_daily_cap(&self.config(), &self.registry)?;
         let directory = match req.directory {
             Some(d) => resolve_directory(Some(d))?,
             None => server.directory.clone(),

@@ -25,13 +25,9 @@
 //!   at $0 (a subscription, a local model) spends nothing by that measure, even where the usage
 //!   report puts a catalog price on its tokens for the savings figure.
 
-use std::collections::HashMap;
-
 use super::error::TaskError;
 use super::registry::Registry;
-use super::service::TaskService;
 use crate::config::{Budget, Config};
-use crate::opencode::Tokens;
 
 /// The caps of a new task: `limits`, its tier's and the call's, the lowest of each. A call's cap
 /// above the one in force is refused rather than ignored, so the caller knows its number was
@@ -74,50 +70,6 @@ pub fn caps(config: &Config, tier: Option<&str>, call: Budget) -> Result<Budget,
     Ok(in_force.tightest(call))
 }
 
-/// Every token a message used, as the caps count them.
-pub fn total_tokens(t: &Tokens) -> u64 {
-    t.input
-        .saturating_add(t.output)
-        .saturating_add(t.reasoning)
-        .saturating_add(t.cache_read)
-        .saturating_add(t.cache_write)
-}
-
-/// What the current turn has spent so far, per assistant message (its own session's and its
-/// subagents'), as the newest `message.updated` of each reported it.
-#[derive(Debug, Clone, Default)]
-pub struct Spending {
-    by_message: HashMap<String, (f64, u64)>,
-}
-
-impl Spending {
-    /// Notes the cost and tokens a message reports now. A message's figures only grow (OpenCode
-    /// updates them at each step's end), and the stream and a read over HTTP may see it at
-    /// different moments: the larger of what was seen counts.
-    pub fn note(&mut self, message_id: &str, cost: f64, tokens: &Tokens) {
-        let cost = if cost.is_finite() && cost > 0.0 {
-            cost
-        } else {
-            0.0
-        };
-        let seen = self
-            .by_message
-            .entry(message_id.to_string())
-            .or_insert((0.0, 0));
-        seen.0 = seen.0.max(cost);
-        seen.1 = seen.1.max(total_tokens(tokens));
-    }
-
-    /// USD and tokens so far.
-    pub fn total(&self) -> (f64, u64) {
-        self.by_message
-            .values()
-            .fold((0.0, 0u64), |(c, t), (mc, mt)| {
-                (c + mc, t.saturating_add(*mt))
-            })
-    }
-}
-
 /// Midnight UTC of today, and of tomorrow, in epoch milliseconds.
 fn today_utc() -> (u64, u64) {
     let now = chrono::Utc::now();
@@ -128,13 +80,6 @@ fn today_utc() -> (u64, u64) {
         .unwrap_or_default();
     let start = u64::try_from(start).unwrap_or_default();
     (start, start + 24 * 3600 * 1000)
-}
-
-impl TaskService {
-    /// Refuses a new task once the day's spend reached `limits.max_cost_usd_per_day`.
-    pub(super) fn within_daily_cap(&self) -> Result<(), TaskError> {
-        within_daily_cap(&self.config(), &self.registry)
-    }
 }
 
 /// Refuses a turn that would call a model (a new task, a follow-up, an automatic correction)
@@ -161,6 +106,8 @@ pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::opencode::Tokens;
+    use crate::tasks::entry::Spending;
 
     fn config(limit: Option<f64>, tier: Option<f64>) -> Config {
         let mut c = crate::gateway::test_config();

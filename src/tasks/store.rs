@@ -1009,7 +1009,7 @@ mod tests {
         let state = TempState::new();
         let store = Store::open(&state.0).expect("open");
         let registry = Arc::new(Registry::new(Some(store.clone())));
-        registry.insert(super::super::registry::TaskEntry::new(completed()));
+        registry.insert(super::super::entry::TaskEntry::new(completed()));
         store.flush_blocking(FLUSH).expect("flush");
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = watch_file(state.0.join("tasks/tsk_abc.json"), stop.clone());

@@ -25,13 +25,14 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::entry::TaskEntry;
 use super::model::{StructuredAttempt, TaskStatus};
-use super::registry::TaskEntry;
+use super::outcome;
+use super::outcome::Attempts;
 use super::service::{open_turn, Follows};
-use super::tracker::{self, Attempts, TrackerContext};
+use super::tracker::TrackerContext;
 use crate::opencode::{FileChange, Server};
 
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
@@ -60,57 +61,6 @@ pub enum SchemaError {
     TooLarge { size: usize, max: usize },
     #[error("`output_schema` is not a valid JSON Schema: {0}")]
     Invalid(String),
-}
-
-/// What a structured task's record keeps across its turns.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StructuredState {
-    /// The `output_schema` the task was started with.
-    pub schema: Value,
-    /// The answers of the current round checked so far, oldest first.
-    #[serde(default)]
-    pub attempts: Vec<StructuredAttempt>,
-    /// The parsed value of the accepted answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<Value>,
-    /// Why no answer was accepted (the last attempt's errors), once the round is over.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The turn whose completed answer is being checked: the task is reported running until the
-    /// check accepts it, gives up, or opens a correction turn.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checking: Option<u32>,
-    /// Our user messages of the round's turns before the current one (the answers that were
-    /// corrected). OpenCode reports changed files per turn, and a correction usually rewrites
-    /// only the JSON: the round's files are those of all its turns, or a task whose first answer
-    /// edited files would report none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub corrected_messages: Vec<String>,
-}
-
-impl StructuredState {
-    pub fn new(schema: Value) -> Self {
-        Self {
-            schema,
-            attempts: Vec::new(),
-            value: None,
-            error: None,
-            checking: None,
-            corrected_messages: Vec::new(),
-        }
-    }
-
-    /// A host's follow-up: a new round under the same schema.
-    pub fn restart(&mut self) {
-        *self = Self::new(std::mem::take(&mut self.schema));
-    }
-
-    /// Records the check of `attempt.turn` (replacing an earlier check of the same turn, which a
-    /// restart can repeat).
-    fn record(&mut self, attempt: StructuredAttempt) {
-        self.attempts.retain(|a| a.turn != attempt.turn);
-        self.attempts.push(attempt);
-    }
 }
 
 /// Checks an `output_schema` before a task is started with it.
@@ -448,7 +398,7 @@ pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
 }
 
 async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
-    tracker::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+    outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
     let Some(entry) = ctx.registry.get(task_id).filter(|e| holding(e, turn)) else {
         return;
     };
@@ -561,7 +511,7 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
         .get(task_id)
         .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
     {
-        tracker::read_files(ctx, server, task_id, turn, tracker::Attempts::Patient).await;
+        outcome::read_files(ctx, server, task_id, turn, outcome::Attempts::Patient).await;
     }
 }
 
@@ -597,6 +547,7 @@ pub fn round_files(turns: Vec<Vec<FileChange>>) -> Vec<FileChange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::record::StructuredState;
     use serde_json::json;
 
     fn person() -> Value {

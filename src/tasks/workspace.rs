@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::entry::TaskEntry;
 use super::error::TaskError;
 use super::model::{ResultView, TaskResult, Workspace};
 use super::record::WorkspaceRecord;
-use super::registry::TaskEntry;
 use super::service::TaskService;
 use crate::git::{self, Base, DiffFile};
 

@@ -1,0 +1,241 @@
+//! Completion checks: whether a turn is over, read over HTTP (paging back from the newest
+//! message to ours) and, unless the final reply is already there, a fresh status, so an absence
+//! (no answer, a stopped loop) is never concluded from a remembered idle. At most one check per
+//! task runs at a time; a trigger during a check makes it run once more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::model::TaskStatus;
+use super::outcome::{read_files, read_turn, Attempts};
+use super::structured::{self, Hold};
+use super::tracker::{session_deleted, TrackerContext};
+use super::turn::{self, Idle, TurnState};
+
+use crate::opencode::{Server, SessionActivity};
+
+/// Runs a completion check unless one is running for the task; then that one runs again.
+/// `for_turn`: the turn `idle` was observed for, when it was read before the check (reconcile).
+pub fn spawn_check(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: String,
+    idle: Idle,
+    for_turn: Option<u32>,
+) {
+    {
+        let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(again) = checks.get_mut(&task_id) {
+            *again = true;
+            return;
+        }
+        checks.insert(task_id.clone(), false);
+    }
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(async move {
+        // A panic inside a check must not leave the entry behind: every later trigger would
+        // then only mark it to run again, and the task would never be checked again.
+        let _unwind = ForgetCheckOnPanic {
+            checks: ctx.checks.clone(),
+            task_id: task_id.clone(),
+        };
+        let (mut idle, mut for_turn) = (idle, for_turn);
+        loop {
+            // This check ended the turn: read its changed files now, off the completion path,
+            // so the wait that returns at completion does not pay for the round trip and later
+            // results find them. A turn that something else ended (most often the idle event
+            // right after the one that started this check) is that path's to read: reading it
+            // here too doubled the gateway's requests at a fan-out's busiest moment.
+            if let Some(turn) = check_completion(&ctx, &server, &task_id, idle, for_turn).await {
+                read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+            }
+            let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
+            match checks.get_mut(&task_id) {
+                Some(again) if *again => {
+                    *again = false;
+                    // What the later trigger knew is not kept: ask OpenCode.
+                    (idle, for_turn) = (Idle::No, None);
+                }
+                _ => {
+                    checks.remove(&task_id);
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// Removes a task's entry from the running checks when its check task unwinds.
+pub(super) struct ForgetCheckOnPanic {
+    pub(super) checks: Arc<Mutex<HashMap<String, bool>>>,
+    pub(super) task_id: String,
+}
+
+impl Drop for ForgetCheckOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.checks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.task_id);
+        }
+    }
+}
+
+/// Reads the turn over HTTP and finishes the task if [`turn::conclude`] says the turn is over.
+/// Safe to call any time and any number of times: it only ever finishes the turn it read, and
+/// never a task that has moved on (a newer turn) or is being aborted. `known` is what the
+/// trigger said about the session: `Confirmed` (a status read just now) or `Reported` (an idle
+/// event) spare a status read when the turn's final reply is already there; otherwise the status
+/// is read fresh. `for_turn` is the turn `known` was observed for, if it was read earlier.
+///
+/// Returns the turn this call ended, if it ended one (a structured answer it held and checked
+/// counts only if the check then finished the task; its files were read by the check).
+pub async fn check_completion(
+    ctx: &TrackerContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    known: Idle,
+    for_turn: Option<u32>,
+) -> Option<u32> {
+    let registry = &ctx.registry;
+    let entry = registry.get(task_id)?;
+    if !entry.is_open() {
+        return None;
+    }
+    let known = match for_turn {
+        Some(t) if t != entry.rec.turn => Idle::No,
+        _ => known,
+    };
+    let rec = &entry.rec;
+    let mut turn = match read_turn(server, rec, ctx.max_result_chars).await {
+        Ok(turn) => turn,
+        Err(e) if e.http_status() == Some(404) => {
+            registry.update(task_id, |e| {
+                if e.rec.turn == entry.rec.turn && !e.rec.status.is_terminal() {
+                    let error = session_deleted(&e.rec.session_id);
+                    e.finish(TaskStatus::Failed, Some(error));
+                }
+            });
+            // Gone with its session: there are no files to read.
+            return None;
+        }
+        Err(e) => {
+            tracing::debug!(task_id, error = %e, "completion check failed; will retry");
+            return None;
+        }
+    };
+    let idle = if turn.finished && known != Idle::No {
+        known
+    } else {
+        match server.api.session_activity(&rec.directory).await {
+            Ok(a) => match a.get(&rec.session_id) {
+                None | Some(SessionActivity::Idle) => Idle::Confirmed,
+                Some(_) => Idle::No,
+            },
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "completion check: status read failed; will retry");
+                return None;
+            }
+        }
+    };
+    // The messages were read before the status: a final step that started and ended between
+    // the two reads is missing from them, and "idle without a final answer" would judge a
+    // completed turn stopped. Read them again, now that the session is known to be idle.
+    if !turn.finished && idle == Idle::Confirmed {
+        match read_turn(server, rec, ctx.max_result_chars).await {
+            Ok(again) => turn = again,
+            Err(e) => {
+                tracing::debug!(task_id, error = %e, "completion check: second read failed; will retry");
+                return None;
+            }
+        }
+    }
+    let ended = registry.update(task_id, |e| {
+        if e.rec.turn != entry.rec.turn || !e.is_open() {
+            return Ended::No;
+        }
+        if let Some(newest) = &turn.newest_message_id {
+            e.rec.note_message_id(newest);
+        }
+        let age = e.live.turn_started.elapsed().as_millis() as u64;
+        let stuck = note_unfinished(&mut e.live, &turn, idle);
+        let verdict = turn::conclude(&turn, idle, e.live.session_error.as_ref(), age)
+            .or_else(|| turn::abandoned(&turn, idle, stuck));
+        match verdict {
+            Some(v) => {
+                e.rec.outcome = Some(turn.clone());
+                if v.status == TaskStatus::Completed {
+                    match structured::hold(e) {
+                        Hold::Held(turn) => return Ended::Held(turn),
+                        Hold::Already => return Ended::No,
+                        Hold::No => {}
+                    }
+                }
+                e.finish(v.status, v.error);
+                return Ended::Finished(e.rec.turn);
+            }
+            None => {
+                if idle == Idle::No && e.rec.status == TaskStatus::Pending && turn.user_message_seen
+                {
+                    e.rec.status = TaskStatus::Running;
+                }
+            }
+        }
+        Ended::No
+    });
+    match ended? {
+        Ended::Finished(turn) => Some(turn),
+        Ended::Held(turn) => {
+            // The check reads the files of a round it ends.
+            structured::settle(ctx, server, task_id, turn).await;
+            None
+        }
+        Ended::No => None,
+    }
+}
+
+/// What a completion check did with the turn it read.
+pub(super) enum Ended {
+    /// Nothing: still running, or ended by someone else meanwhile.
+    No,
+    /// Finished the task at this turn.
+    Finished(u32),
+    /// Held this turn's structured answer for its check.
+    Held(u32),
+}
+
+/// Counts this check if it confirmed the session idle with the turn's newest step unfinished
+/// (the same step as the checks before it); any other finding starts the count over.
+pub(super) fn note_unfinished(
+    live: &mut super::entry::Live,
+    turn: &TurnState,
+    idle: Idle,
+) -> turn::Unfinished {
+    let step = turn
+        .newest_message_id
+        .clone()
+        .filter(|_| idle == Idle::Confirmed && turn.newest_step_unfinished());
+    let Some(step) = step else {
+        live.unfinished = None;
+        return turn::Unfinished::default();
+    };
+    let (checks, since) = match live.unfinished.take() {
+        Some((seen, checks, since)) if seen == step => (checks + 1, since),
+        _ => (1, Instant::now()),
+    };
+    live.unfinished = Some((step, checks, since));
+    turn::Unfinished {
+        checks,
+        for_ms: since.elapsed().as_millis() as u64,
+    }
+}
+
+/// Checks a held structured answer off the event path.
+pub(super) fn spawn_settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
+    let ctx = ctx.clone();
+    let server = server.clone();
+    tokio::spawn(async move { structured::settle(&ctx, &server, &task_id, turn).await });
+}

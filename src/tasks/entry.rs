@@ -1,0 +1,545 @@
+//! A task's entry: its durable record and its live state, moved only by named transitions.
+//!
+//! [`Phase`] is where the current turn stands in the gateway's hands (open, being checked,
+//! being aborted, finished); the transitions ([`TaskEntry::claim_abort`],
+//! [`TaskEntry::claim_check`], [`TaskEntry::finish`], ...) are the only way it moves, each from
+//! the phases it names, so two deciders (an idle event and an abort, say) cannot both end a
+//! turn. Everything else the gateway knows of a running turn and does not keep on disk
+//! (progress, streamed text, spend, pending asks' times) is [`Live`]. The registry holds the
+//! entries and runs every change under its lock (`registry.rs`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
+use super::record::TaskRecord;
+use super::stream::StreamedTurn;
+use super::turn::ReplySeen;
+use crate::opencode::Tokens;
+use crate::opencode::{ErrorInfo, PermissionAsk};
+
+/// Where a task's current turn stands in the gateway's hands. It changes only under the
+/// registry lock, through the claims on [`TaskEntry`] ([`TaskEntry::claim_abort`],
+/// [`TaskEntry::claim_check`], ...), each of which names the phase it moves from: so two actors
+/// (an event verdict, a completion check, a structured check, a cancel, the deadline,
+/// `stop_server`, a continue) can never both act on one turn, whatever order their awaits end in.
+///
+/// ```text
+///          claim_check             finish
+///   Open ─────────────────▶ Checking ──────────▶ Finished ──begin_turn──▶ Open
+///    ▲ ▲ ◀── release_check ──┘ │ claim_abort        ▲
+///    │ └───── abort_refused ── Aborting ◀───────────┼──── claim_abort ── Open
+///    │                            └───── finish ────┘
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The turn runs in OpenCode (`status` pending, running or waiting_permission): its events
+    /// and completion checks decide it.
+    Open,
+    /// The turn's answer is in and is being checked against the task's output schema
+    /// (`structured::settle`). `structured.checking` is its durable twin: a gateway that
+    /// restarts meanwhile reads the turn again and checks the answer again.
+    Checking,
+    /// A cancel, the deadline or `stop_server` claimed the turn and is aborting it: nothing
+    /// else decides it meanwhile. If OpenCode refuses the abort (a cancel), the turn is open
+    /// again, even if it was being checked: that check gave up when the abort claimed the
+    /// turn, and the next completion check claims it for a new one.
+    Aborting,
+    /// The turn is over: `status` is terminal.
+    Finished,
+}
+
+/// What the gateway knows about a task's current turn that is not worth saving: progress fed by
+/// events, and the monotonic clocks durations are measured with.
+#[derive(Debug, Clone)]
+pub struct Live {
+    pub turn_started: Instant,
+    pub finished_at: Option<Instant>,
+    /// When a call last read or changed the task: a finished task leaves memory only once it
+    /// has been finished *and* unused for the memory TTL, so one just read back from disk for a
+    /// follow-up, an apply or a discard stays while that operation runs.
+    pub last_used: Instant,
+    /// Where the turn stands (see [`Phase`]); change it only through the claims.
+    phase: Phase,
+    /// Cancels the turn's `timeouts.task` timer (`abort.rs`): the timer task goes when the turn
+    /// ends, instead of sleeping out the whole deadline (30 minutes by default) for every turn
+    /// that ended long before, which made memory grow with history at a steady rate.
+    pub deadline: Option<CancellationToken>,
+    /// A `session.error` seen during this turn (async failures arrive only this way).
+    pub session_error: Option<ErrorInfo>,
+    /// The newest assistant message of the turn, as the event stream reported it.
+    pub latest_reply: Option<ReplySeen>,
+    /// The turn's messages as the event stream showed them (see `stream.rs`).
+    pub streamed: StreamedTurn,
+    /// What the turn has spent so far, from the stream (see `spend.rs`).
+    pub spending: Spending,
+    /// What the earlier rounds of this host turn spent (a structured answer's automatic
+    /// corrections are turns of their own, but one request of the host): the caps hold for the
+    /// host's turn as a whole, so `structured_retries` does not multiply them.
+    pub spent_before: (f64, u64),
+    pub current_tool: Option<(String, Option<String>)>,
+    pub text_tail: String,
+    pub steps: u32,
+    pub tools_run: u32,
+    pub retry: Option<RetryInfo>,
+    pub last_event: Instant,
+    /// What is known of each pending ask (by id) beyond the record. Not saved: after a restart
+    /// an ask is news again.
+    pub asks: HashMap<String, AskSeen>,
+    /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
+    /// id, how many checks, since when (see [`super::turn::abandoned`]).
+    pub unfinished: Option<(String, u32, Instant)>,
+    /// Set on a view of another live gateway's unfinished task read from its record (see
+    /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.
+    pub foreign: Option<u32>,
+    /// The turn's spend as last written to the day's ledger.
+    pub ledgered: f64,
+}
+
+/// What the gateway knows of one pending permission ask beyond the record.
+#[derive(Debug, Clone, Copy)]
+pub struct AskSeen {
+    /// When the ask was recorded: a permission list read before that cannot clear it.
+    pub since: Instant,
+    /// Shown to the host (in a status or the return of a wait): a wait returns early only for
+    /// an ask the host has not been shown yet.
+    pub shown: bool,
+}
+
+impl AskSeen {
+    pub(super) fn now() -> Self {
+        Self {
+            since: Instant::now(),
+            shown: false,
+        }
+    }
+}
+
+impl Live {
+    pub(super) fn new(turn_started: Instant) -> Self {
+        Self {
+            turn_started,
+            finished_at: None,
+            last_used: Instant::now(),
+            phase: Phase::Open,
+            deadline: None,
+            session_error: None,
+            latest_reply: None,
+            streamed: StreamedTurn::default(),
+            spending: Spending::default(),
+            spent_before: (0.0, 0),
+            current_tool: None,
+            text_tail: String::new(),
+            steps: 0,
+            tools_run: 0,
+            retry: None,
+            last_event: Instant::now(),
+            asks: HashMap::new(),
+            unfinished: None,
+            foreign: None,
+            ledgered: 0.0,
+        }
+    }
+}
+
+/// One tracked task: its durable record and its live progress.
+#[derive(Debug, Clone)]
+pub struct TaskEntry {
+    pub rec: TaskRecord,
+    pub live: Live,
+}
+
+impl TaskEntry {
+    /// A task made by this gateway, before its first turn is opened.
+    pub fn new(rec: TaskRecord) -> Self {
+        Self {
+            rec,
+            live: Live::new(Instant::now()),
+        }
+    }
+
+    /// A task read back from the store. Not yet used by anyone: a finished one is as old as
+    /// its finish (a call that reads it back marks it used).
+    pub fn from_record(rec: TaskRecord) -> Self {
+        let mut live = Live::new(TaskRecord::instant_at(rec.turn_started_ms));
+        live.finished_at = rec.finished_ms.map(TaskRecord::instant_at);
+        if let Some(finished) = live.finished_at {
+            live.last_used = finished;
+        }
+        // A turn read back is finished or open: a check or abort under way died with the
+        // gateway that ran it, and is claimed again by whoever runs it now.
+        if rec.status.is_terminal() {
+            live.phase = Phase::Finished;
+        } else {
+            // What the stream showed of the turn went with the gateway that saw it: its answer
+            // and its spend so far are read over HTTP.
+            live.streamed.mark_gap();
+        }
+        // A pending ask read back is as old as the restore: a permission list read after it that
+        // no longer has the ask (answered while the gateway was down) clears it. Without a time
+        // the sweep never did, and the task showed `waiting_permission` for good.
+        for ask in &rec.permissions {
+            live.asks.insert(ask.id.clone(), AskSeen::now());
+        }
+        Self { rec, live }
+    }
+
+    /// Opens a new turn: the record's and the progress of the previous one are cleared.
+    pub fn begin_turn(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
+        self.rec.begin_turn(user_message_id, agent, model);
+        self.stop_deadline();
+        self.live = Live::new(Instant::now());
+    }
+
+    /// Opens the next round of the same host turn (a structured answer's correction): a new
+    /// turn, whose caps count what the earlier rounds spent.
+    pub fn begin_correction(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
+        let before = self.budget_spend();
+        self.begin_turn(user_message_id, agent, model);
+        self.live.spent_before = before;
+    }
+
+    /// What the host's turn has spent against its caps: this round and the earlier ones.
+    pub fn budget_spend(&self) -> (f64, u64) {
+        let (usd, tokens) = self.live.spending.total();
+        let (usd_before, tokens_before) = self.live.spent_before;
+        (usd + usd_before, tokens.saturating_add(tokens_before))
+    }
+
+    /// Ends the current turn's deadline timer, if one is armed.
+    pub fn stop_deadline(&mut self) {
+        if let Some(timer) = self.live.deadline.take() {
+            timer.cancel();
+        }
+    }
+
+    /// Where the turn stands.
+    pub fn phase(&self) -> Phase {
+        self.live.phase
+    }
+
+    /// The turn runs in OpenCode, and only its events and completion checks decide it.
+    pub fn is_open(&self) -> bool {
+        self.live.phase == Phase::Open
+    }
+
+    /// The turn is over and nothing acts on it any more: it may be continued, applied or
+    /// discarded.
+    pub fn is_settled(&self) -> bool {
+        self.live.phase == Phase::Finished
+    }
+
+    /// Claims turn `turn` for an abort, from open or checking; `false` when the task is on
+    /// another turn, finished, or already being aborted (a second abort is a no-op).
+    pub fn claim_abort(&mut self, turn: u32) -> bool {
+        let claimable = matches!(self.live.phase, Phase::Open | Phase::Checking);
+        if !claimable || self.rec.turn != turn {
+            return false;
+        }
+        self.live.phase = Phase::Aborting;
+        true
+    }
+
+    /// Turn `turn` is claimed by an abort.
+    pub fn is_aborting(&self, turn: u32) -> bool {
+        self.rec.turn == turn && self.live.phase == Phase::Aborting
+    }
+
+    /// OpenCode refused the abort of turn `turn`: it runs on, open.
+    pub fn abort_refused(&mut self, turn: u32) {
+        if self.is_aborting(turn) {
+            self.live.phase = Phase::Open;
+        }
+    }
+
+    /// Claims the open turn for the check of its structured answer; `false` when it is not
+    /// open (a check already runs, an abort claimed it, or it is over).
+    pub fn claim_check(&mut self) -> bool {
+        if self.live.phase != Phase::Open {
+            return false;
+        }
+        self.live.phase = Phase::Checking;
+        true
+    }
+
+    /// Turn `turn` is being checked (not aborted, finished or followed by another turn).
+    pub fn is_checking(&self, turn: u32) -> bool {
+        self.rec.turn == turn && self.live.phase == Phase::Checking
+    }
+
+    /// The check of turn `turn` ended without finishing it or opening a correction (an abort
+    /// claimed the turn meanwhile and was refused): the turn is open again, so the next
+    /// completion check claims it for a check of its own.
+    pub fn release_check(&mut self, turn: u32) {
+        if self.is_checking(turn) {
+            self.live.phase = Phase::Open;
+        }
+    }
+
+    /// A permission ask of the task (or of one of its subagents) is pending: the task waits for
+    /// it, beside any other ask still pending (two subagents may ask at once; each is answered
+    /// by its own id). A turn that is not open (over, being checked or aborted), or an ask it
+    /// already holds, is left as it is.
+    pub fn ask_permission(&mut self, ask: PermissionAsk) {
+        if !self.is_open() || self.rec.permissions.iter().any(|p| p.id == ask.id) {
+            return;
+        }
+        self.rec.status = TaskStatus::WaitingPermission;
+        self.live.asks.insert(ask.id.clone(), AskSeen::now());
+        self.rec.permissions.push(ask);
+    }
+
+    /// The ask `request_id` was answered: it is no longer pending, and once no ask is, the task
+    /// runs again.
+    pub fn permission_answered(&mut self, request_id: &str) {
+        self.rec.permissions.retain(|p| p.id != request_id);
+        self.live.asks.remove(request_id);
+        if self.rec.permissions.is_empty() && self.rec.status == TaskStatus::WaitingPermission {
+            self.rec.status = TaskStatus::Running;
+        }
+    }
+
+    /// Ends the turn with a terminal status.
+    pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
+        self.rec.finish(status, error);
+        self.live.asks.clear();
+        self.live.current_tool = None;
+        self.live.retry = None;
+        // The answer is in the record now (or is read over HTTP): the streamed copy goes.
+        self.live.streamed = StreamedTurn::default();
+        self.live.phase = Phase::Finished;
+        self.stop_deadline();
+        self.live.finished_at = Some(Instant::now());
+    }
+
+    /// From sending the turn to its end (or to now).
+    pub fn duration(&self) -> Duration {
+        self.live
+            .finished_at
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.live.turn_started)
+    }
+
+    /// The agent that answered (from the outcome, else the events), else the one asked for.
+    pub fn agent(&self) -> Option<String> {
+        let r = &self.rec;
+        r.outcome
+            .as_ref()
+            .and_then(|o| o.agent.clone())
+            .or_else(|| {
+                self.live
+                    .latest_reply
+                    .as_ref()
+                    .and_then(|s| s.agent.clone())
+            })
+            .or_else(|| r.agent.clone())
+    }
+
+    /// The model that answered, as the outcome (else the event stream) reports it.
+    fn answered_model(&self) -> Option<String> {
+        self.rec
+            .outcome
+            .as_ref()
+            .and_then(|o| o.model.clone())
+            .or_else(|| {
+                self.live
+                    .latest_reply
+                    .as_ref()
+                    .and_then(|s| s.model.clone())
+            })
+    }
+
+    /// The model that answered, else the one asked for.
+    pub fn model(&self) -> Option<String> {
+        self.answered_model().or_else(|| self.rec.model.clone())
+    }
+
+    /// The model the turn asked for, if another one answered.
+    pub fn model_requested(&self) -> Option<String> {
+        self.rec
+            .model_requested_if_other(self.answered_model().as_deref())
+    }
+
+    /// The snapshot status and wait report.
+    pub fn snapshot(&self, include_progress: bool, stall: Duration) -> TaskSnapshot {
+        let r = &self.rec;
+        let progress = include_progress.then(|| {
+            let since_event = self.live.last_event.elapsed();
+            let tokens = r.outcome.as_ref().map(|o| o.tokens).unwrap_or_default();
+            Progress {
+                current_tool: self.live.current_tool.as_ref().map(|(t, _)| t.clone()),
+                current_tool_title: self.live.current_tool.as_ref().and_then(|(_, t)| t.clone()),
+                text_tail: self.live.text_tail.clone(),
+                steps: self.live.steps,
+                tools_run: self.live.tools_run,
+                tokens,
+                last_event_ms_ago: since_event.as_millis() as u64,
+                // A task waiting for a person's answer is quiet by design, not stalled.
+                stalled: !r.status.is_terminal()
+                    && r.status != TaskStatus::WaitingPermission
+                    && since_event > stall,
+                retry: self.live.retry.clone(),
+                spent_usd: r.budget.map(|_| self.budget_spend().0),
+                spent_tokens: r.budget.map(|_| self.budget_spend().1),
+                budget: r.budget,
+            }
+        });
+        // A structured task's value and errors are the finished round's only.
+        let structured = r.structured.as_ref().filter(|_| r.status.is_terminal());
+        TaskSnapshot {
+            task_id: r.id.clone(),
+            status: r.status,
+            title: r.title.clone(),
+            elapsed_ms: self.duration().as_millis() as u64,
+            error: r.error.clone(),
+            permissions: r.permissions.clone(),
+            progress,
+            text: None,
+            next_offset: None,
+            files_changed: None,
+            workspace: r.workspace.as_ref().map(Workspace::from_record),
+            structured: structured.and_then(|s| s.value.clone()),
+            structured_error: structured.and_then(|s| s.error.clone()),
+            structured_attempts: structured
+                .filter(|s| !s.attempts.is_empty())
+                .map(|s| s.attempts.clone()),
+            server_id: Some(r.server_id.clone()),
+            session_id: Some(r.session_id.clone()),
+            directory: Some(r.directory.clone()),
+            agent: self.agent(),
+            model: self.model(),
+            model_requested: self.model_requested(),
+            variant: r.variant.clone(),
+            turn: Some(r.turn),
+            group_id: r.group.as_ref().map(|g| g.id.clone()),
+            tokens: r
+                .outcome
+                .as_ref()
+                .filter(|_| r.status.is_terminal())
+                .map(|o| o.tokens),
+            cost: r
+                .outcome
+                .as_ref()
+                .filter(|_| r.status.is_terminal())
+                .map(|o| o.cost),
+            turn_started_ms: r.turn_started_ms,
+            updated_ms: r.finished_ms.unwrap_or_else(|| {
+                let now = super::record::epoch_ms(std::time::SystemTime::now());
+                let since = u64::try_from(self.live.last_event.elapsed().as_millis()).unwrap_or(0);
+                now.saturating_sub(since).max(r.turn_started_ms)
+            }),
+        }
+    }
+
+    /// Appends streamed text to the progress tail, keeping the last `max` characters.
+    pub fn push_text(&mut self, text: &str, max: usize) {
+        let tail = &mut self.live.text_tail;
+        tail.push_str(text);
+        let count = tail.chars().count();
+        if count > max {
+            let cut = tail
+                .char_indices()
+                .nth(count - max)
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            tail.drain(..cut);
+        }
+    }
+}
+
+/// What the task's current turn has spent so far: as streamed (its session and its
+/// subagents'), or, if more, as read over HTTP once it ended.
+pub(super) fn turn_spend(e: &TaskEntry) -> f64 {
+    let streamed = e.live.spending.total().0;
+    let read = e.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+    streamed.max(read)
+}
+
+/// What a waiter can observe (a change wakes them).
+pub(super) fn observable(e: &TaskEntry) -> impl PartialEq {
+    (
+        e.rec.status,
+        e.rec.turn,
+        e.rec
+            .permissions
+            .iter()
+            .map(|p| p.id.clone())
+            .collect::<Vec<_>>(),
+        e.live.phase,
+        // The turn's first reply (an abort waits for it: see `abort.rs`).
+        e.live.latest_reply.is_some(),
+    )
+}
+
+/// What the current turn has spent so far, per assistant message (its own session's and its
+/// subagents'), as the newest `message.updated` of each reported it.
+#[derive(Debug, Clone, Default)]
+pub struct Spending {
+    by_message: HashMap<String, (f64, u64)>,
+}
+
+impl Spending {
+    /// Notes the cost and tokens a message reports now. A message's figures only grow (OpenCode
+    /// updates them at each step's end), and the stream and a read over HTTP may see it at
+    /// different moments: the larger of what was seen counts.
+    pub fn note(&mut self, message_id: &str, cost: f64, tokens: &Tokens) {
+        let cost = if cost.is_finite() && cost > 0.0 {
+            cost
+        } else {
+            0.0
+        };
+        let seen = self
+            .by_message
+            .entry(message_id.to_string())
+            .or_insert((0.0, 0));
+        seen.0 = seen.0.max(cost);
+        seen.1 = seen.1.max(total_tokens(tokens));
+    }
+
+    /// USD and tokens so far.
+    pub fn total(&self) -> (f64, u64) {
+        self.by_message
+            .values()
+            .fold((0.0, 0u64), |(c, t), (mc, mt)| {
+                (c + mc, t.saturating_add(*mt))
+            })
+    }
+}
+
+/// Every token a message used, as the caps count them.
+pub fn total_tokens(t: &Tokens) -> u64 {
+    t.input
+        .saturating_add(t.output)
+        .saturating_add(t.reasoning)
+        .saturating_add(t.cache_read)
+        .saturating_add(t.cache_write)
+}
+
+/// For unit tests: task `id` on server `srv`, session `session`, directory `/w`, in its first
+/// turn (user message `msg_1`).
+#[cfg(test)]
+impl TaskEntry {
+    pub(crate) fn in_first_turn(id: &str, session: &str) -> Self {
+        let mut e = TaskEntry::new(TaskRecord::new(
+            id.into(),
+            "srv".into(),
+            session.into(),
+            "/w".into(),
+            "t".into(),
+        ));
+        e.begin_turn("msg_1".into(), None, None);
+        e
+    }
+}
