@@ -387,17 +387,11 @@ async fn a_task_of_a_gateway_still_shutting_down_is_taken_over_once_it_is_gone()
     }
     drop(old_client);
     assert!(wait_gone(old, std::time::Duration::from_secs(10)).await);
-    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
-    assert_eq!(w["done"], true, "{w}");
-    let r = rig
-        .ok(
-            "opencode_get_task_result",
-            json!({ "task_id": task, "detail": "full" }),
-        )
-        .await;
+    let r = rig.finish(&task).await;
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt));
-    let session = w["tasks"][0]["session_id"].as_str().expect("session");
+    let st = rig.status(&task).await;
+    let session = st["session_id"].as_str().expect("session");
     assert_eq!(
         rig.requests_for(session).len(),
         1,

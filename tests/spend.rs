@@ -321,12 +321,7 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
         .start_task_with(json!({ "prompt": prompt, "budget": { "max_cost_usd": 0.35 } }))
         .await;
     let task = started["task_id"].as_str().expect("task_id").to_string();
-    let st = rig
-        .ok(
-            "opencode_get_task_status",
-            json!({ "task_id": task, "detail": "full" }),
-        )
-        .await;
+    let st = rig.status(&task).await;
     let session = st["session_id"].as_str().expect("session_id").to_string();
     let steps_asked = |rig: &Rig| {
         rig.requests_for(&session)
@@ -348,14 +343,7 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
     let before = steps_asked(&rig);
     rig.relaunch().await;
 
-    let w = rig.wait(&[&task], "all", TASK_TIMEOUT_MS).await;
-    assert_eq!(w["done"], true, "{w}");
-    let r = rig
-        .ok(
-            "opencode_get_task_result",
-            json!({ "task_id": task, "detail": "full" }),
-        )
-        .await;
+    let r = rig.finish(&task).await;
     assert_eq!(r["status"], "failed", "{r}");
     assert_eq!(r["error"]["name"], "BudgetExceeded", "{r}");
     let asked = steps_asked(&rig);
