@@ -183,7 +183,13 @@ impl TaskEntry {
         for ask in &rec.permissions {
             live.asks.insert(ask.id.clone(), AskSeen::now());
         }
-        Self { rec, live }
+        // What a record read back had spent is in the day's ledger already (written while it
+        // ran, or at the restore for records from before the ledger): only what it spends from
+        // now on is new. A task of yesterday read back today (for an apply, say) must not count
+        // toward today.
+        let mut entry = Self { rec, live };
+        entry.live.ledgered = turn_spend(&entry);
+        entry
     }
 
     /// Opens a new turn: the record's and the progress of the previous one are cleared.

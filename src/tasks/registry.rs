@@ -963,6 +963,27 @@ mod tests {
         assert!(s.permissions.is_empty());
     }
 
+    /// A finished task read back from disk (a task of another day, brought back by an apply or
+    /// a status) adds nothing to the day's spend when it is changed: only what a turn spends
+    /// while this gateway holds it is new.
+    #[test]
+    fn a_task_read_back_counts_nothing_again() {
+        let (r, store, _dir) = stored();
+        let mut old = entry("old");
+        old.finish(TaskStatus::Completed, None);
+        old.rec.outcome = Some(crate::tasks::turn::TurnState {
+            cost: 2.0,
+            ..Default::default()
+        });
+        store.submit(old.rec.clone());
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("written");
+        assert!(r.get("old").is_some(), "read back");
+        r.update("old", |e| e.rec.title = "renamed".into());
+        assert_eq!(r.spent_today(), 0.0);
+    }
+
     /// A structured answer's correction is a round of the same host turn: the caps count what
     /// every round spent (`structured_retries` used to multiply them); a follow-up starts over.
     #[test]
