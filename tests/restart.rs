@@ -209,8 +209,10 @@ async fn a_fan_out_group_answers_after_a_restart() {
 /// answered at first, and goes once its TTL has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_expire_in_a_gateway_that_runs_no_server() {
-    let ttl = std::time::Duration::from_secs(6);
-    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "6s")]).await;
+    // Long enough for a kill and a relaunch on a loaded machine, so the record is still there
+    // when the new gateway starts.
+    let ttl = std::time::Duration::from_secs(12);
+    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "12s")]).await;
     let task = id(&rig.start_task("expires later").await);
     let done = rig.finish(&task).await;
     assert_eq!(done["status"], "completed", "{done}");

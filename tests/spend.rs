@@ -316,7 +316,9 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
     let steps: String = (1..=11)
         .map(|i| format!(" [[bash:echo step {i}]]"))
         .collect();
-    let prompt = format!("spend unwatched [[usage:100000]] [[delay:600]]{steps}");
+    // Each model call waits 2.5 s: longer than a gateway takes to start and adopt the turn,
+    // also on a loaded machine, so the calls counted before the relaunch are all but one.
+    let prompt = format!("spend unwatched [[usage:100000]] [[delay:2500]]{steps}");
     let started = rig
         .start_task_with(json!({ "prompt": prompt, "budget": { "max_cost_usd": 0.35 } }))
         .await;
@@ -335,7 +337,7 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
         })
         .await;
     rig.kill_gateway().await;
-    let unwatched = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+    let unwatched = support::rig::poll_for(std::time::Duration::from_secs(90), || {
         (steps_asked(&rig) >= 4).then_some(())
     })
     .await;

@@ -63,9 +63,19 @@ fn task_of(handle: &str) -> &str {
 /// handle reported `completed` stays so, also once a follow-up opens a new turn of the same task
 /// (that turn has a handle of its own). Held for the handles' time to live, at most
 /// [`MAX_SETTLED`] of them; a restarted gateway works them out again from the records.
-#[derive(Default)]
 pub struct Settled {
     states: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, DetailedTask)>>,
+    /// Most states kept ([`MAX_SETTLED`]).
+    max: usize,
+}
+
+impl Default for Settled {
+    fn default() -> Self {
+        Self {
+            states: std::sync::Mutex::default(),
+            max: MAX_SETTLED,
+        }
+    }
 }
 
 /// Most terminal states [`Settled`] keeps (the oldest go first).
@@ -81,7 +91,7 @@ impl Settled {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         let ttl = std::time::Duration::from_millis(ttl_ms);
         states.retain(|_, (at, _)| at.elapsed() < ttl);
-        if states.len() >= MAX_SETTLED {
+        if states.len() >= self.max {
             if let Some(oldest) = states
                 .iter()
                 .min_by_key(|(_, (at, _))| *at)
@@ -457,6 +467,33 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A terminal state is kept per handle, within its time to live and a bound (the oldest
+    /// goes first).
+    #[test]
+    fn settled_states_are_kept_within_a_bound() {
+        let settled = Settled {
+            states: std::sync::Mutex::default(),
+            max: 2,
+        };
+        let task = |id: &str| {
+            let t = Task::new(id, McpTaskStatus::Working, "a", "b");
+            DetailedTask::new(t, TaskPayload::Cancelled)
+        };
+        let hour = 3_600_000;
+        settled.keep("t1", &task("t1"), hour);
+        settled.keep("t2", &task("t2"), hour);
+        settled.keep("t3", &task("t3"), hour);
+        assert!(settled.get("t1").is_none(), "the oldest went");
+        assert_eq!(
+            settled.get("t3").map(|t| t.task.status),
+            Some(McpTaskStatus::Cancelled)
+        );
+        // Past their time to live, the others go with the next one kept.
+        settled.keep("t4", &task("t4"), 0);
+        assert!(settled.get("t2").is_none() && settled.get("t3").is_none());
+        assert!(settled.get("t4").is_some());
+    }
 
     #[test]
     fn a_dialog_answer_becomes_a_reply_and_anything_else_refuses() {

@@ -222,4 +222,16 @@ mod tests {
         assert_eq!(Ledger::new(Some(dir.clone())).spent_today(), 0.9375);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A ledger whose directory cannot be written still counts this gateway's turns (and says
+    /// the others will not see them).
+    #[test]
+    fn a_ledger_that_cannot_be_written_still_counts_here() {
+        let blocker = dir();
+        std::fs::write(&blocker, b"a file where the directory should be").expect("write");
+        let l = Ledger::new(Some(blocker.join("spend")));
+        l.observe("tsk_a", 1, 0.5);
+        assert_eq!(l.spent_today(), 0.5);
+        let _ = std::fs::remove_file(&blocker);
+    }
 }

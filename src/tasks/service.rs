@@ -1013,6 +1013,53 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Another gateway's unfinished task is read from its record, and acting on it is refused
+    /// naming that gateway; its finished tasks are this gateway's to act on.
+    #[test]
+    fn another_gateways_running_task_is_read_not_acted_on() {
+        let mut config = crate::gateway::test_config();
+        let dir = std::env::temp_dir().join(format!("ocm-foreign-{}", crate::ids::task_id()));
+        config.state_dir = Some(dir.display().to_string());
+        let service = TaskService::new(Arc::new(config));
+        let store = service.registry.store().cloned().expect("a store");
+        let mut rec = TaskRecord::new(
+            "tsk_theirs".into(),
+            "srv".into(),
+            "ses_theirs".into(),
+            "/w".into(),
+            "theirs".into(),
+        );
+        rec.begin_turn("msg_1".into(), None, None);
+        rec.status = TaskStatus::Running;
+        rec.owner_pid = 1;
+        store.submit(rec.clone());
+        store
+            .flush_blocking(std::time::Duration::from_secs(10))
+            .expect("written");
+        let seen = service.entry("tsk_theirs").expect("read from its record");
+        assert_eq!(seen.live.foreign, Some(1));
+        assert_eq!(seen.rec.status, TaskStatus::Running);
+        let refused = service.own_entry("tsk_theirs").expect_err("refused");
+        assert!(
+            refused.to_string().contains("another gateway (pid 1)"),
+            "{refused}"
+        );
+        assert_eq!(
+            service.snapshot("tsk_theirs", false).map(|s| s.status).ok(),
+            Some(TaskStatus::Running)
+        );
+        rec.finish(TaskStatus::Completed, None);
+        store.submit(rec);
+        store
+            .flush_blocking(std::time::Duration::from_secs(10))
+            .expect("written");
+        assert!(
+            service.own_entry("tsk_theirs").is_ok(),
+            "finished: ours to act on"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn titles_come_from_the_first_non_empty_line() {
         assert_eq!(
