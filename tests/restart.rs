@@ -176,6 +176,27 @@ async fn a_fan_out_group_answers_after_a_restart() {
     assert_eq!(w["done"], true, "{w}");
     let members: Vec<Value> = w["tasks"].as_array().cloned().unwrap_or_default();
     assert_eq!(members.len(), 2, "{w}");
+    // Both records on disk as finished before the crash (a wait returns as the turn ends; its
+    // record is written a moment later by the store's writer).
+    let on_disk = |id: &str| {
+        let file = rig
+            .env
+            .root()
+            .join(format!("state/opencode-mcp/tasks/{id}.json"));
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|r| r["status"] == "completed")
+    };
+    let written = poll_for(std::time::Duration::from_secs(10), || {
+        members
+            .iter()
+            .filter_map(|t| t["task_id"].as_str())
+            .all(&on_disk)
+            .then_some(())
+    })
+    .await;
+    assert!(written.is_some(), "both records are written as finished");
     // Old enough to be left on disk by the next restore.
     let finished = std::time::Instant::now();
     rig.kill_gateway().await;
@@ -217,12 +238,22 @@ async fn records_expire_in_a_gateway_that_runs_no_server() {
     let done = rig.finish(&task).await;
     assert_eq!(done["status"], "completed", "{done}");
     let finished = std::time::Instant::now();
-    rig.kill_gateway().await;
-    rig.relaunch().await;
     let file = rig
         .env
         .root()
         .join(format!("state/opencode-mcp/tasks/{task}.json"));
+    // Written as finished before the crash (the store's writer follows the turn's end).
+    let written = poll_for(std::time::Duration::from_secs(10), || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|r| r["status"] == "completed")
+            .then_some(())
+    })
+    .await;
+    assert!(written.is_some(), "the record is written as finished");
+    rig.kill_gateway().await;
+    rig.relaunch().await;
     let st = rig.status(&task).await;
     assert_eq!(st["status"], "completed", "answered until it expires: {st}");
     assert!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::asks;
 use super::completion;
+use super::entry::Claim;
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::outcome;
@@ -259,10 +260,8 @@ pub(super) async fn abort_turn(
                 }
             }
             let finished = registry.update(task_id, |e| {
-                e.is_aborting(rec.turn).then(|| {
-                    e.finish(status, error);
-                    e.rec.turn
-                })
+                e.finish(Claim::Aborted(rec.turn), status, error)
+                    .then_some(rec.turn)
             });
             Ok(finished.flatten())
         }

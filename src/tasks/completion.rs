@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::entry::Claim;
 use super::model::TaskStatus;
 use super::outcome::{read_files, read_turn, Attempts};
 use super::structured::{self, Hold};
@@ -114,10 +115,8 @@ pub async fn check_completion(
         Ok(turn) => turn,
         Err(e) if e.http_status() == Some(404) => {
             registry.update(task_id, |e| {
-                if e.rec.turn == entry.rec.turn && !e.rec.status.is_terminal() {
-                    let error = session_deleted(&e.rec.session_id);
-                    e.finish(TaskStatus::Failed, Some(error));
-                }
+                let error = session_deleted(&e.rec.session_id);
+                e.finish(Claim::Gone(entry.rec.turn), TaskStatus::Failed, Some(error));
             });
             // Gone with its session: there are no files to read.
             return None;
@@ -174,13 +173,13 @@ pub async fn check_completion(
                         Hold::No => {}
                     }
                 }
-                e.finish(v.status, v.error);
-                return Ended::Finished(e.rec.turn);
+                let turn = e.rec.turn;
+                e.finish(Claim::Open(turn), v.status, v.error);
+                return Ended::Finished(turn);
             }
             None => {
-                if idle == Idle::No && e.rec.status == TaskStatus::Pending && turn.user_message_seen
-                {
-                    e.rec.status = TaskStatus::Running;
+                if idle == Idle::No && turn.user_message_seen {
+                    e.started();
                 }
             }
         }

@@ -51,6 +51,22 @@ pub enum Phase {
     Finished,
 }
 
+/// What a move to [`Phase::Finished`] claims the turn from ([`TaskEntry::finish`]): every end
+/// of a turn names the phase and turn it holds, so two deciders (an idle event and an abort,
+/// say) cannot both end one turn, and nothing ends a turn it does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The open turn's verdict is in (from the stream, or a completion check).
+    Open(u32),
+    /// The check of a structured answer, which holds the turn.
+    Checked(u32),
+    /// An abort, which holds the turn.
+    Aborted(u32),
+    /// The turn is gone whoever holds it: its session was deleted, its server died, or the
+    /// gateway that ran it exited.
+    Gone(u32),
+}
+
 /// What the gateway knows about a task's current turn that is not worth saving: progress fed by
 /// events, and the monotonic clocks durations are measured with.
 #[derive(Debug, Clone)]
@@ -277,6 +293,9 @@ impl TaskEntry {
             return false;
         }
         self.live.phase = Phase::Checking;
+        // Its answer is being checked: the task runs on until the check ends it (an ask
+        // pending at the turn's end no longer holds it).
+        self.rec.status = TaskStatus::Running;
         true
     }
 
@@ -317,8 +336,20 @@ impl TaskEntry {
         }
     }
 
-    /// Ends the turn with a terminal status.
-    pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
+    /// Ends the turn with a terminal status, if `claim` holds it: the one move to
+    /// [`Phase::Finished`], and the one place a terminal status is written. Returns whether it
+    /// ended the turn; a claim that does not hold (another decider ended or claimed the turn
+    /// first, or a later turn began) changes nothing.
+    pub fn finish(&mut self, claim: Claim, status: TaskStatus, error: Option<ErrorInfo>) -> bool {
+        let held = match claim {
+            Claim::Open(turn) => self.live.phase == Phase::Open && self.rec.turn == turn,
+            Claim::Checked(turn) => self.is_checking(turn),
+            Claim::Aborted(turn) => self.is_aborting(turn),
+            Claim::Gone(turn) => self.live.phase != Phase::Finished && self.rec.turn == turn,
+        };
+        if !held || !status.is_terminal() {
+            return false;
+        }
         self.rec.finish(status, error);
         self.live.asks.clear();
         self.live.current_tool = None;
@@ -328,6 +359,17 @@ impl TaskEntry {
         self.live.phase = Phase::Finished;
         self.stop_deadline();
         self.live.finished_at = Some(Instant::now());
+        true
+    }
+
+    /// The turn's first sign of work (the session busy or retrying, a reply): `pending` becomes
+    /// `running`. Returns whether it did.
+    pub fn started(&mut self) -> bool {
+        let moved = self.is_open() && self.rec.status == TaskStatus::Pending;
+        if moved {
+            self.rec.status = TaskStatus::Running;
+        }
+        moved
     }
 
     /// From sending the turn to its end (or to now).

@@ -688,6 +688,7 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::opencode::PermissionAsk;
+    use crate::tasks::entry::Claim;
     use crate::tasks::entry::Phase;
     use crate::tasks::record::GroupMember;
     use tokio_util::sync::CancellationToken;
@@ -820,7 +821,7 @@ mod tests {
         e.ask_permission(ask("per_1", "ses_a"));
         assert_eq!(e.rec.status, TaskStatus::WaitingPermission);
         assert!(e.claim_abort(1));
-        e.finish(TaskStatus::Cancelled, None);
+        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Cancelled, None);
         assert!(e.is_settled());
         assert!(!e.claim_abort(1) && !e.claim_check());
         e.begin_turn("msg_2".into(), None, None);
@@ -830,6 +831,44 @@ mod tests {
         assert!(TaskEntry::from_record(on_disk.clone()).is_open());
         on_disk.finish(TaskStatus::Completed, None);
         assert!(TaskEntry::from_record(on_disk).is_settled());
+    }
+
+    /// A turn ends only by a claim that holds it: an open turn's verdict does not end a turn an
+    /// abort claimed, an abort's end does not end an open turn, nothing ends another turn, and
+    /// an ended turn does not end twice.
+    #[test]
+    fn only_a_claim_that_holds_the_turn_ends_it() {
+        let mut e = entry("c");
+        assert!(!e.finish(Claim::Aborted(1), TaskStatus::Cancelled, None));
+        assert!(!e.finish(Claim::Open(2), TaskStatus::Completed, None));
+        assert!(
+            !e.finish(Claim::Open(1), TaskStatus::Running, None),
+            "not a terminal status"
+        );
+        assert!(e.claim_abort(1));
+        assert!(!e.finish(Claim::Open(1), TaskStatus::Completed, None));
+        assert!(e.finish(Claim::Aborted(1), TaskStatus::Cancelled, None));
+        assert_eq!(
+            (e.rec.status, e.phase()),
+            (TaskStatus::Cancelled, Phase::Finished)
+        );
+        assert!(
+            !e.finish(Claim::Gone(1), TaskStatus::Failed, None),
+            "ended once"
+        );
+        e.begin_turn("msg_2".into(), None, None);
+        assert!(e.claim_check());
+        assert_eq!(
+            e.rec.status,
+            TaskStatus::Running,
+            "a held answer runs until checked"
+        );
+        assert!(!e.finish(Claim::Open(2), TaskStatus::Completed, None));
+        assert!(
+            e.finish(Claim::Gone(2), TaskStatus::Failed, None),
+            "gone, whoever holds it"
+        );
+        assert!(!e.started(), "a finished turn does not start");
     }
 
     /// A turn's deadline timer ends with the turn (finished, followed by another, or the task
@@ -846,7 +885,7 @@ mod tests {
         e.begin_turn("msg_2".into(), None, None);
         assert!(first.is_cancelled(), "a new turn ends the old turn's timer");
         let second = armed(&mut e);
-        e.finish(TaskStatus::Completed, None);
+        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
         assert!(second.is_cancelled(), "a finished turn ends its timer");
         let r = Registry::default();
         let mut running = entry("b");
@@ -861,7 +900,7 @@ mod tests {
         let r = Registry::default();
         r.insert(entry("running"));
         let mut done = entry("done");
-        done.finish(TaskStatus::Completed, None);
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         let hour = Duration::from_secs(3600);
         assert_eq!(r.flushed_evict(hour, hour).left_memory, 0);
@@ -880,7 +919,7 @@ mod tests {
     fn eviction_counts_from_last_use_and_an_update_reads_through() {
         let (r, store, _dir) = stored();
         let mut done = entry("done");
-        done.finish(TaskStatus::Completed, None);
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
         // Finished an hour ago (as a record written by an earlier gateway says).
         let hour = Duration::from_secs(3600);
         done.rec.finished_ms = Some(done.rec.finished_ms.unwrap_or_default() - 3_600_000);
@@ -970,7 +1009,7 @@ mod tests {
     fn a_task_read_back_counts_nothing_again() {
         let (r, store, _dir) = stored();
         let mut old = entry("old");
-        old.finish(TaskStatus::Completed, None);
+        old.finish(Claim::Gone(old.rec.turn), TaskStatus::Completed, None);
         old.rec.outcome = Some(crate::tasks::turn::TurnState {
             cost: 2.0,
             ..Default::default()
@@ -1001,7 +1040,7 @@ mod tests {
         assert_eq!(turn_spend(&e), 0.125, "the ledger counts each round once");
         e.begin_correction("msg_3".into(), None, None);
         assert_eq!(e.budget_spend(), (0.375, 200));
-        e.finish(TaskStatus::Completed, None);
+        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
         e.begin_turn("msg_4".into(), None, None);
         assert_eq!(
             e.budget_spend(),
@@ -1028,10 +1067,10 @@ mod tests {
     fn only_a_task_whose_record_is_on_disk_leaves_memory() {
         let (r, store, _dir) = stored();
         let mut lost = entry("bad/id");
-        lost.finish(TaskStatus::Completed, None);
+        lost.finish(Claim::Gone(lost.rec.turn), TaskStatus::Completed, None);
         r.insert(lost);
         let mut kept = entry("good");
-        kept.finish(TaskStatus::Completed, None);
+        kept.finish(Claim::Gone(kept.rec.turn), TaskStatus::Completed, None);
         r.insert(kept);
         let _ = store.flush_blocking(Duration::from_secs(10));
         assert_eq!(store.durability("bad/id"), Durability::Unsaved);
@@ -1071,7 +1110,7 @@ mod tests {
         let hour = Duration::from_secs(3600);
         for (id, leave_memory_first) in [("left", true), ("held", false)] {
             let mut done = entry(id);
-            done.finish(TaskStatus::Completed, None);
+            done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
             r.insert(done.clone());
             if leave_memory_first {
                 assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
@@ -1095,7 +1134,7 @@ mod tests {
         }
         // A record that still holds the expired turn is deleted.
         let mut done = entry("own");
-        done.finish(TaskStatus::Completed, None);
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         r.flushed_evict(Duration::ZERO, Duration::ZERO);
         store
@@ -1122,7 +1161,7 @@ mod tests {
         ] {
             let mut e = entry(id);
             e.rec.workspace = w;
-            e.finish(TaskStatus::Completed, None);
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
             r.insert(e);
         }
         let hour = Duration::from_secs(3600);
@@ -1155,7 +1194,7 @@ mod tests {
                 index,
             });
             if finished {
-                e.finish(TaskStatus::Completed, None);
+                e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
             }
             r.insert(e);
         }
@@ -1184,7 +1223,7 @@ mod tests {
     fn records_that_left_memory_expire_in_a_sweep_dated_by_their_finish() {
         let (r, store, dir) = stored();
         let mut done = entry("done");
-        done.finish(TaskStatus::Completed, None);
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
         let finished_ms = done.rec.finished_ms.expect("finished");
         r.insert(done);
         let hour = Duration::from_secs(3600);
@@ -1244,7 +1283,7 @@ mod tests {
         let (r, store, dir) = stored();
         let hour = Duration::from_secs(3600);
         let mut early = entry("early");
-        early.finish(TaskStatus::Completed, None);
+        early.finish(Claim::Gone(early.rec.turn), TaskStatus::Completed, None);
         r.insert(early);
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1282,14 +1321,16 @@ mod tests {
         // `a` streamed more (a subagent's steps) than its own session's cost read later.
         r.update("a", |e| e.live.spending.note("msg_child", 0.3, &tokens));
         r.update("a", |e| {
-            e.finish(TaskStatus::Completed, None);
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
             e.rec.outcome = Some(read(0.25));
         });
         r.update("b", |e| {
-            e.finish(TaskStatus::Completed, None);
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
             e.rec.outcome = Some(read(0.5));
         });
-        r.update("free", |e| e.finish(TaskStatus::Completed, None));
+        r.update("free", |e| {
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+        });
         assert!((r.spent_today() - 0.8).abs() < 1e-9, "{}", r.spent_today());
         let hour = Duration::from_secs(3600);
         assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 3);
@@ -1322,7 +1363,7 @@ mod tests {
         let store = Store::open(&dir).expect("open");
         let r = Registry::new(Some(store.clone()));
         let mut done = entry("done");
-        done.finish(TaskStatus::Completed, None);
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         r.insert(entry("live"));
         let hour = Duration::from_secs(3600);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::budget;
 use super::completion;
-use super::entry::TaskEntry;
+use super::entry::{Claim, TaskEntry};
 use super::housekeeping;
 use super::model::TaskStatus;
 use super::record::{interrupted, TaskRecord};
@@ -229,7 +229,12 @@ impl TaskService {
         } else {
             "the gateway running this task exited, and the OpenCode server it was attached to is no longer configured (opencode.url)"
         };
-        entry.finish(TaskStatus::Failed, Some(interrupted(reason)));
+        let turn = entry.rec.turn;
+        entry.finish(
+            Claim::Gone(turn),
+            TaskStatus::Failed,
+            Some(interrupted(reason)),
+        );
         self.registry.insert(entry);
         None
     }
@@ -300,7 +305,9 @@ impl TaskService {
         let Some(server) = server else {
             for id in &adopt {
                 self.registry.update(id, |e| {
+                    let turn = e.rec.turn;
                     e.finish(
+                        Claim::Gone(turn),
                         TaskStatus::Failed,
                         Some(interrupted(
                             "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::entry::TaskEntry;
+use super::entry::{Claim, TaskEntry};
 use super::model::{StructuredAttempt, TaskStatus};
 use super::outcome;
 use super::outcome::Attempts;
@@ -368,7 +368,6 @@ pub fn hold(e: &mut TaskEntry) -> Hold {
     if let Some(s) = e.rec.structured.as_mut() {
         s.checking = Some(turn);
     }
-    e.rec.status = TaskStatus::Running;
     Hold::Held(turn)
 }
 
@@ -445,12 +444,12 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
             match next {
                 Next::Accept(v) => {
                     s.value = Some(v);
-                    e.finish(TaskStatus::Completed, None);
+                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
                     None
                 }
                 Next::GiveUp(error) => {
                     s.error = Some(error);
-                    e.finish(TaskStatus::Completed, None);
+                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
                     None
                 }
                 Next::Correct(prompt) => {
@@ -470,7 +469,7 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
                             "the answer does not match output_schema, and no correction was sent: \
                              {why}"
                         ));
-                        e.finish(TaskStatus::Completed, None);
+                        e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
                         return None;
                     }
                     Some((prompt, e.rec.agent.clone(), e.rec.model.clone()))
@@ -501,7 +500,7 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
                              not be sent: {err}"
                         ));
                     }
-                    e.finish(TaskStatus::Completed, None);
+                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
                 }
             });
         }
@@ -547,6 +546,7 @@ pub fn round_files(turns: Vec<Vec<FileChange>>) -> Vec<FileChange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::entry::Claim;
     use crate::tasks::record::StructuredState;
     use serde_json::json;
 
@@ -690,7 +690,7 @@ mod tests {
         let back: TaskRecord = serde_json::from_value(saved).expect("loads");
         assert_eq!(back.structured.as_ref().and_then(|s| s.checking), Some(1));
         // A cancel (any finish) releases the hold.
-        e.finish(TaskStatus::Cancelled, None);
+        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Cancelled, None);
         assert!(!holding(&e, 1));
         assert_eq!(e.rec.structured.as_ref().and_then(|s| s.checking), None);
     }

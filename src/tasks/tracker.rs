@@ -29,7 +29,7 @@ use super::budget::{note_spending, over_budget, reconcile_spend, stop_over_budge
 use super::completion::{spawn_check, spawn_settle};
 use super::outcome::{read_outcome, spawn_outcome, Attempts};
 
-use super::entry::Phase;
+use super::entry::{Claim, Phase};
 use super::model::{RetryInfo, TaskStatus};
 use super::registry::Registry;
 use super::structured::{self, Hold};
@@ -189,15 +189,15 @@ pub fn fail_server_tasks(
     let ids = unfinished_on(registry, server_id);
     for id in &ids {
         registry.update(id, |e| {
-            if !e.rec.status.is_terminal() {
-                e.finish(
-                    TaskStatus::Failed,
-                    Some(ErrorInfo {
-                        name: name.into(),
-                        message: reason.to_string(),
-                    }),
-                );
-            }
+            let turn = e.rec.turn;
+            e.finish(
+                Claim::Gone(turn),
+                TaskStatus::Failed,
+                Some(ErrorInfo {
+                    name: name.into(),
+                    message: reason.to_string(),
+                }),
+            );
         });
     }
     ids
@@ -318,8 +318,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::entry::TaskEntry, event: &Even
     match event {
         Event::SessionStatus { activity, .. } => match activity {
             SessionActivity::Busy => {
-                if e.rec.status == TaskStatus::Pending {
-                    e.rec.status = TaskStatus::Running;
+                if e.started() {
                     // The first `busy` of a turn follows everything the previous turn emitted,
                     // so an error seen before it was the previous turn's (the stream can lag
                     // behind the HTTP check that ended that turn).
@@ -330,9 +329,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::entry::TaskEntry, event: &Even
             SessionActivity::Retry {
                 attempt, message, ..
             } => {
-                if e.rec.status == TaskStatus::Pending {
-                    e.rec.status = TaskStatus::Running;
-                }
+                e.started();
                 e.live.retry = Some(RetryInfo {
                     attempt: *attempt,
                     message: message.clone(),
@@ -346,9 +343,15 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::entry::TaskEntry, event: &Even
             then = Then::Check(Idle::No);
         }
         Event::SessionDeleted { session_id } => {
-            if e.phase() != Phase::Aborting {
-                e.finish(TaskStatus::Failed, Some(session_deleted(session_id)));
-                return Then::Deleted(e.rec.turn);
+            let turn = e.rec.turn;
+            if e.phase() != Phase::Aborting
+                && e.finish(
+                    Claim::Gone(turn),
+                    TaskStatus::Failed,
+                    Some(session_deleted(session_id)),
+                )
+            {
+                return Then::Deleted(turn);
             }
         }
         Event::MessageUpdated {
@@ -364,9 +367,7 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::entry::TaskEntry, event: &Even
         } => {
             e.rec.note_message_id(message_id);
             if role == "assistant" && ReplySeen::in_turn(message_id, &e.rec.user_message_id) {
-                if e.rec.status == TaskStatus::Pending {
-                    e.rec.status = TaskStatus::Running;
-                }
+                e.started();
                 // Message ids ascend: keep the newest reply.
                 let newer = e
                     .live
@@ -426,8 +427,9 @@ fn apply_own(ctx: &TrackerContext, e: &mut super::entry::TaskEntry, event: &Even
                     "the stream did not show the whole turn; reading it over HTTP"
                 ),
             }
-            e.finish(v.status, v.error);
-            return Then::ReadOutcome(e.rec.turn);
+            let turn = e.rec.turn;
+            e.finish(Claim::Open(turn), v.status, v.error);
+            return Then::ReadOutcome(turn);
         }
     }
     then
@@ -444,6 +446,7 @@ pub(super) fn session_deleted(session_id: &str) -> ErrorInfo {
 
 #[cfg(test)]
 mod tests {
+    use crate::tasks::entry::Claim;
     // The tracker's rooms are tested together here: they share these fixtures.
     use super::super::asks::{remember_foreign, MAX_FOREIGN};
     use super::super::completion::*;
@@ -696,7 +699,7 @@ mod tests {
                     messages_capped: capped,
                     ..TurnState::default()
                 });
-                e.finish(TaskStatus::Completed, None);
+                e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
             })
         };
         let server = unreachable_server();
@@ -718,13 +721,17 @@ mod tests {
         };
         assert_eq!(read(finished(vec![bash], false)).await, (None, true));
         assert_eq!(read(finished(vec![], true)).await, (None, true));
-        let unknown = registry_with(|e| e.finish(TaskStatus::Completed, None));
+        let unknown = registry_with(|e| {
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+        });
         assert_eq!(read(unknown).await, (None, true));
     }
 
     #[tokio::test]
     async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
-        let registry = registry_with(|e| e.finish(TaskStatus::Completed, None));
+        let registry = registry_with(|e| {
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+        });
         let ctx = context(registry.clone());
         read_outcome(&ctx, &unreachable_server(), "tsk_a", 1, Attempts::Once).await;
         let after = registry.get("tsk_a").expect("task");
