@@ -6,16 +6,13 @@ use std::time::Duration;
 
 use super::asks;
 use super::completion;
+use super::context::TaskContext;
 use super::entry::Claim;
-use super::error::TaskError;
-use super::model::{TaskSnapshot, TaskStatus};
+use super::model::TaskStatus;
 use super::outcome;
 use super::outcome::Attempts;
-use super::service::TaskService;
-use super::tracker::TrackerContext;
 use super::turn::Idle;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
-use tokio_util::sync::CancellationToken;
 
 /// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,88 +25,21 @@ pub(super) enum IfAbortFails {
     FinishAnyway,
 }
 
-impl TaskService {
-    /// Aborts the turn (and rejects every permission it, or one of its subagents, waits on);
-    /// idempotent on finished tasks.
-    pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        let entry = self.own_entry(task_id)?;
-        if entry.rec.status.is_terminal() {
-            return self.snapshot(task_id, false);
-        }
-        let server = self.server(&entry.rec.server_id)?;
-        let finished = abort_turn(
-            &self.tracker,
-            &server,
-            task_id,
-            Some(entry.rec.turn),
-            TaskStatus::Cancelled,
-            None,
-            IfAbortFails::KeepRunning,
-        )
-        .await?;
-        if let Some(turn) = finished {
-            spawn_outcome(&self.tracker, &server, task_id, turn);
-        }
-        self.snapshot(task_id, false)
-    }
-
-    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
-    pub(super) fn arm_deadline(
-        &self,
-        server: &Arc<Server>,
-        task_id: &str,
-        turn: u32,
-        after: Duration,
-    ) {
-        let limit = self.config().timeouts.task.get();
-        arm_deadline(&self.tracker, server, task_id, turn, after, limit);
-    }
-}
-
-/// [`TaskService::arm_deadline`], for turns the tracker opens itself (structured corrections).
-/// `limit` is the `timeouts.task` the error message names (in force when the task started).
-pub(super) fn arm_deadline(
-    ctx: &TrackerContext,
-    server: &Arc<Server>,
-    task_id: &str,
+/// [`OnDeadline`](super::context::OnDeadline): the deadline timer's action, handed to the
+/// context by whoever builds it.
+pub(super) fn on_deadline(
+    ctx: TaskContext,
+    server: Arc<Server>,
+    task_id: String,
     turn: u32,
-    after: Duration,
     limit: Duration,
-) {
-    let timer = CancellationToken::new();
-    let armed = ctx.registry.update(task_id, |e| {
-        let open = e.rec.turn == turn && !e.is_settled();
-        if open {
-            e.stop_deadline();
-            e.live.deadline = Some(timer.clone());
-        }
-        open
-    });
-    if armed != Some(true) {
-        return;
-    }
-    let ctx = ctx.clone();
-    let server = server.clone();
-    let task_id = task_id.to_string();
-    let stop = server.stop.clone();
-    // This task lives as long as the turn, so it stays small: what runs when the deadline
-    // passes (reads and an abort, several KB of future) is boxed and built only then.
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            // The turn ended (or a newer one began): nothing to time out.
-            _ = timer.cancelled() => {}
-            _ = tokio::time::sleep(after) => {
-                Box::pin(deadline_passed(&ctx, &server, &task_id, turn, limit)).await;
-            }
-        }
-    });
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move { deadline_passed(&ctx, &server, &task_id, turn, limit).await })
 }
 
 /// The turn's `timeouts.task` (`limit`) passed: abort it if it is still running.
 async fn deadline_passed(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
     turn: u32,
@@ -147,16 +77,6 @@ async fn deadline_passed(
     }
 }
 
-fn spawn_outcome(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
-    let (ctx, server, task_id) = (ctx.clone(), server.clone(), task_id.to_string());
-    tokio::spawn(async move {
-        outcome::read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-        // What the turn changed before it was stopped, kept in the record like a finished
-        // turn's.
-        outcome::read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-    });
-}
-
 /// How long after its prompt a turn's abort may wait for the turn's first reply (see
 /// [`wait_for_first_reply`]). OpenCode creates it within about 1.5 s of the prompt in a
 /// directory it has not served before, at once in one it has; a stream that shows no events,
@@ -173,7 +93,7 @@ const FIRST_REPLY_WAIT: Duration = Duration::from_secs(10);
 /// ignored at times (answered `true`, the turn ran on). Measured: aborted 50 ms to 1 s after
 /// the prompt, 28 of 31 poisoned the directory; aborted after the first reply, 0 of 10.
 async fn wait_for_first_reply(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     task_id: &str,
     turn: u32,
     gave_up: tokio::time::Instant,
@@ -207,7 +127,7 @@ async fn wait_for_first_reply(
 /// raised just before the abort whose event had not arrived), and finishes the task with
 /// `status`. Returns the turn it finished, if it did.
 pub(super) async fn abort_turn(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
     turn: Option<u32>,

@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use super::context::TaskContext;
 use super::registry::SessionOwner;
-use super::tracker::TrackerContext;
 
 use crate::opencode::{PermissionReply, Server};
 
@@ -18,7 +18,7 @@ pub(super) const MAX_NESTING: usize = 4;
 /// Reads the pending permissions of one directory and gives each to its task (a subagent's ask
 /// to the task of its parent session); an ask a task still shows that is no longer pending (it
 /// was answered while the stream was down) is cleared.
-pub(super) async fn sweep_permissions(ctx: &TrackerContext, server: &Server, directory: &str) {
+pub(super) async fn sweep_permissions(ctx: &TaskContext, server: &Server, directory: &str) {
     let started = Instant::now();
     let asks = match server.api.permissions(directory).await {
         Ok(a) => a,
@@ -61,7 +61,7 @@ pub(super) async fn sweep_permissions(ctx: &TrackerContext, server: &Server, dir
 /// listed when it aborts the session, and an ask raised just before the abort may not have
 /// reached the task through the event stream yet, so only OpenCode's own list finds it.
 pub(super) async fn reject_pending_asks(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Server,
     directory: &str,
     task_id: &str,
@@ -95,7 +95,7 @@ pub(super) async fn reject_pending_asks(
 /// task of its parent (a subagent whose `session.created` the stream did not show), followed up
 /// a few levels.
 pub(super) async fn resolve_owner(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Server,
     directory: &str,
     session_id: &str,
@@ -150,4 +150,22 @@ pub(super) fn remember_foreign(set: &mut HashSet<String>, sessions: Vec<String>)
         set.clear();
     }
     set.extend(sessions);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    /// The set of foreign sessions stays bounded however many a shared server shows.
+    #[test]
+    fn foreign_sessions_are_remembered_within_a_bound() {
+        let mut set = HashSet::new();
+        for i in 0..(3 * MAX_FOREIGN) {
+            remember_foreign(
+                &mut set,
+                vec![format!("ses_{i}"), format!("ses_{i}_parent")],
+            );
+            assert!(set.len() <= MAX_FOREIGN, "{}", set.len());
+        }
+        assert!(set.contains(&format!("ses_{}", 3 * MAX_FOREIGN - 1)));
+    }
 }

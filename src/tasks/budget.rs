@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
+use super::context::TaskContext;
 use super::model::TaskStatus;
 use super::outcome::{read_files, read_outcome, Attempts};
-use super::tracker::{Then, TrackerContext};
 use super::turn::ReplySeen;
 use crate::opencode::events::Event;
 use crate::opencode::{ErrorInfo, Server};
@@ -19,7 +19,7 @@ use crate::opencode::{ErrorInfo, Server};
 /// each gap. Its own session's messages of the turn, and its subagents' (their child sessions
 /// are listed by OpenCode, also one whose `session.created` was missed: it is adopted, so its
 /// later events count too). A cap passed is acted on as from the stream.
-pub(super) async fn reconcile_spend(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str) {
+pub(super) async fn reconcile_spend(ctx: &TaskContext, server: &Arc<Server>, task_id: &str) {
     let Some(e) = ctx.registry.get(task_id) else {
         return;
     };
@@ -66,7 +66,7 @@ pub(super) async fn reconcile_spend(ctx: &TrackerContext, server: &Arc<Server>, 
         }
         over_budget(e)
     });
-    if let Some(Some(Then::OverBudget { turn, why })) = then {
+    if let Some(Some(OverBudget { turn, why })) = then {
         stop_over_budget(ctx, server, task_id, turn, why).await;
     }
 }
@@ -89,12 +89,19 @@ pub(super) fn note_spending(e: &mut super::entry::TaskEntry, event: &Event, chil
     }
 }
 
+/// A turn that passed one of its task's caps (`why` says which, by how much).
+#[derive(Debug)]
+pub(super) struct OverBudget {
+    pub turn: u32,
+    pub why: String,
+}
+
 /// The open turn has spent past one of its task's caps.
-pub(super) fn over_budget(e: &super::entry::TaskEntry) -> Option<Then> {
+pub(super) fn over_budget(e: &super::entry::TaskEntry) -> Option<OverBudget> {
     let budget = e.rec.budget.as_ref().filter(|_| e.is_open())?;
     let (cost, tokens) = e.budget_spend();
     let why = budget.passed_by(cost, tokens)?;
-    Some(Then::OverBudget {
+    Some(OverBudget {
         turn: e.rec.turn,
         why,
     })
@@ -103,7 +110,7 @@ pub(super) fn over_budget(e: &super::entry::TaskEntry) -> Option<Then> {
 /// Aborts a turn that passed a spending cap: the task ends `failed` (`BudgetExceeded`), and its
 /// partial answer and changed files are read as after any abort.
 pub(super) async fn stop_over_budget(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
     turn: u32,

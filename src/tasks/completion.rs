@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::context::TaskContext;
 use super::entry::Claim;
 use super::model::TaskStatus;
 use super::outcome::{read_files, read_turn, Attempts};
 use super::structured::{self, Hold};
-use super::tracker::{session_deleted, TrackerContext};
+use super::turn::session_deleted;
 use super::turn::{self, Idle, TurnState};
 
 use crate::opencode::{Server, SessionActivity};
@@ -19,7 +20,7 @@ use crate::opencode::{Server, SessionActivity};
 /// Runs a completion check unless one is running for the task; then that one runs again.
 /// `for_turn`: the turn `idle` was observed for, when it was read before the check (reconcile).
 pub fn spawn_check(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: String,
     idle: Idle,
@@ -95,7 +96,7 @@ impl Drop for ForgetCheckOnPanic {
 /// Returns the turn this call ended, if it ended one (a structured answer it held and checked
 /// counts only if the check then finished the task; its files were read by the check).
 pub async fn check_completion(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
     known: Idle,
@@ -233,8 +234,67 @@ pub(super) fn note_unfinished(
 }
 
 /// Checks a held structured answer off the event path.
-pub(super) fn spawn_settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: String, turn: u32) {
+pub(super) fn spawn_settle(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move { structured::settle(&ctx, &server, &task_id, turn).await });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::turn::TurnState;
+    /// A check that panics leaves no entry behind, so the task can be checked again.
+    #[tokio::test]
+    async fn a_panicking_check_is_forgotten() {
+        let checks: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+        checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert("tsk_a".into(), false);
+        let held = checks.clone();
+        let run = tokio::spawn(async move {
+            let _unwind = ForgetCheckOnPanic {
+                checks: held,
+                task_id: "tsk_a".into(),
+            };
+            panic!("a check that panics");
+        });
+        assert!(run.await.is_err(), "the task panicked");
+        assert!(checks.lock().unwrap_or_else(|p| p.into_inner()).is_empty());
+    }
+
+    /// Confirmed-idle checks that find the same unfinished step count up; any other finding
+    /// (another step, a remembered idle, a completed step) starts over.
+    #[test]
+    fn unfinished_steps_are_counted_per_step_and_only_when_idle_is_confirmed() {
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        let stuck = |newest: &str| TurnState {
+            user_message_seen: true,
+            assistant_messages: 1,
+            newest_message_id: Some(newest.into()),
+            ..TurnState::default()
+        };
+        let count =
+            |e: &mut TaskEntry, t: &TurnState, idle| note_unfinished(&mut e.live, t, idle).checks;
+        assert_eq!(count(&mut e, &stuck("m2"), Idle::Confirmed), 1);
+        assert_eq!(count(&mut e, &stuck("m2"), Idle::Confirmed), 2);
+        assert_eq!(
+            count(&mut e, &stuck("m3"), Idle::Confirmed),
+            1,
+            "another step"
+        );
+        assert_eq!(
+            count(&mut e, &stuck("m3"), Idle::Reported),
+            0,
+            "not confirmed"
+        );
+        let done = TurnState {
+            latest_completed: true,
+            ..stuck("m3")
+        };
+        assert_eq!(count(&mut e, &stuck("m3"), Idle::Confirmed), 1);
+        assert_eq!(count(&mut e, &done, Idle::Confirmed), 0, "completed");
+    }
 }

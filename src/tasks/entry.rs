@@ -228,6 +228,12 @@ impl TaskEntry {
         agent: Option<String>,
         model: Option<String>,
     ) {
+        // The checked answer is done with, and its turn joins the round's earlier turns (whose
+        // changed files the round reports).
+        if let Some(s) = self.rec.structured.as_mut() {
+            s.checking = None;
+            s.corrected_messages.push(self.rec.user_message_id.clone());
+        }
         let before = self.budget_spend();
         self.begin_turn(user_message_id, agent, model);
         self.live.spent_before = before;

@@ -2,13 +2,14 @@
 //! leave memory once unused ([`evict`]), expired records and their worktrees go, and memory is
 //! given back to the system once things are quiet.
 
-use super::tracker::{TrackerContext, RECONCILE_EVERY};
+use super::context::TaskContext;
+use super::tracker::RECONCILE_EVERY;
 
 /// The gateway's housekeeping, whatever servers run: finished tasks leave memory, expired
 /// records and their worktrees go, and memory is given back once things are quiet. It ran on
 /// each server's reconcile tick before, so after `stop_server`, or in a restarted gateway that
 /// only answers reads, nothing was ever evicted or swept.
-pub async fn housekeep(ctx: TrackerContext) {
+pub async fn housekeep(ctx: TaskContext) {
     let mut tick = tokio::time::interval(RECONCILE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The registry's change count when memory was last given back (see `give_back_when_quiet`).
@@ -27,7 +28,7 @@ pub async fn housekeep(ctx: TrackerContext) {
 /// more, so they would pile up in the state directory otherwise.
 ///
 /// Returns whether freed memory was given back to the system (it is when tasks left memory).
-pub fn evict(ctx: &TrackerContext) -> bool {
+pub fn evict(ctx: &TaskContext) -> bool {
     let evicted = ctx
         .registry
         .evict_finished(ctx.memory_ttl, ctx.finished_ttl);
@@ -76,7 +77,7 @@ pub fn evict(ctx: &TrackerContext) -> bool {
 /// buffers its turns used (event frames, streamed views, HTTP bodies) in free chunks between
 /// live ones; without this they stay resident until finished tasks leave memory, minutes
 /// later. At most once per quiet spell, so a steady load pays nothing.
-pub(super) fn give_back_when_quiet(ctx: &TrackerContext, trimmed_at: &mut u64) {
+pub(super) fn give_back_when_quiet(ctx: &TaskContext, trimmed_at: &mut u64) {
     let changes = ctx.registry.version();
     if changes == *trimmed_at || ctx.registry.any(|e| !e.is_settled()) {
         return;

@@ -11,17 +11,24 @@
 //!   memory under one lock, the change signal, eviction and expiry), `capacity`
 //!   (`limits.max_tasks`, taken at the check), `spend` (a task's caps and the day's cap).
 //!
-//! The behaviour:
-//! - `tracker`: one per OpenCode server, it feeds the server's events into the entries; beside
-//!   it, `completion` (is the turn over: checks over HTTP), `outcome` (reading a finished turn and
-//!   its changed files), `asks` (permission asks as OpenCode lists them), `budget` (a running
-//!   turn's caps enforced), and `housekeeping` (eviction and expiry, for the gateway as a whole).
-//! - `service`: the actions the gateway calls (start, continue, status, permissions, servers),
-//!   with one job a file beside it: `restore` (and adopting another gateway's tasks), `resolve`,
-//!   `abort`, `result`, `wait`, and `workspace` (a task's git worktree: create, diff, apply,
-//!   discard).
-//! - `structured`: tasks started with an `output_schema`: the instruction, extracting and
-//!   validating the JSON their answer ends with, and the bounded automatic corrections.
+//! The behaviour, each room importing only the data rooms and the rooms listed before it (no
+//! import circle):
+//! - `context`: what every behaviour room shares (the registry, the configuration in force, the
+//!   limits, and the turn deadline's timer, whose action is handed in so no room imports the one
+//!   above it).
+//! - `asks` (permission asks as OpenCode lists them), `outcome` (reading a finished turn and its
+//!   changed files), `follow` (opening a task's next turn: a host's continue and the gateway's
+//!   corrections), `structured` (tasks started with an `output_schema`: the instruction,
+//!   extracting and validating the JSON their answer ends with, the bounded corrections),
+//!   `completion` (is the turn over: checks over HTTP), `abort` (ending a turn early: cancel,
+//!   deadline, budget, `stop_server`), `budget` (a running turn's caps enforced).
+//! - `tracker`: one per OpenCode server, it feeds the server's events into the entries and
+//!   hands each verdict to the room above; `housekeeping` (eviction and expiry, for the gateway
+//!   as a whole).
+//! - `service`: the actions the gateway calls (start, continue, cancel, status, permissions,
+//!   servers), with one job a file beside it: `restore` (and adopting another gateway's tasks),
+//!   `resolve` (agents, models and tiers against the live server), `result`, `wait`, and
+//!   `workspace` (a task's git worktree: create, diff, apply, discard).
 //! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
 //! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
 //!   `opencode-mcp tasks` and their tools).
@@ -31,8 +38,10 @@ mod asks;
 mod budget;
 mod capacity;
 mod completion;
+mod context;
 mod entry;
 mod error;
+mod follow;
 pub mod gc;
 mod housekeeping;
 mod ledger;

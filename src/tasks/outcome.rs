@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::context::TaskContext;
 use super::model::TaskStatus;
-use super::structured::{self};
-use super::tracker::TrackerContext;
 use super::turn::{self, TurnState};
 
-use crate::opencode::Server;
+use crate::opencode::{FileChange, Server};
 
 /// Pauses between attempts to read a finished turn's outcome (then it is reported unreadable).
 pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
@@ -21,12 +20,7 @@ pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
     Duration::from_secs(8),
 ];
 
-pub(super) fn spawn_outcome(
-    ctx: &TrackerContext,
-    server: &Arc<Server>,
-    task_id: String,
-    turn: u32,
-) {
+pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move {
@@ -51,7 +45,7 @@ pub enum Attempts {
 /// Reads a finished turn's outcome (text, tokens, tools) and the files it changed; if it cannot
 /// be read, the record says why, so the result never presents an empty text as the answer.
 pub async fn read_outcome(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Server,
     task_id: &str,
     turn_no: u32,
@@ -117,7 +111,7 @@ pub(super) async fn read_turn(
 /// One read of a finished turn; a read that does not yet show the final reply is an error (the
 /// caller retries), and so is a session that is gone (`true`: retrying is pointless).
 pub(super) async fn read_turn_once(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Server,
     rec: &super::record::TaskRecord,
 ) -> Result<TurnState, (String, bool)> {
@@ -150,7 +144,7 @@ pub(super) async fn read_turn_once(
 /// that concluded it, the completion check that did, an abort); a turn that ran no tool is
 /// known to have changed nothing and costs no request.
 pub async fn read_files(
-    ctx: &TrackerContext,
+    ctx: &TaskContext,
     server: &Server,
     task_id: &str,
     turn_no: u32,
@@ -198,7 +192,7 @@ pub async fn read_files(
                     .await?,
             );
         }
-        Ok::<_, crate::opencode::OpencodeError>(structured::round_files(turns))
+        Ok::<_, crate::opencode::OpencodeError>(round_files(turns))
     };
     // An empty list right after a turn that edited files may only mean OpenCode has not
     // written it yet (see `EMPTY_DIFF_RETRIES`): read again before believing it. A caller's
@@ -246,7 +240,7 @@ pub async fn read_files(
 
 /// Records why turn `turn_no`'s list of changed files is unknown, unless the list is known by
 /// now or the task has moved on to another turn.
-pub(super) fn note_files_error(ctx: &TrackerContext, task_id: &str, turn_no: u32, why: String) {
+pub(super) fn note_files_error(ctx: &TaskContext, task_id: &str, turn_no: u32, why: String) {
     ctx.registry.update(task_id, |e| {
         if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
             e.rec.files_error = Some(why);
@@ -350,4 +344,196 @@ pub(super) fn editing_calls(
         .into_iter()
         .flat_map(|o| &o.tools)
         .filter(|t| t.status == "completed" && EDITING_TOOLS.contains(&t.tool.as_str()))
+}
+/// The files a structured round changed, from each of its turns' own lists (oldest first): one
+/// entry per file, with the status it first had (a file the round added stays `added`) and the
+/// lines added and removed summed over the turns.
+pub fn round_files(turns: Vec<Vec<FileChange>>) -> Vec<FileChange> {
+    let mut merged: Vec<FileChange> = Vec::new();
+    for change in turns.into_iter().flatten() {
+        match merged.iter_mut().find(|m| m.file == change.file) {
+            Some(m) => {
+                m.additions += change.additions;
+                m.deletions += change.deletions;
+                if m.status.is_none() {
+                    m.status = change.status;
+                }
+            }
+            None => merged.push(change),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::opencode::FileChange;
+    use crate::tasks::context::fixtures::{context, registry_with, unreachable_server};
+    use crate::tasks::entry::Claim;
+    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::model::TaskStatus;
+    use crate::tasks::registry::Registry;
+    use crate::tasks::turn::TurnState;
+    #[test]
+    fn a_completed_writing_tool_makes_an_empty_list_suspect() {
+        use crate::opencode::ToolCall;
+        let turn = |tools: &[(&str, &str)]| TurnState {
+            tools: tools
+                .iter()
+                .map(|(tool, status)| ToolCall {
+                    tool: tool.to_string(),
+                    status: status.to_string(),
+                    title: None,
+                    error: None,
+                })
+                .collect(),
+            ..TurnState::default()
+        };
+        let edits = |tools: &[(&str, &str)]| edited_files(Some(&turn(tools)));
+        assert_eq!(
+            edits(&[("read", "completed"), ("write", "completed")]),
+            Edits::Surely
+        );
+        assert_eq!(edits(&[("edit", "completed")]), Edits::Surely);
+        assert_eq!(
+            edits(&[("bash", "completed"), ("edit", "completed")]),
+            Edits::Surely
+        );
+        // A shell command or a subagent may have written files: doubted for a while too.
+        assert_eq!(edits(&[("bash", "completed")]), Edits::Maybe);
+        assert_eq!(edits(&[("task", "completed")]), Edits::Maybe);
+        assert_eq!(edits(&[("write", "error")]), Edits::No);
+        assert_eq!(
+            edits(&[("bash", "error"), ("read", "completed")]),
+            Edits::No
+        );
+        assert_eq!(edits(&[]), Edits::No);
+        assert_eq!(edited_files(None), Edits::No);
+    }
+
+    /// Outside git the reason names each file an editing tool wrote once, completed tools only,
+    /// and stops after twenty names.
+    #[test]
+    fn an_untracked_turn_names_what_its_editing_tools_wrote() {
+        use crate::opencode::ToolCall;
+        let call = |tool: &str, status: &str, title: &str| ToolCall {
+            tool: tool.into(),
+            status: status.into(),
+            title: Some(title.into()),
+            error: None,
+        };
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        e.rec.directory = "/scratch".into();
+        let mut tools = vec![
+            call("write", "completed", "b.txt"),
+            call("edit", "completed", "a.txt"),
+            call("write", "completed", "b.txt"),
+            call("write", "error", "failed.txt"),
+            call("bash", "completed", "touch c.txt"),
+        ];
+        e.rec.outcome = Some(TurnState {
+            tools: tools.clone(),
+            ..TurnState::default()
+        });
+        assert_eq!(
+            untracked_files(&e.rec),
+            "OpenCode lists a turn's changed files only in a git repository, and /scratch is not \
+             in one; its editing tools wrote a.txt, b.txt"
+        );
+        tools.extend((0..25).map(|i| call("write", "completed", &format!("f{i:02}"))));
+        e.rec.outcome = Some(TurnState {
+            tools,
+            ..TurnState::default()
+        });
+        let why = untracked_files(&e.rec);
+        assert!(why.ends_with(", f17 and 7 more"), "{why}");
+        e.rec.outcome = None;
+        assert!(untracked_files(&e.rec).ends_with("is not in one"));
+    }
+
+    /// A turn known to have run no tool changed nothing: its list is empty without a request
+    /// (the server here is unreachable, so a request would record an error instead). A turn
+    /// that ran one, or whose outcome is not known whole, is asked about.
+    #[tokio::test]
+    async fn only_a_turn_that_ran_no_tool_gets_its_empty_list_without_asking() {
+        use crate::opencode::ToolCall;
+        let finished = |tools: Vec<ToolCall>, capped: bool| {
+            registry_with(move |e| {
+                e.rec.outcome = Some(TurnState {
+                    user_message_seen: true,
+                    finished: true,
+                    tools,
+                    messages_capped: capped,
+                    ..TurnState::default()
+                });
+                e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            })
+        };
+        let server = unreachable_server();
+        let read = |registry: Arc<Registry>| {
+            let ctx = context(registry.clone());
+            let server = &server;
+            async move {
+                read_files(&ctx, server, "tsk_a", 1, Attempts::Patient).await;
+                let rec = registry.get("tsk_a").expect("task").rec;
+                (rec.files_changed, rec.files_error.is_some())
+            }
+        };
+        assert_eq!(read(finished(vec![], false)).await, (Some(vec![]), false));
+        let bash = ToolCall {
+            tool: "bash".into(),
+            status: "completed".into(),
+            title: None,
+            error: None,
+        };
+        assert_eq!(read(finished(vec![bash], false)).await, (None, true));
+        assert_eq!(read(finished(vec![], true)).await, (None, true));
+        let unknown = registry_with(|e| {
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+        });
+        assert_eq!(read(unknown).await, (None, true));
+    }
+
+    #[tokio::test]
+    async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
+        let registry = registry_with(|e| {
+            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+        });
+        let ctx = context(registry.clone());
+        read_outcome(&ctx, &unreachable_server(), "tsk_a", 1, Attempts::Once).await;
+        let after = registry.get("tsk_a").expect("task");
+        assert!(after.rec.outcome.is_none());
+        let why = after.rec.outcome_error.expect("the failure is recorded");
+        assert!(why.contains("could not be read"), "{why}");
+    }
+
+    #[test]
+    fn a_rounds_files_are_those_of_all_its_turns() {
+        let change = |file: &str, status: Option<&str>, additions, deletions| FileChange {
+            file: file.into(),
+            status: status.map(Into::into),
+            additions,
+            deletions,
+        };
+        let merged = round_files(vec![
+            vec![
+                change("a.rs", Some("added"), 10, 0),
+                change("b.rs", None, 1, 1),
+            ],
+            vec![],
+            vec![
+                change("a.rs", Some("modified"), 2, 3),
+                change("c.rs", Some("deleted"), 0, 4),
+            ],
+        ]);
+        assert_eq!(
+            merged,
+            [
+                change("a.rs", Some("added"), 12, 3),
+                change("b.rs", None, 1, 1),
+                change("c.rs", Some("deleted"), 0, 4),
+            ]
+        );
+    }
 }

@@ -6,8 +6,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::error::TaskError;
-use super::service::TaskService;
-use crate::config::Tier;
+use crate::config::{Config, Tier};
 use crate::opencode::{AgentInfo, Api, Listing, ModelCatalog, Server};
 
 /// A tier and what it resolves to on one server.
@@ -34,100 +33,97 @@ pub struct AgentCatalog {
     pub tiers: Vec<TierResolution>,
 }
 
-impl TaskService {
-    pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
-        let server = self.server(server_id)?;
-        let (agents, catalog) = tokio::join!(
-            server.api.agents(&server.directory),
-            server.api.models(&server.directory)
-        );
-        let (agents, catalog) = (agents?, catalog?);
-        let tiers = self
-            .config()
-            .tiers
+/// What a server offers, and what each configured tier resolves to there.
+pub(super) async fn catalog(server: &Server, config: &Config) -> Result<AgentCatalog, TaskError> {
+    let (agents, catalog) = tokio::join!(
+        server.api.agents(&server.directory),
+        server.api.models(&server.directory)
+    );
+    let (agents, catalog) = (agents?, catalog?);
+    let tiers = config
+        .tiers
+        .iter()
+        .map(|t| resolve_tier(t, &catalog))
+        .collect();
+    Ok(AgentCatalog {
+        server_id: server.id.clone(),
+        agents,
+        default_models: catalog
+            .defaults
             .iter()
-            .map(|t| resolve_tier(t, &catalog))
-            .collect();
-        Ok(AgentCatalog {
-            server_id: server.id.clone(),
-            agents,
-            default_models: catalog
-                .defaults
-                .iter()
-                .map(|(p, m)| format!("{p}/{m}"))
-                .collect(),
-            models: catalog.models,
-            tiers,
-        })
-    }
+            .map(|(p, m)| format!("{p}/{m}"))
+            .collect(),
+        models: catalog.models,
+        tiers,
+    })
+}
 
-    /// Checks agent, model, tier and variant against the live server; returns the model and
-    /// variant to use. The variant is the call's, else the tier's; it must be one the chosen
-    /// model offers (OpenCode itself takes any word and silently runs the model without it).
-    ///
-    /// The server's listings are those read within the last minute if any (see
-    /// `opencode::listings`); a choice they refuse is checked once more against fresh ones, so
-    /// only what the server offers now can fail the call.
-    pub(super) async fn choose(
-        &self,
-        server: &Server,
-        directory: &str,
-        agent: Option<&str>,
-        model: Option<&str>,
-        tier: Option<&str>,
-        variant: Option<&str>,
-    ) -> Result<Choice, TaskError> {
-        // One snapshot for the whole choice: a reload meanwhile does not mix two tier lists.
-        let config = self.config();
-        let tier =
-            match tier {
-                Some(name) => Some(config.tiers.iter().find(|t| t.name == name).ok_or_else(
-                    || {
-                        TaskError::InvalidArgument(format!(
-                            "unknown tier `{name}`; configured tiers: {}",
-                            config
-                                .tiers
-                                .iter()
-                                .map(|t| t.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ))
-                    },
-                )?),
-                None => None,
-            };
-        let asked = Asked {
-            agent,
-            model,
-            tier,
-            variant,
-        };
-        let need_agents = agent.is_some();
-        let need_models = model.is_some()
-            || asked.variant().is_some()
-            || tier.is_some_and(|t| !t.models.is_empty());
-        let read = |reuse: bool| listings(&server.api, directory, need_agents, need_models, reuse);
-        let (agents, catalog) = read(true).await?;
-        let remembered = agents.as_ref().is_some_and(|l| l.remembered)
-            || catalog.as_ref().is_some_and(|l| l.remembered);
-        let decided = asked.decide(
-            agents.as_ref().map(|l| l.value.as_slice()),
-            catalog.as_ref().map(|l| &*l.value),
-        );
-        match decided {
-            Err(TaskError::InvalidArgument(why)) if remembered => {
-                tracing::debug!(
-                    "the remembered listings of {directory} refuse the choice ({why}); reading \
+/// Checks agent, model, tier and variant against the live server; returns the model and
+/// variant to use. The variant is the call's, else the tier's; it must be one the chosen
+/// model offers (OpenCode itself takes any word and silently runs the model without it).
+///
+/// The server's listings are those read within the last minute if any (see
+/// `opencode::listings`); a choice they refuse is checked once more against fresh ones, so
+/// only what the server offers now can fail the call.
+pub(super) async fn choose(
+    config: &Config,
+    server: &Server,
+    directory: &str,
+    agent: Option<&str>,
+    model: Option<&str>,
+    tier: Option<&str>,
+    variant: Option<&str>,
+) -> Result<Choice, TaskError> {
+    let tier = match tier {
+        Some(name) => Some(
+            config
+                .tiers
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| {
+                    TaskError::InvalidArgument(format!(
+                        "unknown tier `{name}`; configured tiers: {}",
+                        config
+                            .tiers
+                            .iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let asked = Asked {
+        agent,
+        model,
+        tier,
+        variant,
+    };
+    let need_agents = agent.is_some();
+    let need_models =
+        model.is_some() || asked.variant().is_some() || tier.is_some_and(|t| !t.models.is_empty());
+    let read = |reuse: bool| listings(&server.api, directory, need_agents, need_models, reuse);
+    let (agents, catalog) = read(true).await?;
+    let remembered = agents.as_ref().is_some_and(|l| l.remembered)
+        || catalog.as_ref().is_some_and(|l| l.remembered);
+    let decided = asked.decide(
+        agents.as_ref().map(|l| l.value.as_slice()),
+        catalog.as_ref().map(|l| &*l.value),
+    );
+    match decided {
+        Err(TaskError::InvalidArgument(why)) if remembered => {
+            tracing::debug!(
+                "the remembered listings of {directory} refuse the choice ({why}); reading \
                      them again"
-                );
-                let (agents, catalog) = read(false).await?;
-                asked.decide(
-                    agents.as_ref().map(|l| l.value.as_slice()),
-                    catalog.as_ref().map(|l| &*l.value),
-                )
-            }
-            decided => decided,
+            );
+            let (agents, catalog) = read(false).await?;
+            asked.decide(
+                agents.as_ref().map(|l| l.value.as_slice()),
+                catalog.as_ref().map(|l| &*l.value),
+            )
         }
+        decided => decided,
     }
 }
 

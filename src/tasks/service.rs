@@ -1,26 +1,28 @@
 //! The task service: the one object the gateway's tool handlers call. This file holds the
-//! service itself and the actions that open turns (start, continue) or touch servers; the other
-//! jobs live one a file beside it: `restore.rs` (tasks a previous gateway left),
-//! `resolve.rs` (agents, models and tiers against the live server), `abort.rs` (cancel and the
-//! task deadline), `result.rs` (the result of a turn), `wait.rs` (all/any waits).
+//! service itself and the actions that open or end turns (start, continue, cancel) or touch
+//! servers; the other jobs live one a file beside it: `restore.rs` (tasks a previous gateway
+//! left), `result.rs` (the result of a turn), `wait.rs` (all/any waits), `workspace.rs` (a
+//! task's worktree). What they share with the tracker is `context.rs`'s.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::capacity::Slots;
+use super::context::TaskContext;
 use super::entry::TaskEntry;
 use super::error::TaskError;
+use super::follow::{open_turn, Follows};
 use super::model::{TaskSnapshot, TaskStatus};
 use super::outcome;
 use super::record::StructuredState;
 use super::record::{GroupMember, TaskRecord};
 use super::registry::Registry;
-use super::resolve::Choice;
+use super::resolve::{self, AgentCatalog, Choice};
 use super::spend;
 use super::store::{self, Store};
 use super::structured;
-use super::tracker::{self, TrackerContext};
+use super::tracker;
 use super::usage::TaskSummary;
 use crate::config::Budget;
 use crate::config::{Config, Isolation};
@@ -138,7 +140,7 @@ pub struct TaskService {
     config: crate::config::LiveConfig,
     pub(super) pool: ServerPool,
     pub(super) registry: Arc<Registry>,
-    pub(super) tracker: TrackerContext,
+    pub(super) tracker: TaskContext,
     /// `false` while stored tasks are being loaded at start-up.
     pub(super) restored: tokio::sync::watch::Sender<bool>,
     /// `idempotency_key` -> its slot; starts with one key run one at a time.
@@ -176,7 +178,7 @@ impl TaskService {
         let registry = Arc::new(Registry::new(store));
         let live = crate::config::LiveConfig::new(config.clone());
         let git_lock = Arc::new(tokio::sync::RwLock::new(()));
-        let tracker = TrackerContext {
+        let tracker = TaskContext {
             worktrees: state_dir.as_deref().map(super::gc::worktrees_dir),
             git_lock: git_lock.clone(),
             registry: registry.clone(),
@@ -193,6 +195,7 @@ impl TaskService {
             foreign: Default::default(),
             config: live.clone(),
             capacity: Default::default(),
+            on_deadline: super::abort::on_deadline,
         };
         let mut pool = ServerPool::new(config.clone());
         if let Some(dir) = &state_dir {
@@ -580,16 +583,16 @@ impl TaskService {
             model,
             variant,
             price,
-        } = self
-            .choose(
-                &server,
-                &directory,
-                req.agent.as_deref(),
-                req.model.as_deref(),
-                req.tier.as_deref(),
-                req.variant.as_deref(),
-            )
-            .await?;
+        } = resolve::choose(
+            &self.config(),
+            &server,
+            &directory,
+            req.agent.as_deref(),
+            req.model.as_deref(),
+            req.tier.as_deref(),
+            req.variant.as_deref(),
+        )
+        .await?;
         let title = req
             .title
             .clone()
@@ -693,7 +696,8 @@ impl TaskService {
         let agent = req.agent.clone().or(entry.rec.agent.clone());
         let model = match req.model.as_deref() {
             Some(_) => {
-                self.choose(
+                resolve::choose(
+                    &self.config(),
                     &server,
                     &entry.rec.directory,
                     agent.as_deref(),
@@ -706,7 +710,8 @@ impl TaskService {
             }
             None => {
                 if req.agent.is_some() {
-                    self.choose(
+                    resolve::choose(
+                        &self.config(),
                         &server,
                         &entry.rec.directory,
                         agent.as_deref(),
@@ -858,122 +863,50 @@ impl TaskService {
     }
 }
 
-/// What a new turn follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Follows {
-    /// A finished turn: a host's `continue_task`.
-    Finished,
-    /// A structured answer held for its check: the gateway's automatic correction
-    /// (`structured::settle`).
-    Correction,
-}
-
-/// Opens the next turn of a task, the one path for a host's follow-up and the gateway's
-/// corrections. Claims the turn atomically: only a task still at `expected_turn`, in the state
-/// `follows` names and not being aborted, moves on (of two concurrent continues exactly one
-/// wins; the other gets `conflict`). A worktree task claims under the git lock, so an apply or
-/// discard of it is either done before the agent writes again, or sees it running and is
-/// refused. `prepare` adjusts the entry, under the same lock, before the turn begins. Then the
-/// prompt is sent and the turn's deadline armed; if OpenCode refuses the prompt, the claim is
-/// undone and the previous turn stays as it was. Returns the new turn.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn open_turn(
-    ctx: &TrackerContext,
-    server: &Arc<Server>,
-    task_id: &str,
-    expected_turn: u32,
-    follows: Follows,
-    prompt: &str,
-    agent: Option<String>,
-    model: Option<String>,
-    prepare: impl FnOnce(&mut TaskEntry),
-) -> Result<u32, TaskError> {
-    let entry = ctx
-        .registry
-        .get(task_id)
-        .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
-    // Every turn that calls a model is held to the day's cap, and a finished task brought back
-    // to work takes room among the unfinished ones (a correction's task never stopped being
-    // unfinished). The room is held until the claim made the task unfinished again.
-    let config = ctx.config.get();
-    spend::within_daily_cap(&config, &ctx.registry)?;
-    let room = match follows {
-        Follows::Finished => Some(ctx.capacity.reserve(
-            &ctx.registry,
-            1,
-            config.limits.max_tasks as usize,
-        )?),
-        Follows::Correction => None,
-    };
-    let git_guard = match entry.rec.workspace {
-        Some(_) => Some(ctx.git_lock.write().await),
-        None => None,
-    };
-    let claimed = ctx
-        .registry
-        .update(task_id, |e| {
-            let ready = match follows {
-                Follows::Finished => e.is_settled(),
-                Follows::Correction => e.is_checking(expected_turn),
-            };
-            if e.rec.turn != expected_turn || !ready {
-                return Err(TaskError::Conflict(format!(
-                    "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
-                    e.rec.id,
-                    e.rec.status.as_str()
-                )));
-            }
-            if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
-                return Err(TaskError::Conflict(format!(
-                    "task {}'s worktree was discarded meanwhile; start a new task",
-                    e.rec.id
-                )));
-            }
-            let previous = e.clone();
-            if follows == Follows::Correction {
-                structured::before_correction(e);
-            }
-            prepare(e);
-            let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
-            match follows {
-                Follows::Finished => e.begin_turn(message_id.clone(), agent.clone(), model.clone()),
-                Follows::Correction => {
-                    e.begin_correction(message_id.clone(), agent.clone(), model.clone())
-                }
-            }
-            Ok((previous, message_id, e.rec.turn, e.rec.variant.clone()))
-        })
-        .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))?;
-    let (previous, message_id, turn, variant) = claimed?;
-    drop((git_guard, room));
-    if let Err(e) = server
-        .api
-        .prompt_async(
-            &entry.rec.directory,
-            &entry.rec.session_id,
-            &message_id,
-            prompt,
-            RunOn {
-                agent: agent.as_deref(),
-                model: model.as_deref(),
-                variant: variant.as_deref(),
-            },
-        )
-        .await
-    {
-        // The turn never started: the previous turn's result stays readable. Only our own turn
-        // is undone.
-        ctx.registry.update(task_id, |e| {
-            if e.rec.turn == turn && e.rec.user_message_id == message_id {
-                *e = previous;
-            }
-        });
-        return Err(e.into());
+impl TaskService {
+    /// What a server offers, and what each configured tier resolves to there (`list_agents`).
+    pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
+        let server = self.server(server_id)?;
+        resolve::catalog(&server, &self.config()).await
     }
-    // The deadline in force now: a reload applies to the turns opened after it.
-    let limit = ctx.config.get().timeouts.task.get();
-    super::abort::arm_deadline(ctx, server, task_id, turn, limit, limit);
-    Ok(turn)
+
+    /// Aborts the turn (and rejects every permission it, or one of its subagents, waits on);
+    /// idempotent on finished tasks.
+    pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
+        let entry = self.own_entry(task_id)?;
+        if entry.rec.status.is_terminal() {
+            return self.snapshot(task_id, false);
+        }
+        let server = self.server(&entry.rec.server_id)?;
+        let finished = super::abort::abort_turn(
+            &self.tracker,
+            &server,
+            task_id,
+            Some(entry.rec.turn),
+            TaskStatus::Cancelled,
+            None,
+            super::abort::IfAbortFails::KeepRunning,
+        )
+        .await?;
+        if let Some(turn) = finished {
+            outcome::spawn_outcome(&self.tracker, &server, task_id.to_string(), turn);
+        }
+        self.snapshot(task_id, false)
+    }
+
+    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
+    pub(super) fn arm_deadline(
+        &self,
+        server: &Arc<Server>,
+        task_id: &str,
+        turn: u32,
+        after: Duration,
+    ) {
+        let limit = self.config().timeouts.task.get();
+        self.tracker
+            .arm_deadline(server, task_id, turn, after, limit);
+    }
 }
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).

@@ -11,7 +11,7 @@
 //!   send back) and runs [`settle`]: read the answer, [`extract`] the JSON, validate it. A match
 //!   finishes the task with the parsed value; a mismatch with retries left opens a correction
 //!   turn in the same session through the service's one turn-opening path
-//!   ([`super::service::open_turn`]) with the errors ([`correction_prompt`]); otherwise the task
+//!   ([`super::follow::open_turn`]) with the errors ([`correction_prompt`]); otherwise the task
 //!   finishes `completed` with `structured_error`. Every checked answer is one
 //!   [`StructuredAttempt`] in the record, so each retry is visible in the result.
 //! - **Restarts**: `checking` is durable. An adopted task still checking is concluded again by
@@ -27,13 +27,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::context::TaskContext;
 use super::entry::{Claim, TaskEntry};
+use super::follow::{open_turn, Follows};
 use super::model::{StructuredAttempt, TaskStatus};
 use super::outcome;
 use super::outcome::Attempts;
-use super::service::{open_turn, Follows};
-use super::tracker::TrackerContext;
-use crate::opencode::{FileChange, Server};
+use crate::opencode::Server;
 
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
 /// and kept in the task's record.
@@ -391,12 +391,12 @@ fn holding(e: &TaskEntry, turn: u32) -> bool {
 /// that did neither (an abort claimed the task meanwhile, then failed, so it runs on) lets the
 /// turn be held again: otherwise every later completion check would find it `Already` held
 /// and the task would sit `running` until its deadline with a valid answer.
-pub async fn settle(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     check_held(ctx, server, task_id, turn).await;
     ctx.registry.update(task_id, |e| e.release_check(turn));
 }
 
-async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+async fn check_held(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
     let Some(entry) = ctx.registry.get(task_id).filter(|e| holding(e, turn)) else {
         return;
@@ -514,35 +514,6 @@ async fn check_held(ctx: &TrackerContext, server: &Arc<Server>, task_id: &str, t
     }
 }
 
-/// Prepares a structured task's state for the correction turn that follows `turn`: the checked
-/// turn's tokens and cost join the round's earlier ones.
-pub fn before_correction(e: &mut TaskEntry) {
-    if let Some(s) = e.rec.structured.as_mut() {
-        s.checking = None;
-        s.corrected_messages.push(e.rec.user_message_id.clone());
-    }
-}
-
-/// The files a structured round changed, from each of its turns' own lists (oldest first): one
-/// entry per file, with the status it first had (a file the round added stays `added`) and the
-/// lines added and removed summed over the turns.
-pub fn round_files(turns: Vec<Vec<FileChange>>) -> Vec<FileChange> {
-    let mut merged: Vec<FileChange> = Vec::new();
-    for change in turns.into_iter().flatten() {
-        match merged.iter_mut().find(|m| m.file == change.file) {
-            Some(m) => {
-                m.additions += change.additions;
-                m.deletions += change.deletions;
-                if m.status.is_none() {
-                    m.status = change.status;
-                }
-            }
-            None => merged.push(change),
-        }
-    }
-    merged
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,35 +527,6 @@ mod tests {
             "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
             "required": ["name", "age"],
         })
-    }
-
-    #[test]
-    fn a_rounds_files_are_those_of_all_its_turns() {
-        let change = |file: &str, status: Option<&str>, additions, deletions| FileChange {
-            file: file.into(),
-            status: status.map(Into::into),
-            additions,
-            deletions,
-        };
-        let merged = round_files(vec![
-            vec![
-                change("a.rs", Some("added"), 10, 0),
-                change("b.rs", None, 1, 1),
-            ],
-            vec![],
-            vec![
-                change("a.rs", Some("modified"), 2, 3),
-                change("c.rs", Some("deleted"), 0, 4),
-            ],
-        ]);
-        assert_eq!(
-            merged,
-            [
-                change("a.rs", Some("added"), 12, 3),
-                change("b.rs", None, 1, 1),
-                change("c.rs", Some("deleted"), 0, 4),
-            ]
-        );
     }
 
     #[test]
@@ -705,8 +647,7 @@ mod tests {
         outcome.cost = 0.5;
         e.rec.outcome = Some(outcome);
         assert_eq!(hold(&mut e), Hold::Held(1));
-        before_correction(&mut e);
-        e.begin_turn("msg_2".into(), None, None);
+        e.begin_correction("msg_2".into(), None, None);
         let s = e.rec.structured.as_ref().expect("state");
         assert_eq!(s.checking, None);
         assert_eq!((e.rec.earlier.tokens.input, e.rec.earlier.cost), (100, 0.5));
@@ -772,5 +713,35 @@ mod tests {
                 .collect::<serde_json::Map<_, _>>()
         });
         assert!(check_schema(&shared).is_ok());
+    }
+
+    /// A structured answer held for its check while a cancel claims the task: the check gives
+    /// way to the abort. If the abort then fails (the task runs on), the turn can be held and
+    /// checked again, rather than every later check finding it `Already` held.
+    #[tokio::test]
+    async fn a_check_that_gave_way_to_a_failed_abort_lets_the_turn_be_held_again() {
+        let registry = crate::tasks::context::fixtures::registry_with(|e| {
+            e.rec.structured = Some(crate::tasks::record::StructuredState::new(
+                serde_json::json!({ "type": "object" }),
+            ));
+            e.rec.outcome = Some(crate::tasks::turn::TurnState {
+                text: "{}".into(),
+                ..Default::default()
+            });
+        });
+        let ctx = crate::tasks::context::fixtures::context(registry.clone());
+        let server = Arc::new(crate::tasks::context::fixtures::unreachable_server());
+        assert_eq!(registry.update("tsk_a", hold), Some(Hold::Held(1)));
+        assert_eq!(registry.update("tsk_a", |e| e.claim_abort(1)), Some(true));
+        settle(&ctx, &server, "tsk_a", 1).await;
+        registry.update("tsk_a", |e| e.abort_refused(1));
+        assert_eq!(registry.update("tsk_a", hold), Some(Hold::Held(1)));
+        settle(&ctx, &server, "tsk_a", 1).await;
+        let e = registry.get("tsk_a").expect("task");
+        assert_eq!(e.rec.status, TaskStatus::Completed);
+        assert_eq!(
+            e.rec.structured.and_then(|s| s.value),
+            Some(serde_json::json!({}))
+        );
     }
 }

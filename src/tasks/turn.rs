@@ -351,6 +351,15 @@ pub fn conclude_from_events(latest: Option<&ReplySeen>) -> Option<Verdict> {
     })
 }
 
+/// How a task whose session was deleted behind the gateway's back (`session.deleted`, or a 404
+/// on reading it) ends.
+pub fn session_deleted(session_id: &str) -> ErrorInfo {
+    ErrorInfo {
+        name: "SessionDeleted".into(),
+        message: format!("the task's OpenCode session {session_id} was deleted while the task ran"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,160 @@
+//! What every room of the task machinery shares: the registry, the configuration in force, the
+//! limits a turn is held to, and the deadline timer. One value, cloned into each server's
+//! tracker and each spawned check, so a room needs this file and the data rooms, never another
+//! behaviour room.
+//!
+//! The deadline timer is the one place where the rooms call each other in a loop (a deadline
+//! checks the turn, a check may open a structured correction, a correction arms a deadline):
+//! the timer lives here and what it runs is handed in as [`OnDeadline`] by whoever builds the
+//! context (the service, with `abort::deadline_passed`), so no room imports the one above it.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::registry::Registry;
+use crate::opencode::Server;
+
+/// What runs when a turn's deadline passes: the task, its turn, and the `timeouts.task` the
+/// error message names.
+pub type OnDeadline =
+    fn(TaskContext, Arc<Server>, String, u32, Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+#[derive(Clone)]
+pub struct TaskContext {
+    pub registry: Arc<Registry>,
+    /// Characters of streamed text kept for progress.
+    pub tail_chars: usize,
+    /// Characters of final text kept per task.
+    pub max_result_chars: usize,
+    /// Finished tasks leave memory after this (they stay readable from disk).
+    pub memory_ttl: Duration,
+    /// Finished tasks are forgotten after this.
+    pub finished_ttl: Duration,
+    /// Where task worktrees live (`<state_dir>/worktrees`), if there is a state directory.
+    pub worktrees: Option<std::path::PathBuf>,
+    /// The service's lock for git writes: cleaning an expired task's worktree is one.
+    pub git_lock: Arc<tokio::sync::RwLock<()>>,
+    /// Tasks with a completion check running, and whether another was asked for meanwhile.
+    pub checks: Arc<Mutex<HashMap<String, bool>>>,
+    /// Sessions with pending asks that belong to no task (someone else's work on the same
+    /// server): not looked up again on every reconcile.
+    pub foreign: Arc<Mutex<HashSet<String>>>,
+    /// The configuration in force, shared with the service: `timeouts.task` for the turns the
+    /// gateway opens itself, `limits.structured_retries` for a structured answer's corrections.
+    pub config: crate::config::LiveConfig,
+    /// Room for unfinished tasks, taken by starts and by follow-ups of finished tasks.
+    pub capacity: Arc<super::capacity::Capacity>,
+    /// What runs when a turn's deadline passes ([`TaskContext::arm_deadline`]).
+    pub on_deadline: OnDeadline,
+}
+
+impl TaskContext {
+    /// Runs [`TaskContext::on_deadline`] `after` from now (the turn's `timeouts.task`) if the
+    /// turn is still open then. `limit` is the `timeouts.task` the error message names (in force
+    /// when the turn started). Arming again replaces the turn's timer; the turn's end stops it.
+    pub fn arm_deadline(
+        &self,
+        server: &Arc<Server>,
+        task_id: &str,
+        turn: u32,
+        after: Duration,
+        limit: Duration,
+    ) {
+        let timer = CancellationToken::new();
+        let armed = self.registry.update(task_id, |e| {
+            let open = e.rec.turn == turn && !e.is_settled();
+            if open {
+                e.stop_deadline();
+                e.live.deadline = Some(timer.clone());
+            }
+            open
+        });
+        if armed != Some(true) {
+            return;
+        }
+        let ctx = self.clone();
+        let server = server.clone();
+        let task_id = task_id.to_string();
+        let stop = server.stop.clone();
+        // This task lives as long as the turn, so it stays small: what runs when the deadline
+        // passes (reads and an abort, several KB of future) is boxed and built only then.
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                // The turn ended (or a newer one began): nothing to time out.
+                _ = timer.cancelled() => {}
+                _ = tokio::time::sleep(after) => {
+                    let passed = ctx.on_deadline;
+                    passed(ctx, server, task_id, turn, limit).await;
+                }
+            }
+        });
+    }
+}
+
+/// Fixtures the behaviour rooms' unit tests share: a context over a registry, a registry
+/// holding one task, and a server nobody listens on.
+#[cfg(test)]
+pub(super) mod fixtures {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::TaskContext;
+    use crate::opencode::{Api, Server};
+    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::registry::Registry;
+
+    /// A context over `registry` with small limits; its deadlines do nothing when they pass.
+    pub fn context(registry: Arc<Registry>) -> TaskContext {
+        TaskContext {
+            registry,
+            tail_chars: 100,
+            max_result_chars: 1000,
+            memory_ttl: Duration::from_secs(600),
+            finished_ttl: Duration::from_secs(3600),
+            worktrees: None,
+            git_lock: Default::default(),
+            checks: Default::default(),
+            foreign: Default::default(),
+            config: crate::config::LiveConfig::new(Arc::new(crate::gateway::test_config())),
+            capacity: Default::default(),
+            on_deadline: |_, _, _, _, _| Box::pin(async {}),
+        }
+    }
+
+    /// A registry holding task `tsk_a` (session `ses_a`) in its first turn, then `f` applied.
+    pub fn registry_with(f: impl FnOnce(&mut TaskEntry)) -> Arc<Registry> {
+        let registry = Arc::new(Registry::default());
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        f(&mut e);
+        registry.insert(e);
+        registry
+    }
+
+    /// A server whose port nobody listens on.
+    pub fn unreachable_server() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        Server {
+            id: "srv".into(),
+            api: Api::new(
+                &format!("http://127.0.0.1:{port}"),
+                None,
+                Duration::from_secs(2),
+            )
+            .expect("client"),
+            directory: "/w".into(),
+            version: "test".into(),
+            process: None,
+            stop: Default::default(),
+            credentials: None,
+        }
+    }
+}
