@@ -65,6 +65,85 @@ impl Transcript {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A deadline's abort that OpenCode never received.
+
+/// **An abort the gateway had to give up on is tried again until OpenCode takes it.** A turn's
+/// `timeouts.task` deadline ends the task whatever OpenCode says; when `POST /abort` cannot
+/// reach OpenCode the session would otherwise run on, calling its model, unwatched.
+///
+/// An attached OpenCode behind a proxy runs a turn of fifteen 2.5 s model steps; the proxy
+/// refuses every connection before the 10 s deadline passes, so the deadline's abort fails;
+/// then it listens again.
+///
+/// Proves: the task ends `timed_out` at its deadline, and OpenCode's session stops within
+/// seconds of the proxy's return, after a few of its fifteen steps (without the retries it ran
+/// all of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_that_could_not_reach_opencode_is_tried_again() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let server = OpenCodeServer::start(&env, &fake.url()).await;
+    let upstream = server.addr();
+    let mut proxy = TcpProxy::start(upstream).await;
+    let url = proxy.url();
+    let rig = Rig::start_in(
+        fake,
+        env,
+        &[
+            ("OPENCODE_MCP_OPENCODE__URL", url.as_str()),
+            ("OPENCODE_SERVER_PASSWORD", server.password()),
+            ("OPENCODE_MCP_TIMEOUTS__TASK", "10s"),
+        ],
+    )
+    .await;
+    const STEPS: usize = 15;
+    let steps: String = (1..=STEPS)
+        .map(|i| format!(" [[bash:echo step {i}]]"))
+        .collect();
+    let started = rig
+        .start_task(&format!("run past the deadline [[delay:2500]]{steps}"))
+        .await;
+    let task = id(&started);
+    let session = started["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let mut truth = server.events(&rig.env.work_dir()).await;
+    rig.fake
+        .wait_for_request(Duration::from_secs(30), |r| {
+            r.last_user_text.contains("run past the deadline")
+        })
+        .await;
+    proxy.refuse().await;
+    proxy.cut().await;
+    let w = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({"task_ids": [task], "timeout_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(w["tasks"][0]["status"], "timed_out", "{w}");
+    let at_deadline = rig.model_calls(&session);
+    assert!(
+        at_deadline < STEPS,
+        "OpenCode still runs the turn: {at_deadline} steps asked"
+    );
+    proxy.resume();
+    let back = Instant::now();
+    truth.wait_idle(&session, Duration::from_secs(20)).await;
+    report(
+        "abort retry",
+        "proxy back -> session stopped",
+        back.elapsed(),
+    );
+    let stopped_after = rig.model_calls(&session);
+    assert!(
+        stopped_after < STEPS - 4,
+        "the session stopped early: {stopped_after} of {STEPS} steps asked"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Drill 1 (+ security): OpenCode dies mid-task.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,12 +441,7 @@ async fn attached_server_stream_cut_outage_and_wrong_password() {
     let fake = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let server = OpenCodeServer::start(&env, &fake.url()).await;
-    let upstream: std::net::SocketAddr = server
-        .url()
-        .strip_prefix("http://")
-        .expect("http url")
-        .parse()
-        .expect("socket address");
+    let upstream = server.addr();
     let attach = |url: &str, password: Option<&str>| {
         let mut launch = Launch::new(env.work_dir(), &env.home_dir())
             .env("OPENCODE_MCP_OPENCODE__URL", url)

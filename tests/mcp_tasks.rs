@@ -268,6 +268,32 @@ async fn a_failed_task_fails_with_its_error_and_a_cancelled_one_is_cancelled_at_
         .expect("cancelling a cancelled task is acknowledged");
 }
 
+/// A task that fails after it began its answer hands that partial answer back with its error
+/// (SEP-2663: a failed task's result is its error; what the turn wrote is part of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_tasks_partial_answer_is_in_its_error() {
+    let rig = modern_rig(
+        OpenCodeEnv::new(),
+        true,
+        &[("OPENCODE_MCP_TIMEOUTS__TASK", "8s")],
+    )
+    .await;
+    // Ten chunks over 16 s: the 8 s deadline cuts the answer about halfway.
+    let prompt = "cut short [[slow:16000]]";
+    let task = start(&rig, prompt).await;
+    let ended = poll_terminal(&rig, &task.task.task_id).await;
+    let TaskPayload::Failed { error } = &ended.task.payload else {
+        panic!("not failed: {ended:?}");
+    };
+    assert_eq!(error["data"]["code"], "timed_out", "{error:?}");
+    let partial = error["data"]["partial_text"].as_str().unwrap_or_default();
+    let whole = format!("ECHO: {prompt}");
+    assert!(
+        !partial.is_empty() && whole.starts_with(partial) && partial != whole,
+        "a beginning of {whole:?}: {error:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_is_one_task_for_the_group() {
     let env = OpenCodeEnv::new();

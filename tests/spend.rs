@@ -79,11 +79,7 @@ async fn a_task_over_its_budget_is_stopped_and_the_days_cap_refuses_the_next() {
         )
         .await;
     let session = st["session_id"].as_str().unwrap_or_else(|| panic!("{st}"));
-    let asked = rig
-        .requests_for(session)
-        .into_iter()
-        .filter(|q| !q.is_title_request())
-        .count();
+    let asked = rig.model_calls(session);
     // The cap is passed when the third step reports its cost; the fourth may be under way.
     assert!(
         (3..=4).contains(&asked),
@@ -325,12 +321,6 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
     let task = started["task_id"].as_str().expect("task_id").to_string();
     let st = rig.status(&task).await;
     let session = st["session_id"].as_str().expect("session_id").to_string();
-    let steps_asked = |rig: &Rig| {
-        rig.requests_for(&session)
-            .into_iter()
-            .filter(|q| !q.is_title_request())
-            .count()
-    };
     rig.fake
         .wait_for_request(std::time::Duration::from_secs(30), |r| {
             r.last_user_text.contains("spend unwatched")
@@ -338,17 +328,17 @@ async fn steps_spent_while_no_gateway_watched_count_against_the_budget() {
         .await;
     rig.kill_gateway().await;
     let unwatched = support::rig::poll_for(std::time::Duration::from_secs(90), || {
-        (steps_asked(&rig) >= 4).then_some(())
+        (rig.model_calls(&session) >= 4).then_some(())
     })
     .await;
     assert!(unwatched.is_some(), "OpenCode went on without the gateway");
-    let before = steps_asked(&rig);
+    let before = rig.model_calls(&session);
     rig.relaunch().await;
 
     let r = rig.finish(&task).await;
     assert_eq!(r["status"], "failed", "{r}");
     assert_eq!(r["error"]["name"], "BudgetExceeded", "{r}");
-    let asked = steps_asked(&rig);
+    let asked = rig.model_calls(&session);
     assert!(
         asked <= before + 2,
         "stopped within two model calls of the adoption: {before} calls before it, {asked} in all"

@@ -71,13 +71,15 @@ impl Ledger {
     }
 
     /// Turn `turn` of `task_id` has spent `usd` so far. Written (and counted) only when it is
-    /// more than the turn's spend known already, so a turn writes a line per step at most.
+    /// more than the turn's spend known already, so a turn writes a line per step at most. The
+    /// file is not read first (this runs on every change of a task's spend): what other
+    /// gateways appended is read before the cap is checked ([`Self::spent_today`]), and a line
+    /// written although another gateway already noted more for the turn counts for nothing.
     pub fn observe(&self, task_id: &str, turn: u32, usd: f64) {
         if !usd.is_finite() || usd <= 0.0 {
             return;
         }
         let mut day = self.today();
-        self.catch_up(&mut day);
         if !day.note(task_id, turn, usd) {
             return;
         }

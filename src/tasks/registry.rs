@@ -170,6 +170,14 @@ fn sweep_pause(disk_ttl: Duration) -> Duration {
     (disk_ttl / 100).max(Duration::from_secs(1))
 }
 
+/// What the state directory holds of a task that is not in memory ([`Registry::on_disk`]).
+enum OnDisk {
+    /// A finished task, to be brought back into memory.
+    Finished(TaskEntry),
+    /// Another gateway's unfinished task, as its record says (`live.foreign` names its pid).
+    Foreign(TaskEntry),
+}
+
 impl Registry {
     /// A registry, writing every durable change to `store` when given.
     pub fn new(store: Option<Store>) -> Self {
@@ -290,49 +298,53 @@ impl Registry {
             e.live.last_used = Instant::now();
             return Some(TaskEntry::clone(e));
         }
-        self.load(task_id).or_else(|| self.foreign(task_id))
+        match self.on_disk(task_id)? {
+            OnDisk::Finished(entry) => {
+                let mut t = self.lock();
+                Some(TaskEntry::clone(Self::admit(&mut t, entry)))
+            }
+            OnDisk::Foreign(view) => Some(view),
+        }
     }
 
-    /// A view of an unfinished task another gateway on this state directory runs (or ran: a
-    /// gateway shutting down while this one started), read from its record as that gateway
-    /// last wrote it. It is answered for, not taken: that gateway may still finish it, and
-    /// this one adopts it once that gateway is gone (see `restore.rs`). Not held in memory.
-    pub fn foreign(&self, task_id: &str) -> Option<TaskEntry> {
+    /// What the state directory holds of a task not in memory, read once. A finished task is
+    /// brought back (it leaves memory again with the next eviction). An unfinished one is
+    /// another gateway's (or was: a gateway shutting down while this one started): it is
+    /// answered for from its record as that gateway last wrote it, not taken (that gateway may
+    /// still finish it, and this one adopts it once that gateway is gone: see `restore.rs`), and
+    /// not held in memory.
+    fn on_disk(&self, task_id: &str) -> Option<OnDisk> {
         let rec = self.store.as_ref()?.load(task_id)?;
-        if rec.status.is_terminal() || rec.owner_pid == std::process::id() {
+        if rec.status.is_terminal() {
+            let mut entry = TaskEntry::from_record(rec);
+            entry.live.last_used = Instant::now();
+            return Some(OnDisk::Finished(entry));
+        }
+        if rec.owner_pid == std::process::id() {
             return None;
         }
         let owner = rec.owner_pid;
         let mut entry = TaskEntry::from_record(rec);
         entry.live.foreign = Some(owner);
-        Some(entry)
+        Some(OnDisk::Foreign(entry))
+    }
+
+    /// Puts a finished task read back from disk into memory, unless another call brought it
+    /// back (and perhaps changed it) meanwhile: memory wins. Returns the task in memory.
+    fn admit(t: &mut Tables, entry: TaskEntry) -> &mut TaskEntry {
+        let id = entry.rec.id.clone();
+        if !t.tasks.contains_key(&id) {
+            t.index(&entry);
+        }
+        let e = t.tasks.entry(id).or_insert_with(|| Box::new(entry));
+        e.live.last_used = Instant::now();
+        e
     }
 
     /// Whether the task exists, in memory or on disk, without reading it back into memory.
     pub fn knows(&self, task_id: &str) -> bool {
         self.lock().tasks.contains_key(task_id)
             || self.store.as_ref().is_some_and(|s| s.holds(task_id))
-    }
-
-    /// Brings a finished task back from disk into memory (it leaves again with the next
-    /// eviction). An unfinished task on disk is another gateway's: it is not taken, and
-    /// [`Self::foreign`] reads it.
-    fn load(&self, task_id: &str) -> Option<TaskEntry> {
-        let rec = self.store.as_ref()?.load(task_id)?;
-        if !rec.status.is_terminal() {
-            return None;
-        }
-        let mut entry = TaskEntry::from_record(rec);
-        entry.live.last_used = Instant::now();
-        let mut t = self.lock();
-        // Another call may have loaded (and changed) it meanwhile: memory wins.
-        if let Some(e) = t.tasks.get_mut(task_id) {
-            e.live.last_used = Instant::now();
-            return Some(TaskEntry::clone(e));
-        }
-        t.index(&entry);
-        t.tasks.insert(task_id.to_string(), Box::new(entry.clone()));
-        Some(entry)
     }
 
     /// The summary of every task in memory (for the usage report and the task list).
@@ -385,42 +397,42 @@ impl Registry {
     /// first, so a change is never lost to eviction: `None` means the task does not exist (or
     /// is another gateway's unfinished one).
     pub fn update<R>(&self, task_id: &str, f: impl FnOnce(&mut TaskEntry) -> R) -> Option<R> {
-        // A task read back from disk (outside the lock: it reads a file) may be evicted again
-        // before the lock is taken anew: a few tries, so an update is never lost to that.
-        for _ in 0..4 {
-            let mut t = self.lock();
-            let Some(entry) = t.tasks.get_mut(task_id) else {
-                drop(t);
-                self.load(task_id)?;
-                continue;
-            };
-            entry.live.last_used = Instant::now();
-            // Everything in the record is saved and nothing else is (progress lives in `Live`):
-            // any change of the record is written, so no field can be forgotten.
-            let (before, seen) = (entry.rec.clone(), observable(entry));
-            let r = f(entry);
-            if entry.rec != before {
-                self.persist(&entry.rec);
-            }
-            let wake = seen != observable(entry);
-            // Spend is observed here, where every change of a task passes: a turn's spend
-            // that grew is written to the day's ledger (once per step at most).
-            let spent = turn_spend(entry);
-            let grew = (spent > entry.live.ledgered).then(|| {
-                entry.live.ledgered = spent;
-                (entry.rec.turn, spent)
-            });
+        let mut t = self.lock();
+        if !t.tasks.contains_key(task_id) {
+            // Read back outside the lock (it reads a file), then admitted and changed under one
+            // hold of the lock: an eviction cannot come between, so the change is never lost.
             drop(t);
-            if let Some((turn, usd)) = grew {
-                self.ledger.observe(task_id, turn, usd);
-            }
-            if wake {
-                self.bump();
-            }
-            return Some(r);
+            let OnDisk::Finished(entry) = self.on_disk(task_id)? else {
+                return None;
+            };
+            t = self.lock();
+            Self::admit(&mut t, entry);
         }
-        tracing::warn!(task_id, "a task kept leaving memory while being updated");
-        None
+        let entry = t.tasks.get_mut(task_id)?;
+        entry.live.last_used = Instant::now();
+        // Everything in the record is saved and nothing else is (progress lives in `Live`):
+        // any change of the record is written, so no field can be forgotten.
+        let (before, seen) = (entry.rec.clone(), observable(entry));
+        let r = f(entry);
+        if entry.rec != before {
+            self.persist(&entry.rec);
+        }
+        let wake = seen != observable(entry);
+        // Spend is observed here, where every change of a task passes: a turn's spend
+        // that grew is written to the day's ledger (once per step at most).
+        let spent = turn_spend(entry);
+        let grew = (spent > entry.live.ledgered).then(|| {
+            entry.live.ledgered = spent;
+            (entry.rec.turn, spent)
+        });
+        drop(t);
+        if let Some((turn, usd)) = grew {
+            self.ledger.observe(task_id, turn, usd);
+        }
+        if wake {
+            self.bump();
+        }
+        Some(r)
     }
 
     /// The unfinished tasks among `ids` with a pending permission ask the host has not been
@@ -539,11 +551,11 @@ impl Registry {
         let mut views = HashMap::new();
         let mut unknown = Vec::new();
         for id in missing {
-            if self.load(&id).is_some() {
-                continue;
-            }
-            match self.foreign(&id) {
-                Some(view) => {
+            match self.on_disk(&id) {
+                Some(OnDisk::Finished(entry)) => {
+                    Self::admit(&mut self.lock(), entry);
+                }
+                Some(OnDisk::Foreign(view)) => {
                     views.insert(id, view);
                 }
                 None => unknown.push(id),
@@ -940,6 +952,51 @@ mod tests {
             Some("srv_new".to_string())
         );
         assert!(r.update("never", |_| ()).is_none());
+    }
+
+    /// Updates racing evictions: each one is applied (read back and changed under one hold of
+    /// the lock), none is lost to an eviction between the read and the change.
+    #[test]
+    fn no_update_is_lost_to_a_concurrent_eviction() {
+        let (r, store, _dir) = stored();
+        let mut done = entry("done");
+        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        store.submit(done.rec.clone());
+        store
+            .flush_blocking(Duration::from_secs(10))
+            .expect("the record is written");
+        // Updates go on until the task has left memory many times meanwhile. Each one counts
+        // in the record's title and waits until it is on disk, so an eviction can come next.
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+        const EVICTIONS: usize = 20;
+        let (stop, left) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let count = |e: &mut TaskEntry| {
+            let n: usize = e.rec.title.parse().unwrap_or(0);
+            e.rec.title = (n + 1).to_string();
+        };
+        let (updates, applied) = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    let evicted = r.flushed_evict(Duration::ZERO, Duration::from_secs(3600));
+                    left.fetch_add(evicted.left_memory, Relaxed);
+                }
+            });
+            let (mut updates, mut applied) = (0, 0);
+            while left.load(Relaxed) < EVICTIONS && updates < 20_000 {
+                updates += 1;
+                applied += usize::from(r.update("done", count).is_some());
+                let _ = store.flush_blocking(Duration::from_secs(10));
+            }
+            stop.store(true, Relaxed);
+            (updates, applied)
+        });
+        assert!(
+            left.load(Relaxed) >= EVICTIONS,
+            "the task left memory meanwhile"
+        );
+        assert_eq!(applied, updates, "every update found the task");
+        let title = r.get("done").expect("the task").rec.title;
+        assert_eq!(title, updates.to_string(), "every change is in the record");
     }
 
     fn ask(id: &str, session: &str) -> PermissionAsk {

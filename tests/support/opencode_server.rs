@@ -150,6 +150,14 @@ impl OpenCodeServer {
         &self.base_url
     }
 
+    /// The address it listens on (to put a proxy in front of it).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.base_url
+            .strip_prefix("http://")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("not an http://ip:port url: {}", self.base_url))
+    }
+
     /// The Basic-auth password (user `opencode`).
     pub fn password(&self) -> &str {
         &self.password

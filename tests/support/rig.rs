@@ -230,6 +230,15 @@ impl Rig {
         .await
     }
 
+    /// The model calls of one OpenCode session's turns: its chat requests other than the title
+    /// OpenCode asks for.
+    pub fn model_calls(&self, session_id: &str) -> usize {
+        self.requests_for(session_id)
+            .into_iter()
+            .filter(|q| !q.is_title_request())
+            .count()
+    }
+
     /// Chat requests the fake received for one OpenCode session.
     pub fn requests_for(&self, session_id: &str) -> Vec<RecordedRequest> {
         self.fake

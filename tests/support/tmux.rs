@@ -125,11 +125,29 @@ impl Tmux {
 }
 
 impl Drop for Tmux {
+    /// Kills the server and waits (at most 10 s, then SIGKILL) until the pane's program has
+    /// exited: a program still shutting down (Claude Code saves its state on SIGHUP) would
+    /// write into its temp home after the test removed it, and leave it behind.
     fn drop(&mut self) {
+        let program = self.pane_pid();
         let _ = Command::new("tmux")
             .arg("-S")
             .arg(self.socket())
             .arg("kill-server")
             .output();
+        let Some(pid) = program else {
+            return;
+        };
+        let gone = || !super::procs::stat(pid).is_some_and(|p| p.is_live());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !gone() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !gone() {
+            if let Ok(pid) = libc::pid_t::try_from(pid) {
+                // SAFETY: kill(2) on a pid this test's tmux started; no memory is involved.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
     }
 }
