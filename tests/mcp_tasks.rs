@@ -20,8 +20,9 @@ use rmcp::model::{
 };
 use serde_json::{json, Value};
 use support::fake_llm::{echo_reply, FakeLlm, ERROR_400_MESSAGE};
-use support::rig::Rig;
-use support::OpenCodeEnv;
+use support::rig::{poll_for, Rig};
+use support::tcp_proxy::TcpProxy;
+use support::{OpenCodeEnv, OpenCodeServer};
 
 /// A gateway with a server, spoken to in protocol 2026-07-28; `tasks`: every request declares
 /// the tasks extension.
@@ -347,6 +348,90 @@ async fn a_fan_out_is_one_task_for_the_group() {
         status["status"], "completed",
         "the other member is untouched: {status}"
     );
+}
+
+/// `tasks/cancel` on a group tries every member, at once, and names each one it could not
+/// cancel (it used to stop at the first failure, leaving the rest running unnamed).
+///
+/// A fan-out of two slow members on an attached OpenCode behind a proxy; the proxy refuses
+/// connections, so neither abort can reach OpenCode; then it listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_cancel_tries_every_member_and_names_each_it_could_not_cancel() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let server = OpenCodeServer::start(&env, &fake.url()).await;
+    let mut proxy = TcpProxy::start(server.addr()).await;
+    let url = proxy.url();
+    let vars = [
+        ("OPENCODE_MCP_OPENCODE__URL", url.as_str()),
+        ("OPENCODE_SERVER_PASSWORD", server.password()),
+    ];
+    let rig = Rig::start_launched(fake, env, &vars, |launch| launch.modern(true)).await;
+    let group = handle(
+        &rig,
+        "opencode_fan_out",
+        json!({"server_id": rig.server_id(), "prompt": "long work [[slow:60000]]",
+               "models": ["fake/fake-model", "fake/fake-strong"]}),
+    )
+    .await;
+    let id = group.task.task_id.clone();
+    let asked = poll_for(Duration::from_secs(30), || {
+        let n = rig
+            .fake
+            .chat_requests()
+            .into_iter()
+            .filter(|r| !r.is_title_request() && r.last_user_text.contains("long work"))
+            .count();
+        (n >= 2).then_some(())
+    })
+    .await;
+    assert!(asked.is_some(), "both members are streaming");
+    let w = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({"task_ids": [id], "timeout_ms": 0}),
+        )
+        .await;
+    let members: Vec<String> = w["tasks"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["task_id"].as_str())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(members.len(), 2, "{w}");
+
+    proxy.refuse().await;
+    proxy.cut().await;
+    let refused = rig
+        .client
+        .peer()
+        .cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect_err("no member could be cancelled");
+    let message = refused.to_string();
+    assert!(message.contains("cancelled 0 of 2"), "{message}");
+    for member in &members {
+        assert!(
+            message.contains(member.as_str()),
+            "{member} is named: {message}"
+        );
+    }
+
+    proxy.resume();
+    rig.client
+        .peer()
+        .cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect("with OpenCode back, the group is cancelled");
+    for member in &members {
+        let status = rig
+            .ok("opencode_get_task_status", json!({"task_id": member}))
+            .await;
+        assert_eq!(status["status"], "cancelled", "{status}");
+    }
 }
 
 /// A permission ask is `input_required` with a form; the user's choice, sent back with
