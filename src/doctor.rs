@@ -172,7 +172,48 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
         ));
     }
     checks.push(state_dir_check(&config));
+    checks.extend(worker_checks(&config).await);
     Report::new(checks, exe)
+}
+
+/// One check per remote worker: reachable over ssh without a prompt, git and OpenCode there
+/// (another OpenCode release than this gateway's is a warning), a writable root. A worker that
+/// is not ready is a blocker: tasks placed there would fail.
+async fn worker_checks(config: &Config) -> Vec<Check> {
+    crate::workers::report(config)
+        .await
+        .into_iter()
+        .filter_map(|r| {
+            let health = r.health?;
+            let name = format!("worker {}", r.name);
+            if let Some(first) = r.problems.first() {
+                let detail = r
+                    .problems
+                    .iter()
+                    .map(|p| p.problem.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Some(Check::new(name, Status::Fail, detail).fix(first.fix.clone()));
+            }
+            let opencode = health.opencode.as_deref().unwrap_or_default();
+            let detail = format!(
+                "{} over ssh in {} ms: {}, opencode {opencode}, root writable, {} slots",
+                r.place,
+                health.took_ms,
+                health.git.as_deref().unwrap_or_default(),
+                r.max_tasks
+            );
+            Some(if opencode == OPENCODE_API_VERSION {
+                Check::new(name, Status::Ok, detail)
+            } else {
+                Check::new(name, Status::Warn, detail).fix(format!(
+                    "this gateway was built against OpenCode {OPENCODE_API_VERSION}: npm i -g \
+                     opencode-ai@{OPENCODE_API_VERSION} on {}",
+                    r.place
+                ))
+            })
+        })
+        .collect()
 }
 
 /// The configuration loaded; settings of the repository's file that were not applied are a

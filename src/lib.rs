@@ -33,6 +33,7 @@ pub mod opencode;
 pub mod private_files;
 pub mod tasks;
 pub mod watch;
+pub mod workers;
 
 /// The `opencode-ai` release the OpenCode client was generated from (`openapi/OPENCODE_VERSION`,
 /// read by `build.rs`).

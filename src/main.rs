@@ -105,6 +105,14 @@ enum Command {
         /// The task (`opencode-mcp tasks` lists them).
         task_id: String,
     },
+    /// List the workers (`workers:` in your delegation.yaml): this machine and each one reached
+    /// over ssh, with its slots and its health (reachable without a prompt, git, OpenCode and its
+    /// version, a writable root); exits non-zero when a worker is not ready.
+    Workers {
+        /// Print the list as JSON ([{name, where, max_tasks, health, problems}]).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -221,6 +229,40 @@ fn main() -> ExitCode {
         Command::Usage { since, json } => usage(&sources, since.as_deref(), json),
         Command::Tasks { status, json } => tasks(&sources, status.as_deref(), json),
         Command::Watch { task_id } => watch(&sources, &task_id),
+        Command::Workers { json } => workers(&sources, json),
+    }
+}
+
+fn workers(sources: &Sources, json: bool) -> ExitCode {
+    let cfg = match load_config(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("opencode-mcp workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(runtime) = runtime("opencode-mcp workers") else {
+        return ExitCode::FAILURE;
+    };
+    let reports = runtime.block_on(opencode_mcp::workers::report(&cfg));
+    if json {
+        match serde_json::to_string_pretty(&reports) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("opencode-mcp workers: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!(
+            "{}",
+            config::printable_lines(&opencode_mcp::workers::text(&reports))
+        );
+    }
+    if reports.iter().all(|r| r.problems.is_empty()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

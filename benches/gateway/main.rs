@@ -396,7 +396,7 @@ async fn run() -> Result<(), BoxError> {
             )
             .env(
                 "OPENCODE_MCP_LOG",
-                "warn,opencode_mcp=info,rmcp=warn,opencode_mcp::memory=debug,opencode_mcp::tasks::tracker=debug",
+                "warn,opencode_mcp=info,rmcp=warn,opencode_mcp::memory=debug,opencode_mcp::tasks::housekeeping=debug",
             );
         let gateway = Gw::start(&launch).await?;
         let gateway_cpu_at_start = machine::cpu_seconds(gateway.pid).unwrap_or(0.0);

@@ -53,6 +53,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "isolation",
     "report",
     "reload",
+    "workers",
 ];
 
 /// A YAML layer with the name errors should use for it.

@@ -16,6 +16,7 @@
 //!   text and expiry must not change under it.
 //! - `instructions`: sent to the host once, at `initialize`; a connected host keeps them.
 //! - `reload`: whether the files are watched at all is decided at start.
+//! - `workers`: the machines, their connections and their OpenCode servers are set up at start.
 //!
 //! Everything else applies to new calls and new tasks at once.
 

@@ -76,6 +76,14 @@ pub struct Config {
     /// How `opencode_usage` and `opencode-mcp usage` value the work delegated.
     #[serde(default)]
     pub report: ReportConfig,
+    /// Machines tasks may run on, by name, reached with your own `ssh` client and
+    /// `~/.ssh/config`. `local` is this machine (only its `max_tasks` can be set); every other
+    /// entry is a machine with git and OpenCode (with its own providers) that `ssh` reaches
+    /// without a prompt. Only your own layers may set this: a repository's file cannot add,
+    /// choose or change workers. Merged per worker and per field like `tools`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("propertyNames" = { "pattern": WORKER_NAME_PATTERN }))]
+    pub workers: BTreeMap<String, WorkerConfig>,
     /// Watch the configuration files while serving and apply a valid edit at once (tools,
     /// prompts, tiers, timeouts, limits; the host is told its tool and prompt lists changed).
     /// `false` reads them only at start. This key itself takes effect at the next start.
@@ -195,6 +203,37 @@ impl Default for ReferencePrice {
             output_per_mtok: 75.0,
         }
     }
+}
+
+/// A worker's name: short, lowercase, safe in a path and a git ref.
+pub const WORKER_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,31}$";
+/// The worker that is this machine.
+pub const LOCAL_WORKER: &str = "local";
+
+/// One machine tasks may run on (`workers.<name>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The `ssh` destination: a `Host` of your `~/.ssh/config` or `user@host`. Connections use
+    /// `BatchMode=yes` (never a prompt) and no agent forwarding. Not for `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<String>,
+    /// An ssh client configuration file to use instead of `~/.ssh/config` and the system's
+    /// (`ssh -F`; an absolute path), e.g. one kept for workers alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_config: Option<String>,
+    /// Tasks it runs at once (each of its OpenCode's sessions, with its tools and builds, runs
+    /// there). For `local`, the default is `limits.max_tasks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_tasks: Option<u32>,
+    /// The OpenCode command on the worker (default `opencode`, found on its `PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opencode: Option<String>,
+    /// Where the worker keeps repositories and task worktrees, relative to the ssh login's home
+    /// directory unless absolute (default `.opencode-mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
 }
 
 /// The defaults of `opencode_start_task`'s `isolation` and `base`.

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::template::{self, TIERS_PLACEHOLDER};
 use super::types::{
-    Action, Budget, Config, DEFAULT_HOST, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS, MAX_TOKENS,
-    MIN_RESULT_CHARS,
+    Action, Budget, Config, DEFAULT_HOST, LOCAL_WORKER, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS,
+    MAX_TOKENS, MIN_RESULT_CHARS, WORKER_NAME_PATTERN,
 };
 
 /// One violated rule. `key` is the setting to blame; `related` are other settings the rule
@@ -69,7 +69,90 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     state_dir(config, &mut issues);
     hosts(config, &mut issues);
     report(config, &mut issues);
+    workers(config, &mut issues);
     issues.0
+}
+
+/// Workers: a safe name each; `local` is this machine (only `max_tasks`); every other one
+/// names an `ssh` destination that cannot be read as an option, and how many tasks it takes.
+/// The texts reach a command line (quoted): no control characters.
+fn workers(config: &Config, issues: &mut Issues) {
+    for (name, w) in &config.workers {
+        let key = |field: &str| format!("workers.{name}.{field}");
+        if !is_worker_name(name) {
+            issues.push(
+                format!("workers.{name}"),
+                format!(
+                    "expected a worker name matching {WORKER_NAME_PATTERN} (it names branches \
+                     and directories)"
+                ),
+            );
+        }
+        let texts = [
+            ("ssh", w.ssh.as_deref()),
+            ("ssh_config", w.ssh_config.as_deref()),
+            ("opencode", w.opencode.as_deref()),
+            ("root", w.root.as_deref()),
+        ];
+        if name == LOCAL_WORKER {
+            for (field, set) in texts {
+                if set.is_some() {
+                    issues.push(
+                        key(field),
+                        "expected only `max_tasks` for `local` (this machine, not reached over ssh)",
+                    );
+                }
+            }
+            continue;
+        }
+        for (field, text) in texts {
+            let Some(text) = text else { continue };
+            if text.trim().is_empty() || text.chars().any(char::is_control) {
+                issues.push(
+                    key(field),
+                    "expected text without control characters, found empty or control characters",
+                );
+            }
+        }
+        match w.ssh.as_deref() {
+            None => issues.push(
+                key("ssh"),
+                "expected the worker's ssh destination (a Host of ~/.ssh/config, or user@host)",
+            ),
+            Some(d) if d.starts_with('-') || d.chars().any(char::is_whitespace) => issues.push(
+                key("ssh"),
+                format!(
+                    "expected an ssh destination (a Host of ~/.ssh/config, or user@host), found \
+                     {d:?}: no leading `-`, no spaces"
+                ),
+            ),
+            Some(_) => {}
+        }
+        if let Some(file) = w.ssh_config.as_deref() {
+            if !std::path::Path::new(file).is_absolute() {
+                issues.push(
+                    key("ssh_config"),
+                    format!("expected an absolute path, found {file:?}"),
+                );
+            }
+        }
+        if w.max_tasks.is_none() {
+            issues.push(
+                key("max_tasks"),
+                "expected how many tasks the worker runs at once",
+            );
+        }
+    }
+}
+
+/// Whether `name` matches [`WORKER_NAME_PATTERN`].
+pub(crate) fn is_worker_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.len() <= 32
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 /// Every host needs a result budget with room for an answer and a wait it can sit through:
@@ -684,6 +767,42 @@ mod tests {
         ] {
             assert!(!is_loopback(bad), "{bad}");
         }
+    }
+
+    /// Each way a worker entry can be wrong is named by its key; a good one passes.
+    #[test]
+    fn worker_entries() {
+        let issues = |yaml: &str| {
+            let mut config = crate::gateway::test_config();
+            config.workers = yaml_serde::from_str(yaml).expect("workers yaml");
+            let mut found = Issues(Vec::new());
+            workers(&config, &mut found);
+            found.0.into_iter().map(|i| i.key).collect::<Vec<_>>()
+        };
+        assert!(issues("box:\n  ssh: me@box\n  max_tasks: 2\n").is_empty());
+        assert!(issues("local:\n  max_tasks: 2\n").is_empty());
+        assert_eq!(issues("local:\n  ssh: me@box\n"), ["workers.local.ssh"]);
+        assert_eq!(issues("box:\n  max_tasks: 2\n"), ["workers.box.ssh"]);
+        assert_eq!(issues("box:\n  ssh: box\n"), ["workers.box.max_tasks"]);
+        for destination in ["-oProxyCommand=sh", "'me@box rm'"] {
+            let yaml = format!("box:\n  ssh: {destination}\n  max_tasks: 1\n");
+            assert_eq!(issues(&yaml), ["workers.box.ssh"], "{destination}");
+        }
+        assert_eq!(
+            issues("box:\n  ssh: box\n  max_tasks: 1\n  ssh_config: relative/config\n"),
+            ["workers.box.ssh_config"]
+        );
+        assert_eq!(
+            issues("box:\n  ssh: box\n  max_tasks: 1\n  root: \"a\\nb\"\n"),
+            ["workers.box.root"]
+        );
+        assert_eq!(
+            issues("Box:\n  ssh: box\n  max_tasks: 1\n"),
+            ["workers.Box"]
+        );
+        assert!(is_worker_name("gpu-1_a"));
+        assert!(!is_worker_name(&"x".repeat(33)));
+        assert!(!is_worker_name("-x"));
     }
 
     #[test]

@@ -37,5 +37,6 @@ pub use opencode_server::{EventStream, OpenCodeServer};
 pub mod procs;
 pub mod rig;
 pub mod server_thread;
+pub mod sshd;
 pub mod tcp_proxy;
 pub mod tmux;

@@ -1,0 +1,212 @@
+//! Workers for the tests: real OpenSSH servers (`sshd`, Debian's `openssh-server`) on
+//! 127.0.0.1, each with its own host key, home directory and root directory standing for a
+//! machine of its own, and one client key made for the test.
+//!
+//! [`SshKey::new`] makes the client key and an ssh client configuration file; [`Sshd::start`]
+//! starts a server that accepts that key and adds a `Host <name>` entry for it to the file, so
+//! the gateway reaches it as `ssh <name>` with `-F <file>` (its worker's `ssh_config`). Nothing
+//! of the user's own `~/.ssh` is read or written. `sshd` runs in the foreground as this test's
+//! child and is killed when the [`Sshd`] drops.
+//!
+//! `sshd` needs root (it checks its privilege separation directory, `/run/sshd`, which is made
+//! here when missing); `.ci/run` installs `openssh-server` when `sshd` is missing.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+/// The test's client key and the ssh client configuration file that names each worker.
+pub struct SshKey {
+    dir: tempfile::TempDir,
+}
+
+impl SshKey {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("test-ssh-client-")
+            .tempdir()
+            .expect("temp dir for the client key");
+        keygen(&dir.path().join("id_ed25519"));
+        std::fs::write(dir.path().join("config"), "").expect("write the client config");
+        Self { dir }
+    }
+
+    /// The ssh client configuration file (`ssh -F`).
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.path().join("config")
+    }
+
+    fn private_key(&self) -> PathBuf {
+        self.dir.path().join("id_ed25519")
+    }
+
+    fn public_key(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("id_ed25519.pub")).expect("public key")
+    }
+
+    fn known_hosts(&self) -> PathBuf {
+        self.dir.path().join("known_hosts")
+    }
+}
+
+/// One worker: an `sshd` on 127.0.0.1 that accepts the test's key, with its own home and root.
+pub struct Sshd {
+    pub name: String,
+    pub port: u16,
+    /// The home directory its sessions get (`HOME`): the worker's own OpenCode and git
+    /// configuration live there.
+    pub home: PathBuf,
+    /// A directory for the worker's `root` setting.
+    pub root: PathBuf,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Sshd {
+    /// Starts worker `name` and adds `Host <name>` to `key`'s client configuration.
+    pub fn start(name: &str, key: &SshKey) -> Self {
+        if !Path::new(SSHD).exists() {
+            panic!(
+                "{SSHD} is missing; the worker tests run real OpenSSH servers: install them with \
+                 `apt-get install openssh-server`"
+            );
+        }
+        let privsep = Path::new("/run/sshd");
+        if !privsep.exists() {
+            std::fs::create_dir_all(privsep).unwrap_or_else(|e| {
+                panic!("sshd needs /run/sshd (run the tests as root, or create it): {e}")
+            });
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("test-worker-{name}-"))
+            .tempdir()
+            .expect("temp dir for the worker");
+        let home = dir.path().join("home");
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&home).expect("worker home");
+        std::fs::create_dir_all(&root).expect("worker root");
+        let host_key = dir.path().join("host_key");
+        keygen(&host_key);
+        let authorized = dir.path().join("authorized_keys");
+        std::fs::write(&authorized, key.public_key()).expect("authorized_keys");
+        let port = super::opencode_server::free_port();
+        let user = whoami();
+        let config = dir.path().join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "ListenAddress 127.0.0.1\nPort {port}\nHostKey {hk}\nPidFile {pid}\n\
+                 AuthorizedKeysFile {authorized}\nAllowUsers {user}\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
+                 PermitRootLogin prohibit-password\nAllowAgentForwarding no\n\
+                 AllowTcpForwarding local\nX11Forwarding no\nPermitTTY no\n\
+                 SetEnv HOME={home}\nLogLevel VERBOSE\n",
+                hk = host_key.display(),
+                pid = dir.path().join("sshd.pid").display(),
+                authorized = authorized.display(),
+                home = home.display(),
+            ),
+        )
+        .expect("sshd_config");
+        let log = std::fs::File::create(dir.path().join("sshd.log")).expect("sshd log");
+        let child = Command::new(SSHD)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start sshd");
+        let mut sshd = Sshd {
+            name: name.to_string(),
+            port,
+            home,
+            root,
+            dir,
+            child: Some(child),
+        };
+        sshd.wait_listening();
+        let public = std::fs::read_to_string(host_key.with_extension("pub")).expect("host key");
+        let mut known = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(key.known_hosts())
+            .expect("known_hosts");
+        writeln!(known, "[127.0.0.1]:{port} {}", public.trim()).expect("write known_hosts");
+        let mut client = std::fs::OpenOptions::new()
+            .append(true)
+            .open(key.config_file())
+            .expect("client config");
+        write!(
+            client,
+            "Host {name}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {id}\n  \
+             IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {kh}\n  \
+             StrictHostKeyChecking yes\n  GlobalKnownHostsFile /dev/null\n",
+            id = key.private_key().display(),
+            kh = key.known_hosts().display(),
+        )
+        .expect("write client config");
+        sshd
+    }
+
+    /// Waits (bounded) until the server accepts connections.
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("sshd exited ({status}): {}", self.log());
+            }
+            if Instant::now() > deadline {
+                panic!("sshd did not listen within 10 s: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What sshd logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// Stops the server (the machine is gone); sessions already open end with it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn keygen(path: &Path) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "opencode-mcp-test", "-f"])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("ssh-keygen is missing ({e}): install OpenSSH's client (`apt-get install openssh-client`)")
+        });
+    assert!(
+        out.status.success(),
+        "ssh-keygen: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn whoami() -> String {
+    let out = Command::new("id").arg("-un").output().expect("id -un");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
