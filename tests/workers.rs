@@ -224,3 +224,294 @@ fn doctor_checks_each_worker() {
     assert!(down.contains("ssh cannot reach gone"), "{text}");
     assert!(text.contains("ssh -o BatchMode=yes gone true"), "{text}");
 }
+
+/// Reads a file of the worker's (the test sees its disk, as the worker's own shell would).
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// **The work goes to a worker and comes back with git over ssh.** The base (HEAD plus the
+/// uncommitted and untracked work) is pushed into the worker's bare repository and a worktree
+/// made there on the task's branch; what the agent then does there (an edit, a new file, a
+/// deletion) comes back as the gateway's own ref, with no branch of the user's written; a
+/// `.git` file the agent rewrote to point at a repository of its own, whose filter would run a
+/// command, runs nothing; a discard leaves nothing on the worker. An unreachable worker is an
+/// error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_goes_to_a_worker_and_back_with_git() {
+    use opencode_mcp::git::{base_commit, Base};
+    use opencode_mcp::workers::{repo, ssh::Ssh, Remote};
+    use support::git::{git, init_repo};
+
+    let key = SshKey::new();
+    let worker = Sshd::start("w1", &key);
+    let remote = Remote {
+        ssh: Ssh::new("w1", Some(&key.config_file().display().to_string())),
+        opencode: "opencode".into(),
+        root: worker.root.display().to_string(),
+    };
+    let local = tempfile::tempdir().expect("temp dir");
+    let repo_dir = local.path().join("app");
+    init_repo(
+        &repo_dir,
+        &[("src/lib.rs", "fn a() {}\n"), ("README", "hello\n")],
+    );
+    std::fs::write(repo_dir.join("src/lib.rs"), "fn a() {}\nfn b() {}\n").expect("edit");
+    std::fs::write(repo_dir.join("notes.txt"), "untracked\n").expect("untracked");
+    let status_before = git(&repo_dir, &["status", "--porcelain"]);
+    let scratch = local.path().join("scratch");
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    let (origin, base) = base_commit(&repo_dir, &scratch, "tsk_one", Base::WorkingTree)
+        .await
+        .expect("the base commit");
+
+    let placed = repo::push("w1", &remote, &origin, "tsk_one", &base)
+        .await
+        .expect("pushed to the worker");
+    let there = std::path::PathBuf::from(&placed.worktree);
+    assert!(there.starts_with(&worker.root), "{placed:?}");
+    assert_eq!(read(&there.join("src/lib.rs")), "fn a() {}\nfn b() {}\n");
+    assert_eq!(read(&there.join("notes.txt")), "untracked\n");
+
+    // The agent's work on the worker, and a planted `.git` pointing at a repository whose
+    // filter driver would create `marker` if git ever followed it.
+    std::fs::write(there.join("README"), "hello, worker\n").expect("edit there");
+    std::fs::remove_file(there.join("notes.txt")).expect("delete there");
+    std::fs::create_dir_all(there.join("docs")).expect("mkdir there");
+    std::fs::write(there.join("docs/plan.md"), "# plan\n").expect("add there");
+    let evil = worker.root.join("evil");
+    git(&worker.root, &["init", "-q", "evil"]);
+    let marker = worker.root.join("marker");
+    git(
+        &evil,
+        &[
+            "config",
+            "filter.x.clean",
+            &format!("touch {} && cat", marker.display()),
+        ],
+    );
+    std::fs::write(there.join(".gitattributes"), "* filter=x\n").expect("attributes");
+    std::fs::write(
+        there.join(".git"),
+        format!("gitdir: {}\n", evil.join(".git").display()),
+    )
+    .expect("plant .git");
+
+    let commit = repo::fetch_back("w1", &remote, &origin, &placed, "turn 1 of tsk_one")
+        .await
+        .expect("fetched back");
+    assert!(
+        !marker.exists(),
+        "the planted repository's filter never ran"
+    );
+    let fetched = git(
+        &repo_dir,
+        &["rev-parse", "refs/opencode-mcp/remote/tsk_one"],
+    );
+    assert_eq!(fetched.trim(), commit);
+    let changed = git(
+        &repo_dir,
+        &[
+            "diff",
+            "--name-status",
+            &base,
+            "refs/opencode-mcp/remote/tsk_one",
+        ],
+    );
+    for line in [
+        "M\tREADME",
+        "D\tnotes.txt",
+        "A\tdocs/plan.md",
+        "A\t.gitattributes",
+    ] {
+        assert!(changed.lines().any(|l| l == line), "{line} in:\n{changed}");
+    }
+    assert!(!changed.contains(".git\n"), "{changed}");
+    assert_eq!(
+        git(&repo_dir, &["branch", "--format=%(refname:short)"]).trim(),
+        "main",
+        "no branch of the user's was written"
+    );
+    assert_eq!(
+        git(&repo_dir, &["status", "--porcelain"]),
+        status_before,
+        "the user's files and index are as they were"
+    );
+
+    // A later push of the same origin goes to the same repository.
+    let second = repo::push("w1", &remote, &origin, "tsk_two", &base)
+        .await
+        .expect("a second task");
+    assert_eq!(second.bare, placed.bare);
+
+    repo::discard("w1", &remote, &origin, &placed)
+        .await
+        .expect("discarded");
+    assert!(!there.exists(), "the worktree left the worker");
+    let branches = git(
+        std::path::Path::new(&placed.bare),
+        &["branch", "--format=%(refname:short)"],
+    );
+    assert!(!branches.contains("opencode-mcp/tsk_one"), "{branches}");
+    assert!(branches.contains("opencode-mcp/tsk_two"), "{branches}");
+    let refs = git(&repo_dir, &["for-each-ref", "refs/opencode-mcp/"]);
+    assert!(!refs.contains("tsk_one"), "{refs}");
+
+    let mut gone = Sshd::start("w2", &key);
+    gone.stop();
+    let unreachable = Remote {
+        ssh: Ssh::new("w2", Some(&key.config_file().display().to_string())),
+        opencode: "opencode".into(),
+        root: "/tmp".into(),
+    };
+    let err = repo::push("w2", &unreachable, &origin, "tsk_three", &base)
+        .await
+        .expect_err("an unreachable worker");
+    assert!(err.to_string().contains("ssh could not reach w2"), "{err}");
+}
+
+/// Kills a process when dropped (if it still runs).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0) {
+            if pid > 1 {
+                // SAFETY: kill(2) on the pid of an OpenCode this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// `value` as one word for `sh`.
+fn sh_word(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "'\\''"))
+}
+
+/// **OpenCode on a worker, behind the session's forward.** Started over ssh on the worker's
+/// loopback with a password of its own (sent on stdin: on no command line of either machine),
+/// with the worker's own configuration (here a wrapper holding the worker's environment: its
+/// home and its provider, the fake model); reached here through the forward, where it refuses
+/// a request without the password and runs a turn with it; stopped on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_runs_on_a_worker_behind_a_forward() {
+    use opencode_mcp::workers::{serve::RemoteServe, ssh::Ssh, Remote};
+    use support::opencode_server::encode;
+    use support::{procs, FAKE_MODEL, FAKE_PROVIDER};
+
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let key = SshKey::new();
+    let worker = Sshd::start("w1", &key);
+    let wrapper = worker.root.join("opencode-on-w1");
+    let mut script = String::from("#!/bin/sh\n");
+    for (k, v) in env.vars(&fake.url()) {
+        script.push_str(&format!("export {k}={}\n", sh_word(&v)));
+    }
+    script.push_str(&format!(
+        "exec {} \"$@\"\n",
+        sh_word(&opencode_bin().display().to_string())
+    ));
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let remote = Remote {
+        ssh: Ssh::new("w1", Some(&key.config_file().display().to_string())),
+        opencode: wrapper.display().to_string(),
+        root: worker.root.display().to_string(),
+    };
+    let project = worker.root.join("project");
+    std::fs::create_dir_all(&project).expect("project dir");
+    let project_dir = project.display().to_string();
+
+    let serve = RemoteServe::start(
+        "w1",
+        &remote,
+        &project_dir,
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("OpenCode started on the worker");
+    // The worker is this machine: should an assertion fail before the stop, its OpenCode (which
+    // outlives a dropped ssh session by design) is killed here, not left running.
+    let reaper = KillOnDrop(serve.remote_pid);
+    assert!(serve.url.starts_with("http://127.0.0.1:"), "{}", serve.url);
+    let listeners = procs::listeners_on(serve.remote_port);
+    assert!(
+        !listeners.is_empty(),
+        "OpenCode listens on {}",
+        serve.remote_port
+    );
+    assert!(
+        listeners
+            .iter()
+            .all(|(family, addr)| family == "tcp" && addr == "0100007F"),
+        "only the worker's loopback: {listeners:?}"
+    );
+    let everywhere: Vec<String> = procs::all()
+        .into_iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{}/cmdline", p.pid)).ok())
+        .map(|c| String::from_utf8_lossy(&c).into_owned())
+        .filter(|c| c.contains(&serve.password))
+        .collect();
+    assert!(
+        everywhere.is_empty(),
+        "the password is on a command line: {everywhere:?}"
+    );
+
+    let http = reqwest::Client::new();
+    let q = format!("directory={}", encode(&project_dir));
+    let refused = http
+        .get(format!("{}/session?{q}", serve.url))
+        .send()
+        .await
+        .expect("a request through the forward");
+    assert_eq!(refused.status(), 401, "no password, no answer");
+    let session: Value = http
+        .post(format!("{}/session?{q}", serve.url))
+        .basic_auth("opencode", Some(&serve.password))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("create a session")
+        .json()
+        .await
+        .expect("a session");
+    let id = session["id"].as_str().expect("session id");
+    assert_eq!(session["directory"], project_dir.as_str(), "{session}");
+    let prompted = http
+        .post(format!("{}/session/{id}/prompt_async?{q}", serve.url))
+        .basic_auth("opencode", Some(&serve.password))
+        .json(&serde_json::json!({
+            "parts": [{ "type": "text", "text": "hello from the worker" }],
+            "model": { "providerID": FAKE_PROVIDER, "modelID": FAKE_MODEL }
+        }))
+        .send()
+        .await
+        .expect("prompt");
+    assert_eq!(prompted.status(), 204);
+    fake.wait_for_request(std::time::Duration::from_secs(60), |r| {
+        r.last_user_text.contains("hello from the worker")
+    })
+    .await;
+
+    let pid = serve.remote_pid;
+    assert!(pid > 1, "the worker's OpenCode pid is known");
+    let url = serve.url.clone();
+    serve.stop(&remote).await;
+    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
+        (!procs::stat(pid).is_some_and(|p| p.is_live())).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "OpenCode on the worker stopped");
+    // Stopped: its pid is no longer ours to kill.
+    std::mem::forget(reaper);
+    assert!(
+        http.get(format!("{url}/session?{q}")).send().await.is_err(),
+        "the forward is closed"
+    );
+}

@@ -127,7 +127,7 @@ const STDERR_LIMIT: usize = 64 << 10;
 /// transport. Filter, diff and merge drivers cannot be switched off by name (their names are
 /// free); they run only where attributes choose them, and a worktree's attributes come from
 /// its base commit ([`super::Worktree`]).
-const OVERRIDES: [&str; 18] = [
+pub const OVERRIDES: [&str; 18] = [
     "-c",
     "core.hooksPath=/dev/null",
     "-c",

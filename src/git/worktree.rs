@@ -45,15 +45,23 @@ pub struct Created {
     pub base: String,
 }
 
-/// Creates the worktree of task `name` for the repository around `dir`, at `root/<name>`.
-pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<Created, GitError> {
+/// The repository around `dir` (its top directory, canonical) and the commit a task's work
+/// starts from: `HEAD`, or for [`Base::WorkingTree`] `HEAD` plus the uncommitted changes
+/// (untracked files included) as a commit of the gateway's, written without touching the
+/// user's index (`scratch` holds the temporary one). `name` is the task's, for the message.
+pub async fn base_commit(
+    dir: &Path,
+    scratch: &Path,
+    name: &str,
+    base: Base,
+) -> Result<(PathBuf, String), GitError> {
     let origin = toplevel(dir).await?;
     let repo = Repo::at(&origin);
     let head = head(&repo).await?;
-    let base_commit = match base {
+    let commit = match base {
         Base::Head => head,
         Base::WorkingTree => {
-            let tree = snapshot_tree(&repo, root)
+            let tree = snapshot_tree(&repo, scratch)
                 .await
                 .map_err(|e| as_snapshot_error(&origin, e))?;
             let head_tree = repo
@@ -71,6 +79,13 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
             }
         }
     };
+    Ok((origin, commit))
+}
+
+/// Creates the worktree of task `name` for the repository around `dir`, at `root/<name>`.
+pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<Created, GitError> {
+    let (origin, base_commit) = base_commit(dir, root, name, base).await?;
+    let repo = Repo::at(&origin);
     // Owner-only: the worktrees hold copies of the user's files, untracked ones included.
     crate::private_files::create_dir(root).map_err(|error| GitError::Io {
         dir: root.to_path_buf(),

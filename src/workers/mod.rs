@@ -6,8 +6,15 @@
 //!   forwarding nothing, every argument quoted.
 //! - `probe`: what a worker offers (reachable, git, OpenCode and its release, a writable root),
 //!   in one round trip; `opencode-mcp workers` and `doctor` report it.
+//! - `repo`: the repository there and back with git over the same ssh: the task's base pushed
+//!   into a bare repository per origin, a worktree made on the task's branch, the agent's work
+//!   committed there and fetched back under the gateway's own refs, and all of it removed.
+//! - `serve`: the worker's OpenCode, started over ssh on its loopback with a password of its
+//!   own, reached through the same connection's port forward.
 
 pub mod probe;
+pub mod repo;
+pub mod serve;
 pub mod ssh;
 
 use serde::Serialize;

@@ -39,6 +39,26 @@ const OPTIONS: &[&str] = &[
     "-T",
 ];
 
+/// [`OPTIONS`] for the one connection that carries a port forward (a worker's OpenCode session,
+/// `serve.rs`): `ClearAllForwardings` would clear its own `-L` too.
+pub const FORWARDING_OPTIONS: &[&str] = &[
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ForwardAgent=no",
+    "-o",
+    "ForwardX11=no",
+    "-o",
+    "PermitLocalCommand=no",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=10",
+    "-o",
+    "ServerAliveCountMax=3",
+    "-T",
+];
+
 /// `ssh`'s own exit status when it could not connect or authenticate (a remote command's
 /// status is passed through otherwise).
 const SSH_FAILED: i32 = 255;
@@ -93,11 +113,22 @@ impl Ssh {
 
     /// The `ssh` command that runs `argv` on the worker.
     pub fn command(&self, argv: &[&str]) -> tokio::process::Command {
+        self.command_with(OPTIONS, &[], argv)
+    }
+
+    /// [`Self::command`] with other `options` and `extra` arguments (a forward's `-L`).
+    pub fn command_with(
+        &self,
+        options: &[&str],
+        extra: &[&str],
+        argv: &[&str],
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("ssh");
         if let Some(file) = &self.config_file {
             cmd.arg("-F").arg(file);
         }
-        cmd.args(OPTIONS)
+        cmd.args(options)
+            .args(extra)
             .arg("--")
             .arg(&self.destination)
             .arg(remote_line(argv))
@@ -106,6 +137,18 @@ impl Ssh {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         cmd
+    }
+
+    /// The same `ssh`, as git's `GIT_SSH_COMMAND` (which git hands to a shell, so every word
+    /// is quoted): git's own transport then connects exactly as every other call does.
+    pub fn git_ssh_command(&self) -> String {
+        let mut words = vec!["ssh".to_string()];
+        if let Some(file) = &self.config_file {
+            words.push("-F".into());
+            words.push(quote(file));
+        }
+        words.extend(OPTIONS.iter().map(|o| quote(o)));
+        words.join(" ")
     }
 
     /// Runs `argv` on the worker, with `input` on its stdin, for at most `within`. A command

@@ -1,0 +1,241 @@
+//! OpenCode on a worker: one `opencode serve` there, listening on the worker's loopback only,
+//! started over ssh and reached through that same connection's port forward, with a password of
+//! its own.
+//!
+//! The user's provider keys never leave this machine: the worker's OpenCode runs with the
+//! worker's own configuration (its home, its providers). The password goes over the
+//! connection's stdin, never on a command line (a worker's other users see command lines).
+//! The serve session is one `ssh -L <local>:127.0.0.1:<remote> <worker> sh -c …`: the forward
+//! lives exactly as long as the session, and OpenCode's own `listening on` line says when it is
+//! ready. The remote port is chosen here (OpenCode's `--port 0` prefers 4096, which another
+//! user of the machine may hold); a port OpenCode cannot bind is tried again with another.
+//!
+//! The forwarding connection cannot use `ClearAllForwardings` (it would clear its own `-L`), so
+//! forwardings the user's ssh configuration declares for that host come up with it; every
+//! other connection clears them.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Child;
+
+use super::ssh::{SshError, FORWARDING_OPTIONS};
+use super::Remote;
+
+/// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
+/// the OpenCode command, `$2` the port, `$3` the directory it serves from. It prints its pid
+/// (kept by `exec`) before OpenCode's own lines.
+const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
+                     export OPENCODE_SERVER_PASSWORD; cd -- \"$3\" || exit 98; \
+                     echo \"opencode-mcp-pid=$$\"; \
+                     exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
+
+/// Ports tried on the worker before giving up.
+const PORT_ATTEMPTS: usize = 3;
+
+/// What starting OpenCode on a worker can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Ssh(#[from] SshError),
+    #[error("OpenCode on worker {worker} did not start: {detail}")]
+    Failed { worker: String, detail: String },
+    #[error("cannot make a password for OpenCode on worker {0}: no randomness")]
+    NoSecret(String),
+}
+
+/// A worker's OpenCode, reachable here at [`Self::url`] with [`Self::password`] while the
+/// serve session lives.
+#[derive(Debug)]
+pub struct RemoteServe {
+    /// `http://127.0.0.1:<local port>`: the forward's end here.
+    pub url: String,
+    pub password: String,
+    /// The port OpenCode listens on there (loopback).
+    pub remote_port: u16,
+    /// OpenCode's pid there.
+    pub remote_pid: u32,
+    session: Child,
+}
+
+impl RemoteServe {
+    /// Starts OpenCode on `remote`, serving from `directory` there, within `within`.
+    pub async fn start(
+        worker: &str,
+        remote: &Remote,
+        directory: &str,
+        within: Duration,
+    ) -> Result<Self, ServeError> {
+        let password =
+            crate::ids::secret().map_err(|_| ServeError::NoSecret(worker.to_string()))?;
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let remote_port = random_port();
+            match Self::start_on(worker, remote, directory, &password, remote_port, within).await {
+                Ok(serve) => return Ok(serve),
+                Err(Attempt::PortTaken(detail)) => last = detail,
+                Err(Attempt::Failed(e)) => return Err(e),
+            }
+        }
+        Err(ServeError::Failed {
+            worker: worker.to_string(),
+            detail: format!("no free port after {PORT_ATTEMPTS} tries: {last}"),
+        })
+    }
+
+    async fn start_on(
+        worker: &str,
+        remote: &Remote,
+        directory: &str,
+        password: &str,
+        remote_port: u16,
+        within: Duration,
+    ) -> Result<Self, Attempt> {
+        let failed = |detail: String| {
+            Attempt::Failed(ServeError::Failed {
+                worker: worker.to_string(),
+                detail,
+            })
+        };
+        let local_port = free_local_port().map_err(|e| failed(format!("no local port: {e}")))?;
+        let port = remote_port.to_string();
+        let argv = ["sh", "-c", SERVE, "sh", &remote.opencode, &port, directory];
+        let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{remote_port}");
+        let mut cmd = remote
+            .ssh
+            .command_with(FORWARDING_OPTIONS, &["-L", &forward], &argv);
+        cmd.stdin(Stdio::piped());
+        let mut session = cmd
+            .spawn()
+            .map_err(|e| Attempt::Failed(ServeError::Ssh(SshError::NoClient(e))))?;
+        if let Some(mut stdin) = session.stdin.take() {
+            let line = format!("{password}\n");
+            if let Err(e) = stdin.write_all(line.as_bytes()).await {
+                return Err(failed(format!("the session closed at once: {e}")));
+            }
+        }
+        let Some(stdout) = session.stdout.take() else {
+            return Err(failed("no output from the session".into()));
+        };
+        let mut lines = BufReader::new(stdout).lines();
+        let mut seen: Vec<String> = Vec::new();
+        let mut pid = 0;
+        let ready = tokio::time::timeout(within, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(p) = line.strip_prefix("opencode-mcp-pid=") {
+                    pid = p.trim().parse().unwrap_or(0);
+                    continue;
+                }
+                if crate::opencode::parse_listening_line(&line).is_some() {
+                    return true;
+                }
+                if seen.len() < 20 {
+                    seen.push(line);
+                }
+            }
+            false
+        })
+        .await;
+        let said = seen.join("\n");
+        match ready {
+            Ok(true) => {}
+            Ok(false) => {
+                let stderr = match session.wait_with_output().await {
+                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    Err(_) => String::new(),
+                };
+                if stderr.contains("Connection refused")
+                    || stderr.contains("Could not resolve")
+                    || stderr.contains("Permission denied")
+                {
+                    return Err(Attempt::Failed(ServeError::Ssh(SshError::Unreachable {
+                        destination: remote.ssh.destination().to_string(),
+                        detail: stderr,
+                    })));
+                }
+                // OpenCode names a port it cannot bind only as a `ServeError`.
+                if said.contains("ServeError") || said.contains("EADDRINUSE") {
+                    return Err(Attempt::PortTaken(said));
+                }
+                return Err(failed(format!(
+                    "`{} serve` exited before it was ready: {}",
+                    remote.opencode,
+                    if said.is_empty() { stderr } else { said }
+                )));
+            }
+            Err(_) => {
+                let _ = session.start_kill();
+                return Err(failed(format!(
+                    "no `listening on` line within {within:?}: {said}"
+                )));
+            }
+        }
+        // OpenCode's further output is not read: keep the pipe drained so it never blocks.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let url = format!("http://127.0.0.1:{local_port}");
+        wait_forwarded(local_port, within)
+            .await
+            .map_err(|detail| failed(format!("the forward to it did not open: {detail}")))?;
+        Ok(Self {
+            url,
+            password: password.to_string(),
+            remote_port,
+            remote_pid: pid,
+            session,
+        })
+    }
+
+    /// Stops OpenCode there (SIGTERM to its pid over a new connection, then the session ends).
+    pub async fn stop(mut self, remote: &Remote) {
+        if self.remote_pid > 1 {
+            let pid = self.remote_pid.to_string();
+            let _ = remote
+                .ssh
+                .run(&["kill", &pid], None, Duration::from_secs(10))
+                .await;
+        }
+        let _ = self.session.start_kill();
+        let _ = self.session.wait().await;
+    }
+
+    /// Whether the serve session (and so the forward) still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.session.try_wait(), Ok(None))
+    }
+}
+
+enum Attempt {
+    PortTaken(String),
+    Failed(ServeError),
+}
+
+/// A port for OpenCode on the worker, from the dynamic range.
+fn random_port() -> u16 {
+    let mut b = [0u8; 2];
+    let r = getrandom::fill(&mut b)
+        .map(|_| u16::from_le_bytes(b))
+        .unwrap_or(7919);
+    20_000 + r % 30_000
+}
+
+fn free_local_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()
+        .map(|a| a.port())
+}
+
+/// Waits until the forward's local end accepts connections (ssh binds it right after the
+/// connection is authenticated, and OpenCode is already listening).
+async fn wait_forwarded(port: u16, within: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut last = String::new();
+    while tokio::time::Instant::now() < deadline {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(last)
+}
