@@ -615,3 +615,57 @@ async fn a_turn_that_finished_during_a_long_downtime_keeps_its_answer() {
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt), "{r}");
 }
+
+/// **A task another gateway started after this one's restore is taken over once that gateway
+/// is gone.** Two hosts share a state directory (two windows of one user); the second one
+/// starts a task and closes mid-turn. The first gateway saw no such task at its restore, so it
+/// answered for it from its record and refused to act on it for its whole life; the turn went
+/// on untracked on the attached server.
+///
+/// Proves: reading the task is enough for the first gateway to watch its owner; once that
+/// owner is gone the task is adopted and completes with its answer, one LLM call for the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_started_by_a_gateway_that_later_exits_is_taken_over() {
+    let (rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
+    let second = rig.launch.connect().await.expect("a second gateway starts");
+    let attached = second
+        .call_ok("opencode_start_server", json!({}))
+        .await
+        .expect("the second gateway attaches");
+    let prompt = "started by the second gateway [[delay:3000]]";
+    let started = second
+        .call_ok(
+            "opencode_start_task",
+            json!({ "server_id": attached["server_id"], "prompt": prompt }),
+        )
+        .await
+        .expect("the second gateway starts a task");
+    let task = id(&started);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("started by the second gateway")
+        })
+        .await;
+    let st = rig.status(&task).await;
+    assert!(
+        matches!(st["status"].as_str(), Some("pending" | "running")),
+        "the first gateway answers from the record: {st}"
+    );
+    let pid = second.pid().expect("second gateway pid");
+    // SAFETY: kill(2) on a pid this test spawned; no memory is involved.
+    unsafe {
+        libc::kill(libc::pid_t::try_from(pid).expect("pid fits"), libc::SIGKILL);
+    }
+    drop(second);
+    assert!(wait_gone(pid, std::time::Duration::from_secs(10)).await);
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply(prompt));
+    let st = rig.status(&task).await;
+    let session = st["session_id"].as_str().expect("session");
+    assert_eq!(
+        rig.requests_for(session).len(),
+        1,
+        "one LLM call for the turn"
+    );
+}

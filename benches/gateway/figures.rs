@@ -515,6 +515,56 @@ pub fn worktree(out: &mut Collected, w: &WorktreeTimes) {
     );
 }
 
+/// The `workers` scenario: moving a task's work to a worker and back, against plain git over
+/// the same ssh.
+pub fn workers(out: &mut Collected, w: &crate::workers::WorkerTimes) {
+    let rows = [
+        (
+            "worker_first_push",
+            format!("first push of a {}-file repository to a worker", w.files),
+            "git init --bare over ssh + git push of the same commit",
+            &w.first_gateway,
+            &w.first_plain,
+            "informational: the gateway's side also makes the task's worktree there (a checkout \
+             of every file)",
+        ),
+        (
+            "worker_later_push",
+            "later push (one file changed) to the same worker".to_string(),
+            "git push of the same commit into the same bare repository",
+            &w.later_gateway,
+            &w.later_plain,
+            "informational: the gateway's side also makes the new task's worktree there",
+        ),
+        (
+            "worker_turn_back",
+            "remote turn's end -> its diff readable locally".to_string(),
+            "a commit over ssh + git fetch + git diff --stat",
+            &w.back_gateway,
+            &w.back_plain,
+            "informational: three files changed there; the gateway commits with pinned GIT_DIR \
+             and attributes, fetches into refs/opencode-mcp/remote/, then diffs",
+        ),
+    ];
+    for (id, title, label, gateway, plain, note) in rows {
+        out.figures.push(
+            Figure::new(id, title, "ms")
+                .gateway(Summary::of(gateway))
+                .baseline(label, Summary::of(plain))
+                .note(note),
+        );
+    }
+    out.extra.insert(
+        "workers".into(),
+        json!({
+            "files": w.files,
+            "first_gateway_ms": w.first_gateway, "first_plain_ms": w.first_plain,
+            "later_gateway_ms": w.later_gateway, "later_plain_ms": w.later_plain,
+            "back_gateway_ms": w.back_gateway, "back_plain_ms": w.back_plain,
+        }),
+    );
+}
+
 /// The tour: a fresh gateway's RSS after every tool was used, round after round, as a host's
 /// session uses them (the nearest figure to issue 22's "RSS after the full held-out scenario
 /// run", whose scenarios are not on this machine).

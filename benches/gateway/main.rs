@@ -25,6 +25,7 @@ mod sse;
 mod stats;
 mod surface;
 mod tour;
+mod workers;
 mod worktree;
 
 use std::collections::BTreeSet;
@@ -79,6 +80,8 @@ struct Knobs {
     /// Files in the `worktree` scenario's repository, and creations timed per side.
     worktree_files: usize,
     worktree_reps: usize,
+    /// Rounds of the `workers` scenario (on the `worktree` scenario's repository size).
+    worker_reps: usize,
     /// The steady-rate soak: rounds, tasks per round, seconds per round, and how long a
     /// finished task stays in the soak gateway's memory (`limits.finished_in_memory`).
     soak_rounds: usize,
@@ -94,8 +97,9 @@ struct Knobs {
 const START_MODEL: &str = "fake/fake-strong";
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
-/// worktree in a large repository, and needs no OpenCode).
-const SCENARIOS: [&str; 11] = [
+/// worktree in a large repository, and `workers` a task's work moved to a worker (a real sshd on
+/// 127.0.0.1) and back; neither needs OpenCode).
+const SCENARIOS: [&str; 12] = [
     "surface",
     "start",
     "start_model",
@@ -105,6 +109,7 @@ const SCENARIOS: [&str; 11] = [
     "cold",
     "footprint",
     "worktree",
+    "workers",
     "tour",
     "soak",
 ];
@@ -168,6 +173,7 @@ impl Knobs {
             idle_secs: env_num("BENCH_IDLE_SECS", q(10, 3) as u64)?,
             worktree_files: env_num("BENCH_WORKTREE_FILES", 10_000)?,
             worktree_reps: env_num("BENCH_WORKTREE_REPS", q(10, 5))?,
+            worker_reps: env_num("BENCH_WORKER_REPS", q(6, 3))?,
             soak_rounds: env_num("BENCH_SOAK_ROUNDS", q(12, 6))?,
             soak_tasks: env_num("BENCH_SOAK_TASKS", q(300, 100))?,
             soak_every_secs: env_num("BENCH_SOAK_EVERY_SECS", q(60, 20) as u64)?,
@@ -367,7 +373,19 @@ async fn run() -> Result<(), BoxError> {
         save(&out, &machine, false)?;
     }
 
-    let needs_opencode = SCENARIOS.iter().any(|s| *s != "worktree" && knobs.runs(s));
+    if knobs.runs("workers") {
+        step(&format!(
+            "workers: {} files to a worker over ssh and back, {} rounds",
+            knobs.worktree_files, knobs.worker_reps
+        ));
+        let w = workers::worker_moves(knobs.worktree_files, knobs.worker_reps).await?;
+        figures::workers(&mut out, &w);
+        save(&out, &machine, false)?;
+    }
+
+    let needs_opencode = SCENARIOS
+        .iter()
+        .any(|s| !["worktree", "workers"].contains(s) && knobs.runs(s));
     if needs_opencode {
         step("starting the fake LLM and OpenCode");
         let fake = FakeLlm::start();

@@ -34,7 +34,7 @@ const SETUP_ENV: [(&str, &str); 6] = [
     ("GIT_COMMITTER_EMAIL", "bench@example.invalid"),
 ];
 
-async fn git_in(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
+pub(crate) async fn git_in(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
     let out = tokio::process::Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -55,7 +55,7 @@ async fn git_in(dir: &Path, args: &[&str]) -> Result<(), BoxError> {
 
 /// A repository of `files` small committed files in directories of 100, plus uncommitted
 /// changes of every kind (so the gateway's snapshot has something to carry).
-async fn make_repo(repo: &Path, files: usize) -> Result<(), BoxError> {
+pub(crate) async fn make_repo(repo: &Path, files: usize) -> Result<(), BoxError> {
     // Committed files are dated an hour back: written in the same second as the index, they
     // would be "racily clean" and re-hashed by every command, which a real repository's files
     // are not.

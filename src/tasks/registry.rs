@@ -117,6 +117,9 @@ pub struct Registry {
     store: Option<Store>,
     /// The day's spend, shared with the other gateways on the state directory (`ledger.rs`).
     ledger: Ledger,
+    /// Where another gateway's unfinished task is reported each time it is read (its id and
+    /// owner): the watcher that takes it over once that gateway is gone (`restore.rs`).
+    foreign_seen: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(String, u32)>>,
 }
 
 /// A task whose record expired while it still had a worktree: the worktree is removed, or kept
@@ -187,7 +190,13 @@ impl Registry {
             changed: watch::channel(0).0,
             store,
             ledger,
+            foreign_seen: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reports every other gateway's unfinished task read from now on to `watcher`.
+    pub fn report_foreign(&self, watcher: tokio::sync::mpsc::UnboundedSender<(String, u32)>) {
+        let _ = self.foreign_seen.set(watcher);
     }
 
     /// The attached store, if any.
@@ -324,6 +333,9 @@ impl Registry {
             return None;
         }
         let owner = rec.owner_pid;
+        if let Some(watcher) = self.foreign_seen.get() {
+            let _ = watcher.send((task_id.to_string(), owner));
+        }
         let mut entry = TaskEntry::from_record(rec);
         entry.live.foreign = Some(owner);
         Some(OnDisk::Foreign(entry))

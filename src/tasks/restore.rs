@@ -112,6 +112,10 @@ impl TaskService {
             return;
         };
         self.restored.send_replace(false);
+        // Every other gateway's unfinished task read from now on is watched too: one started
+        // after this restore by a gateway that then exits is taken over the same way.
+        let (report, seen) = tokio::sync::mpsc::unbounded_channel();
+        self.registry.report_foreign(report);
         let this = self.clone();
         tokio::spawn(async move {
             after.await;
@@ -135,9 +139,7 @@ impl TaskService {
             if !adopt.is_empty() {
                 this.adopt(adopt).await;
             }
-            if !foreign.is_empty() {
-                tokio::spawn(this.watch_owners(foreign));
-            }
+            tokio::spawn(watch_owners(Arc::downgrade(&this), seen, foreign));
         });
     }
 
@@ -248,50 +250,6 @@ impl TaskService {
             .map(|u| u.trim_end_matches('/').to_string())
     }
 
-    /// Watches the gateways whose unfinished tasks the restore found (`foreign`: task id and
-    /// owner pid): once one is gone, each of its tasks is read again and taken over as at a
-    /// restore (a turn it finished while going keeps its answer). A gateway shutting down
-    /// spends seconds stopping while its successor restores in milliseconds; without this its
-    /// running tasks stayed another's for the successor's whole life.
-    async fn watch_owners(self: Arc<Self>, mut foreign: Vec<(String, u32)>) {
-        let Some(store) = self.registry.store().cloned() else {
-            return;
-        };
-        let mut tick = tokio::time::interval(OWNER_POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !foreign.is_empty() {
-            tick.tick().await;
-            let mut gone = Vec::new();
-            foreign.retain(|(id, pid)| {
-                let alive = store.owner_alive(*pid);
-                if !alive {
-                    gone.push(id.clone());
-                }
-                alive
-            });
-            let attach_url = self.attach_url();
-            let mut adopt = Vec::new();
-            for id in gone {
-                // Another call may have read it into memory once it finished.
-                if self.registry.any(|e| e.rec.id == id) {
-                    continue;
-                }
-                let Some(record) = store.load(&id) else {
-                    continue;
-                };
-                if record.status.is_terminal() {
-                    self.registry.restore(TaskEntry::from_record(record));
-                    continue;
-                }
-                tracing::info!(task = %id, owner = record.owner_pid, "taking over a task whose gateway exited");
-                adopt.extend(self.take_unfinished(record, attach_url.as_deref()));
-            }
-            if !adopt.is_empty() {
-                self.adopt(adopt).await;
-            }
-        }
-    }
-
     /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
     /// left there.
     async fn adopt(&self, adopt: Vec<String>) {
@@ -339,6 +297,78 @@ impl TaskService {
             // only from its next step on.
             budget::reconcile_spend(&self.tracker, &server, &id).await;
             completion::spawn_check(&self.tracker, &server, id, Idle::No, None);
+        }
+    }
+}
+
+/// Watches the gateways whose unfinished tasks this one has seen (`foreign` at the restore, then
+/// each one read since, reported by the registry on `seen`): once one is gone, each of its tasks
+/// is read again and taken over as at a restore (a turn it finished while going keeps its
+/// answer). A gateway shutting down spends seconds stopping while its successor restores in
+/// milliseconds, and two hosts may share a state directory and one close mid-task: without this
+/// such tasks stayed another's for this gateway's whole life. Ends with the service.
+async fn watch_owners(
+    service: std::sync::Weak<TaskService>,
+    mut seen: tokio::sync::mpsc::UnboundedReceiver<(String, u32)>,
+    foreign: Vec<(String, u32)>,
+) {
+    let mut watched: std::collections::HashMap<String, u32> = foreign.into_iter().collect();
+    let mut tick = tokio::time::interval(OWNER_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            reported = seen.recv() => match reported {
+                Some((id, pid)) => {
+                    watched.insert(id, pid);
+                }
+                // The registry, and so the service, is gone.
+                None => return,
+            },
+            _ = tick.tick(), if !watched.is_empty() => {
+                let Some(this) = service.upgrade() else {
+                    return;
+                };
+                this.take_over_orphans(&mut watched).await;
+            }
+        }
+    }
+}
+
+impl TaskService {
+    /// Takes over the `watched` tasks whose owner is gone (see [`watch_owners`]); the others
+    /// stay watched.
+    async fn take_over_orphans(&self, watched: &mut std::collections::HashMap<String, u32>) {
+        let Some(store) = self.registry.store().cloned() else {
+            watched.clear();
+            return;
+        };
+        let mut gone = Vec::new();
+        watched.retain(|id, pid| {
+            let alive = store.owner_alive(*pid);
+            if !alive {
+                gone.push(id.clone());
+            }
+            alive
+        });
+        let attach_url = self.attach_url();
+        let mut adopt = Vec::new();
+        for id in gone {
+            // Another call may have read it into memory once it finished.
+            if self.registry.any(|e| e.rec.id == id) {
+                continue;
+            }
+            let Some(record) = store.load(&id) else {
+                continue;
+            };
+            if record.status.is_terminal() {
+                self.registry.restore(TaskEntry::from_record(record));
+                continue;
+            }
+            tracing::info!(task = %id, owner = record.owner_pid, "taking over a task whose gateway exited");
+            adopt.extend(self.take_unfinished(record, attach_url.as_deref()));
+        }
+        if !adopt.is_empty() {
+            self.adopt(adopt).await;
         }
     }
 }
