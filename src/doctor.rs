@@ -176,12 +176,110 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
     Report::new(checks, exe)
 }
 
-/// One check per remote worker: reachable over ssh without a prompt, git and OpenCode there
-/// (another OpenCode release than this gateway's is a warning), a writable root. A worker that
-/// is not ready is a blocker: tasks placed there would fail.
+/// Two checks per remote worker: reachable over ssh without a prompt, git and OpenCode there
+/// (another OpenCode release than this gateway's is a warning), a writable root; then, for a
+/// ready one, its OpenCode's providers against the tiers. A worker that is not ready is a
+/// blocker: tasks placed there would fail.
 async fn worker_checks(config: &Config) -> Vec<Check> {
-    crate::workers::report(config)
-        .await
+    let reports = crate::workers::report(config).await;
+    let workers = crate::workers::from_config(config);
+    let mut checks = Vec::new();
+    for check in reachability_checks(reports.clone()) {
+        let ready = check.status != Status::Fail;
+        let worker = check
+            .name
+            .strip_prefix("worker ")
+            .and_then(|n| workers.iter().find(|w| w.name == n));
+        checks.push(check);
+        if let (true, Some(worker)) = (ready, worker) {
+            checks.push(worker_providers(config, worker).await);
+        }
+    }
+    checks
+}
+
+/// The worker's own OpenCode, started there for the check (and stopped): the providers it
+/// offers, and every tier that lists models against them. A worker with no model is a
+/// blocker; one that cannot serve some tiers is a warning (tasks of those tiers need another
+/// worker).
+async fn worker_providers(config: &Config, worker: &crate::workers::Worker) -> Check {
+    let name = format!("worker {} providers", worker.name);
+    let Some(remote) = worker.remote.as_ref() else {
+        return Check::new(name, Status::Skip, "this machine");
+    };
+    let place = remote.ssh.destination();
+    let started = crate::workers::serve::RemoteServe::start(
+        &worker.name,
+        remote,
+        &remote.root,
+        config.timeouts.server_start.get(),
+    )
+    .await;
+    let serve = match started {
+        Ok(serve) => serve,
+        Err(e) => {
+            return Check::new(
+                name,
+                Status::Fail,
+                format!("OpenCode did not start there: {e}"),
+            )
+            .fix(format!(
+                "run `{} serve` on {place} to see OpenCode's own error",
+                remote.opencode
+            ))
+        }
+    };
+    let catalog = match crate::opencode::Api::new(
+        &serve.url,
+        Some(&serve.password),
+        config.timeouts.request.get(),
+    ) {
+        Ok(api) => api.models(&serve.directory).await,
+        Err(e) => Err(e),
+    };
+    serve.stop(remote).await;
+    let catalog = match catalog {
+        Ok(c) if !c.models.is_empty() => c,
+        Ok(_) => {
+            return Check::new(name, Status::Fail, "OpenCode there offers no model").fix(format!(
+                "configure a provider on {place} (`opencode auth login` there): the worker's \
+                 OpenCode uses its own providers, your keys never leave this machine"
+            ))
+        }
+        Err(e) => {
+            return Check::new(
+                name,
+                Status::Fail,
+                format!("reading its models failed: {e}"),
+            )
+        }
+    };
+    let lacking: Vec<&str> = config
+        .tiers
+        .iter()
+        .filter(|t| !t.models.is_empty() && !resolve_tier(t, &catalog).available)
+        .map(|t| t.name.as_str())
+        .collect();
+    let offered = format!("{} model(s) offered there", catalog.models.len());
+    if lacking.is_empty() {
+        return Check::new(name, Status::Ok, format!("{offered}; serves every tier"));
+    }
+    Check::new(
+        name,
+        Status::Warn,
+        format!(
+            "{offered}; cannot serve tier(s) {}: none of their models is offered there",
+            lacking.join(", ")
+        ),
+    )
+    .fix(format!(
+        "configure those providers on {place}, or keep those tiers' tasks on other workers"
+    ))
+}
+
+/// One check per remote worker from its probe.
+fn reachability_checks(reports: Vec<crate::workers::WorkerReport>) -> Vec<Check> {
+    reports
         .into_iter()
         .filter_map(|r| {
             let health = r.health?;

@@ -179,8 +179,9 @@ fn a_repository_file_cannot_add_a_worker() {
     );
 }
 
-/// `opencode-mcp doctor` has one check per worker: a ready one passes (with its OpenCode
-/// release and slots), one that ssh cannot reach is a blocker with its fix.
+/// `opencode-mcp doctor` checks each worker: a ready one passes (with its OpenCode release and
+/// slots) and gets its own OpenCode started there to check its providers against the tiers
+/// (one tier it cannot serve is a warning); one that ssh cannot reach is a blocker with its fix.
 #[test]
 fn doctor_checks_each_worker() {
     let env = OpenCodeEnv::new();
@@ -189,9 +190,11 @@ fn doctor_checks_each_worker() {
     let mut gone = Sshd::start("gone", &key);
     gone.stop();
     let bin = opencode_bin().display().to_string();
+    let worker_fake = FakeLlm::start();
+    let there = worker_opencode(&ready, &env, &worker_fake.url());
     let user = format!(
-        "workers:\n{}{}",
-        entry(&ready, &key, &bin, &ready.root.display().to_string(), 2),
+        "tiers:\n  - name: fast\n    handles: small things\n    models: [fake/fake-model]\n  - name: rare\n    handles: nothing\n    models: [nowhere/absent-model]\nworkers:\n{}{}",
+        entry(&ready, &key, &there.display().to_string(), &ready.root.display().to_string(), 2),
         entry(&gone, &key, &bin, "/tmp", 2),
     );
     let out = run_with(
@@ -219,6 +222,11 @@ fn doctor_checks_each_worker() {
         "{text}"
     );
     assert!(ok.contains("2 slots"), "{text}");
+    // Its own OpenCode was started there for the check: it offers the fake models, which serve
+    // tier fast and not tier rare.
+    let providers = line("ready providers");
+    assert!(providers.starts_with("warn"), "{text}");
+    assert!(providers.contains("cannot serve tier(s) rare"), "{text}");
     let down = line("gone");
     assert!(down.starts_with("FAIL"), "{text}");
     assert!(down.contains("ssh cannot reach gone"), "{text}");
@@ -384,6 +392,28 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The worker's own OpenCode setup: a wrapper script in its root that runs the pinned OpenCode
+/// with the worker's environment (its own home and providers: here the fake model at
+/// `fake_url`, and nothing that reaches past 127.0.0.1).
+fn worker_opencode(worker: &Sshd, env: &OpenCodeEnv, fake_url: &str) -> std::path::PathBuf {
+    let wrapper = worker.root.join("opencode-here");
+    let mut script = String::from("#!/bin/sh\n");
+    for (k, v) in env.vars(fake_url) {
+        script.push_str(&format!("export {k}={}\n", sh_word(&v)));
+    }
+    script.push_str(&format!(
+        "exec {} \"$@\"\n",
+        sh_word(&opencode_bin().display().to_string())
+    ));
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    wrapper
+}
+
 /// `value` as one word for `sh`.
 fn sh_word(value: &str) -> String {
     format!("'{}'", value.replace('\'', "'\\''"))
@@ -404,21 +434,7 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
     let env = OpenCodeEnv::new();
     let key = SshKey::new();
     let worker = Sshd::start("w1", &key);
-    let wrapper = worker.root.join("opencode-on-w1");
-    let mut script = String::from("#!/bin/sh\n");
-    for (k, v) in env.vars(&fake.url()) {
-        script.push_str(&format!("export {k}={}\n", sh_word(&v)));
-    }
-    script.push_str(&format!(
-        "exec {} \"$@\"\n",
-        sh_word(&opencode_bin().display().to_string())
-    ));
-    std::fs::write(&wrapper, script).expect("write the wrapper");
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    let wrapper = worker_opencode(&worker, &env, &fake.url());
     let remote = Remote {
         ssh: Ssh::new("w1", Some(&key.config_file().display().to_string())),
         opencode: wrapper.display().to_string(),

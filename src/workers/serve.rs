@@ -25,10 +25,10 @@ use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
 /// the OpenCode command, `$2` the port, `$3` the directory it serves from. It prints its pid
-/// (kept by `exec`) before OpenCode's own lines.
+/// (kept by `exec`) and that directory made absolute before OpenCode's own lines.
 const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
                      export OPENCODE_SERVER_PASSWORD; cd -- \"$3\" || exit 98; \
-                     echo \"opencode-mcp-pid=$$\"; \
+                     echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 
 /// Ports tried on the worker before giving up.
@@ -56,6 +56,8 @@ pub struct RemoteServe {
     pub remote_port: u16,
     /// OpenCode's pid there.
     pub remote_pid: u32,
+    /// The directory it serves from, absolute (as the API's `directory` wants it).
+    pub directory: String,
     session: Child,
 }
 
@@ -121,10 +123,15 @@ impl RemoteServe {
         let mut lines = BufReader::new(stdout).lines();
         let mut seen: Vec<String> = Vec::new();
         let mut pid = 0;
+        let mut served = String::new();
         let ready = tokio::time::timeout(within, async {
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(p) = line.strip_prefix("opencode-mcp-pid=") {
                     pid = p.trim().parse().unwrap_or(0);
+                    continue;
+                }
+                if let Some(d) = line.strip_prefix("opencode-mcp-dir=") {
+                    served = d.to_string();
                     continue;
                 }
                 if crate::opencode::parse_listening_line(&line).is_some() {
@@ -182,6 +189,7 @@ impl RemoteServe {
             password: password.to_string(),
             remote_port,
             remote_pid: pid,
+            directory: served,
             session,
         })
     }
