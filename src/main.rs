@@ -220,7 +220,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Serve => serve(&sources),
+        Command::Serve => {
+            opencode_mcp::workers::ssh::share_connections();
+            serve(&sources)
+        }
         Command::Doctor { json } => doctor(&sources, json),
         Command::Gc {
             remove_orphans,

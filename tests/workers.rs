@@ -251,6 +251,8 @@ async fn work_goes_to_a_worker_and_back_with_git() {
     use opencode_mcp::workers::{repo, ssh::Ssh, Remote};
     use support::git::{git, init_repo};
 
+    // As a serving gateway does: the steps share one connection (git's transport too).
+    opencode_mcp::workers::ssh::share_connections();
     let key = SshKey::new();
     let worker = Sshd::start("w1", &key);
     let remote = Remote {

@@ -2,6 +2,9 @@
 //! over the same ssh in the same run. The worker is a real `sshd` on 127.0.0.1 (the tests'
 //! [`Sshd`]), so the figures are git's and ssh's work without a network's latency.
 //!
+//! The gateway's side shares one ssh connection per worker (as a serving gateway does); the
+//! plain side is a user's own `git` and `ssh`, one connection per command.
+//!
 //! - **First push** of a 10,000-file repository into a worker that has never seen it: the
 //!   gateway's [`repo::push`] (make the bare repository, push the base, add the task's worktree
 //!   there, which checks out every file) against `git init --bare` over ssh plus `git push` of
@@ -16,7 +19,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use opencode_mcp::git::{base_commit, Base};
-use opencode_mcp::workers::{repo, ssh::Ssh, Remote};
+use opencode_mcp::workers::ssh::{quote, share_connections, Ssh};
+use opencode_mcp::workers::{repo, Remote};
 
 use crate::scenarios::ms;
 use crate::support::sshd::{SshKey, Sshd};
@@ -34,13 +38,14 @@ pub struct WorkerTimes {
     pub back_plain: Vec<f64>,
 }
 
-/// Plain git against the worker's repository at `bare`, with the gateway's own ssh command.
-async fn plain_git(origin: &Path, ssh: &Ssh, args: &[&str]) -> Result<(), BoxError> {
+/// Plain git against the worker's repository, with plain `ssh` (`-F` for the test's client
+/// configuration; no shared connection, as a user's own `git push` runs).
+async fn plain_git(origin: &Path, config: &str, args: &[&str]) -> Result<(), BoxError> {
     let out = tokio::process::Command::new("git")
         .arg("-C")
         .arg(origin)
         .args(args)
-        .env("GIT_SSH_COMMAND", ssh.git_ssh_command())
+        .env("GIT_SSH_COMMAND", format!("ssh -F {}", quote(config)))
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .output()
         .await?;
@@ -50,12 +55,20 @@ async fn plain_git(origin: &Path, ssh: &Ssh, args: &[&str]) -> Result<(), BoxErr
     Ok(())
 }
 
-async fn on_worker(ssh: &Ssh, argv: &[&str]) -> Result<(), BoxError> {
-    let out = ssh
-        .run(argv, None, std::time::Duration::from_secs(300))
+/// `argv` on the worker with plain `ssh` (the baseline side).
+async fn on_worker(config: &str, argv: &[&str]) -> Result<(), BoxError> {
+    let line: Vec<String> = argv.iter().map(|a| quote(a)).collect();
+    let out = tokio::process::Command::new("ssh")
+        .args(["-F", config, "-o", "BatchMode=yes", "bench"])
+        .arg(line.join(" "))
+        .output()
         .await?;
-    if out.status != 0 {
-        return Err(format!("{argv:?} on the worker: {}", out.stderr).into());
+    if !out.status.success() {
+        return Err(format!(
+            "{argv:?} on the worker: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
     }
     Ok(())
 }
@@ -77,6 +90,8 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
     )?;
     let (_, later) = base_commit(&local, &scratch, "bench-later", Base::WorkingTree).await?;
 
+    // The gateway's side shares one connection per worker, as a serving gateway does.
+    share_connections();
     let key = SshKey::new();
     let worker = Sshd::start("bench", &key);
     let config = key.config_file().display().to_string();
@@ -106,10 +121,10 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         };
         let plain_first = async {
             let t = Instant::now();
-            on_worker(&ssh, &["git", "init", "--bare", "--quiet", &plain_bare]).await?;
+            on_worker(&config, &["git", "init", "--bare", "--quiet", &plain_bare]).await?;
             plain_git(
                 &origin,
-                &ssh,
+                &config,
                 &[
                     "push",
                     "--quiet",
@@ -140,7 +155,7 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
             let t = Instant::now();
             plain_git(
                 &origin,
-                &ssh,
+                &config,
                 &[
                     "push",
                     "--quiet",
@@ -181,7 +196,7 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         // The same by hand on the plain side: a commit there, a fetch, the diff.
         let plain_wt = root.join("plain-wt").display().to_string();
         on_worker(
-            &ssh,
+            &config,
             &[
                 "git",
                 "-C",
@@ -199,7 +214,7 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         }
         let t = Instant::now();
         on_worker(
-            &ssh,
+            &config,
             &[
                 "sh",
                 "-c",
@@ -211,7 +226,7 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         .await?;
         plain_git(
             &origin,
-            &ssh,
+            &config,
             &[
                 "fetch",
                 "--quiet",

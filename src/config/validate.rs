@@ -119,13 +119,21 @@ fn workers(config: &Config, issues: &mut Issues) {
                 key("ssh"),
                 "expected the worker's ssh destination (a Host of ~/.ssh/config, or user@host)",
             ),
-            Some(d) if d.starts_with('-') || d.chars().any(char::is_whitespace) => issues.push(
-                key("ssh"),
-                format!(
-                    "expected an ssh destination (a Host of ~/.ssh/config, or user@host), found \
-                     {d:?}: no leading `-`, no spaces"
-                ),
-            ),
+            // git addresses the worker's repositories as `<destination>:<path>`: a `:` or `/`
+            // in the destination would be read as part of the path.
+            Some(d)
+                if d.starts_with('-')
+                    || d.chars().any(|c| c.is_whitespace() || c == ':' || c == '/') =>
+            {
+                issues.push(
+                    key("ssh"),
+                    format!(
+                        "expected an ssh destination (a Host of ~/.ssh/config, or user@host), \
+                         found {d:?}: no leading `-`, no spaces, no `:` or `/` (give a port or \
+                         an ssh:// address its own Host entry in ~/.ssh/config)"
+                    ),
+                )
+            }
             Some(_) => {}
         }
         if let Some(file) = w.ssh_config.as_deref() {
@@ -784,7 +792,7 @@ mod tests {
         assert_eq!(issues("local:\n  ssh: me@box\n"), ["workers.local.ssh"]);
         assert_eq!(issues("box:\n  max_tasks: 2\n"), ["workers.box.ssh"]);
         assert_eq!(issues("box:\n  ssh: box\n"), ["workers.box.max_tasks"]);
-        for destination in ["-oProxyCommand=sh", "'me@box rm'"] {
+        for destination in ["-oProxyCommand=sh", "'me@box rm'", "box:2222", "ssh://box"] {
             let yaml = format!("box:\n  ssh: {destination}\n  max_tasks: 1\n");
             assert_eq!(issues(&yaml), ["workers.box.ssh"], "{destination}");
         }

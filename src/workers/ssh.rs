@@ -6,6 +6,12 @@
 //! host key or a key with a passphrase fails instead of prompting) and carries nothing of the
 //! user's session across (no agent, no X11, none of the forwardings their config may declare).
 //!
+//! A serving gateway's connections to a worker share one: the first `ssh` becomes the master of a control socket
+//! in a directory only this user can enter ([`control_dir`]), later ones (git's transport too)
+//! ride on it, and it stays up a minute after the last one (`ControlPersist=60`), so a task's
+//! steps pay one ssh handshake, not one each. Without such a directory each call connects on
+//! its own. The forwarding connection of a worker's OpenCode never shares (`serve.rs`).
+//!
 //! `ssh` hands the remote side one command line, which the worker's login shell parses: every
 //! argument is quoted on its own ([`quote`]), so a path or a command name from the configuration
 //! is always one word there, whatever it holds. The commands themselves are fixed by the
@@ -40,8 +46,13 @@ const OPTIONS: &[&str] = &[
 ];
 
 /// [`OPTIONS`] for the one connection that carries a port forward (a worker's OpenCode session,
-/// `serve.rs`): `ClearAllForwardings` would clear its own `-L` too.
+/// `serve.rs`): `ClearAllForwardings` would clear its own `-L` too, and it shares no control
+/// socket (a forward asked for through a shared master would outlive the session).
 pub const FORWARDING_OPTIONS: &[&str] = &[
+    "-o",
+    "ControlMaster=no",
+    "-o",
+    "ControlPath=none",
     "-o",
     "BatchMode=yes",
     "-o",
@@ -113,7 +124,9 @@ impl Ssh {
 
     /// The `ssh` command that runs `argv` on the worker.
     pub fn command(&self, argv: &[&str]) -> tokio::process::Command {
-        self.command_with(OPTIONS, &[], argv)
+        let shared = sharing();
+        let extra: Vec<&str> = shared.iter().map(String::as_str).collect();
+        self.command_with(OPTIONS, &extra, argv)
     }
 
     /// [`Self::command`] with other `options` and `extra` arguments (a forward's `-L`).
@@ -148,6 +161,7 @@ impl Ssh {
             words.push(quote(file));
         }
         words.extend(OPTIONS.iter().map(|o| quote(o)));
+        words.extend(sharing().iter().map(|o| quote(o)));
         words.join(" ")
     }
 
@@ -195,6 +209,74 @@ impl Ssh {
             stderr,
         })
     }
+}
+
+/// Whether this process shares connections ([`share_connections`]).
+static SHARE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes this process's connections to each worker share one (the serving gateway: it lives
+/// long and makes many). One-shot commands (`workers`, `doctor`) leave it off, so they leave no
+/// master connection behind when they exit.
+pub fn share_connections() {
+    SHARE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The options that make connections share a control socket, or none when sharing is off or
+/// there is no private directory for the sockets.
+fn sharing() -> Vec<String> {
+    if !SHARE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Vec::new();
+    }
+    match control_dir() {
+        Some(dir) => vec![
+            "-o".into(),
+            "ControlMaster=auto".into(),
+            "-o".into(),
+            format!("ControlPath={}/%C", dir.display()),
+            "-o".into(),
+            "ControlPersist=60".into(),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The directory for control sockets, made once per process: `$XDG_RUNTIME_DIR/opencode-mcp-ssh`,
+/// else `/tmp/opencode-mcp-ssh-<uid>`. Used only when it is a real directory (not a link) owned
+/// by this user and closed to others (a socket there is a way into the user's connections),
+/// and its path is short enough for a socket (ssh adds 41 characters) and holds no `%` (ssh's
+/// token character).
+fn control_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: getuid(2) has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+                Some(runtime) => std::path::PathBuf::from(runtime).join("opencode-mcp-ssh"),
+                None => std::env::temp_dir().join(format!("opencode-mcp-ssh-{uid}")),
+            };
+            let shown = dir.display().to_string();
+            if shown.len() > 60 || shown.contains('%') || shown.chars().any(char::is_whitespace) {
+                return None;
+            }
+            if let Err(e) = crate::private_files::create_dir(&dir) {
+                tracing::debug!(dir = %shown, error = %e, "no directory for ssh control sockets");
+                return None;
+            }
+            let meta = std::fs::symlink_metadata(&dir).ok()?;
+            let private = meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0;
+            if !private {
+                tracing::warn!(dir = %shown, "not sharing ssh connections: the directory for their sockets is not this user's alone");
+                return None;
+            }
+            Some(dir)
+        }
+        #[cfg(not(unix))]
+        None
+    })
+    .as_deref()
 }
 
 /// The remote command line: each argument quoted on its own.
@@ -282,5 +364,34 @@ mod tests {
         let dashdash = args.iter().position(|a| a == "--").expect("--");
         assert_eq!(args[dashdash + 1], "worker-1");
         assert_eq!(args[dashdash + 2], "'true'");
+    }
+
+    /// Connections share a control socket in a directory only this user can enter; the
+    /// forwarding connection never does.
+    #[cfg(unix)]
+    #[test]
+    fn connections_share_a_private_control_socket_but_the_forward_does_not() {
+        use std::os::unix::fs::MetadataExt;
+        share_connections();
+        let dir = control_dir().expect("a private directory for control sockets");
+        let meta = std::fs::symlink_metadata(dir).expect("stat");
+        assert!(meta.is_dir() && meta.mode() & 0o077 == 0, "{meta:?}");
+        let ssh = Ssh::new("w", None);
+        let args = |cmd: tokio::process::Command| -> Vec<String> {
+            cmd.as_std()
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let plain = args(ssh.command(&["true"]));
+        let path = format!("ControlPath={}/%C", dir.display());
+        assert!(plain.contains(&path), "{plain:?}");
+        assert!(ssh.git_ssh_command().contains(&path));
+        let forward = args(ssh.command_with(FORWARDING_OPTIONS, &["-L", "1:h:2"], &["true"]));
+        assert!(
+            forward.contains(&"ControlPath=none".to_string()),
+            "{forward:?}"
+        );
+        assert!(!forward.contains(&path), "{forward:?}");
     }
 }

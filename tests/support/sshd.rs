@@ -176,9 +176,16 @@ impl Sshd {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }
 
-    /// Stops the server (the machine is gone); sessions already open end with it.
+    /// Stops the server (the machine is gone): its sessions too, which `sshd` runs as children
+    /// of their own that outlive the listener.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            for pid in super::procs::descendants(child.id()) {
+                if let Ok(pid) = libc::pid_t::try_from(pid) {
+                    // SAFETY: kill(2) on a session process of this test's sshd.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
