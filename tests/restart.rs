@@ -414,22 +414,8 @@ async fn a_task_of_a_gateway_still_shutting_down_is_taken_over_once_it_is_gone()
         "the retry is the same task, not a duplicate"
     );
 
-    // SAFETY: as above.
-    unsafe {
-        libc::kill(old_t, libc::SIGKILL);
-    }
-    drop(old_client);
-    assert!(wait_gone(old, std::time::Duration::from_secs(10)).await);
-    let r = rig.finish(&task).await;
-    assert_eq!(r["status"], "completed", "{r}");
-    assert_eq!(r["text"], echo_reply(prompt));
-    let st = rig.status(&task).await;
-    let session = st["session_id"].as_str().expect("session");
-    assert_eq!(
-        rig.requests_for(session).len(),
-        1,
-        "one LLM call for the turn"
-    );
+    kill_outright(old, old_client).await;
+    completed_with_one_call(&rig, &task, prompt).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,16 +638,28 @@ async fn a_task_started_by_a_gateway_that_later_exits_is_taken_over() {
         "the first gateway answers from the record: {st}"
     );
     let pid = second.pid().expect("second gateway pid");
+    kill_outright(pid, second).await;
+    completed_with_one_call(&rig, &task, prompt).await;
+}
+
+/// SIGKILLs gateway `pid` (a process this test spawned, held by `client`), lets its client go
+/// and waits until it is gone.
+async fn kill_outright(pid: u32, client: support::mcp::McpClient) {
     // SAFETY: kill(2) on a pid this test spawned; no memory is involved.
     unsafe {
         libc::kill(libc::pid_t::try_from(pid).expect("pid fits"), libc::SIGKILL);
     }
-    drop(second);
+    drop(client);
     assert!(wait_gone(pid, std::time::Duration::from_secs(10)).await);
-    let r = rig.finish(&task).await;
+}
+
+/// The task completed with the echo of `prompt`, its turn one LLM call (not run twice by two
+/// gateways).
+async fn completed_with_one_call(rig: &Rig, task: &str, prompt: &str) {
+    let r = rig.finish(task).await;
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["text"], echo_reply(prompt));
-    let st = rig.status(&task).await;
+    let st = rig.status(task).await;
     let session = st["session_id"].as_str().expect("session");
     assert_eq!(
         rig.requests_for(session).len(),

@@ -102,14 +102,14 @@ pub async fn push(
     )
     .await?;
     let refspec = format!("{base}:{BASE_REF_PREFIX}{task}");
-    Repo::at(origin)
-        .cmd(&["push", "--quiet", "--no-verify", "--force"])
-        .arg(OsStr::new(&url(remote, &placed.bare)))
-        .arg(OsStr::new(&refspec))
-        .env("GIT_SSH_COMMAND", OsStr::new(&remote.ssh.git_ssh_command()))
-        .env("GIT_SSH_VARIANT", OsStr::new("ssh"))
-        .ok()
-        .await?;
+    over_ssh(
+        origin,
+        remote,
+        &["push", "--quiet", "--no-verify", "--force"],
+        &placed.bare,
+        &refspec,
+    )
+    .await?;
     let add = git_argv(&[
         "-C",
         &placed.bare,
@@ -160,14 +160,14 @@ pub async fn fetch_back(
         placed.branch,
         placed.task()
     );
-    Repo::at(origin)
-        .cmd(&["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"])
-        .arg(OsStr::new(&url(remote, &placed.bare)))
-        .arg(OsStr::new(&refspec))
-        .env("GIT_SSH_COMMAND", OsStr::new(&remote.ssh.git_ssh_command()))
-        .env("GIT_SSH_VARIANT", OsStr::new("ssh"))
-        .ok()
-        .await?;
+    over_ssh(
+        origin,
+        remote,
+        &["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"],
+        &placed.bare,
+        &refspec,
+    )
+    .await?;
     Ok(commit)
 }
 
@@ -227,6 +227,26 @@ async fn on_worker(
         });
     }
     Ok(out.stdout)
+}
+
+/// `git <args> <the worker's repository at bare> <refspec>` in the local repository at
+/// `origin`, git's transport running the worker's own `ssh` ([`super::ssh::Ssh::git_ssh_command`]).
+async fn over_ssh(
+    origin: &Path,
+    remote: &Remote,
+    args: &[&str],
+    bare: &str,
+    refspec: &str,
+) -> Result<(), GitError> {
+    Repo::at(origin)
+        .cmd(args)
+        .arg(OsStr::new(&url(remote, bare)))
+        .arg(OsStr::new(refspec))
+        .env("GIT_SSH_COMMAND", OsStr::new(&remote.ssh.git_ssh_command()))
+        .env("GIT_SSH_VARIANT", OsStr::new("ssh"))
+        .ok()
+        .await
+        .map(drop)
 }
 
 /// `git <OVERRIDES> <args>` as argv for the worker.

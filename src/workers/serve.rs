@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 
-use super::ssh::{SshError, FORWARDING_OPTIONS};
+use super::ssh::{SshError, FORWARDING};
 use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
@@ -106,7 +106,7 @@ impl RemoteServe {
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{remote_port}");
         let mut cmd = remote
             .ssh
-            .command_with(FORWARDING_OPTIONS, &["-L", &forward], &argv);
+            .command_with(&[FORWARDING, &["-L", &forward]].concat(), &argv);
         cmd.stdin(Stdio::piped());
         let mut session = cmd
             .spawn()

@@ -32,8 +32,6 @@ const OPTIONS: &[&str] = &[
     "-o",
     "ForwardX11=no",
     "-o",
-    "ClearAllForwardings=yes",
-    "-o",
     "PermitLocalCommand=no",
     "-o",
     "ConnectTimeout=10",
@@ -45,30 +43,15 @@ const OPTIONS: &[&str] = &[
     "-T",
 ];
 
-/// [`OPTIONS`] for the one connection that carries a port forward (a worker's OpenCode session,
-/// `serve.rs`): `ClearAllForwardings` would clear its own `-L` too, and it shares no control
-/// socket (a forward asked for through a shared master would outlive the session).
-pub const FORWARDING_OPTIONS: &[&str] = &[
-    "-o",
-    "ControlMaster=no",
-    "-o",
-    "ControlPath=none",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "ForwardAgent=no",
-    "-o",
-    "ForwardX11=no",
-    "-o",
-    "PermitLocalCommand=no",
-    "-o",
-    "ConnectTimeout=10",
-    "-o",
-    "ServerAliveInterval=10",
-    "-o",
-    "ServerAliveCountMax=3",
-    "-T",
-];
+/// Added to [`OPTIONS`] for every connection but the forwarding one: none of the forwardings
+/// the user's configuration may declare comes up.
+const NO_FORWARDINGS: &[&str] = &["-o", "ClearAllForwardings=yes"];
+
+/// Added to [`OPTIONS`] for the one connection that carries a port forward (a worker's
+/// OpenCode session, `serve.rs`): `ClearAllForwardings` would clear its own `-L` too, and it
+/// shares no control socket (a forward asked for through a shared master would outlive the
+/// session).
+pub const FORWARDING: &[&str] = &["-o", "ControlMaster=no", "-o", "ControlPath=none"];
 
 /// `ssh`'s own exit status when it could not connect or authenticate (a remote command's
 /// status is passed through otherwise).
@@ -125,22 +108,19 @@ impl Ssh {
     /// The `ssh` command that runs `argv` on the worker.
     pub fn command(&self, argv: &[&str]) -> tokio::process::Command {
         let shared = sharing();
-        let extra: Vec<&str> = shared.iter().map(String::as_str).collect();
-        self.command_with(OPTIONS, &extra, argv)
+        let mut extra: Vec<&str> = NO_FORWARDINGS.to_vec();
+        extra.extend(shared.iter().map(String::as_str));
+        self.command_with(&extra, argv)
     }
 
-    /// [`Self::command`] with other `options` and `extra` arguments (a forward's `-L`).
-    pub fn command_with(
-        &self,
-        options: &[&str],
-        extra: &[&str],
-        argv: &[&str],
-    ) -> tokio::process::Command {
+    /// The `ssh` command that runs `argv` on the worker with [`OPTIONS`] and `extra` arguments
+    /// (the forwarding connection's [`FORWARDING`] and `-L`).
+    pub fn command_with(&self, extra: &[&str], argv: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("ssh");
         if let Some(file) = &self.config_file {
             cmd.arg("-F").arg(file);
         }
-        cmd.args(options)
+        cmd.args(OPTIONS)
             .args(extra)
             .arg("--")
             .arg(&self.destination)
@@ -160,7 +140,7 @@ impl Ssh {
             words.push("-F".into());
             words.push(quote(file));
         }
-        words.extend(OPTIONS.iter().map(|o| quote(o)));
+        words.extend(OPTIONS.iter().chain(NO_FORWARDINGS).map(|o| quote(o)));
         words.extend(sharing().iter().map(|o| quote(o)));
         words.join(" ")
     }
@@ -387,7 +367,7 @@ mod tests {
         let path = format!("ControlPath={}/%C", dir.display());
         assert!(plain.contains(&path), "{plain:?}");
         assert!(ssh.git_ssh_command().contains(&path));
-        let forward = args(ssh.command_with(FORWARDING_OPTIONS, &["-L", "1:h:2"], &["true"]));
+        let forward = args(ssh.command_with(&[FORWARDING, &["-L", "1:h:2"]].concat(), &["true"]));
         assert!(
             forward.contains(&"ControlPath=none".to_string()),
             "{forward:?}"
