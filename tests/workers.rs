@@ -533,3 +533,50 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
         "the forward is closed"
     );
 }
+
+/// Starting OpenCode on a worker fails with the reason, never hangs: an OpenCode command that
+/// does not run there, and a worker ssh cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_that_cannot_start_on_a_worker_says_why() {
+    use opencode_mcp::workers::{serve::RemoteServe, ssh::Ssh, Remote};
+
+    let key = SshKey::new();
+    let worker = Sshd::start("w1", &key);
+    let config = key.config_file().display().to_string();
+    let root = worker.root.display().to_string();
+    let remote = Remote {
+        ssh: Ssh::new("w1", Some(&config)),
+        opencode: "no-such-opencode".into(),
+        root: root.clone(),
+    };
+    let within = std::time::Duration::from_secs(30);
+    let err = RemoteServe::start("w1", &remote, &root, within)
+        .await
+        .expect_err("no OpenCode there");
+    let said = err.to_string();
+    assert!(
+        said.contains("OpenCode on worker w1 did not start"),
+        "{said}"
+    );
+    assert!(said.contains("no-such-opencode"), "{said}");
+
+    let missing = Remote {
+        opencode: opencode_bin().display().to_string(),
+        ..remote.clone()
+    };
+    let err = RemoteServe::start("w1", &missing, "/no/such/directory", within)
+        .await
+        .expect_err("no such directory there");
+    assert!(err.to_string().contains("did not start"), "{err}");
+
+    let mut gone = Sshd::start("w2", &key);
+    gone.stop();
+    let unreachable = Remote {
+        ssh: Ssh::new("w2", Some(&config)),
+        ..missing
+    };
+    let err = RemoteServe::start("w2", &unreachable, &root, within)
+        .await
+        .expect_err("an unreachable worker");
+    assert!(err.to_string().contains("ssh could not reach w2"), "{err}");
+}
