@@ -55,6 +55,34 @@ async fn plain_git(origin: &Path, config: &str, args: &[&str]) -> Result<(), Box
     Ok(())
 }
 
+/// A plain `git push` of `commit` to branch `branch` of the repository at `url`.
+async fn plain_push(
+    origin: &Path,
+    config: &str,
+    url: &str,
+    commit: &str,
+    branch: &str,
+) -> Result<(), BoxError> {
+    let refspec = format!("{commit}:refs/heads/{branch}");
+    plain_git(origin, config, &["push", "--quiet", url, &refspec]).await
+}
+
+/// Runs both sides of a measurement one after the other, the gateway's first when
+/// `gateway_first` (the order alternates between rounds), and returns (gateway's, plain's).
+async fn in_turn<A, B>(
+    gateway_first: bool,
+    gateway: impl std::future::Future<Output = Result<A, BoxError>>,
+    plain: impl std::future::Future<Output = Result<B, BoxError>>,
+) -> Result<(A, B), BoxError> {
+    if gateway_first {
+        let a = gateway.await?;
+        Ok((a, plain.await?))
+    } else {
+        let b = plain.await?;
+        Ok((gateway.await?, b))
+    }
+}
+
 /// `argv` on the worker with plain `ssh` (the baseline side).
 async fn on_worker(config: &str, argv: &[&str]) -> Result<(), BoxError> {
     let line: Vec<String> = argv.iter().map(|a| quote(a)).collect();
@@ -122,27 +150,10 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         let plain_first = async {
             let t = Instant::now();
             on_worker(&config, &["git", "init", "--bare", "--quiet", &plain_bare]).await?;
-            plain_git(
-                &origin,
-                &config,
-                &[
-                    "push",
-                    "--quiet",
-                    &plain_url,
-                    &format!("{base}:refs/heads/b"),
-                ],
-            )
-            .await?;
+            plain_push(&origin, &config, &plain_url, &base, "b").await?;
             Ok::<_, BoxError>(ms(t.elapsed()))
         };
-        let (g, p, placed) = if r % 2 == 0 {
-            let (g, placed) = gateway_first.await?;
-            (g, plain_first.await?, placed)
-        } else {
-            let p = plain_first.await?;
-            let (g, placed) = gateway_first.await?;
-            (g, p, placed)
-        };
+        let ((g, placed), p) = in_turn(r % 2 == 0, gateway_first, plain_first).await?;
         out.first_gateway.push(g);
         out.first_plain.push(p);
 
@@ -153,25 +164,10 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         };
         let plain_later = async {
             let t = Instant::now();
-            plain_git(
-                &origin,
-                &config,
-                &[
-                    "push",
-                    "--quiet",
-                    &plain_url,
-                    &format!("{later}:refs/heads/c"),
-                ],
-            )
-            .await?;
+            plain_push(&origin, &config, &plain_url, &later, "c").await?;
             Ok::<_, BoxError>(ms(t.elapsed()))
         };
-        let (g, p) = if r % 2 == 0 {
-            (gateway_later.await?, plain_later.await?)
-        } else {
-            let p = plain_later.await?;
-            (gateway_later.await?, p)
-        };
+        let (g, p) = in_turn(r % 2 == 0, gateway_later, plain_later).await?;
         out.later_gateway.push(g);
         out.later_plain.push(p);
 
