@@ -113,8 +113,10 @@ impl RemoteServe {
             .map_err(|e| Attempt::Failed(ServeError::Ssh(SshError::NoClient(e))))?;
         if let Some(mut stdin) = session.stdin.take() {
             let line = format!("{password}\n");
+            // An ssh that could not connect may be gone before the password is written: its
+            // exit, read below, says why; the broken pipe says nothing.
             if let Err(e) = stdin.write_all(line.as_bytes()).await {
-                return Err(failed(format!("the session closed at once: {e}")));
+                tracing::debug!(worker, error = %e, "the serve session took no password");
             }
         }
         let Some(stdout) = session.stdout.take() else {
@@ -148,14 +150,16 @@ impl RemoteServe {
         match ready {
             Ok(true) => {}
             Ok(false) => {
-                let stderr = match session.wait_with_output().await {
-                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                    Err(_) => String::new(),
+                let (status, stderr) = match session.wait_with_output().await {
+                    Ok(out) => (
+                        out.status.code(),
+                        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    ),
+                    Err(_) => (None, String::new()),
                 };
-                if stderr.contains("Connection refused")
-                    || stderr.contains("Could not resolve")
-                    || stderr.contains("Permission denied")
-                {
+                // 255 is ssh's own failure (no connection, no login); a command that ran
+                // passes its own status through.
+                if status == Some(super::ssh::SSH_FAILED) {
                     return Err(Attempt::Failed(ServeError::Ssh(SshError::Unreachable {
                         destination: remote.ssh.destination().to_string(),
                         detail: stderr,

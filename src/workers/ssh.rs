@@ -55,7 +55,7 @@ pub const FORWARDING: &[&str] = &["-o", "ControlMaster=no", "-o", "ControlPath=n
 
 /// `ssh`'s own exit status when it could not connect or authenticate (a remote command's
 /// status is passed through otherwise).
-const SSH_FAILED: i32 = 255;
+pub(super) const SSH_FAILED: i32 = 255;
 
 /// The most of a command's stderr kept in an error.
 const STDERR_KEPT: usize = 2_000;
