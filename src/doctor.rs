@@ -181,17 +181,16 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
 /// ready one, its OpenCode's providers against the tiers. A worker that is not ready is a
 /// blocker: tasks placed there would fail.
 async fn worker_checks(config: &Config) -> Vec<Check> {
-    let reports = crate::workers::report(config).await;
     let workers = crate::workers::from_config(config);
+    let reports = crate::workers::report(&workers).await;
     let mut checks = Vec::new();
-    for check in reachability_checks(reports.clone()) {
+    for (worker, report) in workers.iter().zip(reports) {
+        let Some(check) = reachability_check(report) else {
+            continue;
+        };
         let ready = check.status != Status::Fail;
-        let worker = check
-            .name
-            .strip_prefix("worker ")
-            .and_then(|n| workers.iter().find(|w| w.name == n));
         checks.push(check);
-        if let (true, Some(worker)) = (ready, worker) {
+        if ready {
             checks.push(worker_providers(config, worker).await);
         }
     }
@@ -277,41 +276,36 @@ async fn worker_providers(config: &Config, worker: &crate::workers::Worker) -> C
     ))
 }
 
-/// One check per remote worker from its probe.
-fn reachability_checks(reports: Vec<crate::workers::WorkerReport>) -> Vec<Check> {
-    reports
-        .into_iter()
-        .filter_map(|r| {
-            let health = r.health?;
-            let name = format!("worker {}", r.name);
-            if let Some(first) = r.problems.first() {
-                let detail = r
-                    .problems
-                    .iter()
-                    .map(|p| p.problem.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                return Some(Check::new(name, Status::Fail, detail).fix(first.fix.clone()));
-            }
-            let opencode = health.opencode.as_deref().unwrap_or_default();
-            let detail = format!(
-                "{} over ssh in {} ms: {}, opencode {opencode}, root writable, {} slots",
-                r.place,
-                health.took_ms,
-                health.git.as_deref().unwrap_or_default(),
-                r.max_tasks
-            );
-            Some(if opencode == OPENCODE_API_VERSION {
-                Check::new(name, Status::Ok, detail)
-            } else {
-                Check::new(name, Status::Warn, detail).fix(format!(
-                    "this gateway was built against OpenCode {OPENCODE_API_VERSION}: npm i -g \
-                     opencode-ai@{OPENCODE_API_VERSION} on {}",
-                    r.place
-                ))
-            })
-        })
-        .collect()
+/// A remote worker's check from its probe (`None` for this machine, which is not probed).
+fn reachability_check(r: crate::workers::WorkerReport) -> Option<Check> {
+    let health = r.health?;
+    let name = format!("worker {}", r.name);
+    if let Some(first) = r.problems.first() {
+        let detail = r
+            .problems
+            .iter()
+            .map(|p| p.problem.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Some(Check::new(name, Status::Fail, detail).fix(first.fix.clone()));
+    }
+    let opencode = health.opencode.as_deref().unwrap_or_default();
+    let detail = format!(
+        "{} over ssh in {} ms: {}, opencode {opencode}, root writable, {} slots",
+        r.place,
+        health.took_ms,
+        health.git.as_deref().unwrap_or_default(),
+        r.max_tasks
+    );
+    Some(if opencode == OPENCODE_API_VERSION {
+        Check::new(name, Status::Ok, detail)
+    } else {
+        Check::new(name, Status::Warn, detail).fix(format!(
+            "this gateway was built against OpenCode {OPENCODE_API_VERSION}: npm i -g \
+             opencode-ai@{OPENCODE_API_VERSION} on {}",
+            r.place
+        ))
+    })
 }
 
 /// The configuration loaded; settings of the repository's file that were not applied are a

@@ -247,7 +247,8 @@ fn workers(sources: &Sources, json: bool) -> ExitCode {
     let Some(runtime) = runtime("opencode-mcp workers") else {
         return ExitCode::FAILURE;
     };
-    let reports = runtime.block_on(opencode_mcp::workers::report(&cfg));
+    let workers = opencode_mcp::workers::from_config(&cfg);
+    let reports = runtime.block_on(opencode_mcp::workers::report(&workers));
     if json {
         match serde_json::to_string_pretty(&reports) {
             Ok(text) => println!("{text}"),

@@ -27,7 +27,7 @@ pub use pool::{
     is_loopback_url, resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo,
 };
 pub(crate) use process::find_program;
-pub use process::{kill_group, parse_listening_line};
+pub use process::{free_port, kill_group, parse_listening_line};
 pub use types::{
     error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,
     ErrorInfo, FileChange, MessageView, ModelCatalog, PermissionAsk, PermissionReply, Price, Role,

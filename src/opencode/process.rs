@@ -527,7 +527,7 @@ pub fn parse_listening_line(line: &str) -> Option<String> {
 }
 
 /// Picks a free port on `hostname` by binding port 0 and releasing it.
-fn free_port(hostname: &str) -> Result<u16, OpencodeError> {
+pub fn free_port(hostname: &str) -> Result<u16, OpencodeError> {
     let host = if hostname == "localhost" {
         "127.0.0.1"
     } else {

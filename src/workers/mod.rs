@@ -104,9 +104,9 @@ pub struct Problem {
     pub fix: String,
 }
 
-/// Probes every remote worker at once and reports all of them, this machine first.
-pub async fn report(config: &Config) -> Vec<WorkerReport> {
-    let workers = from_config(config);
+/// Probes every remote worker of `workers` ([`from_config`]) at once and reports all of them,
+/// in the same order.
+pub async fn report(workers: &[Worker]) -> Vec<WorkerReport> {
     let probes = workers.iter().map(|w| async move {
         match w.remote {
             Some(_) => Some(probe::probe(w).await),

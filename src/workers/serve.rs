@@ -100,7 +100,8 @@ impl RemoteServe {
                 detail,
             })
         };
-        let local_port = free_local_port().map_err(|e| failed(format!("no local port: {e}")))?;
+        let local_port =
+            crate::opencode::free_port("127.0.0.1").map_err(|e| failed(e.to_string()))?;
         let port = remote_port.to_string();
         let argv = ["sh", "-c", SERVE, "sh", &remote.opencode, &port, directory];
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{remote_port}");
@@ -229,12 +230,6 @@ fn random_port() -> u16 {
         .map(|_| u16::from_le_bytes(b))
         .unwrap_or(7919);
     20_000 + r % 30_000
-}
-
-fn free_local_port() -> std::io::Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()
-        .map(|a| a.port())
 }
 
 /// Waits until the forward's local end accepts connections (ssh binds it right after the
