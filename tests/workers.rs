@@ -580,3 +580,226 @@ async fn opencode_that_cannot_start_on_a_worker_says_why() {
         .expect_err("an unreachable worker");
     assert!(err.to_string().contains("ssh could not reach w2"), "{err}");
 }
+
+/// Kills, when dropped, every process whose `HOME` is `home` (a worker's OpenCode outlives the
+/// ssh session it was started in, by design; a test that fails before its gateway stops it
+/// must not leave it running).
+struct ReapHome(std::path::PathBuf);
+
+impl ReapHome {
+    fn pids(&self) -> Vec<u32> {
+        let home = self.0.display().to_string();
+        support::procs::all()
+            .into_iter()
+            .filter(|p| p.is_live())
+            .filter(|p| support::procs::env_var(p.pid, "HOME").as_deref() == Some(home.as_str()))
+            .map(|p| p.pid)
+            .collect()
+    }
+}
+
+impl Drop for ReapHome {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            drop(KillOnDrop(pid));
+        }
+    }
+}
+
+/// **A task placed on a worker, end to end**, through the gateway's tools: `worker` is offered
+/// (with the declared names) only because the user's file declares a remote worker; the task
+/// runs in a worktree on the worker made from the user's working tree (uncommitted work
+/// included), on the worker's own OpenCode and provider, while a local task runs beside it;
+/// its result names the worker and lists its change, which came back with git (the diff is
+/// readable here, the user's tree and branches untouched); a follow-up turn's work comes back
+/// too; apply brings it into the user's files; discard cleans the worker; an unknown worker and
+/// isolation `none` on a worker are refused; a clean exit stops the worker's OpenCode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
+    use serde_json::json;
+    use support::git::{git, init_repo};
+    use support::rig::{Rig, TASK_TIMEOUT_MS};
+
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let key = SshKey::new();
+    let worker = Sshd::start("w1", &key);
+    // The worker's own OpenCode setup: a home of its own, its provider the fake model.
+    let worker_env = OpenCodeEnv::new();
+    let reaper = ReapHome(worker_env.home_dir());
+    let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
+    let root = worker.root.join("mcp");
+    let repo = env.work_dir();
+    init_repo(&repo, &[("app.txt", "one\ntwo\n"), ("README", "hello\n")]);
+    std::fs::write(repo.join("app.txt"), "one\ntwo\nthree (uncommitted)\n").expect("edit");
+    let status_before = git(&repo, &["status", "--porcelain"]);
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(
+        &user_file,
+        format!(
+            "workers:\n{}",
+            entry(
+                &worker,
+                &key,
+                &wrapper.display().to_string(),
+                &root.display().to_string(),
+                2
+            )
+        ),
+    )
+    .expect("the user's file");
+    let config_var = user_file.display().to_string();
+    let rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
+
+    let tools = rig.client.list_tools().await.expect("tools");
+    let start = tools
+        .iter()
+        .find(|t| t.name == "opencode_start_task")
+        .expect("start_task");
+    let worker_arg = &start.input_schema["properties"]["worker"];
+    assert_eq!(worker_arg["enum"], json!(["local", "w1"]), "{worker_arg}");
+
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": "x", "worker": "w9" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(
+        message.contains("unknown worker `w9`") && message.contains("w1"),
+        "{message}"
+    );
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": "x", "worker": "w1", "isolation": "none" }),
+        )
+        .await;
+    assert_eq!(code, "invalid_argument", "{message}");
+    assert!(message.contains("isolation `none`"), "{message}");
+
+    let remote = rig
+        .start_task_with(json!({
+            "prompt": "on the worker [[write:app.txt:one\\ntwo\\nthree (uncommitted)\\nfour (worker)\\n]]",
+            "worker": "w1",
+        }))
+        .await;
+    let local = rig
+        .start_task_with(json!({
+            "prompt": "here [[write:local.txt:local\\n]]",
+            "isolation": "worktree",
+        }))
+        .await;
+    let remote_id = remote["task_id"].as_str().expect("task_id").to_string();
+    let local_id = local["task_id"].as_str().expect("task_id").to_string();
+    let ws = &remote["workspace"];
+    assert_eq!(ws["worker"], "w1", "{remote}");
+    let there = std::path::PathBuf::from(ws["path"].as_str().expect("path"));
+    assert!(
+        there.starts_with(&root),
+        "the worktree is under the worker's root: {remote}"
+    );
+    assert_eq!(remote["directory"], ws["path"], "{remote}");
+    assert!(local["workspace"].get("worker").is_none(), "{local}");
+
+    let w = rig
+        .wait(&[&remote_id, &local_id], "all", TASK_TIMEOUT_MS)
+        .await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": remote_id }))
+        .await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["workspace"]["worker"], "w1", "{result}");
+    let changes = &result["workspace"]["changes"];
+    assert_eq!(changes[0]["file"], "app.txt", "{result}");
+    assert_eq!(changes.as_array().map(Vec::len), Some(1), "{result}");
+    assert_eq!(
+        read(&there.join("app.txt")),
+        "one\ntwo\nthree (uncommitted)\nfour (worker)\n",
+        "the agent wrote on the worker"
+    );
+    let diff = rig
+        .ok(
+            "opencode_get_task_result",
+            json!({ "task_id": remote_id, "view": "diff" }),
+        )
+        .await;
+    let text = diff["text"].as_str().expect("diff");
+    assert!(text.contains("+four (worker)"), "{text}");
+    assert!(
+        !text.contains("+three"),
+        "the base holds the uncommitted work: {text}"
+    );
+    assert_eq!(git(&repo, &["status", "--porcelain"]), status_before);
+    assert_eq!(
+        git(
+            &repo,
+            &["branch", "--list", &format!("opencode-mcp/{remote_id}")]
+        ),
+        "",
+        "no branch of the remote task's here: its work is under the gateway's own ref"
+    );
+    let fetched = git(
+        &repo,
+        &[
+            "rev-parse",
+            &format!("refs/opencode-mcp/remote/{remote_id}"),
+        ],
+    );
+    assert_eq!(fetched.trim().len(), 40, "{fetched}");
+    let local_result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": local_id }))
+        .await;
+    assert_eq!(
+        local_result["workspace"]["changes"][0]["file"], "local.txt",
+        "{local_result}"
+    );
+
+    // A second turn on the worker: its work comes back too.
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": remote_id, "prompt": "more [[write:docs/more.txt:second turn\\n]]" }),
+    )
+    .await;
+    let second = rig.finish(&remote_id).await;
+    let files: Vec<&str> = second["workspace"]["changes"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|f| f["file"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(files, ["app.txt", "docs/more.txt"], "{second}");
+
+    // Apply brings the work into the user's files; their uncommitted edit stays.
+    let applied = rig
+        .ok("opencode_apply_task", json!({ "task_id": remote_id }))
+        .await;
+    assert_eq!(applied["workspace"]["applied"], true, "{applied}");
+    assert_eq!(
+        read(&repo.join("app.txt")),
+        "one\ntwo\nthree (uncommitted)\nfour (worker)\n"
+    );
+    assert_eq!(read(&repo.join("docs/more.txt")), "second turn\n");
+
+    // Discard cleans the worker and the fetched ref.
+    let gone = rig
+        .ok("opencode_discard_task", json!({ "task_id": remote_id }))
+        .await;
+    assert_eq!(gone["workspace"]["discarded"], true, "{gone}");
+    assert!(!there.exists(), "the worktree left the worker");
+    let refs = git(&repo, &["for-each-ref", "refs/opencode-mcp/"]);
+    assert!(!refs.contains(&remote_id), "{refs}");
+
+    // A clean exit stops the worker's OpenCode.
+    assert!(!reaper.pids().is_empty(), "the worker's OpenCode ran");
+    rig.client.close().await.expect("the gateway exits cleanly");
+    let stopped = support::rig::poll_for(std::time::Duration::from_secs(15), || {
+        reaper.pids().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        stopped.is_some(),
+        "the worker's OpenCode still runs: {:?}",
+        reaper.pids()
+    );
+}

@@ -70,6 +70,9 @@ pub struct Server {
     /// Where `opencode-mcp watch` finds this managed server's password (see `credentials`);
     /// removed when the server is stopped or forgotten.
     pub credentials: Option<CredentialsFile>,
+    /// The worker whose OpenCode this is, reached through an ssh forward (`workers::serve`);
+    /// `None` for this machine's.
+    pub worker: Option<String>,
 }
 
 impl Server {
@@ -235,12 +238,47 @@ impl ServerPool {
             process,
             stop: CancellationToken::new(),
             credentials,
+            worker: None,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_pump(api, tx, server.stop.clone()));
         self.lock().insert(server.id.clone(), server.clone());
         tracing::info!(server_id = %server.id, url = server.api.base_url(), managed = server.process.is_some(), "OpenCode server ready");
         Ok((server.info(false), Some(Started { server, events: rx })))
+    }
+
+    /// Takes in the OpenCode of worker `worker`, already running there and reached here at `url`
+    /// (its forward) with `password`, serving from `directory` on the worker. It is never
+    /// handed to a `start_server` (that starts or attaches this machine's); tasks placed on the
+    /// worker run on it. Its process is the worker's (`workers::serve`), so stopping it here
+    /// only forgets it.
+    pub async fn adopt_worker(
+        &self,
+        worker: &str,
+        url: &str,
+        password: &str,
+        directory: &str,
+    ) -> Result<Started, OpencodeError> {
+        let api = Api::new(url, Some(password), self.config.timeouts.request.get())?;
+        let version = api.health().await?;
+        let id = ids::server_id();
+        // `watch` reaches it through the same forward while this gateway runs.
+        let credentials = self.publish(&id, url, password);
+        let server = Arc::new(Server {
+            id,
+            api: api.clone(),
+            directory: directory.to_string(),
+            version,
+            process: None,
+            stop: CancellationToken::new(),
+            credentials,
+            worker: Some(worker.to_string()),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_pump(api, tx, server.stop.clone()));
+        self.lock().insert(server.id.clone(), server.clone());
+        tracing::info!(server_id = %server.id, worker, url, "the worker's OpenCode is in use");
+        Ok(Started { server, events: rx })
     }
 
     /// Writes the credentials file of a managed server. A failure costs only `watch` on this

@@ -155,6 +155,7 @@ pub(super) mod fixtures {
             process: None,
             stop: Default::default(),
             credentials: None,
+            worker: None,
         }
     }
 }

@@ -3,6 +3,9 @@
 use crate::error::{Coded, ErrorCode};
 use crate::git::GitError;
 use crate::opencode::OpencodeError;
+use crate::workers::repo::RepoError;
+use crate::workers::serve::ServeError;
+use crate::workers::ssh::SshError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -23,10 +26,33 @@ pub enum TaskError {
     Opencode(#[from] OpencodeError),
     #[error(transparent)]
     Git(#[from] GitError),
+    /// Moving a remote task's repository to or from its worker failed.
+    #[error(transparent)]
+    Worker(#[from] RepoError),
+    /// A worker's OpenCode could not be started or reached.
+    #[error(transparent)]
+    WorkerServe(#[from] ServeError),
 }
 
 impl Coded for TaskError {
     fn code(&self) -> ErrorCode {
+        let git = |e: &GitError| match e {
+            GitError::Missing { .. }
+            | GitError::NotARepository { .. }
+            | GitError::NoCommits { .. }
+            | GitError::Snapshot { .. } => ErrorCode::InvalidArgument,
+            GitError::Conflict { .. }
+            | GitError::Unregistered { .. }
+            | GitError::Tampered { .. } => ErrorCode::Conflict,
+            GitError::Failed { .. } | GitError::Io { .. } => ErrorCode::Internal,
+        };
+        // A worker ssh cannot reach is as unavailable as an OpenCode that cannot be reached.
+        let ssh = |e: &SshError| match e {
+            SshError::NoClient(_) => ErrorCode::Internal,
+            SshError::Unreachable { .. } | SshError::TimedOut { .. } => {
+                ErrorCode::OpencodeUnavailable
+            }
+        };
         match self {
             TaskError::UnknownTasks(_) | TaskError::UnknownServer(_) => ErrorCode::NotFound,
             TaskError::InvalidArgument(_) => ErrorCode::InvalidArgument,
@@ -34,16 +60,13 @@ impl Coded for TaskError {
             TaskError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             TaskError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
             TaskError::Opencode(e) => e.code(),
-            TaskError::Git(e) => match e {
-                GitError::Missing { .. }
-                | GitError::NotARepository { .. }
-                | GitError::NoCommits { .. }
-                | GitError::Snapshot { .. } => ErrorCode::InvalidArgument,
-                GitError::Conflict { .. }
-                | GitError::Unregistered { .. }
-                | GitError::Tampered { .. } => ErrorCode::Conflict,
-                GitError::Failed { .. } | GitError::Io { .. } => ErrorCode::Internal,
-            },
+            TaskError::Git(e) => git(e),
+            TaskError::Worker(RepoError::Git(e)) => git(e),
+            TaskError::Worker(RepoError::Ssh(e)) | TaskError::WorkerServe(ServeError::Ssh(e)) => {
+                ssh(e)
+            }
+            TaskError::Worker(RepoError::OnWorker { .. }) => ErrorCode::Internal,
+            TaskError::WorkerServe(_) => ErrorCode::OpencodeUnavailable,
         }
     }
 }

@@ -428,6 +428,7 @@ mod tests {
                 base: "b".into(),
                 applied: None,
                 discarded: false,
+                remote: None,
             },
         };
         for (id, turn) in [("tsk_same", 1), ("tsk_newer", 2)] {
@@ -503,6 +504,7 @@ mod tests {
                 base: c.base.clone(),
                 applied: None,
                 discarded: false,
+                remote: None,
             },
         }
     }

@@ -386,10 +386,14 @@ pub enum ResultView {
 /// A task's git worktree, as results report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct Workspace {
-    /// The worktree's directory (the session works there).
+    /// The worktree's directory (the session works there), on `worker` when there is one.
     pub path: String,
     /// Its branch, `opencode-mcp/<task_id>`.
     pub branch: String,
+    /// The worker the task runs on, when not this machine; its change is fetched back here
+    /// after each turn, so diff and apply work as for a local worktree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
     /// The commit it started from: `HEAD` plus the uncommitted changes of the origin at the
     /// start (base `working_tree`), or `HEAD` (base `head`).
     pub base: String,

@@ -28,6 +28,8 @@ pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: St
         // Then its changed files, off the completion path as for a turn concluded over HTTP:
         // a record that has them answers for them after a restart too.
         read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+        // A remote task's work comes back from its worker (see `fetch.rs`).
+        super::fetch::after_turn(&ctx, &task_id).await;
     });
 }
 

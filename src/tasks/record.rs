@@ -162,6 +162,27 @@ pub struct WorkspaceRecord {
     /// The worktree and its branch were removed.
     #[serde(default)]
     pub discarded: bool,
+    /// For a task placed on a remote worker: where its worktree is there (`path` and `branch`
+    /// are the worker's) and what of it was fetched back. `None`: the worktree is on this
+    /// machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteWorkspace>,
+}
+
+/// The worker side of a remote task's worktree (see `workers::repo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteWorkspace {
+    /// The worker's name in the user's `workers:`.
+    pub worker: String,
+    /// The worker's bare repository for the origin (the worktree's repository there).
+    pub bare: String,
+    /// The commit of the task's branch last fetched back, in the origin under
+    /// `refs/opencode-mcp/remote/<task>`: what diff, apply and results read.
+    #[serde(default)]
+    pub fetched: Option<String>,
+    /// The turn whose end `fetched` holds (0: none yet).
+    #[serde(default)]
+    pub fetched_turn: u32,
 }
 
 impl TaskRecord {
@@ -379,6 +400,7 @@ impl Workspace {
             origin: w.origin.clone(),
             applied: w.applied.is_some(),
             discarded: w.discarded,
+            worker: w.remote.as_ref().map(|r| r.worker.clone()),
             changes: None,
             diff_error: None,
         }

@@ -1221,6 +1221,7 @@ mod tests {
             base: "b".into(),
             applied: None,
             discarded,
+            remote: None,
         };
         let (r, store, _dir) = stored();
         for (id, w) in [

@@ -67,6 +67,8 @@ pub struct StartTask {
     pub budget: Budget,
     /// The model variant to run (reasoning effort), in place of the tier's.
     pub variant: Option<String>,
+    /// The worker to run on (`local`, or a remote worker of `workers:`); `None`: this machine.
+    pub worker: Option<String>,
 }
 
 impl StartTask {
@@ -97,8 +99,9 @@ impl StartTask {
         // variants existed.
         let budget = (!self.budget.is_unlimited()).then(|| format!("{:?}", self.budget));
         let variant = self.variant.as_ref().map(|v| format!("variant:{v}"));
+        let worker = self.worker.as_ref().map(|w| format!("worker:{w}"));
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        let given: Vec<String> = [budget, variant].into_iter().flatten().collect();
+        let given: Vec<String> = [budget, variant, worker].into_iter().flatten().collect();
         for field in fields
             .into_iter()
             .chain(given.iter().map(|f| Some(f.as_str())))
@@ -152,6 +155,8 @@ pub struct TaskService {
     pub(super) git_lock: Arc<tokio::sync::RwLock<()>>,
     /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
     pub started_ms: u64,
+    /// The remote workers' OpenCode servers, started on first use (`placement.rs`).
+    pub(super) workers: super::placement::WorkerServes,
 }
 
 impl TaskService {
@@ -211,6 +216,7 @@ impl TaskService {
             git_lock,
             config: live,
             started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
+            workers: Default::default(),
         }
     }
 
@@ -304,14 +310,30 @@ impl TaskService {
         entry: &TaskEntry,
     ) -> Result<Arc<Server>, TaskError> {
         let rec = &entry.rec;
-        if !Path::new(&rec.directory).is_dir() {
-            return Err(TaskError::Conflict(format!(
-                "task {}'s server is gone and so is its directory {}; start a new task",
-                rec.id, rec.directory
-            )));
-        }
-        let info = self.start_server(None, None).await?;
-        let server = self.server(&info.server_id)?;
+        let on_worker = rec.workspace.as_ref().and_then(|w| w.remote.as_ref());
+        let server = match on_worker {
+            // A remote task's session is kept by its worker's OpenCode: the worker's server
+            // now (started again if this gateway has none) carries it on.
+            Some(r) => match self.remote_worker(&r.worker, Isolation::Worktree)? {
+                Some(w) => self.worker_server(&w).await?,
+                None => {
+                    return Err(TaskError::Conflict(format!(
+                        "task {} names no worker",
+                        rec.id
+                    )))
+                }
+            },
+            None => {
+                if !Path::new(&rec.directory).is_dir() {
+                    return Err(TaskError::Conflict(format!(
+                        "task {}'s server is gone and so is its directory {}; start a new task",
+                        rec.id, rec.directory
+                    )));
+                }
+                let info = self.start_server(None, None).await?;
+                self.server(&info.server_id)?
+            }
+        };
         match server
             .api
             .session_parent(&rec.directory, &rec.session_id)
@@ -432,6 +454,9 @@ impl TaskService {
             .stop(server_id)
             .await
             .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
+        if let Some(worker) = &server.worker {
+            self.stop_worker_serve(worker).await;
+        }
         // Anything that started meanwhile, or could not be aborted, ends here.
         tracker::fail_server_tasks(&self.registry, &server.id, "ServerStopped", &message);
         Ok(StopInfo {
@@ -567,7 +592,11 @@ impl TaskService {
             structured::check_schema(schema)
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
-        let server = self.server(&req.server_id)?;
+        let local = self.server(&req.server_id)?;
+        let worker = match req.worker.as_deref() {
+            Some(name) => self.remote_worker(name, req.isolation)?,
+            None => None,
+        };
         // Held until the task is registered: until then it counts as an unfinished task.
         let room = match room {
             Some(room) => room,
@@ -577,7 +606,13 @@ impl TaskService {
         spend::within_daily_cap(&self.config(), &self.registry)?;
         let directory = match req.directory {
             Some(d) => resolve_directory(Some(d))?,
-            None => server.directory.clone(),
+            None => local.directory.clone(),
+        };
+        // A remote task runs on its worker's OpenCode, whose agents and models are that
+        // worker's own.
+        let server = match &worker {
+            Some(w) => self.worker_server(w).await?,
+            None => local,
         };
         let Choice {
             model,
@@ -586,7 +621,11 @@ impl TaskService {
         } = resolve::choose(
             &self.config(),
             &server,
-            &directory,
+            if worker.is_some() {
+                &server.directory
+            } else {
+                &directory
+            },
             req.agent.as_deref(),
             req.model.as_deref(),
             req.tier.as_deref(),
@@ -598,9 +637,13 @@ impl TaskService {
             .clone()
             .unwrap_or_else(|| default_title(&req.prompt));
         let task_id = ids::task_id();
-        let workspace = match req.isolation {
-            Isolation::None => None,
-            Isolation::Worktree => Some(
+        let workspace = match (&worker, req.isolation) {
+            (Some(w), _) => Some(
+                self.place(w, &server, &directory, &task_id, req.base)
+                    .await?,
+            ),
+            (None, Isolation::None) => None,
+            (None, Isolation::Worktree) => Some(
                 self.create_workspace(&directory, &task_id, req.base)
                     .await?,
             ),
@@ -853,6 +896,7 @@ impl TaskService {
             .map(|s| async move { self.flush_outcomes(&s, true, SHUTDOWN_FLUSH).await });
         futures::future::join_all(flushes).await;
         self.pool.stop_all().await;
+        self.stop_worker_serves().await;
         // Stopping failed the tasks still running; those records, like any still queued, must
         // be on disk before the process exits.
         if let Some(store) = self.registry.store() {

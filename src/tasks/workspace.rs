@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use super::entry::TaskEntry;
 use super::error::TaskError;
+use super::fetch;
 use super::model::{ResultView, TaskResult, Workspace};
 use super::record::WorkspaceRecord;
 use super::service::TaskService;
@@ -47,7 +48,7 @@ pub struct DiscardOutcome {
 
 impl TaskService {
     /// Where worktrees and the temporary indexes of snapshots go.
-    fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
+    pub(super) fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
         self.state_dir
             .as_ref()
             .map(|d| d.join("worktrees"))
@@ -97,6 +98,7 @@ impl TaskService {
                 base: created.base,
                 applied: None,
                 discarded: false,
+                remote: None,
             },
             session_dir,
         ))
@@ -105,6 +107,12 @@ impl TaskService {
     /// Removes a worktree whose task never started (its session or prompt failed).
     pub(super) async fn drop_workspace(&self, workspace: Option<&WorkspaceRecord>) {
         let Some(w) = workspace else { return };
+        if let Some(r) = &w.remote {
+            if let Err(e) = self.remove_remote(w, r).await {
+                tracing::warn!(path = %w.path, worker = %r.worker, error = %e, "the worktree on the worker of a task that did not start could not be removed");
+            }
+            return;
+        }
         let _one_at_a_time = self.git_lock.write().await;
         if let Err(e) = git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await {
             tracing::warn!(path = %w.path, error = %e, "the worktree of a task that did not start could not be removed");
@@ -119,6 +127,16 @@ impl TaskService {
             return view;
         }
         let summary = async {
+            if w.remote.is_some() {
+                let (w, tip) = self.fetched(task_id, w).await?;
+                let Some(tip) = tip else {
+                    // Nothing is back from the worker yet: its first turn still runs.
+                    return Ok(Vec::new());
+                };
+                let _shared = self.git_lock.read().await;
+                let origin = git::Repo::at(Path::new(&w.origin));
+                return Ok(git::summary(&origin, &w.base, &tip).await?);
+            }
             let (_shared, now) = self.current_tree(w).await?;
             Ok::<_, TaskError>(git::summary(now.repo(), &w.base, &now.tree).await?)
         };
@@ -159,7 +177,18 @@ impl TaskService {
                 return Err(discarded(task_id));
             }
             let max_chars = self.config().limits.max_result_chars as usize;
-            let (diff, capped) = {
+            let (diff, capped) = if w.remote.is_some() {
+                let (w, tip) = self.fetched(task_id, w).await?;
+                let _shared = self.git_lock.read().await;
+                let origin = git::Repo::at(Path::new(&w.origin));
+                git::unified(
+                    &origin,
+                    &w.base,
+                    tip.as_deref().unwrap_or(&w.base),
+                    max_chars,
+                )
+                .await?
+            } else {
                 let (_shared, now) = self.current_tree(w).await?;
                 git::unified(now.repo(), &w.base, &now.tree, max_chars).await?
             };
@@ -178,13 +207,25 @@ impl TaskService {
     pub async fn apply(&self, task_id: &str) -> Result<ApplyOutcome, TaskError> {
         self.restored().await;
         let scratch = self.worktrees_dir()?;
+        // A remote task's work is brought back first (a fetch takes the git lock itself).
+        if self.settled(task_id, "apply").is_ok() {
+            fetch::fetch_back(&self.tracker, task_id).await?;
+        }
         let one_at_a_time = self.git_lock.write().await;
         let entry = self.settled(task_id, "apply")?;
         let w = workspace_of(&entry)?.clone();
         if w.discarded {
             return Err(discarded(task_id));
         }
-        let tip = git::commit_state(&pin(&w).await?, &scratch, task_id).await?;
+        let tip = match &w.remote {
+            Some(r) => r.fetched.clone().ok_or_else(|| {
+                TaskError::Conflict(format!(
+                    "task {task_id}'s work is not back from worker `{}` yet; try again",
+                    r.worker
+                ))
+            })?,
+            None => git::commit_state(&pin(&w).await?, &scratch, task_id).await?,
+        };
         let from = w.applied.clone().unwrap_or_else(|| w.base.clone());
         let files = if from == tip {
             None
@@ -224,7 +265,10 @@ impl TaskService {
         let w = workspace_of(&entry)?.clone();
         let already = w.discarded;
         if !already {
-            git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await?;
+            match &w.remote {
+                Some(r) => self.remove_remote(&w, r).await?,
+                None => git::remove(Path::new(&w.origin), Path::new(&w.path), &w.branch).await?,
+            }
         }
         let record = self
             .registry
@@ -241,6 +285,25 @@ impl TaskService {
             already_discarded: already,
             workspace: Workspace::from_record(&record),
         })
+    }
+
+    /// A remote task's workspace with its work fetched back when its turn is over (the
+    /// record as it is then), and the commit that holds that work (`None` before the first
+    /// fetch). A running task's is what was last fetched.
+    async fn fetched(
+        &self,
+        task_id: &str,
+        w: &WorkspaceRecord,
+    ) -> Result<(WorkspaceRecord, Option<String>), TaskError> {
+        let settled = self.registry.get(task_id).is_some_and(|e| e.is_settled());
+        let w = match settled {
+            true => fetch::fetch_back(&self.tracker, task_id)
+                .await?
+                .unwrap_or_else(|| w.clone()),
+            false => w.clone(),
+        };
+        let tip = w.remote.as_ref().and_then(|r| r.fetched.clone());
+        Ok((w, tip))
     }
 
     /// The task, refused (`conflict`) while its agent may still write to the worktree.

@@ -24,10 +24,11 @@ use super::ssh::{SshError, FORWARDING};
 use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
-/// the OpenCode command, `$2` the port, `$3` the directory it serves from. It prints its pid
-/// (kept by `exec`) and that directory made absolute before OpenCode's own lines.
+/// the OpenCode command, `$2` the port, `$3` the directory it serves from (made when missing:
+/// the worker's root on first use). It prints its pid (kept by `exec`) and that directory made
+/// absolute before OpenCode's own lines.
 const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
-                     export OPENCODE_SERVER_PASSWORD; cd -- \"$3\" || exit 98; \
+                     export OPENCODE_SERVER_PASSWORD; mkdir -p -- \"$3\" && cd -- \"$3\" || exit 98; \
                      echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 

@@ -221,6 +221,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
             budget,
             // Each target runs its tier's own variant.
             variant: None,
+            worker: None,
         }
     });
     let starts: Vec<_> = requests

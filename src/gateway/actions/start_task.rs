@@ -57,6 +57,9 @@ pub struct Args {
     pub output_schema: Option<serde_json::Map<String, Value>>,
     /// Spend caps per turn.
     pub budget: Option<Budget>,
+    /// Machine to run on; remote ones get a worktree.
+    #[schemars(length(min = 1))]
+    pub worker: Option<String>,
     /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
@@ -87,6 +90,24 @@ impl ActionSpec for StartTask {
         require_first(schema, "server_id");
         refine_prompt(config, schema);
         refine_tier(config, schema);
+        refine_worker(config, schema);
+    }
+}
+
+/// Lists the workers as the allowed values of `worker`, and leaves the argument out while the
+/// user declares no remote worker (every task then runs here, and the hosts' context is not
+/// spent on an argument that has one value).
+pub(super) fn refine_worker(config: &Config, schema: &mut JsonObject) {
+    let workers = crate::workers::from_config(config);
+    if workers.iter().all(|w| w.remote.is_none()) {
+        if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+            properties.remove("worker");
+        }
+        return;
+    }
+    if let Some(worker) = property(schema, "worker") {
+        let names: Vec<Value> = workers.into_iter().map(|w| Value::String(w.name)).collect();
+        worker.insert("enum".into(), Value::Array(names));
     }
 }
 
@@ -149,7 +170,17 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
     let output_schema = checks::output_schema(args.output_schema)?;
     let budget = checks::budget("budget", args.budget)?;
     let variant = checks::optional_name("variant", args.variant)?;
-    let (isolation, base) = checks::isolation(args.isolation, args.base, ctx.config)?;
+    let worker = checks::optional_name("worker", args.worker)?;
+    // A remote worker runs tasks in a worktree of their own there: that is the default for
+    // them, whatever isolation is configured for this machine.
+    let remote = worker
+        .as_deref()
+        .is_some_and(|w| w != crate::config::LOCAL_WORKER);
+    let isolation = match (args.isolation, remote) {
+        (None, true) => Some(Isolation::Worktree),
+        (given, _) => given,
+    };
+    let (isolation, base) = checks::isolation(isolation, args.base, ctx.config)?;
     let request = tasks::StartTask {
         server_id: server_id(args.server_id, ctx).await?,
         prompt,
@@ -165,6 +196,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         output_schema,
         budget,
         variant,
+        worker,
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }
