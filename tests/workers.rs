@@ -637,7 +637,7 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     std::fs::write(
         &user_file,
         format!(
-            "workers:\n{}",
+            "workers:\n  local:\n    max_tasks: 1\n{}",
             entry(
                 &worker,
                 &key,
@@ -679,18 +679,59 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     assert_eq!(code, "invalid_argument", "{message}");
     assert!(message.contains("isolation `none`"), "{message}");
 
+    // The first two tasks hold their slots until the test opens the gate.
+    let gate = rig.env.root().join("gate");
+    let held = format!(
+        "[[bash:until test -f {}; do sleep 0.1; done]]",
+        gate.display()
+    );
     let remote = rig
         .start_task_with(json!({
-            "prompt": "on the worker [[write:app.txt:one\\ntwo\\nthree (uncommitted)\\nfour (worker)\\n]]",
+            "prompt": format!("on the worker {held} [[write:app.txt:one\\ntwo\\nthree (uncommitted)\\nfour (worker)\\n]]"),
             "worker": "w1",
         }))
         .await;
     let local = rig
         .start_task_with(json!({
-            "prompt": "here [[write:local.txt:local\\n]]",
+            "prompt": format!("here {held} [[write:local.txt:local\\n]]"),
             "isolation": "worktree",
         }))
         .await;
+    // This machine's one slot is taken: a worktree task the call places nowhere goes to the
+    // worker with free slots; then every slot is taken, and a task that can only run here
+    // (isolation `none`) is refused naming this machine's limit.
+    let spilled = rig
+        .start_task_with(json!({
+            "prompt": "spill over [[write:spill.txt:spilled\\n]]",
+            "isolation": "worktree",
+        }))
+        .await;
+    assert_eq!(spilled["workspace"]["worker"], "w1", "{spilled}");
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "worktree" }),
+        )
+        .await;
+    assert_eq!(code, "limit_exceeded", "{message}");
+    assert!(
+        message.contains("local 1 of 1 (workers.local.max_tasks)")
+            && message.contains("w1 2 of 2 (workers.w1.max_tasks)"),
+        "{message}"
+    );
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "isolation": "none" }),
+        )
+        .await;
+    assert_eq!(code, "limit_exceeded", "{message}");
+    assert!(
+        message.contains("on this machine") && message.contains("workers.local.max_tasks is 1"),
+        "{message}"
+    );
+    std::fs::write(&gate, "open").expect("open the gate");
+    let spilled_id = spilled["task_id"].as_str().expect("task_id").to_string();
     let remote_id = remote["task_id"].as_str().expect("task_id").to_string();
     let local_id = local["task_id"].as_str().expect("task_id").to_string();
     let ws = &remote["workspace"];
@@ -704,7 +745,11 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     assert!(local["workspace"].get("worker").is_none(), "{local}");
 
     let w = rig
-        .wait(&[&remote_id, &local_id], "all", TASK_TIMEOUT_MS)
+        .wait(
+            &[&remote_id, &local_id, &spilled_id],
+            "all",
+            TASK_TIMEOUT_MS,
+        )
         .await;
     assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
     let result = rig
@@ -749,6 +794,13 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         ],
     );
     assert_eq!(fetched.trim().len(), 40, "{fetched}");
+    let spilled_result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": spilled_id }))
+        .await;
+    assert_eq!(
+        spilled_result["workspace"]["changes"][0]["file"], "spill.txt",
+        "{spilled_result}"
+    );
     let local_result = rig
         .ok("opencode_get_task_result", json!({ "task_id": local_id }))
         .await;

@@ -50,10 +50,10 @@ pub(super) async fn open_turn(
     let config = ctx.config.get();
     spend::within_daily_cap(&config, &ctx.registry)?;
     let room = match follows {
-        Follows::Finished => Some(ctx.capacity.reserve(
+        Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,
+            &[super::capacity::Place::of(&config, entry.rec.worker())],
             1,
-            config.limits.max_tasks as usize,
         )?),
         Follows::Correction => None,
     };

@@ -186,6 +186,14 @@ pub struct RemoteWorkspace {
 }
 
 impl TaskRecord {
+    /// The worker the task runs on: a remote worker's name, or `local`.
+    pub fn worker(&self) -> &str {
+        self.workspace
+            .as_ref()
+            .and_then(|w| w.remote.as_ref())
+            .map_or(crate::config::LOCAL_WORKER, |r| r.worker.as_str())
+    }
+
     /// A task whose first turn has not been opened yet.
     pub fn new(
         id: String,

@@ -377,6 +377,17 @@ impl Registry {
             .count()
     }
 
+    /// Tasks in memory that are not finished, by the worker they run on.
+    pub fn live_by_worker(&self) -> std::collections::HashMap<String, usize> {
+        let mut counts = std::collections::HashMap::new();
+        for e in self.lock().tasks.values() {
+            if !e.rec.status.is_terminal() {
+                *counts.entry(e.rec.worker().to_string()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
     /// The task a session belongs to, and whether it is a subagent's child session.
     pub fn owner_of(&self, session_id: &str) -> Option<SessionOwner> {
         self.lock().by_session.get(session_id).cloned()

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::capacity::Slots;
+use super::capacity::{Place, Slots};
 use super::context::TaskContext;
 use super::entry::TaskEntry;
 use super::error::TaskError;
@@ -494,13 +494,33 @@ impl TaskService {
         }
     }
 
-    /// Takes room for `new` more unfinished tasks, or refuses when they would make more than
-    /// `limits.max_tasks` (see `capacity.rs`). Finished tasks never count: they leave memory and
-    /// stay readable from disk. `fan_out` takes room for all its targets at once and hands one
-    /// slot to each of its starts ([`TaskService::start_with`]).
-    pub fn reserve(&self, new: usize) -> Result<Slots, TaskError> {
-        let max = self.config().limits.max_tasks as usize;
-        self.tracker.capacity.reserve(&self.registry, new, max)
+    /// Takes room for `new` more unfinished tasks, one slot each, on `worker` when the call
+    /// names one, else on this machine first and then on the remote workers with free slots
+    /// (only for tasks that can run remotely: `isolation` worktree); refuses when the workers
+    /// have too few free slots between them (see `capacity.rs`). Finished tasks never count:
+    /// they leave memory and stay readable from disk. `fan_out` takes room for all its targets
+    /// at once and hands one slot to each of its starts ([`TaskService::start_with`]).
+    pub fn reserve(
+        &self,
+        worker: Option<&str>,
+        isolation: Isolation,
+        new: usize,
+    ) -> Result<Vec<Slots>, TaskError> {
+        let config = self.config();
+        let places = match worker {
+            Some(name) => {
+                self.remote_worker(name, isolation)?;
+                vec![Place::of(&config, name)]
+            }
+            None if isolation == Isolation::Worktree && self.state_dir.is_some() => {
+                crate::workers::from_config(&config)
+                    .iter()
+                    .map(|w| Place::from_worker(&config, w))
+                    .collect()
+            }
+            None => vec![Place::local(&config)],
+        };
+        self.tracker.capacity.spread(&self.registry, &places, new)
     }
 
     /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it. With an
@@ -593,15 +613,16 @@ impl TaskService {
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
         let local = self.server(&req.server_id)?;
-        let worker = match req.worker.as_deref() {
-            Some(name) => self.remote_worker(name, req.isolation)?,
-            None => None,
-        };
-        // Held until the task is registered: until then it counts as an unfinished task.
+        // Held until the task is registered: until then it counts as an unfinished task of
+        // the worker it was taken on, which is where the task runs.
         let room = match room {
             Some(room) => room,
-            None => self.reserve(1)?,
+            None => self
+                .reserve(req.worker.as_deref(), req.isolation, 1)?
+                .pop()
+                .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
         };
+        let worker = self.remote_worker(room.worker(), req.isolation)?;
         let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
         spend::within_daily_cap(&self.config(), &self.registry)?;
         let directory = match req.directory {

@@ -187,7 +187,11 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     // The group takes its room first, all of it or none, and hands one slot to each start.
     // (A retry with a key may start nothing new: its starts each take their own.)
     let mut room = match idempotency_key {
-        None => Some(ctx.tasks.reserve(targets.len()).map_err(ToolError::from)?),
+        None => Some(
+            ctx.tasks
+                .reserve(None, isolation, targets.len())
+                .map_err(ToolError::from)?,
+        ),
         Some(_) => None,
     };
     let group = crate::ids::group_id();
@@ -226,7 +230,9 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     });
     let starts: Vec<_> = requests
         .map(|r| {
-            let slot = room.as_mut().and_then(tasks::Slots::take_one);
+            let slot = room
+                .as_mut()
+                .and_then(|r| (!r.is_empty()).then(|| r.remove(0)));
             ctx.tasks.start_with(r, slot)
         })
         .collect();
