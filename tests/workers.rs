@@ -564,9 +564,13 @@ async fn opencode_that_cannot_start_on_a_worker_says_why() {
         opencode: opencode_bin().display().to_string(),
         ..remote.clone()
     };
-    let err = RemoteServe::start("w1", &missing, "/no/such/directory", within)
+    // A root that cannot be made there (a file stands in its way).
+    let blocked = worker.root.join("a-file");
+    std::fs::write(&blocked, "not a directory").expect("write");
+    let unusable = blocked.join("root").display().to_string();
+    let err = RemoteServe::start("w1", &missing, &unusable, within)
         .await
-        .expect_err("no such directory there");
+        .expect_err("no usable directory there");
     assert!(err.to_string().contains("did not start"), "{err}");
 
     let mut gone = Sshd::start("w2", &key);
@@ -594,6 +598,16 @@ impl ReapHome {
             .filter(|p| p.is_live())
             .filter(|p| support::procs::env_var(p.pid, "HOME").as_deref() == Some(home.as_str()))
             .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Of [`Self::pids`], those whose parent is not one of them: the OpenCode servers, not
+    /// what their agents run.
+    fn servers(&self) -> Vec<u32> {
+        let all = self.pids();
+        all.iter()
+            .copied()
+            .filter(|pid| support::procs::stat(*pid).is_some_and(|p| !all.contains(&p.ppid)))
             .collect()
     }
 }
@@ -854,4 +868,152 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         "the worker's OpenCode still runs: {:?}",
         reaper.pids()
     );
+}
+
+/// **Remote tasks across gateway restarts, and their expiry.** A gateway killed outright
+/// (SIGKILL, as hosts do) leaves its worker's OpenCode running; the next gateway reaches that
+/// same OpenCode again from what the first saved, adopts the task still running there, and the
+/// task finishes with its work fetched back. Once the records expire, the worker is cleaned of
+/// every task's worktree; work never applied stays in the user's repository under the
+/// gateway's ref, applied work leaves no ref; and a gateway that finds a gone gateway's
+/// OpenCode on a worker with no task needing it stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_tasks_survive_a_gateway_restart_and_expire_cleanly() {
+    use serde_json::json;
+    use support::git::{git, init_repo};
+    use support::rig::{Rig, TASK_TIMEOUT_MS};
+
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let key = SshKey::new();
+    let worker = Sshd::start("w1", &key);
+    let worker_env = OpenCodeEnv::new();
+    let reaper = ReapHome(worker_env.home_dir());
+    let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
+    let root = worker.root.join("mcp");
+    let repo = env.work_dir();
+    init_repo(&repo, &[("app.txt", "one\n")]);
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(
+        &user_file,
+        format!(
+            "workers:\n{}",
+            entry(
+                &worker,
+                &key,
+                &wrapper.display().to_string(),
+                &root.display().to_string(),
+                3
+            )
+        ),
+    )
+    .expect("the user's file");
+    let config_var = user_file.display().to_string();
+    let mut rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
+    let gate = rig.env.root().join("gate");
+    let start = |prompt: String| {
+        let rig = &rig;
+        async move {
+            let s = rig
+                .start_task_with(json!({ "prompt": prompt, "worker": "w1" }))
+                .await;
+            s["task_id"].as_str().expect("task_id").to_string()
+        }
+    };
+    let held = start(format!(
+        "held [[bash:until test -f {}; do sleep 0.1; done]] [[write:held.txt:held\\n]]",
+        gate.display()
+    ))
+    .await;
+    let kept = start("kept [[write:kept.txt:never applied\\n]]".into()).await;
+    let taken = start("taken [[write:taken.txt:applied\\n]]".into()).await;
+    let w = rig.wait(&[&kept, &taken], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+    rig.ok("opencode_apply_task", json!({ "task_id": taken }))
+        .await;
+    assert_eq!(read(&repo.join("taken.txt")), "applied\n");
+    let running = reaper.servers();
+    assert!(!running.is_empty(), "the worker's OpenCode runs");
+
+    // Killed outright: the worker's OpenCode goes on, and so does the held task.
+    rig.kill_gateway().await;
+    assert_eq!(
+        reaper.servers(),
+        running,
+        "the worker's OpenCode outlived the gateway"
+    );
+    rig.relaunch().await;
+    let status = rig.status(&held).await;
+    assert_eq!(
+        status["status"],
+        "running",
+        "{status}\n{}",
+        rig.client.stderr()
+    );
+    std::fs::write(&gate, "open").expect("open the gate");
+    let result = rig.finish(&held).await;
+    assert_eq!(
+        result["status"],
+        "completed",
+        "{result}\n{}",
+        rig.client.stderr()
+    );
+    assert_eq!(
+        result["workspace"]["changes"][0]["file"], "held.txt",
+        "{result}"
+    );
+    assert_eq!(
+        reaper.servers(),
+        running,
+        "the same OpenCode finished the task: none was started again"
+    );
+
+    // Records expire: the worker is cleaned; the work never applied stays here under the
+    // gateway's ref, the applied one leaves none; the OpenCode nobody needs is stopped.
+    rig.kill_gateway().await;
+    rig.launch = rig
+        .launch
+        .clone()
+        .env("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "1ms");
+    rig.relaunch().await;
+    let worktrees = root.join("worktrees");
+    let cleaned = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        let left = std::fs::read_dir(&worktrees)
+            .map(|d| d.count())
+            .unwrap_or(0);
+        (left == 0 && reaper.pids().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        cleaned.is_some(),
+        "worktrees left on the worker: {:?}; OpenCode there: {:?}\n{}",
+        std::fs::read_dir(&worktrees).map(|d| d
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>()),
+        reaper.pids(),
+        rig.client.stderr()
+    );
+    let refs = support::rig::poll_for(std::time::Duration::from_secs(30), || {
+        let refs = git(
+            &repo,
+            &["for-each-ref", "--format=%(refname)", "refs/opencode-mcp/"],
+        );
+        (!refs.contains(&taken)).then_some(refs)
+    })
+    .await
+    .expect("the applied task's ref goes");
+    assert!(
+        refs.contains(&format!("refs/opencode-mcp/remote/{kept}")),
+        "{refs}"
+    );
+    assert!(
+        refs.contains(&format!("refs/opencode-mcp/remote/{held}")),
+        "{refs}"
+    );
+    let kept_file = git(
+        &repo,
+        &["show", &format!("refs/opencode-mcp/remote/{kept}:kept.txt")],
+    );
+    assert_eq!(kept_file, "never applied\n");
 }

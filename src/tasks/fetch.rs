@@ -17,16 +17,12 @@ use crate::workers::{self, repo, Remote};
 
 /// The remote worker `name` of `config`: its connection and its OpenCode command.
 pub(super) fn remote_of(config: &Config, name: &str) -> Result<Remote, TaskError> {
-    workers::from_config(config)
-        .into_iter()
-        .find(|w| w.name == name)
-        .and_then(|w| w.remote)
-        .ok_or_else(|| {
-            TaskError::Conflict(format!(
-                "worker `{name}` is no longer among the workers of your delegation.yaml; put it \
+    workers::remote(config, name).ok_or_else(|| {
+        TaskError::Conflict(format!(
+            "worker `{name}` is no longer among the workers of your delegation.yaml; put it \
                  back to reach the task's work there"
-            ))
-        })
+        ))
+    })
 }
 
 /// Where a remote workspace's work lives on its worker, as `workers::repo` names it.

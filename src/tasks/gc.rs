@@ -19,10 +19,12 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::model::TaskStatus;
-use super::record::{epoch_ms, WorkspaceRecord};
+use super::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
 use super::registry::Expired;
 use super::store::{read_stored, Stored};
+use crate::config::Config;
 use crate::git::{self, BRANCH_PREFIX};
+use crate::workers::{self, repo};
 
 /// The end of a kept worktree's note: `<task_id>.kept.json` beside the worktree.
 const KEPT_SUFFIX: &str = ".kept.json";
@@ -54,11 +56,16 @@ pub(super) async fn clean_expired(
     lock: &tokio::sync::RwLock<()>,
     worktrees: &Path,
     expired: Vec<Expired>,
+    config: &Config,
 ) {
     for e in expired {
         let _one_at_a_time = lock.write().await;
         if continued_elsewhere(worktrees, &e) {
             tracing::info!(task = %e.task_id, "not cleaning the worktree of an expired task another gateway continued");
+            continue;
+        }
+        if let Some(r) = &e.workspace.remote {
+            clean_remote(&e, r, config).await;
             continue;
         }
         let w = &e.workspace;
@@ -94,6 +101,58 @@ pub(super) async fn clean_expired(
             }
         }
     }
+}
+
+/// Cleans the worker of an expired remote task: its last state is fetched back first, then its
+/// worktree, branch and base ref leave the worker. The fetched ref here
+/// (`refs/opencode-mcp/remote/<task>`) goes too, unless it holds work never applied: then it
+/// stays in the user's repository, named in the log, so nothing of the agent's work is lost
+/// while the worker is cleaned. A worker that cannot be reached keeps everything.
+async fn clean_remote(e: &Expired, r: &RemoteWorkspace, config: &Config) {
+    let w = &e.workspace;
+    let Some(remote) = workers::remote(config, &r.worker) else {
+        tracing::warn!(task = %e.task_id, worker = %r.worker, "an expired task's worker is no longer declared; its worktree stays there");
+        return;
+    };
+    let placed = repo::Placed {
+        bare: r.bare.clone(),
+        worktree: w.path.clone(),
+        branch: w.branch.clone(),
+        base: w.base.clone(),
+    };
+    let origin = Path::new(&w.origin);
+    let message = format!("opencode-mcp: the work of task {} (expired)", e.task_id);
+    let tip = match repo::fetch_back(&r.worker, &remote, origin, &placed, &message).await {
+        Ok(tip) => tip,
+        Err(err) => {
+            tracing::warn!(task = %e.task_id, worker = %r.worker, error = %err, "cannot bring an expired task's work back from its worker; its worktree stays there");
+            return;
+        }
+    };
+    let repo = git::Repo::at(origin);
+    let tree = |commit: String| {
+        let repo = &repo;
+        async move {
+            repo.git(&["rev-parse", &format!("{commit}^{{tree}}")])
+                .await
+                .map(|o| o.line())
+        }
+    };
+    let taken = w.applied.clone().unwrap_or_else(|| w.base.clone());
+    let unapplied = match (tree(tip.clone()).await, tree(taken).await) {
+        (Ok(a), Ok(b)) => a != b,
+        _ => true,
+    };
+    if let Err(err) = repo::discard_there(&r.worker, &remote, &placed).await {
+        tracing::warn!(task = %e.task_id, worker = %r.worker, error = %err, "could not clean an expired task's worktree on its worker");
+    }
+    let local = format!("{}{}", repo::REMOTE_REF_PREFIX, e.task_id);
+    if unapplied {
+        tracing::warn!(task = %e.task_id, origin = %w.origin, git_ref = %local, "the task's record expired but its work was never applied: kept in the repository as {local}");
+    } else if let Err(err) = repo.git(&["update-ref", "-d", &local]).await {
+        tracing::debug!(task = %e.task_id, error = %err, "could not delete the fetched ref");
+    }
+    tracing::info!(task = %e.task_id, worker = %r.worker, "cleaned the worker of an expired task");
 }
 
 /// The task's record on disk holds a turn other than the one that expired: another gateway on
@@ -542,6 +601,7 @@ mod tests {
                 expired_of(&empty, "tsk_empty"),
                 expired_of(&kept, "tsk_kept"),
             ],
+            &crate::gateway::test_config(),
         )
         .await;
         assert!(!empty.path.exists(), "nothing in it: removed");

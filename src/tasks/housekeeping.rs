@@ -48,10 +48,11 @@ pub fn evict(ctx: &TaskContext) -> bool {
         .sweep_due
         .then(|| (ctx.registry.clone(), ctx.finished_ttl));
     if !evicted.worktrees.is_empty() || sweep.is_some() {
-        let (dir, lock, mut worktrees) = (
+        let (dir, lock, mut worktrees, config) = (
             ctx.worktrees.clone(),
             ctx.git_lock.clone(),
             evicted.worktrees,
+            ctx.config.get(),
         );
         tokio::spawn(async move {
             if let Some((registry, ttl)) = sweep {
@@ -65,7 +66,7 @@ pub fn evict(ctx: &TaskContext) -> bool {
                 }
             }
             if let Some(dir) = dir.filter(|_| !worktrees.is_empty()) {
-                super::gc::clean_expired(&lock, &dir, worktrees).await;
+                super::gc::clean_expired(&lock, &dir, worktrees, &config).await;
             }
         });
     }

@@ -22,7 +22,11 @@ use super::tracker;
 use crate::config::{Isolation, LOCAL_WORKER};
 use crate::git::{self, Base};
 use crate::opencode::Server;
-use crate::workers::{self, repo, serve::RemoteServe, Remote};
+use crate::workers::serve::{RemoteServe, Saved};
+use crate::workers::{self, repo, Remote};
+
+/// Under the state directory: what reaches each worker's OpenCode again after a restart.
+const WORKERS_DIR: &str = "workers";
 
 /// How long stopping a worker's OpenCode may take at shutdown (hosts send SIGINT, SIGTERM and
 /// SIGKILL about half a second apart).
@@ -49,9 +53,9 @@ impl WorkerServes {
         slots.entry(worker.to_string()).or_default().clone()
     }
 
-    fn all(&self) -> Vec<Arc<tokio::sync::Mutex<Option<Link>>>> {
+    fn all(&self) -> Vec<(String, Arc<tokio::sync::Mutex<Option<Link>>>)> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.values().cloned().collect()
+        slots.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 }
 
@@ -136,12 +140,149 @@ impl TaskService {
             started.server,
             started.events,
         ));
+        self.save_serve(&serve.saved(&w.name));
         *link = Some(Link {
             server_id: server.id.clone(),
             serve,
             remote: w.remote.clone(),
         });
         Ok(server)
+    }
+
+    /// The OpenCode a gateway that is gone (`owner`) started on worker `w`, reached again to
+    /// adopt its tasks: through what that gateway saved of it (`workers/<name>.<pid>.json`),
+    /// its password proving it is still that OpenCode. It becomes this gateway's OpenCode for
+    /// the worker (saved again under this gateway's pid). A worker this gateway already
+    /// reached is returned as it is.
+    pub(super) async fn reattach_worker(
+        &self,
+        w: &Named,
+        owner: u32,
+    ) -> Result<Arc<Server>, TaskError> {
+        let slot = self.workers.slot(&w.name);
+        let mut link = slot.lock().await;
+        if let Some(l) = link.as_mut() {
+            if let (Some(server), true) = (self.pool.get(&l.server_id), l.serve.alive()) {
+                return Ok(server);
+            }
+        }
+        let lost = |detail: String| {
+            TaskError::Conflict(format!(
+                "the OpenCode that worker `{}` ran the task on cannot be reached again: {detail}",
+                w.name
+            ))
+        };
+        let path = self
+            .saved_path(&w.name, owner)
+            .ok_or_else(|| lost("no state directory".into()))?;
+        let saved: Saved = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            .map_err(|e| lost(format!("{} ({e})", path.display())))?;
+        let within = self.config().timeouts.server_start.get();
+        let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within).await?;
+        let started = match self
+            .pool
+            .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
+            .await
+        {
+            Ok(started) => started,
+            Err(e) => {
+                // Not that OpenCode (its password is refused): nothing of ours to stop there.
+                drop(serve);
+                return Err(lost(e.to_string()));
+            }
+        };
+        let server = started.server.clone();
+        tokio::spawn(tracker::run(
+            self.tracker.clone(),
+            started.server,
+            started.events,
+        ));
+        self.save_serve(&serve.saved(&w.name));
+        if owner != std::process::id() {
+            let _ = std::fs::remove_file(&path);
+        }
+        tracing::info!(worker = %w.name, pid = saved.remote_pid, "reached again the worker's OpenCode a previous gateway started");
+        *link = Some(Link {
+            server_id: server.id.clone(),
+            serve,
+            remote: w.remote.clone(),
+        });
+        Ok(server)
+    }
+
+    /// Stops the workers' OpenCode servers that gateways now gone started and no task of
+    /// theirs needs (their files are read after the adoptions, which took what they needed),
+    /// and forgets them. A worker that cannot be reached keeps its file for the next start.
+    pub(super) async fn sweep_worker_serves(&self) {
+        let Some(dir) = self.state_dir.as_ref().map(|d| d.join(WORKERS_DIR)) else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        let config = self.config();
+        for path in entries.filter_map(|e| Some(e.ok()?.path())) {
+            let Some(saved) = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Saved>(&b).ok())
+            else {
+                continue;
+            };
+            if saved.gateway_pid == std::process::id() || self.gateway_alive(saved.gateway_pid) {
+                continue;
+            }
+            let Some(remote) = workers::remote(&config, &saved.worker) else {
+                continue;
+            };
+            match remote
+                .ssh
+                .run(&["true"], None, Duration::from_secs(15))
+                .await
+            {
+                Ok(_) => {
+                    RemoteServe::stop_saved(&remote, &saved).await;
+                    let _ = std::fs::remove_file(&path);
+                    tracing::info!(worker = %saved.worker, pid = saved.remote_pid, "stopped a worker's OpenCode that a gateway now gone had left running");
+                }
+                Err(e) => {
+                    tracing::debug!(worker = %saved.worker, error = %e, "cannot reach a worker to stop the OpenCode a gone gateway left there");
+                }
+            }
+        }
+    }
+
+    /// `<state_dir>/workers/<worker>.<gateway pid>.json` (worker names are checked to be safe
+    /// file names).
+    fn saved_path(&self, worker: &str, gateway_pid: u32) -> Option<std::path::PathBuf> {
+        let dir = self.state_dir.as_ref()?.join(WORKERS_DIR);
+        Some(dir.join(format!("{worker}.{gateway_pid}.json")))
+    }
+
+    /// Writes what reaches a worker's OpenCode again (password included: a private file).
+    fn save_serve(&self, saved: &Saved) {
+        let Some(path) = self.saved_path(&saved.worker, saved.gateway_pid) else {
+            return;
+        };
+        let written = path
+            .parent()
+            .ok_or_else(|| std::io::Error::other("no directory"))
+            .and_then(|dir| {
+                crate::private_files::create_dir(dir)?;
+                let bytes = serde_json::to_vec(saved).map_err(std::io::Error::other)?;
+                crate::private_files::write_atomic(dir, &path, &saved.worker, &bytes, None)
+            });
+        if let Err(e) = written {
+            tracing::warn!(worker = %saved.worker, error = %e, "cannot save how to reach the worker's OpenCode; a restart of the gateway will not adopt its tasks");
+        }
+    }
+
+    /// Forgets what was saved of this gateway's OpenCode on `worker` (it was stopped).
+    fn forget_serve(&self, worker: &str) {
+        if let Some(path) = self.saved_path(worker, std::process::id()) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     /// Makes task `task_id`'s worktree on worker `w` (whose OpenCode is `server`, serving from
@@ -229,17 +370,23 @@ impl TaskService {
         if let Some(link) = taken {
             link.serve.stop(&link.remote).await;
         }
+        self.forget_serve(worker);
     }
 
     /// Stops every worker's OpenCode (shutdown), all at once and for a bounded time: one that
     /// cannot be reached in time is left to its ssh session's end.
     pub(super) async fn stop_worker_serves(&self) {
-        let stops = self.workers.all().into_iter().map(|slot| async move {
-            let taken = slot.lock().await.take();
-            if let Some(link) = taken {
-                link.serve.stop(&link.remote).await;
-            }
-        });
+        let stops = self
+            .workers
+            .all()
+            .into_iter()
+            .map(|(name, slot)| async move {
+                let taken = slot.lock().await.take();
+                if let Some(link) = taken {
+                    link.serve.stop(&link.remote).await;
+                    self.forget_serve(&name);
+                }
+            });
         if tokio::time::timeout(STOP_AT_SHUTDOWN, futures::future::join_all(stops))
             .await
             .is_err()

@@ -139,6 +139,8 @@ impl TaskService {
             if !adopt.is_empty() {
                 this.adopt(adopt).await;
             }
+            // What gateways now gone left running on workers that no task needs.
+            this.sweep_worker_serves().await;
             tokio::spawn(watch_owners(Arc::downgrade(&this), seen, foreign));
         });
     }
@@ -149,13 +151,13 @@ impl TaskService {
         let _ = rx.wait_for(|done| *done).await;
     }
 
-    /// Registers loaded records; returns the ids to adopt on the attached server, and the
-    /// unfinished tasks of gateways still alive (task id, owner pid).
+    /// Registers loaded records; returns the tasks to adopt, and the unfinished tasks of
+    /// gateways still alive (task id, owner pid).
     fn take_over(
         &self,
         records: Vec<Loaded>,
         bad: Vec<(std::path::PathBuf, String)>,
-    ) -> (Vec<String>, Vec<(String, u32)>) {
+    ) -> (Vec<Adopt>, Vec<(String, u32)>) {
         for (path, why) in bad {
             tracing::warn!(path = %path.display(), %why, "skipping an unreadable task record");
         }
@@ -215,16 +217,24 @@ impl TaskService {
         (adopt, foreign)
     }
 
-    /// Takes over an unfinished task whose gateway is gone: on the attached server it is
-    /// registered to be adopted (its id is returned); on a managed server, which died with its
-    /// gateway, or on a server no longer configured, it is finished `failed` (`Interrupted`).
-    fn take_unfinished(&self, record: TaskRecord, attach_url: Option<&str>) -> Option<String> {
+    /// Takes over an unfinished task whose gateway is gone: on the attached server, or on a
+    /// remote worker (whose OpenCode outlived that gateway), it is registered to be adopted;
+    /// on a managed server, which died with its gateway, or on a server no longer configured,
+    /// it is finished `failed` (`Interrupted`).
+    fn take_unfinished(&self, record: TaskRecord, attach_url: Option<&str>) -> Option<Adopt> {
         let attached_here = !record.managed && attach_url == Some(record.server_url.as_str());
+        let on_worker = (record.worker() != crate::config::LOCAL_WORKER)
+            .then(|| (record.worker().to_string(), record.owner_pid));
         let mut entry = TaskEntry::from_record(record);
+        if let Some((worker, owner)) = on_worker {
+            let id = entry.rec.id.clone();
+            self.registry.insert(entry);
+            return Some(Adopt::OnWorker { id, worker, owner });
+        }
         if attached_here {
             let id = entry.rec.id.clone();
             self.registry.insert(entry);
-            return Some(id);
+            return Some(Adopt::Attached(id));
         }
         let reason = if entry.rec.managed {
             "the gateway running this task exited, and its managed OpenCode server with it; continue the task (its session is kept) or start it again"
@@ -250,9 +260,52 @@ impl TaskService {
             .map(|u| u.trim_end_matches('/').to_string())
     }
 
-    /// Attaches to the configured server and hands it the unfinished tasks a previous gateway
-    /// left there.
-    async fn adopt(&self, adopt: Vec<String>) {
+    /// Hands the unfinished tasks a previous gateway left to the servers they run on: the
+    /// configured attached server, and each worker's OpenCode, reached again.
+    async fn adopt(&self, adopt: Vec<Adopt>) {
+        let mut attached = Vec::new();
+        let mut on_workers: std::collections::BTreeMap<(String, u32), Vec<String>> =
+            Default::default();
+        for a in adopt {
+            match a {
+                Adopt::Attached(id) => attached.push(id),
+                Adopt::OnWorker { id, worker, owner } => {
+                    on_workers.entry((worker, owner)).or_default().push(id)
+                }
+            }
+        }
+        for ((worker, owner), ids) in on_workers {
+            let reached = match self.remote_worker(&worker, crate::config::Isolation::Worktree) {
+                Ok(Some(w)) => self.reattach_worker(&w, owner).await,
+                Ok(None) => Err(super::error::TaskError::Conflict(
+                    "not a remote worker".into(),
+                )),
+                Err(e) => Err(e),
+            };
+            match reached {
+                Ok(server) => self.adopt_on(&server, ids).await,
+                Err(e) => {
+                    tracing::warn!(worker, error = %e, "cannot adopt the tasks a previous gateway ran on a worker");
+                    let why = format!(
+                        "the gateway running this task exited, and worker `{worker}`'s OpenCode                          that ran it cannot be reached again ({e}); continue the task (its                          session is kept there) or start it again"
+                    );
+                    for id in &ids {
+                        self.registry.update(id, |e| {
+                            let turn = e.rec.turn;
+                            e.finish(
+                                Claim::Gone(turn),
+                                TaskStatus::Failed,
+                                Some(worker_lost(&why)),
+                            )
+                        });
+                    }
+                }
+            }
+        }
+        if attached.is_empty() {
+            return;
+        }
+        let adopt = attached;
         let server = match self.start_server(None, None).await {
             Ok(info) => self.pool.get(&info.server_id),
             Err(e) => {
@@ -275,10 +328,17 @@ impl TaskService {
             }
             return;
         };
+        self.adopt_on(&server, adopt).await;
+    }
+
+    /// Hands `ids`, unfinished tasks of a gateway that is gone, to `server`, which runs them.
+    async fn adopt_on(&self, server: &Arc<crate::opencode::Server>, ids: Vec<String>) {
         let limit = self.config().timeouts.task.get();
-        for id in adopt {
+        for id in ids {
             let Some((turn, elapsed, checking)) = self.registry.update(&id, |e| {
                 e.rec.server_id = server.id.clone();
+                // A worker's OpenCode is reached through a forward of this gateway's.
+                e.rec.server_url = server.api.base_url().to_string();
                 let checking =
                     e.rec.structured.as_ref().and_then(|s| s.checking) == Some(e.rec.turn);
                 (e.rec.turn, e.live.turn_started.elapsed(), checking)
@@ -291,13 +351,33 @@ impl TaskService {
             // passed while the gateway was down gets a deadline that fires now: it reads the
             // turn before it claims it, so a turn that finished in the meantime keeps its answer.
             if !checking {
-                self.arm_deadline(&server, &id, turn, limit.saturating_sub(elapsed));
+                self.arm_deadline(server, &id, turn, limit.saturating_sub(elapsed));
             }
             // What the turn spent while no gateway watched counts against its caps now, not
             // only from its next step on.
-            budget::reconcile_spend(&self.tracker, &server, &id).await;
-            completion::spawn_check(&self.tracker, &server, id, Idle::No, None);
+            budget::reconcile_spend(&self.tracker, server, &id).await;
+            completion::spawn_check(&self.tracker, server, id, Idle::No, None);
         }
+    }
+}
+
+/// A task a previous gateway left unfinished, to hand to the server it runs on.
+enum Adopt {
+    /// On the configured attached server.
+    Attached(String),
+    /// On a remote worker's OpenCode, started by gateway `owner`.
+    OnWorker {
+        id: String,
+        worker: String,
+        owner: u32,
+    },
+}
+
+/// The error of a task whose worker's OpenCode is out of reach for good.
+pub(super) fn worker_lost(message: &str) -> crate::opencode::ErrorInfo {
+    crate::opencode::ErrorInfo {
+        name: "WorkerLost".into(),
+        message: message.to_string(),
     }
 }
 

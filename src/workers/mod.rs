@@ -82,6 +82,14 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
     out
 }
 
+/// The remote worker `name` of `config`, if it declares one.
+pub fn remote(config: &Config, name: &str) -> Option<Remote> {
+    from_config(config)
+        .into_iter()
+        .find(|w| w.name == name)
+        .and_then(|w| w.remote)
+}
+
 /// One line of `opencode-mcp workers`: a worker, its slots and its health.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerReport {

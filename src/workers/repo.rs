@@ -179,6 +179,19 @@ pub async fn discard(
     origin: &Path,
     placed: &Placed,
 ) -> Result<(), RepoError> {
+    discard_there(worker, remote, placed).await?;
+    let local = format!("{REMOTE_REF_PREFIX}{}", placed.task());
+    let _ = Repo::at(origin).git(&["update-ref", "-d", &local]).await;
+    Ok(())
+}
+
+/// Removes the task's worktree, branch and base ref from the worker only (the work fetched
+/// back stays here).
+pub async fn discard_there(
+    worker: &str,
+    remote: &Remote,
+    placed: &Placed,
+) -> Result<(), RepoError> {
     // `$1` bare repository, `$2` worktree, `$3` branch, `$4` base ref. Each step may find its
     // part gone already; the prune forgets a worktree whose directory was removed by hand.
     const CLEAN: &str = "git -C \"$1\" worktree remove --force \"$2\" 2>/dev/null; \
@@ -203,8 +216,6 @@ pub async fn discard(
     );
     let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
     on_worker(worker, remote, "discard", &refs).await?;
-    let local = format!("{REMOTE_REF_PREFIX}{}", placed.task());
-    let _ = Repo::at(origin).git(&["update-ref", "-d", &local]).await;
     Ok(())
 }
 

@@ -32,6 +32,15 @@ const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
                      echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 
+/// The fixed script a gateway that restarted reaches a worker's OpenCode again with: `$1` its
+/// pid there. It says whether that process still runs, then keeps the session (and so the
+/// forward) open exactly as long as it does.
+const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; echo opencode-mcp-attached; \
+                     while kill -0 \"$1\" 2>/dev/null; do sleep 5; done";
+
+/// [`WATCH`]'s exit status when the process is gone.
+const GONE: i32 = 96;
+
 /// Ports tried on the worker before giving up.
 const PORT_ATTEMPTS: usize = 3;
 
@@ -44,6 +53,33 @@ pub enum ServeError {
     Failed { worker: String, detail: String },
     #[error("cannot make a password for OpenCode on worker {0}: no randomness")]
     NoSecret(String),
+}
+
+/// What a gateway keeps of a worker's OpenCode, in a private file of its state directory, to
+/// reach it again after the gateway itself was killed: OpenCode there outlives the ssh session
+/// that started it, and the tasks it runs go on.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    pub worker: String,
+    pub remote_port: u16,
+    pub remote_pid: u32,
+    pub password: String,
+    pub directory: String,
+    /// The gateway that started (or last reached) it.
+    pub gateway_pid: u32,
+}
+
+impl std::fmt::Debug for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Debug output ends up in logs; the password never does.
+        f.debug_struct("Saved")
+            .field("worker", &self.worker)
+            .field("remote_port", &self.remote_port)
+            .field("remote_pid", &self.remote_pid)
+            .field("directory", &self.directory)
+            .field("gateway_pid", &self.gateway_pid)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A worker's OpenCode, reachable here at [`Self::url`] with [`Self::password`] while the
@@ -198,6 +234,119 @@ impl RemoteServe {
             directory: served,
             session,
         })
+    }
+
+    /// What to keep to reach it again ([`Saved`]).
+    pub fn saved(&self, worker: &str) -> Saved {
+        Saved {
+            worker: worker.to_string(),
+            remote_port: self.remote_port,
+            remote_pid: self.remote_pid,
+            password: self.password.clone(),
+            directory: self.directory.clone(),
+            gateway_pid: std::process::id(),
+        }
+    }
+
+    /// Reaches again the OpenCode a killed gateway started on `remote` ([`Saved`]): a new
+    /// session forwards a port here to it, and lives as long as that OpenCode does. Fails when
+    /// the worker cannot be reached or the process is gone; whether the process is still that
+    /// OpenCode is for the caller to prove (its password).
+    pub async fn reattach(
+        worker: &str,
+        remote: &Remote,
+        saved: &Saved,
+        within: Duration,
+    ) -> Result<Self, ServeError> {
+        let failed = |detail: String| ServeError::Failed {
+            worker: worker.to_string(),
+            detail,
+        };
+        let local_port =
+            crate::opencode::free_port("127.0.0.1").map_err(|e| failed(e.to_string()))?;
+        let pid = saved.remote_pid.to_string();
+        let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{}", saved.remote_port);
+        let extra = [
+            FORWARDING,
+            &["-o", "ExitOnForwardFailure=yes", "-L", &forward],
+        ]
+        .concat();
+        let argv = ["sh", "-c", WATCH, "sh", &pid];
+        let mut session = remote
+            .ssh
+            .command_with(&extra, &argv)
+            .spawn()
+            .map_err(|e| ServeError::Ssh(SshError::NoClient(e)))?;
+        let Some(stdout) = session.stdout.take() else {
+            return Err(failed("no output from the session".into()));
+        };
+        let mut lines = BufReader::new(stdout).lines();
+        let attached = tokio::time::timeout(within, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line == "opencode-mcp-attached" {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        match attached {
+            Ok(true) => {}
+            Ok(false) => {
+                let out = session.wait_with_output().await.ok();
+                let status = out.as_ref().and_then(|o| o.status.code());
+                let stderr = out
+                    .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+                    .unwrap_or_default();
+                return Err(match status {
+                    Some(super::ssh::SSH_FAILED) => ServeError::Ssh(SshError::Unreachable {
+                        destination: remote.ssh.destination().to_string(),
+                        detail: stderr,
+                    }),
+                    Some(GONE) => failed(format!(
+                        "its OpenCode (pid {}) is no longer running there",
+                        saved.remote_pid
+                    )),
+                    _ => failed(format!("the session to it ended: {stderr}")),
+                });
+            }
+            Err(_) => {
+                let _ = session.start_kill();
+                return Err(failed(format!("no answer within {within:?}")));
+            }
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        wait_forwarded(local_port, within)
+            .await
+            .map_err(|detail| failed(format!("the forward to it did not open: {detail}")))?;
+        Ok(Self {
+            url: format!("http://127.0.0.1:{local_port}"),
+            password: saved.password.clone(),
+            remote_port: saved.remote_port,
+            remote_pid: saved.remote_pid,
+            directory: saved.directory.clone(),
+            session,
+        })
+    }
+
+    /// Stops an OpenCode known only from what was saved of it (a killed gateway's, that no
+    /// task needs any more): SIGTERM to its pid there, only while that pid is still a process
+    /// serving on its port (a pid may have been reused since).
+    pub async fn stop_saved(remote: &Remote, saved: &Saved) {
+        const STOP: &str = "case \"$(ps -o args= -p \"$1\" 2>/dev/null)\" in \
+                            *\"--port $2\"*) kill \"$1\";; esac";
+        if saved.remote_pid > 1 {
+            let pid = saved.remote_pid.to_string();
+            let port = saved.remote_port.to_string();
+            let _ = remote
+                .ssh
+                .run(
+                    &["sh", "-c", STOP, "sh", &pid, &port],
+                    None,
+                    Duration::from_secs(10),
+                )
+                .await;
+        }
     }
 
     /// Stops OpenCode there (SIGTERM to its pid over a new connection, then the session ends).
