@@ -1584,8 +1584,14 @@ fn a_subcommand_whose_reader_has_gone_ends_without_a_panic() {
     let dir = TempDir::new().expect("temp dir");
     for args in [&["print-config"][..], &["config-schema"], &["tasks"]] {
         let mut fds = [0; 2];
-        // SAFETY: pipe(2) fills both descriptors, which are owned from here on.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        // Close-on-exec: a child another test spawns meanwhile must not inherit the read end
+        // (held open there, it would make the write below succeed or block, not SIGPIPE).
+        // SAFETY: pipe2(2) fills both descriptors, which are owned from here on.
+        assert_eq!(
+            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) },
+            0,
+            "pipe"
+        );
         // SAFETY: the descriptors were just created and nothing else owns them.
         let (reader, writer) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };

@@ -1017,3 +1017,146 @@ async fn remote_tasks_survive_a_gateway_restart_and_expire_cleanly() {
     );
     assert_eq!(kept_file, "never applied\n");
 }
+
+/// The gateway's own `ssh` processes forwarding to worker `name` (the sessions its OpenCode
+/// is reached through).
+fn forwards_to(name: &str) -> Vec<u32> {
+    support::procs::all()
+        .into_iter()
+        .filter(|p| p.is_live() && p.comm == "ssh")
+        .filter(|p| {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.contains(&&b"-L"[..]) && args.contains(&name.as_bytes())
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// **Faults.** A worker whose connection drops (the gateway's ssh to it killed; its OpenCode
+/// goes on there) is reached again, the same OpenCode finishing the task that ran there. A
+/// worker that is gone (its sshd stopped, its OpenCode with it) fails its running task
+/// `WorkerLost`, naming it, once `lost_after` passes; a task the call places nowhere then
+/// avoids it, and a call that names it is told it cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_worker_is_reached_again_and_a_gone_one_is_lost() {
+    use serde_json::json;
+    use support::git::init_repo;
+    use support::rig::{Rig, TASK_TIMEOUT_MS};
+
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let key = SshKey::new();
+    // `a1` goes away for good; `b1` only drops its connection. Of two workers with as many
+    // free slots the first named is chosen, so avoiding `a1` shows.
+    let mut gone = Sshd::start("a1", &key);
+    let drops = Sshd::start("b1", &key);
+    let (gone_env, drops_env) = (OpenCodeEnv::new(), OpenCodeEnv::new());
+    let gone_reaper = ReapHome(gone_env.home_dir());
+    let drops_reaper = ReapHome(drops_env.home_dir());
+    let gone_opencode = worker_opencode(&gone, &gone_env, &fake.url());
+    let drops_opencode = worker_opencode(&drops, &drops_env, &fake.url());
+    let repo = env.work_dir();
+    init_repo(&repo, &[("app.txt", "one\n")]);
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(
+        &user_file,
+        format!(
+            "workers:\n  local:\n    max_tasks: 1\n{}    lost_after: 3s\n{}    lost_after: 5m\n",
+            entry(
+                &gone,
+                &key,
+                &gone_opencode.display().to_string(),
+                &gone.root.join("mcp").display().to_string(),
+                2
+            ),
+            entry(
+                &drops,
+                &key,
+                &drops_opencode.display().to_string(),
+                &drops.root.join("mcp").display().to_string(),
+                2
+            ),
+        ),
+    )
+    .expect("the user's file");
+    let config_var = user_file.display().to_string();
+    let rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
+    let gate = rig.env.root().join("gate");
+    let held = format!(
+        "[[bash:until test -f {}; do sleep 0.1; done]]",
+        gate.display()
+    );
+    let start = |args: serde_json::Value| {
+        let rig = &rig;
+        async move {
+            let s = rig.start_task_with(args).await;
+            (s["task_id"].as_str().expect("task_id").to_string(), s)
+        }
+    };
+    let (on_gone, _) = start(json!({ "prompt": format!("doomed {held}"), "worker": "a1" })).await;
+    let (on_drops, _) = start(json!({
+        "prompt": format!("carries on {held} [[write:b.txt:from b1\\n]]"),
+        "worker": "b1",
+    }))
+    .await;
+    let (local, _) =
+        start(json!({ "prompt": format!("here {held}"), "isolation": "worktree" })).await;
+    let before = drops_reaper.servers();
+    assert_eq!(before.len(), 1, "b1's OpenCode runs");
+
+    // b1's connection drops; its OpenCode goes on.
+    let forwards = forwards_to("b1");
+    assert!(!forwards.is_empty(), "the gateway forwards to b1");
+    for pid in forwards {
+        drop(KillOnDrop(pid));
+    }
+    // a1 goes away, its OpenCode with it.
+    gone.stop();
+    let lost = rig.wait(&[&on_gone], "all", 60_000).await;
+    let task = &lost["tasks"][0];
+    assert_eq!(task["status"], "failed", "{lost}\n{}", rig.client.stderr());
+    let error = task["error"].to_string();
+    assert!(
+        error.contains("WorkerLost") && error.contains("`a1`"),
+        "{error}"
+    );
+    assert!(gone_reaper.servers().is_empty());
+
+    // With this machine's one slot taken, a task placed nowhere goes to b1, not a1.
+    let (placed, snapshot) =
+        start(json!({ "prompt": "placed [[write:p.txt:p\\n]]", "isolation": "worktree" })).await;
+    assert_eq!(
+        snapshot["workspace"]["worker"],
+        "b1",
+        "{snapshot}\n{}",
+        rig.client.stderr()
+    );
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "x", "worker": "a1" }),
+        )
+        .await;
+    assert_eq!(code, "opencode_unavailable", "{message}");
+    assert!(message.contains("a1"), "{message}");
+
+    std::fs::write(&gate, "open").expect("open the gate");
+    let w = rig
+        .wait(&[&on_drops, &local, &placed], "all", TASK_TIMEOUT_MS)
+        .await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": on_drops }))
+        .await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(
+        result["workspace"]["changes"][0]["file"], "b.txt",
+        "{result}"
+    );
+    assert_eq!(
+        drops_reaper.servers(),
+        before,
+        "the same OpenCode carried on"
+    );
+}

@@ -234,6 +234,11 @@ pub struct WorkerConfig {
     /// directory unless absolute (default `.opencode-mcp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root: Option<String>,
+    /// How long the worker may stay out of reach (its connection dropped, the machine gone)
+    /// while the gateway keeps reconnecting, before its unfinished tasks fail `WorkerLost`
+    /// (default 2m). Work fetched back before stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_after: Option<HumanDuration>,
 }
 
 /// The defaults of `opencode_start_task`'s `isolation` and `base`.

@@ -95,6 +95,12 @@ fn workers(config: &Config, issues: &mut Issues) {
             ("root", w.root.as_deref()),
         ];
         if name == LOCAL_WORKER {
+            if w.lost_after.is_some() {
+                issues.push(
+                    key("lost_after"),
+                    "expected only `max_tasks` for `local` (this machine, not reached over ssh)",
+                );
+            }
             for (field, set) in texts {
                 if set.is_some() {
                     issues.push(

@@ -22,7 +22,7 @@ use super::tracker;
 use crate::config::{Isolation, LOCAL_WORKER};
 use crate::git::{self, Base};
 use crate::opencode::Server;
-use crate::workers::serve::{RemoteServe, Saved};
+use crate::workers::serve::{RemoteServe, Saved, ServeError};
 use crate::workers::{self, repo, Remote};
 
 /// Under the state directory: what reaches each worker's OpenCode again after a restart.
@@ -32,12 +32,64 @@ const WORKERS_DIR: &str = "workers";
 /// SIGKILL about half a second apart).
 const STOP_AT_SHUTDOWN: Duration = Duration::from_millis(1_500);
 
+/// How often a worker's connection is looked at (a dropped one is noticed this fast; ssh
+/// itself notices a silent network within `ServerAliveInterval` x `ServerAliveCountMax`).
+const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
+/// Between attempts to reach a worker again: doubling from the first, up to the last.
+const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+/// How long new tasks the call places nowhere avoid a worker that was found down.
+const AVOID_DOWN: Duration = Duration::from_secs(30);
+
 /// The workers' OpenCode servers this gateway started, one per worker.
 #[derive(Default)]
 pub(super) struct WorkerServes {
     /// Worker name -> its OpenCode, if started. A worker's slot is locked while it is being
     /// started, so two tasks placed at once start one OpenCode.
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Link>>>>>,
+    /// Workers out of reach: why, and until when placement avoids them.
+    down: Arc<Mutex<HashMap<String, Down>>>,
+}
+
+/// A worker found out of reach.
+#[derive(Debug, Clone)]
+struct Down {
+    why: String,
+    since: std::time::Instant,
+    avoid_until: std::time::Instant,
+}
+
+impl WorkerServes {
+    /// Whether placement should avoid `worker` now.
+    pub(super) fn avoided(&self, worker: &str) -> bool {
+        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        down.get(worker)
+            .is_some_and(|d| d.avoid_until > std::time::Instant::now())
+    }
+
+    fn mark_down(down: &Mutex<HashMap<String, Down>>, worker: &str, why: String) {
+        let now = std::time::Instant::now();
+        let mut down = down.lock().unwrap_or_else(|p| p.into_inner());
+        let since = down.get(worker).map_or(now, |d| d.since);
+        down.insert(
+            worker.to_string(),
+            Down {
+                why,
+                since,
+                avoid_until: now + AVOID_DOWN,
+            },
+        );
+    }
+
+    fn mark_up(down: &Mutex<HashMap<String, Down>>, worker: &str) {
+        down.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(worker);
+    }
+
+    fn down_since(&self, worker: &str) -> Option<Down> {
+        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        down.get(worker).cloned()
+    }
 }
 
 /// A worker's OpenCode in use: the pool's server for it and the ssh session it runs in.
@@ -110,19 +162,33 @@ impl TaskService {
         let slot = self.workers.slot(&w.name);
         let mut link = slot.lock().await;
         if let Some(l) = link.as_mut() {
-            match self.pool.get(&l.server_id) {
-                Some(server) if l.serve.alive() => return Ok(server),
-                _ => {
-                    tracing::warn!(worker = %w.name, "the worker's OpenCode session ended; starting it again");
-                    if let Some(old) = link.take() {
-                        self.pool.stop(&old.server_id).await;
-                        old.serve.stop(&old.remote).await;
-                    }
-                }
+            if let (Some(server), true) = (self.pool.get(&l.server_id), l.serve.alive()) {
+                return Ok(server);
             }
+            // Its connection dropped: its OpenCode and its tasks may well go on there, and the
+            // supervisor is reaching it again; starting another would orphan them.
+            let why = self
+                .workers
+                .down_since(&w.name)
+                .map(|d| format!("{} ({}s ago)", d.why, d.since.elapsed().as_secs()))
+                .unwrap_or_else(|| "its connection dropped".into());
+            return Err(TaskError::WorkerServe(ServeError::Failed {
+                worker: w.name.clone(),
+                detail: format!(
+                    "the worker is out of reach: {why}; the gateway is reconnecting (its tasks                      there fail `WorkerLost` if it stays out of reach for                      workers.{}.lost_after): try again, or run the task elsewhere",
+                    w.name
+                ),
+            }));
         }
         let within = self.config().timeouts.server_start.get();
-        let serve = RemoteServe::start(&w.name, &w.remote, &w.remote.root, within).await?;
+        let serve = match RemoteServe::start(&w.name, &w.remote, &w.remote.root, within).await {
+            Ok(serve) => serve,
+            Err(e) => {
+                WorkerServes::mark_down(&self.workers.down, &w.name, e.to_string());
+                return Err(e.into());
+            }
+        };
+        WorkerServes::mark_up(&self.workers.down, &w.name);
         let started = match self
             .pool
             .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
@@ -146,7 +212,30 @@ impl TaskService {
             serve,
             remote: w.remote.clone(),
         });
+        self.supervise(w, &server);
         Ok(server)
+    }
+
+    /// Watches worker `w`'s connection while `server` is its OpenCode here: when the session
+    /// drops, the worker is avoided by placement and reached again (the same OpenCode, through
+    /// the same local port, so the server's clients and event stream carry on), with backoff;
+    /// if it stays out of reach past `workers.<name>.lost_after`, or its OpenCode is gone, the
+    /// tasks that were running there fail `WorkerLost`, naming the worker.
+    fn supervise(&self, w: &Named, server: &Arc<Server>) {
+        let config = self.config();
+        let watch = Supervision {
+            worker: Named {
+                name: w.name.clone(),
+                remote: w.remote.clone(),
+            },
+            slot: self.workers.slot(&w.name),
+            down: self.workers.down.clone(),
+            server: server.clone(),
+            registry: self.registry.clone(),
+            lost_after: workers::lost_after(&config, &w.name),
+            within: config.timeouts.server_start.get(),
+        };
+        tokio::spawn(watch.run());
     }
 
     /// The OpenCode a gateway that is gone (`owner`) started on worker `w`, reached again to
@@ -180,7 +269,7 @@ impl TaskService {
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
             .map_err(|e| lost(format!("{} ({e})", path.display())))?;
         let within = self.config().timeouts.server_start.get();
-        let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within).await?;
+        let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within, None).await?;
         let started = match self
             .pool
             .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
@@ -209,6 +298,7 @@ impl TaskService {
             serve,
             remote: w.remote.clone(),
         });
+        self.supervise(w, &server);
         Ok(server)
     }
 
@@ -392,6 +482,114 @@ impl TaskService {
             .is_err()
         {
             tracing::warn!("some workers' OpenCode could not be stopped in time");
+        }
+    }
+}
+
+/// What watches one worker's connection ([`TaskService::supervise`]).
+struct Supervision {
+    worker: Named,
+    slot: Arc<tokio::sync::Mutex<Option<Link>>>,
+    down: Arc<Mutex<HashMap<String, Down>>>,
+    server: Arc<Server>,
+    registry: Arc<super::registry::Registry>,
+    lost_after: Duration,
+    within: Duration,
+}
+
+impl Supervision {
+    async fn run(self) {
+        let mut tick = tokio::time::interval(SUPERVISE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.server.stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let dropped = {
+                let mut link = self.slot.lock().await;
+                match link.as_mut() {
+                    Some(l) if l.server_id == self.server.id => (!l.serve.alive())
+                        .then(|| (l.serve.saved(&self.worker.name), l.serve.local_port())),
+                    // Stopped, or replaced by another OpenCode: nothing of this one to watch.
+                    _ => return,
+                }
+            };
+            let Some((saved, port)) = dropped else {
+                continue;
+            };
+            let name = &self.worker.name;
+            tracing::warn!(worker = %name, "the connection to the worker's OpenCode dropped; reconnecting");
+            WorkerServes::mark_down(&self.down, name, "its connection dropped".into());
+            match self.reconnect(&saved, port).await {
+                Some(Ok(serve)) => {
+                    let mut link = self.slot.lock().await;
+                    match link.as_mut() {
+                        Some(l) if l.server_id == self.server.id => l.serve = serve,
+                        _ => return,
+                    }
+                    WorkerServes::mark_up(&self.down, name);
+                    tracing::info!(worker = %name, "reached the worker's OpenCode again");
+                }
+                Some(Err(why)) => {
+                    let message = format!(
+                        "worker `{name}` was lost: {why}. The work of the turns fetched back \
+                         before stays readable here (view: diff)"
+                    );
+                    let failed = tracker::fail_server_tasks(
+                        &self.registry,
+                        &self.server.id,
+                        "WorkerLost",
+                        &message,
+                    );
+                    tracing::warn!(worker = %name, tasks = failed.len(), %why, "worker lost; its unfinished tasks failed");
+                    WorkerServes::mark_down(&self.down, name, why);
+                    let mut link = self.slot.lock().await;
+                    if link.as_ref().is_some_and(|l| l.server_id == self.server.id) {
+                        *link = None;
+                    }
+                    self.server.stop.cancel();
+                    return;
+                }
+                // The server was stopped meanwhile.
+                None => return,
+            }
+        }
+    }
+
+    /// Reaches the same OpenCode again with backoff: `Some(Ok)` once reached, `Some(Err(why))`
+    /// when it is gone or stayed out of reach past `lost_after`, `None` when the server was
+    /// stopped meanwhile.
+    async fn reconnect(
+        &self,
+        saved: &Saved,
+        port: Option<u16>,
+    ) -> Option<Result<RemoteServe, String>> {
+        let since = std::time::Instant::now();
+        let (mut pause, longest) = RECONNECT_BACKOFF;
+        loop {
+            let w = &self.worker;
+            match RemoteServe::reattach(&w.name, &w.remote, saved, self.within, port).await {
+                Ok(serve) => return Some(Ok(serve)),
+                Err(ServeError::Gone { pid, .. }) => {
+                    return Some(Err(format!("its OpenCode there (pid {pid}) stopped")))
+                }
+                Err(e) if since.elapsed() >= self.lost_after => {
+                    return Some(Err(format!(
+                        "out of reach for longer than workers.{}.lost_after ({:?}): {e}",
+                        w.name, self.lost_after
+                    )))
+                }
+                Err(e) => {
+                    tracing::debug!(worker = %w.name, error = %e, ?pause, "the worker is still out of reach");
+                    WorkerServes::mark_down(&self.down, &w.name, e.to_string());
+                }
+            }
+            tokio::select! {
+                _ = self.server.stop.cancelled() => return None,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(longest);
         }
     }
 }

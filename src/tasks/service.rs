@@ -512,9 +512,11 @@ impl TaskService {
                 self.remote_worker(name, isolation)?;
                 vec![Place::of(&config, name)]
             }
+            // Workers found out of reach are left out for a while.
             None if isolation == Isolation::Worktree && self.state_dir.is_some() => {
                 crate::workers::from_config(&config)
                     .iter()
+                    .filter(|w| w.remote.is_none() || !self.workers.avoided(&w.name))
                     .map(|w| Place::from_worker(&config, w))
                     .collect()
             }

@@ -128,20 +128,23 @@ impl TaskService {
         }
         let summary = async {
             if w.remote.is_some() {
-                let (w, tip) = self.fetched(task_id, w).await?;
+                let (w, tip, stale) = self.fetched(task_id, w).await?;
                 let Some(tip) = tip else {
                     // Nothing is back from the worker yet: its first turn still runs.
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), stale));
                 };
                 let _shared = self.git_lock.read().await;
                 let origin = git::Repo::at(Path::new(&w.origin));
-                return Ok(git::summary(&origin, &w.base, &tip).await?);
+                return Ok((git::summary(&origin, &w.base, &tip).await?, stale));
             }
             let (_shared, now) = self.current_tree(w).await?;
-            Ok::<_, TaskError>(git::summary(now.repo(), &w.base, &now.tree).await?)
+            Ok::<_, TaskError>((git::summary(now.repo(), &w.base, &now.tree).await?, None))
         };
         match summary.await {
-            Ok(files) => view.changes = Some(files),
+            Ok((files, stale)) => {
+                view.changes = Some(files);
+                view.diff_error = stale;
+            }
             Err(e) => {
                 tracing::debug!(task = task_id, error = %e, "no diff summary");
                 view.diff_error = Some(e.to_string());
@@ -177,8 +180,10 @@ impl TaskService {
                 return Err(discarded(task_id));
             }
             let max_chars = self.config().limits.max_result_chars as usize;
+            let mut stale = None;
             let (diff, capped) = if w.remote.is_some() {
-                let (w, tip) = self.fetched(task_id, w).await?;
+                let (w, tip, why) = self.fetched(task_id, w).await?;
+                stale = why;
                 let _shared = self.git_lock.read().await;
                 let origin = git::Repo::at(Path::new(&w.origin));
                 git::unified(
@@ -195,7 +200,7 @@ impl TaskService {
             result.total_chars = diff.chars().count() as u64;
             result.text = diff;
             result.text_capped = capped;
-            result.text_error = None;
+            result.text_error = stale;
             result.view = Some(ResultView::Diff);
         }
         Ok(result)
@@ -290,20 +295,32 @@ impl TaskService {
     /// A remote task's workspace with its work fetched back when its turn is over (the
     /// record as it is then), and the commit that holds that work (`None` before the first
     /// fetch). A running task's is what was last fetched.
+    ///
+    /// A worker that cannot be reached (lost, say) leaves what was fetched before: that is
+    /// read, and the third value says why it may be older than the task's last turn.
     async fn fetched(
         &self,
         task_id: &str,
         w: &WorkspaceRecord,
-    ) -> Result<(WorkspaceRecord, Option<String>), TaskError> {
+    ) -> Result<(WorkspaceRecord, Option<String>, Option<String>), TaskError> {
         let settled = self.registry.get(task_id).is_some_and(|e| e.is_settled());
-        let w = match settled {
-            true => fetch::fetch_back(&self.tracker, task_id)
-                .await?
-                .unwrap_or_else(|| w.clone()),
-            false => w.clone(),
+        let (w, stale) = match settled {
+            true => match fetch::fetch_back(&self.tracker, task_id).await {
+                Ok(now) => (now.unwrap_or_else(|| w.clone()), None),
+                Err(e) if w.remote.as_ref().is_some_and(|r| r.fetched.is_some()) => {
+                    let note = format!(
+                        "the task's last work could not be brought back from its worker ({e}); \
+                         this is its work as fetched after turn {}",
+                        w.remote.as_ref().map_or(0, |r| r.fetched_turn)
+                    );
+                    (w.clone(), Some(note))
+                }
+                Err(e) => return Err(e),
+            },
+            false => (w.clone(), None),
         };
         let tip = w.remote.as_ref().and_then(|r| r.fetched.clone());
-        Ok((w, tip))
+        Ok((w, tip, stale))
     }
 
     /// The task, refused (`conflict`) while its agent may still write to the worktree.

@@ -82,6 +82,18 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
     out
 }
 
+/// How long a worker may stay out of reach before its tasks fail, when its entry says nothing.
+pub const DEFAULT_LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `workers.<name>.lost_after` ([`DEFAULT_LOST_AFTER`] when not given).
+pub fn lost_after(config: &Config, name: &str) -> std::time::Duration {
+    config
+        .workers
+        .get(name)
+        .and_then(|w| w.lost_after)
+        .map_or(DEFAULT_LOST_AFTER, |d| d.get())
+}
+
 /// The remote worker `name` of `config`, if it declares one.
 pub fn remote(config: &Config, name: &str) -> Option<Remote> {
     from_config(config)

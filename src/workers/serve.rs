@@ -53,6 +53,9 @@ pub enum ServeError {
     Failed { worker: String, detail: String },
     #[error("cannot make a password for OpenCode on worker {0}: no randomness")]
     NoSecret(String),
+    /// The worker answers, but the OpenCode being reached again is no longer running there.
+    #[error("OpenCode on worker {worker} (pid {pid}) is no longer running")]
+    Gone { worker: String, pid: u32 },
 }
 
 /// What a gateway keeps of a worker's OpenCode, in a private file of its state directory, to
@@ -236,6 +239,11 @@ impl RemoteServe {
         })
     }
 
+    /// The port of the forward's end here.
+    pub fn local_port(&self) -> Option<u16> {
+        self.url.rsplit(':').next()?.parse().ok()
+    }
+
     /// What to keep to reach it again ([`Saved`]).
     pub fn saved(&self, worker: &str) -> Saved {
         Saved {
@@ -252,18 +260,23 @@ impl RemoteServe {
     /// session forwards a port here to it, and lives as long as that OpenCode does. Fails when
     /// the worker cannot be reached or the process is gone; whether the process is still that
     /// OpenCode is for the caller to prove (its password).
+    /// `local_port`: the port to forward from here (the one a dropped session used, so the
+    /// clients of its URL carry on), else a free one.
     pub async fn reattach(
         worker: &str,
         remote: &Remote,
         saved: &Saved,
         within: Duration,
+        local_port: Option<u16>,
     ) -> Result<Self, ServeError> {
         let failed = |detail: String| ServeError::Failed {
             worker: worker.to_string(),
             detail,
         };
-        let local_port =
-            crate::opencode::free_port("127.0.0.1").map_err(|e| failed(e.to_string()))?;
+        let local_port = match local_port {
+            Some(port) => port,
+            None => crate::opencode::free_port("127.0.0.1").map_err(|e| failed(e.to_string()))?,
+        };
         let pid = saved.remote_pid.to_string();
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{}", saved.remote_port);
         let extra = [
@@ -303,10 +316,10 @@ impl RemoteServe {
                         destination: remote.ssh.destination().to_string(),
                         detail: stderr,
                     }),
-                    Some(GONE) => failed(format!(
-                        "its OpenCode (pid {}) is no longer running there",
-                        saved.remote_pid
-                    )),
+                    Some(GONE) => ServeError::Gone {
+                        worker: worker.to_string(),
+                        pid: saved.remote_pid,
+                    },
                     _ => failed(format!("the session to it ended: {stderr}")),
                 });
             }
