@@ -248,7 +248,19 @@ fn workers(sources: &Sources, json: bool) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let workers = opencode_mcp::workers::from_config(&cfg);
-    let reports = runtime.block_on(opencode_mcp::workers::report(&workers));
+    let mut reports = runtime.block_on(opencode_mcp::workers::report(&workers));
+    // Slots in use: the unfinished tasks of live gateways on this state directory.
+    if let Some(dir) = state_dir(&cfg) {
+        let (records, _) = opencode_mcp::tasks::read_summaries(&dir);
+        for r in records.iter().filter(|r| {
+            !r.status.is_terminal() && opencode_mcp::tasks::gateway_alive(&dir, r.owner_pid)
+        }) {
+            let on = r.worker.as_deref().unwrap_or(config::LOCAL_WORKER);
+            if let Some(report) = reports.iter_mut().find(|w| w.name == on) {
+                report.in_use += 1;
+            }
+        }
+    }
     if json {
         match serde_json::to_string_pretty(&reports) {
             Ok(text) => println!("{text}"),

@@ -716,7 +716,7 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     // (isolation `none`) is refused naming this machine's limit.
     let spilled = rig
         .start_task_with(json!({
-            "prompt": "spill over [[write:spill.txt:spilled\\n]]",
+            "prompt": format!("spill over {held} [[write:spill.txt:spilled\\n]]"),
             "isolation": "worktree",
         }))
         .await;
@@ -744,6 +744,43 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         message.contains("on this machine") && message.contains("workers.local.max_tasks is 1"),
         "{message}"
     );
+    // `opencode-mcp workers` counts the slots in use; `tasks` names the worker of each task.
+    let cli = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        cmd.args(args).current_dir(&repo).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.envs(rig.env.vars(&rig.fake.url()))
+            .env("OPENCODE_MCP_CONFIG", &user_file);
+        cmd.output().expect("the gateway binary runs")
+    };
+    let listed = cli(&["workers", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout)
+        .unwrap_or_else(|e| panic!("workers --json: {e}\n{}", describe(&listed)));
+    let in_use: Vec<(String, u64)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|w| {
+            (
+                w["name"].as_str().unwrap_or_default().to_string(),
+                w["in_use"].as_u64().unwrap_or(99),
+            )
+        })
+        .collect();
+    assert_eq!(
+        in_use,
+        [("local".to_string(), 1), ("w1".to_string(), 2)],
+        "{listed}"
+    );
+    let tasks = cli(&["tasks"]);
+    let tasks = String::from_utf8_lossy(&tasks.stdout).into_owned();
+    let spilled_line = tasks
+        .lines()
+        .find(|l| l.contains(spilled["task_id"].as_str().unwrap_or("?")))
+        .unwrap_or_default();
+    assert!(spilled_line.ends_with("[on w1]"), "{tasks}");
     std::fs::write(&gate, "open").expect("open the gate");
     let spilled_id = spilled["task_id"].as_str().expect("task_id").to_string();
     let remote_id = remote["task_id"].as_str().expect("task_id").to_string();

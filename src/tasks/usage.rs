@@ -58,6 +58,8 @@ pub struct TaskSummary {
     pub earlier: Spent,
     /// The catalog price of the model it was started on (see [`TaskRecord::price`]).
     pub price: Option<(String, Price)>,
+    /// The remote worker it runs on (`None`: this machine).
+    pub worker: Option<String>,
 }
 
 /// What the current turn's outcome reported.
@@ -79,6 +81,11 @@ impl From<&TaskRecord> for TaskSummary {
             model: r.model.clone(),
             title: r.title.clone(),
             owner_pid: r.owner_pid,
+            worker: r
+                .workspace
+                .as_ref()
+                .and_then(|w| w.remote.as_ref())
+                .map(|r| r.worker.clone()),
             started_ms: r.started_ms(),
             turn_started_ms: r.turn_started_ms,
             finished_ms: r.finished_ms,
@@ -330,6 +337,9 @@ pub struct TaskLine {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_requested: Option<String>,
     pub title: String,
+    /// The remote worker it runs on; absent: this machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
     /// Milliseconds since the task was started.
     pub age_ms: u64,
     /// Milliseconds the latest turn took; absent while it runs.
@@ -369,6 +379,7 @@ pub fn list(
             model: r.ran_on().map(str::to_string),
             model_requested: requested_if_other(r.model.as_deref(), r.answered()),
             title: r.title.clone(),
+            worker: r.worker.clone(),
             age_ms: now_ms.saturating_sub(r.started_ms),
             duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
             gateway_gone: !r.status.is_terminal() && !gateway_alive(r.owner_pid),
@@ -403,7 +414,10 @@ pub fn list_text(lines: &[TaskLine]) -> String {
             model,
             format_ms(l.age_ms),
             l.duration_ms.map_or_else(|| "-".to_string(), format_ms),
-            l.title
+            match &l.worker {
+                Some(w) => format!("{} [on {w}]", l.title),
+                None => l.title.clone(),
+            }
         ));
     }
     if lines.iter().any(|l| l.gateway_gone) {

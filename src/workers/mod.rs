@@ -110,6 +110,8 @@ pub struct WorkerReport {
     #[serde(rename = "where")]
     pub place: String,
     pub max_tasks: u32,
+    /// Unfinished tasks there now, of the gateways running on this state directory.
+    pub in_use: u32,
     /// `None` for this machine (nothing to probe).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<Health>,
@@ -144,6 +146,7 @@ pub async fn report(workers: &[Worker]) -> Vec<WorkerReport> {
                 |r| r.ssh.destination().to_string(),
             ),
             max_tasks: w.max_tasks,
+            in_use: 0,
             problems: health
                 .as_ref()
                 .map(|h| {
@@ -174,8 +177,8 @@ pub fn text(reports: &[WorkerReport]) -> String {
             Some(_) => "not ready".to_string(),
         };
         out.push_str(&format!(
-            "{:<16} {:<28} {:>3} slots  {state}\n",
-            r.name, r.place, r.max_tasks
+            "{:<16} {:<28} {:>3} of {:>3} slots in use  {state}\n",
+            r.name, r.place, r.in_use, r.max_tasks
         ));
         for p in &r.problems {
             out.push_str(&format!("    {}\n      fix: {}\n", p.problem, p.fix));
