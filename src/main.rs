@@ -374,7 +374,7 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
             Ok(st) => Some(st),
             Err(_) => {
                 eprintln!(
-                    "{WHO}: --status: expected one of pending, running, waiting_permission, \
+                    "{WHO}: --status: expected one of queued, pending, running, waiting_permission, \
                      completed, failed, cancelled, timed_out; found `{s}`"
                 );
                 return ExitCode::FAILURE;

@@ -667,3 +667,83 @@ async fn completed_with_one_call(rig: &Rig, task: &str, prompt: &str) {
         "one LLM call for the turn"
     );
 }
+
+/// **The queue** (`limits.queue`). With every slot taken, a start answers at once with status
+/// `queued` and its place; the queue's bound refuses the one too many, naming it; status, the
+/// task list and a result read a queued task as queued; a cancelled queued task leaves the
+/// queue and never starts; a restart keeps the queue (the running task that held the slot died
+/// with the old gateway's server), and the queued tasks then start first in, first out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_tasks_wait_for_a_slot_in_order_and_survive_a_restart() {
+    let mut rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__MAX_TASKS", "1"),
+        ("OPENCODE_MCP_LIMITS__QUEUE", "2"),
+    ])
+    .await;
+    let gate = rig.env.root().join("gate");
+    let holder = id(&rig
+        .start_task(&format!(
+            "holds the slot [[bash:until test -f {}; do sleep 0.1; done]]",
+            gate.display()
+        ))
+        .await);
+    let first = rig.start_task("queued first").await;
+    assert_eq!(first["status"], "queued", "{first}");
+    assert_eq!(first["queue_position"], 1, "{first}");
+    let cancelled = rig.start_task("queued, then cancelled").await;
+    assert_eq!(cancelled["queue_position"], 2, "{cancelled}");
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "one too many" }),
+        )
+        .await;
+    assert_eq!(code, "limit_exceeded", "{message}");
+    assert!(message.contains("limits.queue is 2"), "{message}");
+    let (first, cancelled) = (id(&first), id(&cancelled));
+
+    let status = rig.status(&first).await;
+    assert_eq!(status["status"], "queued", "{status}");
+    let result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": first }))
+        .await;
+    assert_eq!(result["status"], "queued", "{result}");
+    let listed = rig.ok("opencode_list_tasks", json!({})).await.to_string();
+    assert!(
+        listed.contains(&first) && listed.contains("queued"),
+        "{listed}"
+    );
+    let gone = rig
+        .ok("opencode_cancel_task", json!({ "task_id": cancelled }))
+        .await;
+    assert_eq!(gone["status"], "cancelled", "{gone}");
+    let second = id(&rig.start_task("queued second").await);
+    assert_eq!(rig.status(&second).await["queue_position"], 2);
+
+    // A restart: the slot's holder died with the old gateway's server; the queue is kept.
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let w = rig
+        .wait(&[&holder, &first, &second], "all", TASK_TIMEOUT_MS)
+        .await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let statuses: Vec<&str> = w["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["status"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(statuses, ["failed", "completed", "completed"], "{w}");
+    assert_eq!(rig.status(&cancelled).await["status"], "cancelled");
+    // First in, first out; the cancelled one never reached the model.
+    let prompts: Vec<String> = rig
+        .fake
+        .requests()
+        .into_iter()
+        .map(|r| r.last_user_text)
+        .collect();
+    let at = |text: &str| prompts.iter().position(|p| p.contains(text));
+    assert!(at("queued first") < at("queued second"), "{prompts:?}");
+    assert!(at("queued first").is_some(), "{prompts:?}");
+    assert_eq!(at("then cancelled"), None, "{prompts:?}");
+}

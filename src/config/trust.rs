@@ -146,6 +146,11 @@ pub const POLICY: &[Policy] = &[
         why: LIMIT,
     },
     Policy {
+        pattern: "limits.queue",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
         pattern: "limits.structured_retries",
         rule: Rule::OnlyLower,
         why: LIMIT,

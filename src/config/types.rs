@@ -362,6 +362,12 @@ pub struct Limits {
     /// tasks do not count: they stay answerable from the state directory for `finished_task_ttl`.
     #[schemars(range(min = 1))]
     pub max_tasks: u32,
+    /// Most tasks that wait for a slot when every slot they could run in is taken: a start
+    /// then answers at once with status `queued` and its place, and the task starts first in,
+    /// first out as slots free. 0 (the default): such a start is refused (`limit_exceeded`).
+    #[serde(default)]
+    #[schemars(range(max = MAX_QUEUE))]
+    pub queue: u32,
     /// How long a finished task stays answerable (its record is then deleted).
     pub finished_task_ttl: HumanDuration,
     /// How long a finished task stays in memory after it finished or was last used; then only
@@ -396,6 +402,9 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_usd_per_day: Option<f64>,
 }
+
+/// Largest `limits.queue` accepted (queued tasks are held in memory and on disk).
+pub const MAX_QUEUE: u32 = 10_000;
 
 /// Largest cap in USD accepted anywhere (a guard against a typo, not a policy).
 pub const MAX_COST_USD: f64 = 1_000_000.0;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::template::{self, TIERS_PLACEHOLDER};
 use super::types::{
     Action, Budget, Config, DEFAULT_HOST, LOCAL_WORKER, MAX_COST_USD, MAX_INSTRUCTIONS_CHARS,
-    MAX_TOKENS, MIN_RESULT_CHARS, WORKER_NAME_PATTERN,
+    MAX_QUEUE, MAX_TOKENS, MIN_RESULT_CHARS, WORKER_NAME_PATTERN,
 };
 
 /// One violated rule. `key` is the setting to blame; `related` are other settings the rule
@@ -420,6 +420,12 @@ fn limits(config: &Config, issues: &mut Issues) {
         ],
         [("max_tokens", l.max_tokens)],
     );
+    if l.queue > MAX_QUEUE {
+        issues.push(
+            "limits.queue",
+            format!("expected at most {MAX_QUEUE}, found {}", l.queue),
+        );
+    }
     let counts = [
         ("max_prompt_bytes", l.max_prompt_bytes),
         ("max_wait_ids", l.max_wait_ids),

@@ -354,6 +354,7 @@ mod tests {
 
     fn snapshot(id: &str) -> TaskSnapshot {
         TaskSnapshot {
+            queue_position: None,
             task_id: id.into(),
             status: TaskStatus::Completed,
             title: format!("task {id}"),

@@ -453,6 +453,7 @@ impl TaskEntry {
         // A structured task's value and errors are the finished round's only.
         let structured = r.structured.as_ref().filter(|_| r.status.is_terminal());
         TaskSnapshot {
+            queue_position: None,
             task_id: r.id.clone(),
             status: r.status,
             title: r.title.clone(),

@@ -50,6 +50,7 @@ mod model;
 mod outcome;
 mod owner;
 mod placement;
+mod queue;
 mod record;
 mod registry;
 mod resolve;

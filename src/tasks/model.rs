@@ -13,6 +13,9 @@ use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens, ToolCall};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
+    /// Every slot it could run in is taken (`limits.queue`): it starts, first in first out,
+    /// as one frees; `queue_position` says how many are ahead of it.
+    Queued,
     /// The prompt was sent; OpenCode has not started on it yet.
     Pending,
     /// OpenCode is working on the turn (including provider retries).
@@ -43,6 +46,7 @@ impl TaskStatus {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            TaskStatus::Queued => "queued",
             TaskStatus::Pending => "pending",
             TaskStatus::Running => "running",
             TaskStatus::WaitingPermission => "waiting_permission",
@@ -129,6 +133,9 @@ pub struct StructuredAttempt {
 pub struct TaskSnapshot {
     pub task_id: String,
     pub status: TaskStatus,
+    /// A queued task's place in the queue (1: it starts next).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
     pub title: String,
     /// Milliseconds since the current turn was sent.
     pub elapsed_ms: u64,

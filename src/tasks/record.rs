@@ -55,6 +55,9 @@ pub struct TaskRecord {
     pub turn_started_ms: u64,
     pub finished_ms: Option<u64>,
     pub status: TaskStatus,
+    /// A queued task's start request (`service::StartTask`, as JSON), until it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<serde_json::Value>,
     pub error: Option<ErrorInfo>,
     /// The permission asks the turn waits on (its own session's and its subagents'), oldest
     /// first; each is answered by its id. Records written before asks were kept apart hold one
@@ -221,6 +224,7 @@ impl TaskRecord {
             turn_started_ms: epoch_ms(SystemTime::now()),
             finished_ms: None,
             status: TaskStatus::Pending,
+            queued: None,
             error: None,
             permissions: Vec::new(),
             outcome: None,

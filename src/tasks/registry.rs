@@ -75,6 +75,10 @@ impl Tables {
         if let Some(g) = &e.rec.group {
             self.join_group(&e.rec.id, g);
         }
+        // A queued task has no session yet.
+        if e.rec.session_id.is_empty() {
+            return;
+        }
         self.by_session.insert(
             e.rec.session_id.clone(),
             SessionOwner {
@@ -101,8 +105,22 @@ impl Tables {
         });
     }
 
+    /// The queued tasks, first in first: by when they were queued, then by id.
+    fn queue_order(&self) -> Vec<&str> {
+        let mut queued: Vec<(u64, &str)> = self
+            .tasks
+            .values()
+            .filter(|e| e.rec.status == TaskStatus::Queued)
+            .map(|e| (e.rec.turn_started_ms, e.rec.id.as_str()))
+            .collect();
+        queued.sort_unstable();
+        queued.into_iter().map(|(_, id)| id).collect()
+    }
+
     fn unindex(&mut self, e: &TaskEntry) {
-        self.by_session.remove(&e.rec.session_id);
+        if !e.rec.session_id.is_empty() {
+            self.by_session.remove(&e.rec.session_id);
+        }
         for child in &e.rec.child_sessions {
             self.by_session.remove(child);
         }
@@ -368,7 +386,7 @@ impl Registry {
             .collect()
     }
 
-    /// Tasks in memory that are not finished.
+    /// Tasks in memory that are not finished (queued ones included).
     pub fn live_count(&self) -> usize {
         self.lock()
             .tasks
@@ -377,15 +395,25 @@ impl Registry {
             .count()
     }
 
-    /// Tasks in memory that are not finished, by the worker they run on.
+    /// Tasks in memory that hold a slot (started and not finished: not queued), by the worker
+    /// they run on.
     pub fn live_by_worker(&self) -> std::collections::HashMap<String, usize> {
         let mut counts = std::collections::HashMap::new();
         for e in self.lock().tasks.values() {
-            if !e.rec.status.is_terminal() {
+            if !e.rec.status.is_terminal() && e.rec.status != TaskStatus::Queued {
                 *counts.entry(e.rec.worker().to_string()).or_default() += 1;
             }
         }
         counts
+    }
+
+    /// The queued tasks, first in first.
+    pub fn queued(&self) -> Vec<String> {
+        self.lock()
+            .queue_order()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
     }
 
     /// The task a session belongs to, and whether it is a subagent's child session.
@@ -525,9 +553,18 @@ impl Registry {
         let t = self.lock();
         let mut out = Vec::with_capacity(ids.len());
         let mut gone = Vec::new();
+        let mut queue: Option<Vec<&str>> = None;
         for id in ids {
             match t.tasks.get(id).map(|e| &**e).or_else(|| views.get(id)) {
-                Some(e) => out.push(e.snapshot(include_progress, stall)),
+                Some(e) => {
+                    let mut snapshot = e.snapshot(include_progress, stall);
+                    if e.rec.status == TaskStatus::Queued {
+                        let order = queue.get_or_insert_with(|| t.queue_order());
+                        snapshot.queue_position =
+                            order.iter().position(|q| *q == id).map(|p| p as u32 + 1);
+                    }
+                    out.push(snapshot)
+                }
                 None => gone.push(id.clone()),
             }
         }

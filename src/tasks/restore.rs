@@ -108,6 +108,7 @@ impl TaskService {
         after: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         tokio::spawn(housekeeping::housekeep(self.tracker.clone()));
+        tokio::spawn(super::queue::drain_queue(Arc::downgrade(self)));
         let Some(store) = self.registry.store().cloned() else {
             return;
         };
@@ -222,6 +223,11 @@ impl TaskService {
     /// on a managed server, which died with its gateway, or on a server no longer configured,
     /// it is finished `failed` (`Interrupted`).
     fn take_unfinished(&self, record: TaskRecord, attach_url: Option<&str>) -> Option<Adopt> {
+        // A queued task never started: it stays in the queue, this gateway's now.
+        if record.status == TaskStatus::Queued {
+            self.registry.insert(TaskEntry::from_record(record));
+            return None;
+        }
         let attached_here = !record.managed && attach_url == Some(record.server_url.as_str());
         let on_worker = (record.worker() != crate::config::LOCAL_WORKER)
             .then(|| (record.worker().to_string(), record.owner_pid));

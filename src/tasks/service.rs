@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::capacity::{Place, Slots};
 use super::context::TaskContext;
-use super::entry::TaskEntry;
+use super::entry::{Claim, TaskEntry};
 use super::error::TaskError;
 use super::follow::{open_turn, Follows};
 use super::model::{TaskSnapshot, TaskStatus};
@@ -39,8 +39,9 @@ const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// about half a second apart, and stopping the servers must come first.
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
-/// A validated `start_task` request.
-#[derive(Debug, Clone, Default)]
+/// A validated `start_task` request (kept as JSON in a queued task's record).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct StartTask {
     pub server_id: String,
     pub prompt: String,
@@ -157,6 +158,8 @@ pub struct TaskService {
     pub started_ms: u64,
     /// The remote workers' OpenCode servers, started on first use (`placement.rs`).
     pub(super) workers: super::placement::WorkerServes,
+    /// Queued tasks being started now (`queue.rs`).
+    pub(super) starting: super::queue::Starting,
 }
 
 impl TaskService {
@@ -217,6 +220,7 @@ impl TaskService {
             config: live,
             started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
             workers: Default::default(),
+            starting: Default::default(),
         }
     }
 
@@ -540,7 +544,7 @@ impl TaskService {
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let Some(key) = req.idempotency_key.clone() else {
-            return self.start_new(req, None, room).await;
+            return self.start_new(req, None, room, None).await;
         };
         let fingerprint = req.fingerprint();
         let slot = self.key_slot(&key);
@@ -557,7 +561,9 @@ impl TaskService {
             }
             // The task it started has expired: the key starts anew.
         }
-        let snapshot = self.start_new(req, Some((key, fingerprint)), room).await?;
+        let snapshot = self
+            .start_new(req, Some((key, fingerprint)), room, None)
+            .await?;
         *bound = Some((fingerprint, snapshot.task_id.clone()));
         Ok(snapshot)
     }
@@ -604,33 +610,42 @@ impl TaskService {
         }
     }
 
-    async fn start_new(
+    /// Starts `req` as a new task, or, with `queued_id`, starts that queued task (in `room`
+    /// taken for it) in its place.
+    pub(super) async fn start_new(
         &self,
         req: StartTask,
         idempotency: Option<(String, u64)>,
         room: Option<Slots>,
+        queued_id: Option<String>,
     ) -> Result<TaskSnapshot, TaskError> {
         if let Some(schema) = &req.output_schema {
             structured::check_schema(schema)
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
         let local = self.server(&req.server_id)?;
-        // Held until the task is registered: until then it counts as an unfinished task of
-        // the worker it was taken on, which is where the task runs.
-        let room = match room {
-            Some(room) => room,
-            None => self
-                .reserve(req.worker.as_deref(), req.isolation, 1)?
-                .pop()
-                .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
-        };
-        let worker = self.remote_worker(room.worker(), req.isolation)?;
         let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
         spend::within_daily_cap(&self.config(), &self.registry)?;
-        let directory = match req.directory {
+        let directory = match req.directory.clone() {
             Some(d) => resolve_directory(Some(d))?,
             None => local.directory.clone(),
         };
+        // Held until the task is registered: until then it counts as an unfinished task of
+        // the worker it was taken on, which is where the task runs. No room anywhere: the
+        // task is queued when the user allows it (`queue.rs`).
+        let room = match room {
+            Some(room) => room,
+            None => match self.reserve(req.worker.as_deref(), req.isolation, 1) {
+                Ok(mut room) => room
+                    .pop()
+                    .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
+                Err(TaskError::LimitExceeded(why)) => {
+                    return self.enqueue(req, directory, idempotency, why)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let worker = self.remote_worker(room.worker(), req.isolation)?;
         // A remote task runs on its worker's OpenCode, whose agents and models are that
         // worker's own.
         let server = match &worker {
@@ -659,7 +674,8 @@ impl TaskService {
             .title
             .clone()
             .unwrap_or_else(|| default_title(&req.prompt));
-        let task_id = ids::task_id();
+        let from_queue = queued_id.is_some();
+        let task_id = queued_id.unwrap_or_else(ids::task_id);
         let workspace = match (&worker, req.isolation) {
             (Some(w), _) => Some(
                 self.place(w, &server, &directory, &task_id, req.base)
@@ -724,7 +740,20 @@ impl TaskService {
             )
             .await
         {
-            self.registry.remove(&task_id);
+            // A task that was queued keeps its id: it ends failed (by the queue) rather than
+            // vanishing.
+            if from_queue {
+                let error = crate::opencode::ErrorInfo {
+                    name: "StartFailed".into(),
+                    message: format!("the queued task could not start: {e}"),
+                };
+                self.registry.update(&task_id, |entry| {
+                    let turn = entry.rec.turn;
+                    entry.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error));
+                });
+            } else {
+                self.registry.remove(&task_id);
+            }
             self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
                 .await;
             return Err(e.into());
@@ -944,6 +973,9 @@ impl TaskService {
         let entry = self.own_entry(task_id)?;
         if entry.rec.status.is_terminal() {
             return self.snapshot(task_id, false);
+        }
+        if entry.rec.status == TaskStatus::Queued {
+            return self.cancel_queued(task_id);
         }
         let server = self.server(&entry.rec.server_id)?;
         let finished = super::abort::abort_turn(

@@ -187,11 +187,13 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     // The group takes its room first, all of it or none, and hands one slot to each start.
     // (A retry with a key may start nothing new: its starts each take their own.)
     let mut room = match idempotency_key {
-        None => Some(
-            ctx.tasks
-                .reserve(None, isolation, targets.len())
-                .map_err(ToolError::from)?,
-        ),
+        // No room for all of them: each start takes its own, or is queued when the user
+        // allows a queue.
+        None => match ctx.tasks.reserve(None, isolation, targets.len()) {
+            Ok(room) => Some(room),
+            Err(tasks::TaskError::LimitExceeded(_)) if ctx.config.limits.queue > 0 => None,
+            Err(e) => return Err(e.into()),
+        },
         Some(_) => None,
     };
     let group = crate::ids::group_id();

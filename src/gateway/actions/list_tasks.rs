@@ -18,7 +18,7 @@ const MAX_LIMIT: u32 = 200;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Only tasks with this status.
+    /// Only this status.
     #[serde(default)]
     pub status: Option<TaskStatus>,
     /// Most tasks, newest first.

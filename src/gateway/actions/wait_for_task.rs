@@ -429,6 +429,7 @@ mod tests {
 
     fn snapshot(id: &str, status: TaskStatus, tool: Option<(&str, &str)>) -> TaskSnapshot {
         TaskSnapshot {
+            queue_position: None,
             task_id: id.into(),
             status,
             server_id: Some("srv_1".into()),

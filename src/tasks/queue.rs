@@ -1,0 +1,236 @@
+//! The queue (`limits.queue`): starts that find every slot they could run in taken wait here
+//! instead of being refused, and start first in, first out as slots free.
+//!
+//! A queued task is a task like any other from the moment its start is answered: it has its
+//! id, its record (status `queued`, its start request kept in `queued`), and so status, waits,
+//! lists, native tasks and cancel see it, and a restart keeps it (its record is on disk). It
+//! has no session and no server yet, so nothing that follows sessions or servers touches it.
+//! It holds no slot: room is counted over started tasks only (`capacity.rs`).
+//!
+//! The drainer ([`drain_queue`]) looks at the queue whenever a task changes (a finish frees a
+//! slot) and every second (a start that failed gives its slot back without a change), and
+//! starts every queued task that has room now, oldest first. A task whose own worker is full
+//! waits, while one behind it that may run elsewhere starts: first in first out among the
+//! tasks that compete for the same slots.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::entry::{Claim, TaskEntry};
+use super::error::TaskError;
+use super::model::{TaskSnapshot, TaskStatus};
+use super::record::TaskRecord;
+use super::service::{default_title, StartTask, TaskService};
+use crate::opencode::ErrorInfo;
+
+/// The drainer's pace: at least this long between passes, at most this long without one.
+const DRAIN_PAUSE: Duration = Duration::from_millis(100);
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// Queued tasks being started now (their records still say `queued` until the start has
+/// replaced them), so that no two passes start one twice.
+#[derive(Default)]
+pub(super) struct Starting {
+    ids: Mutex<HashSet<String>>,
+    /// Held while the queue's length is checked and a task added, so the bound holds.
+    adding: Mutex<()>,
+}
+
+impl Starting {
+    fn claim(&self, id: &str) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string())
+    }
+
+    fn release(&self, id: &str) {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    fn holds(&self, id: &str) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+}
+
+impl TaskService {
+    /// Queues `req` (refused with `why`, the refusal of its slot, when the queue is off or
+    /// full); `directory` is where it will run, resolved now. Answers at once with the task's
+    /// id, status `queued` and its place.
+    pub(super) fn enqueue(
+        &self,
+        mut req: StartTask,
+        directory: String,
+        idempotency: Option<(String, u64)>,
+        why: String,
+    ) -> Result<TaskSnapshot, TaskError> {
+        let bound = self.config().limits.queue as usize;
+        if bound == 0 {
+            return Err(TaskError::LimitExceeded(why));
+        }
+        let task_id = crate::ids::task_id();
+        {
+            let _one_at_a_time = self
+                .starting
+                .adding
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let queued = self.registry.queued().len();
+            if queued >= bound {
+                return Err(TaskError::LimitExceeded(format!(
+                    "{why}; and the queue is full ({queued} tasks wait, limits.queue is {bound})"
+                )));
+            }
+            let title = req
+                .title
+                .clone()
+                .unwrap_or_else(|| default_title(&req.prompt));
+            // It starts where it would have started now, whatever the default is by then.
+            req.directory = Some(directory.clone());
+            let request = serde_json::to_value(&req).map_err(|e| {
+                TaskError::InvalidArgument(format!("the start cannot be queued: {e}"))
+            })?;
+            let mut rec = TaskRecord::new(
+                task_id.clone(),
+                String::new(),
+                String::new(),
+                directory,
+                title,
+            );
+            rec.status = TaskStatus::Queued;
+            rec.queued = Some(request);
+            rec.idempotency = idempotency;
+            rec.group = req.group.clone();
+            rec.tier = req.tier.clone();
+            self.registry.insert(TaskEntry::new(rec));
+        }
+        tracing::info!(task_id, "every slot is taken; the task is queued");
+        self.snapshot(&task_id, false)
+    }
+
+    /// Starts every queued task that has room now, oldest first (see the module comment).
+    async fn drain(self: &Arc<Self>) {
+        for id in self.registry.queued() {
+            if self.starting.holds(&id) {
+                continue;
+            }
+            let Some(entry) = self.registry.get(&id) else {
+                continue;
+            };
+            let request = entry
+                .rec
+                .queued
+                .clone()
+                .map(serde_json::from_value::<StartTask>);
+            let req = match request {
+                Some(Ok(req)) => req,
+                other => {
+                    let why = match other {
+                        Some(Err(e)) => format!("its queued start request cannot be read: {e}"),
+                        _ => "its queued start request is missing".to_string(),
+                    };
+                    self.fail_queued(&id, why);
+                    continue;
+                }
+            };
+            // Still full where it may run: it waits; one behind it may run elsewhere.
+            let Ok(mut room) = self.reserve(req.worker.as_deref(), req.isolation, 1) else {
+                continue;
+            };
+            let Some(slot) = room.pop() else { continue };
+            if !self.starting.claim(&id) {
+                continue;
+            }
+            let this = self.clone();
+            let idempotency = entry.rec.idempotency.clone();
+            tokio::spawn(async move {
+                let started = this.start_queued(req, idempotency, slot, &id).await;
+                if let Err(e) = started {
+                    tracing::warn!(task_id = %id, error = %e, "a queued task could not start");
+                    this.fail_queued(&id, e.to_string());
+                }
+                this.starting.release(&id);
+            });
+        }
+    }
+
+    /// Starts queued task `id` in room taken for it (on the server it was queued for, or the
+    /// gateway's own when that one is gone: after a restart, say).
+    async fn start_queued(
+        &self,
+        mut req: StartTask,
+        idempotency: Option<(String, u64)>,
+        slot: super::capacity::Slots,
+        id: &str,
+    ) -> Result<TaskSnapshot, TaskError> {
+        if self.server(&req.server_id).is_err() {
+            req.server_id = self.start_server(None, None).await?.server_id;
+        }
+        tracing::info!(task_id = id, "a slot is free; starting the queued task");
+        self.start_new(req, idempotency, Some(slot), Some(id.to_string()))
+            .await
+    }
+
+    /// Ends queued task `id` `failed` (`StartFailed`, with `why`), unless it started or ended
+    /// meanwhile.
+    fn fail_queued(&self, id: &str, why: String) {
+        self.registry.update(id, |e| {
+            if e.rec.status == TaskStatus::Queued {
+                let turn = e.rec.turn;
+                e.finish(
+                    Claim::Gone(turn),
+                    TaskStatus::Failed,
+                    Some(ErrorInfo {
+                        name: "StartFailed".into(),
+                        message: format!("the queued task could not start: {why}"),
+                    }),
+                );
+            }
+        });
+    }
+
+    /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts.
+    pub(super) fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
+        if self.starting.holds(id) {
+            return Err(TaskError::Conflict(format!(
+                "task {id} is leaving the queue and starting right now; cancel it again"
+            )));
+        }
+        self.registry.update(id, |e| {
+            if e.rec.status == TaskStatus::Queued {
+                let turn = e.rec.turn;
+                e.finish(Claim::Gone(turn), TaskStatus::Cancelled, None);
+                e.rec.queued = None;
+            }
+        });
+        self.snapshot(id, false)
+    }
+}
+
+/// Runs the queue for the service's life (see the module comment).
+pub(super) async fn drain_queue(service: Weak<TaskService>) {
+    let Some(mut changes) = service.upgrade().map(|s| s.registry.subscribe()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(DRAIN_EVERY) => {}
+        }
+        let Some(this) = service.upgrade() else {
+            return;
+        };
+        if this.config().limits.queue > 0 || !this.registry.queued().is_empty() {
+            this.drain().await;
+        }
+        drop(this);
+        tokio::time::sleep(DRAIN_PAUSE).await;
+    }
+}
