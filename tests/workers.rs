@@ -620,6 +620,72 @@ impl Drop for ReapHome {
     }
 }
 
+/// A gateway (the tests' rig, its own managed OpenCode here) whose user's file declares one
+/// worker `w1` with `slots` slots (and `local_slots` for this machine when given), the worker a
+/// real `sshd` with its own OpenCode setup; the gateway's directory a repository holding
+/// `files`, changed as `prepare` says before the gateway starts.
+struct OneWorker {
+    rig: support::rig::Rig,
+    /// The worker's root (`workers.w1.root`).
+    root: std::path::PathBuf,
+    /// The user's delegation.yaml (`OPENCODE_MCP_CONFIG`).
+    user_file: std::path::PathBuf,
+    repo: std::path::PathBuf,
+    reaper: ReapHome,
+    _worker_env: OpenCodeEnv,
+    _worker: Sshd,
+    /// The ssh client configuration the gateway reaches the worker with.
+    _key: SshKey,
+}
+
+impl OneWorker {
+    async fn start(
+        files: &[(&str, &str)],
+        prepare: impl FnOnce(&std::path::Path),
+        local_slots: Option<u32>,
+        slots: u32,
+    ) -> Self {
+        let fake = FakeLlm::start();
+        let env = OpenCodeEnv::new();
+        let key = SshKey::new();
+        let worker = Sshd::start("w1", &key);
+        // The worker's own OpenCode setup: a home of its own, its provider the fake model.
+        let worker_env = OpenCodeEnv::new();
+        let reaper = ReapHome(worker_env.home_dir());
+        let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
+        let root = worker.root.join("mcp");
+        let repo = env.work_dir();
+        support::git::init_repo(&repo, files);
+        prepare(&repo);
+        let local = local_slots
+            .map(|n| format!("  local:\n    max_tasks: {n}\n"))
+            .unwrap_or_default();
+        let user_file = env.root().join("user-delegation.yaml");
+        let w1 = entry(
+            &worker,
+            &key,
+            &wrapper.display().to_string(),
+            &root.display().to_string(),
+            slots,
+        );
+        std::fs::write(&user_file, format!("workers:\n{local}{w1}")).expect("the user's file");
+        let config_var = user_file.display().to_string();
+        let rig =
+            support::rig::Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())])
+                .await;
+        Self {
+            rig,
+            root,
+            user_file,
+            repo,
+            reaper,
+            _worker_env: worker_env,
+            _worker: worker,
+            _key: key,
+        }
+    }
+}
+
 /// **A task placed on a worker, end to end**, through the gateway's tools: `worker` is offered
 /// (with the declared names) only because the user's file declares a remote worker; the task
 /// runs in a worktree on the worker made from the user's working tree (uncommitted work
@@ -631,39 +697,29 @@ impl Drop for ReapHome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     use serde_json::json;
-    use support::git::{git, init_repo};
-    use support::rig::{Rig, TASK_TIMEOUT_MS};
+    use support::git::git;
+    use support::rig::TASK_TIMEOUT_MS;
 
-    let fake = FakeLlm::start();
-    let env = OpenCodeEnv::new();
-    let key = SshKey::new();
-    let worker = Sshd::start("w1", &key);
-    // The worker's own OpenCode setup: a home of its own, its provider the fake model.
-    let worker_env = OpenCodeEnv::new();
-    let reaper = ReapHome(worker_env.home_dir());
-    let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
-    let root = worker.root.join("mcp");
-    let repo = env.work_dir();
-    init_repo(&repo, &[("app.txt", "one\ntwo\n"), ("README", "hello\n")]);
-    std::fs::write(repo.join("app.txt"), "one\ntwo\nthree (uncommitted)\n").expect("edit");
-    let status_before = git(&repo, &["status", "--porcelain"]);
-    let user_file = env.root().join("user-delegation.yaml");
-    std::fs::write(
-        &user_file,
-        format!(
-            "workers:\n  local:\n    max_tasks: 1\n{}",
-            entry(
-                &worker,
-                &key,
-                &wrapper.display().to_string(),
-                &root.display().to_string(),
-                2
-            )
-        ),
+    // Bound last, the gateway goes first, before its worker.
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        repo,
+        user_file,
+        root,
+        rig,
+    } = OneWorker::start(
+        &[("app.txt", "one\ntwo\n"), ("README", "hello\n")],
+        |repo| {
+            std::fs::write(repo.join("app.txt"), "one\ntwo\nthree (uncommitted)\n").expect("edit")
+        },
+        Some(1),
+        2,
     )
-    .expect("the user's file");
-    let config_var = user_file.display().to_string();
-    let rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
+    .await;
+    let status_before = git(&repo, &["status", "--porcelain"]);
 
     let tools = rig.client.list_tools().await.expect("tools");
     let start = tools
@@ -917,36 +973,19 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_tasks_survive_a_gateway_restart_and_expire_cleanly() {
     use serde_json::json;
-    use support::git::{git, init_repo};
-    use support::rig::{Rig, TASK_TIMEOUT_MS};
+    use support::git::git;
+    use support::rig::TASK_TIMEOUT_MS;
 
-    let fake = FakeLlm::start();
-    let env = OpenCodeEnv::new();
-    let key = SshKey::new();
-    let worker = Sshd::start("w1", &key);
-    let worker_env = OpenCodeEnv::new();
-    let reaper = ReapHome(worker_env.home_dir());
-    let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
-    let root = worker.root.join("mcp");
-    let repo = env.work_dir();
-    init_repo(&repo, &[("app.txt", "one\n")]);
-    let user_file = env.root().join("user-delegation.yaml");
-    std::fs::write(
-        &user_file,
-        format!(
-            "workers:\n{}",
-            entry(
-                &worker,
-                &key,
-                &wrapper.display().to_string(),
-                &root.display().to_string(),
-                3
-            )
-        ),
-    )
-    .expect("the user's file");
-    let config_var = user_file.display().to_string();
-    let mut rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        repo,
+        root,
+        mut rig,
+        ..
+    } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 3).await;
     let gate = rig.env.root().join("gate");
     let start = |prompt: String| {
         let rig = &rig;

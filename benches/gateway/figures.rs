@@ -565,6 +565,35 @@ pub fn workers(out: &mut Collected, w: &crate::workers::WorkerTimes) {
     );
 }
 
+/// The `fanout` scenario: tasks over three workers against the same tasks on one.
+pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
+    out.figures.push(
+        Figure::new(
+            "worker_fanout",
+            format!(
+                "a fan-out of {} tasks (each runs `sleep 1`) over three workers, until all finished",
+                f.tasks
+            ),
+            "ms",
+        )
+        .gateway(Summary::of(&f.three))
+        .baseline(
+            format!("the same {} tasks on one worker", f.tasks),
+            Summary::of(&f.one),
+        )
+        .note(format!(
+            "informational: {} slots per worker, the queue on (on one worker the tasks past its \
+             slots wait and run in waves); the three workers are sshd servers on this machine, \
+             so the agents' work shares its cores",
+            f.slots
+        )),
+    );
+    out.extra.insert(
+        "worker_fanout".into(),
+        json!({ "tasks": f.tasks, "slots": f.slots, "three_ms": f.three, "one_ms": f.one }),
+    );
+}
+
 /// The tour: a fresh gateway's RSS after every tool was used, round after round, as a host's
 /// session uses them (the nearest figure to issue 22's "RSS after the full held-out scenario
 /// run", whose scenarios are not on this machine).

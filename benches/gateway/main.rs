@@ -82,6 +82,10 @@ struct Knobs {
     worktree_reps: usize,
     /// Rounds of the `workers` scenario (on the `worktree` scenario's repository size).
     worker_reps: usize,
+    /// The `fanout` scenario: tasks per round, slots per worker, rounds per side.
+    fanout_tasks: usize,
+    fanout_slots: u32,
+    fanout_reps: usize,
     /// The steady-rate soak: rounds, tasks per round, seconds per round, and how long a
     /// finished task stays in the soak gateway's memory (`limits.finished_in_memory`).
     soak_rounds: usize,
@@ -98,8 +102,9 @@ const START_MODEL: &str = "fake/fake-strong";
 
 /// Scenario names for `BENCH_ONLY` (`footprint` is RSS and CPU; `worktree` is a task's git
 /// worktree in a large repository, and `workers` a task's work moved to a worker (a real sshd on
-/// 127.0.0.1) and back; neither needs OpenCode).
-const SCENARIOS: [&str; 12] = [
+/// 127.0.0.1) and back; neither needs OpenCode; `fanout` is tasks over three workers against
+/// one, with their own gateway and OpenCode servers).
+const SCENARIOS: [&str; 13] = [
     "surface",
     "start",
     "start_model",
@@ -110,6 +115,7 @@ const SCENARIOS: [&str; 12] = [
     "footprint",
     "worktree",
     "workers",
+    "fanout",
     "tour",
     "soak",
 ];
@@ -174,6 +180,9 @@ impl Knobs {
             worktree_files: env_num("BENCH_WORKTREE_FILES", 10_000)?,
             worktree_reps: env_num("BENCH_WORKTREE_REPS", q(10, 5))?,
             worker_reps: env_num("BENCH_WORKER_REPS", q(6, 3))?,
+            fanout_tasks: env_num("BENCH_FANOUT_TASKS", 30)?,
+            fanout_slots: env_num("BENCH_FANOUT_SLOTS", 10)?,
+            fanout_reps: env_num("BENCH_FANOUT_REPS", q(5, 3))?,
             soak_rounds: env_num("BENCH_SOAK_ROUNDS", q(12, 6))?,
             soak_tasks: env_num("BENCH_SOAK_TASKS", q(300, 100))?,
             soak_every_secs: env_num("BENCH_SOAK_EVERY_SECS", q(60, 20) as u64)?,
@@ -382,10 +391,20 @@ async fn run() -> Result<(), BoxError> {
         figures::workers(&mut out, &w);
         save(&out, &machine, false)?;
     }
+    if knobs.runs("fanout") {
+        step(&format!(
+            "fanout: {} tasks over three workers against one, {} slots each, {} rounds per side",
+            knobs.fanout_tasks, knobs.fanout_slots, knobs.fanout_reps
+        ));
+        let f = workers::worker_fanout(knobs.fanout_tasks, knobs.fanout_slots, knobs.fanout_reps)
+            .await?;
+        figures::fanout(&mut out, &f);
+        save(&out, &machine, false)?;
+    }
 
     let needs_opencode = SCENARIOS
         .iter()
-        .any(|s| !["worktree", "workers"].contains(s) && knobs.runs(s));
+        .any(|s| !["worktree", "workers", "fanout"].contains(s) && knobs.runs(s));
     if needs_opencode {
         step("starting the fake LLM and OpenCode");
         let fake = FakeLlm::start();

@@ -22,7 +22,14 @@ use opencode_mcp::git::{base_commit, Base};
 use opencode_mcp::workers::ssh::{quote, share_connections, Ssh};
 use opencode_mcp::workers::{repo, Remote};
 
+use serde_json::json;
+
+use crate::gw::Gw;
 use crate::scenarios::ms;
+use crate::support::fake_llm::FakeLlm;
+use crate::support::isolation::OpenCodeEnv;
+use crate::support::mcp::Launch as Spawn;
+use crate::support::opencode_bin::opencode_bin;
 use crate::support::sshd::{SshKey, Sshd};
 use crate::worktree::{git_in, make_repo};
 use crate::BoxError;
@@ -234,5 +241,156 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
         git_in(&local, &["diff", "--stat", &base, "refs/bench/plain"]).await?;
         out.back_plain.push(ms(t.elapsed()));
     }
+    Ok(out)
+}
+
+/// What the fan-out row measured: wall time (ms) from the first start to every task finished,
+/// with the tasks over three workers and with all of them on one.
+pub struct FanoutTimes {
+    pub tasks: usize,
+    pub slots: u32,
+    pub three: Vec<f64>,
+    pub one: Vec<f64>,
+}
+
+/// A worker's own OpenCode setup: a wrapper in its root running the pinned OpenCode with the
+/// worker's environment (its own home and provider: the fake model).
+fn worker_opencode(worker: &Sshd, env: &OpenCodeEnv, fake_url: &str) -> Result<String, BoxError> {
+    let word = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
+    let mut script = String::from("#!/bin/sh\n");
+    for (k, v) in env.vars(fake_url) {
+        script.push_str(&format!("export {k}={}\n", word(&v)));
+    }
+    script.push_str(&format!(
+        "exec {} \"$@\"\n",
+        word(&opencode_bin().display().to_string())
+    ));
+    let wrapper = worker.root.join("opencode-here");
+    std::fs::write(&wrapper, script)?;
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    Ok(wrapper.display().to_string())
+}
+
+/// **A fan-out of `tasks` across three workers against the same tasks on one**, through the
+/// real gateway: three real `sshd` workers on 127.0.0.1, each with `slots` slots and its own
+/// OpenCode (started by the gateway on first use, before the clock), the queue on; each task's
+/// agent runs `sleep 1` (a build or a test run standing in: wall time, not this machine's two
+/// cores). On one worker the tasks beyond its slots queue and run in waves; over three they
+/// run side by side. `reps` rounds, the two sides alternating.
+pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<FanoutTimes, BoxError> {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    git_in(&repo, &["init", "-q", "-b", "main"]).await?;
+    std::fs::write(repo.join("app.txt"), "one\n")?;
+    git_in(&repo, &["add", "-A"]).await?;
+    git_in(
+        &repo,
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-q",
+            "-m",
+            "x",
+        ],
+    )
+    .await?;
+    let key = SshKey::new();
+    let names = ["f1", "f2", "f3"];
+    let mut workers = Vec::new();
+    let mut homes = Vec::new();
+    let mut file = String::from("workers:\n");
+    for name in names {
+        let worker = Sshd::start(name, &key);
+        let home = OpenCodeEnv::new();
+        let wrapper = worker_opencode(&worker, &home, &fake.url())?;
+        file.push_str(&format!(
+            "  {name}:\n    ssh: {name}\n    ssh_config: {}\n    max_tasks: {slots}\n    opencode: {wrapper}\n    root: {}\n",
+            key.config_file().display(),
+            worker.root.join("mcp").display()
+        ));
+        workers.push(worker);
+        homes.push(home);
+    }
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(&user_file, file)?;
+    let launch = Spawn::new(env.work_dir(), &env.home_dir())
+        .bin(crate::gateway_bin())
+        .envs(env.vars(&fake.url()))
+        .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin())
+        .env("OPENCODE_MCP_CONFIG", &user_file)
+        .env("OPENCODE_MCP_LIMITS__QUEUE", "1000")
+        .env("OPENCODE_MCP_LIMITS__MAX_WAIT_IDS", "1000")
+        .env("OPENCODE_MCP_LOG", "warn")
+        .unchecked();
+    let client = launch.connect().await?;
+    let started = client.call_ok("opencode_start_server", json!({})).await?;
+    let server_id = started["server_id"]
+        .as_str()
+        .ok_or("start_server without server_id")?
+        .to_string();
+    let gw = Gw {
+        pid: client.pid().unwrap_or(0),
+        client,
+        server_id,
+    };
+    let start = |prompt: String, worker: &'static str| {
+        let gw = &gw;
+        async move {
+            let v = gw
+                .ok(
+                    "opencode_start_task",
+                    json!({ "server_id": gw.server_id, "prompt": prompt, "worker": worker }),
+                )
+                .await?;
+            v["task_id"]
+                .as_str()
+                .map(String::from)
+                .ok_or_else(|| BoxError::from(format!("start_task without task_id: {v}")))
+        }
+    };
+    // Every worker's OpenCode started (and its repository pushed once) before the clock.
+    let mut warm = Vec::new();
+    for name in names {
+        warm.push(start(format!("warm up {name}"), name).await?);
+    }
+    gw.wait_all(&warm, std::time::Duration::from_secs(120))
+        .await?;
+    let mut out = FanoutTimes {
+        tasks,
+        slots,
+        three: Vec::new(),
+        one: Vec::new(),
+    };
+    for r in 0..reps * 2 {
+        let spread = (r % 2 == 0) == (r / 2 % 2 == 0);
+        let t = Instant::now();
+        let mut ids = Vec::with_capacity(tasks);
+        for i in 0..tasks {
+            let worker = if spread {
+                names[i % names.len()]
+            } else {
+                names[0]
+            };
+            ids.push(start(format!("fan {r}.{i} [[bash:sleep 1]]"), worker).await?);
+        }
+        gw.wait_all(&ids, std::time::Duration::from_secs(600))
+            .await?;
+        let took = ms(t.elapsed());
+        if spread {
+            out.three.push(took);
+        } else {
+            out.one.push(took);
+        }
+    }
+    gw.client.close().await?;
+    drop(homes);
+    drop(workers);
     Ok(out)
 }

@@ -189,16 +189,31 @@ impl TaskService {
             }
         };
         WorkerServes::mark_up(&self.workers.down, &w.name);
+        match self.take_in(w, serve, &mut link).await {
+            Ok(server) => Ok(server),
+            Err((serve, e)) => {
+                serve.stop(&w.remote).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Makes `serve` worker `w`'s OpenCode here: a server of the pool (its password proven),
+    /// with a tracker, saved to be reached again after a restart, in the worker's `link`, and
+    /// supervised. On failure `serve` is handed back, for the caller to stop or let go.
+    async fn take_in(
+        &self,
+        w: &Named,
+        serve: RemoteServe,
+        link: &mut Option<Link>,
+    ) -> Result<Arc<Server>, (RemoteServe, crate::opencode::OpencodeError)> {
         let started = match self
             .pool
             .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
             .await
         {
             Ok(started) => started,
-            Err(e) => {
-                serve.stop(&w.remote).await;
-                return Err(e.into());
-            }
+            Err(e) => return Err((serve, e)),
         };
         let server = started.server.clone();
         tokio::spawn(tracker::run(
@@ -270,35 +285,15 @@ impl TaskService {
             .map_err(|e| lost(format!("{} ({e})", path.display())))?;
         let within = self.config().timeouts.server_start.get();
         let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within, None).await?;
-        let started = match self
-            .pool
-            .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
+        // Not that OpenCode (its password is refused): nothing of ours to stop there.
+        let server = self
+            .take_in(w, serve, &mut link)
             .await
-        {
-            Ok(started) => started,
-            Err(e) => {
-                // Not that OpenCode (its password is refused): nothing of ours to stop there.
-                drop(serve);
-                return Err(lost(e.to_string()));
-            }
-        };
-        let server = started.server.clone();
-        tokio::spawn(tracker::run(
-            self.tracker.clone(),
-            started.server,
-            started.events,
-        ));
-        self.save_serve(&serve.saved(&w.name));
+            .map_err(|(_, e)| lost(e.to_string()))?;
         if owner != std::process::id() {
             let _ = std::fs::remove_file(&path);
         }
         tracing::info!(worker = %w.name, pid = saved.remote_pid, "reached again the worker's OpenCode a previous gateway started");
-        *link = Some(Link {
-            server_id: server.id.clone(),
-            serve,
-            remote: w.remote.clone(),
-        });
-        self.supervise(w, &server);
         Ok(server)
     }
 

@@ -27,6 +27,8 @@ use crate::opencode::ErrorInfo;
 /// The drainer's pace: at least this long between passes, at most this long without one.
 const DRAIN_PAUSE: Duration = Duration::from_millis(100);
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
+/// How long a queued start waits for its record to reach the disk.
+const QUEUED_DURABLE: Duration = Duration::from_secs(5);
 
 /// Queued tasks being started now (their records still say `queued` until the start has
 /// replaced them), so that no two passes start one twice.
@@ -63,8 +65,10 @@ impl Starting {
 impl TaskService {
     /// Queues `req` (refused with `why`, the refusal of its slot, when the queue is off or
     /// full); `directory` is where it will run, resolved now. Answers at once with the task's
-    /// id, status `queued` and its place.
-    pub(super) fn enqueue(
+    /// id, status `queued` and its place, once its record is on disk: a queued task lives only
+    /// in its record until it starts, so a gateway killed right after the answer must not take
+    /// it along.
+    pub(super) async fn enqueue(
         &self,
         mut req: StartTask,
         directory: String,
@@ -110,6 +114,11 @@ impl TaskService {
             rec.group = req.group.clone();
             rec.tier = req.tier.clone();
             self.registry.insert(TaskEntry::new(rec));
+        }
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(QUEUED_DURABLE).await {
+                tracing::warn!(task_id, error = %e, "a queued task's record may not be on disk yet");
+            }
         }
         tracing::info!(task_id, "every slot is taken; the task is queued");
         self.snapshot(&task_id, false)
@@ -196,8 +205,9 @@ impl TaskService {
         });
     }
 
-    /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts.
-    pub(super) fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
+    /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts
+    /// (the answer waits for the record on disk, so a restart cannot start it after all).
+    pub(super) async fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
         if self.starting.holds(id) {
             return Err(TaskError::Conflict(format!(
                 "task {id} is leaving the queue and starting right now; cancel it again"
@@ -210,6 +220,11 @@ impl TaskService {
                 e.rec.queued = None;
             }
         });
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(QUEUED_DURABLE).await {
+                tracing::warn!(task_id = id, error = %e, "a cancelled queued task's record may not be on disk yet");
+            }
+        }
         self.snapshot(id, false)
     }
 }

@@ -640,7 +640,7 @@ impl TaskService {
                     .pop()
                     .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
                 Err(TaskError::LimitExceeded(why)) => {
-                    return self.enqueue(req, directory, idempotency, why)
+                    return self.enqueue(req, directory, idempotency, why).await
                 }
                 Err(e) => return Err(e),
             },
@@ -975,7 +975,7 @@ impl TaskService {
             return self.snapshot(task_id, false);
         }
         if entry.rec.status == TaskStatus::Queued {
-            return self.cancel_queued(task_id);
+            return self.cancel_queued(task_id).await;
         }
         let server = self.server(&entry.rec.server_id)?;
         let finished = super::abort::abort_turn(
