@@ -22,7 +22,9 @@
 //! **Checked before the exec**, so that a dead end is one clear line here rather than a TUI that
 //! spins on a dead URL: the task exists; its server is alive, answers with that password, and
 //! still has the session (one bounded `GET /session/{id}`); its directory exists; the binary is
-//! found.
+//! found. A task on a remote worker is reached the same way, through the forward its gateway
+//! keeps to the worker's OpenCode; its directory is the worker's (OpenCode's `attach` passes a
+//! directory it does not find here through to the server).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -215,7 +217,10 @@ pub async fn plan(
         url: url.to_string(),
         reason,
     };
-    let (url, password) = if record.managed {
+    // A remote task's OpenCode is the worker's, reached through the gateway's forward: its
+    // credentials file is written like a managed server's, and its directory is the worker's.
+    let remote = record.worker() != crate::config::LOCAL_WORKER;
+    let (url, password) = if record.managed || remote {
         managed_credentials(state_dir, &record)
             .map_err(|reason| gone(&record.server_url, reason))?
     } else {
@@ -231,7 +236,7 @@ pub async fn plan(
             "the task has not reached its server yet; try again in a moment".into(),
         ));
     }
-    if !Path::new(&record.directory).is_dir() {
+    if !remote && !Path::new(&record.directory).is_dir() {
         return Err(WatchError::DirectoryGone {
             task_id: record.id.clone(),
             directory: record.directory.clone(),

@@ -801,7 +801,7 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         "{message}"
     );
     // `opencode-mcp workers` counts the slots in use; `tasks` names the worker of each task.
-    let cli = |args: &[&str]| {
+    let cli_command = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
         cmd.args(args).current_dir(&repo).env_clear();
         if let Some(path) = std::env::var_os("PATH") {
@@ -809,8 +809,52 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         }
         cmd.envs(rig.env.vars(&rig.fake.url()))
             .env("OPENCODE_MCP_CONFIG", &user_file);
-        cmd.output().expect("the gateway binary runs")
+        cmd
     };
+    let cli = |args: &[&str]| cli_command(args).output().expect("the gateway binary runs");
+    // `watch` on the remote task, in a terminal: it checks the session through the gateway's
+    // forward, then runs `<opencode> attach` (here a stand-in that writes what it was given)
+    // on the worker's directory, the password in its environment only.
+    let seen = rig.env.root().join("watched.txt");
+    let stand_in = rig.env.root().join("opencode-stand-in.sh");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\n{{ printf '%s\\n' \"$@\"; [ -n \"$OPENCODE_SERVER_PASSWORD\" ] && echo password-in-env; echo end; }} > '{}'\n",
+            seen.display()
+        ),
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let mut watch = cli_command(&["watch", remote["task_id"].as_str().unwrap_or("?")]);
+    watch.env("OPENCODE_MCP_OPENCODE__COMMAND", &stand_in);
+    let tmux = support::tmux::Tmux::start(&watch);
+    let written = support::rig::poll_for(std::time::Duration::from_secs(30), || {
+        std::fs::read_to_string(&seen)
+            .ok()
+            .filter(|t| t.ends_with("end\n"))
+    })
+    .await
+    .unwrap_or_else(|| panic!("the stand-in did not run:\n{}", tmux.pane()));
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(lines.first(), Some(&"attach"), "{written}");
+    assert!(
+        lines
+            .get(1)
+            .is_some_and(|u| u.starts_with("http://127.0.0.1:")),
+        "{written}"
+    );
+    assert_eq!(
+        lines.get(5).copied(),
+        remote["workspace"]["path"].as_str(),
+        "--dir is the worker's directory: {written}"
+    );
+    assert!(written.contains("password-in-env"), "{written}");
+    drop(tmux);
     let listed = cli(&["workers", "--json"]);
     let listed: Value = serde_json::from_slice(&listed.stdout)
         .unwrap_or_else(|e| panic!("workers --json: {e}\n{}", describe(&listed)));

@@ -126,6 +126,10 @@ impl TaskService {
 
     /// Starts every queued task that has room now, oldest first (see the module comment).
     async fn drain(self: &Arc<Self>) {
+        // Where a task found no room in this pass, the ones behind it that would ask the same
+        // workers find none either: they are not asked again (a long queue costs one check
+        // per kind of request, not one per task).
+        let mut full: HashSet<(Option<String>, bool)> = HashSet::new();
         for id in self.registry.queued() {
             if self.starting.holds(&id) {
                 continue;
@@ -150,10 +154,26 @@ impl TaskService {
                 }
             };
             // Still full where it may run: it waits; one behind it may run elsewhere.
-            let Ok(mut room) = self.reserve(req.worker.as_deref(), req.isolation, 1) else {
+            let kind = (
+                req.worker.clone(),
+                req.isolation == crate::config::Isolation::Worktree,
+            );
+            if full.contains(&kind) {
+                continue;
+            }
+            let slot = match self.reserve(req.worker.as_deref(), req.isolation, 1) {
+                Ok(mut room) => room.pop(),
+                Err(TaskError::LimitExceeded(_)) => None,
+                // It can never start as asked (its worker is no longer declared, say).
+                Err(e) => {
+                    self.fail_queued(&id, e.to_string());
+                    continue;
+                }
+            };
+            let Some(slot) = slot else {
+                full.insert(kind);
                 continue;
             };
-            let Some(slot) = room.pop() else { continue };
             if !self.starting.claim(&id) {
                 continue;
             }
