@@ -153,22 +153,50 @@ pub async fn fetch_back(
     argv.extend(["sh", "-c", COMMIT, "sh", message].map(String::from));
     let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
     // The worktree's files are the agent's; `sh` runs in it so that `-- .` is the whole tree.
-    let out = on_worker(worker, remote, "commit", &in_dir(&placed.worktree, &refs)).await?;
-    let commit = out.lines().last().unwrap_or_default().trim().to_string();
-    let refspec = format!(
-        "+refs/heads/{}:{REMOTE_REF_PREFIX}{}",
-        placed.branch,
-        placed.task()
-    );
+    on_worker(worker, remote, "commit", &in_dir(&placed.worktree, &refs)).await?;
+    let local = format!("{REMOTE_REF_PREFIX}{}", placed.task());
+    let refspec = format!("+refs/heads/{}:{local}", placed.branch);
+    // What comes back was written where the agent works: its objects are checked as they
+    // arrive, and the commit is the one the fetch wrote here, never what the worker printed
+    // (the agent runs as the same user there, and whatever it prints would be handed to git
+    // here as an argument).
     over_ssh(
         origin,
         remote,
-        &["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"],
+        &[
+            "-c",
+            "fetch.fsckObjects=true",
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+        ],
         &placed.bare,
         &refspec,
     )
     .await?;
+    let commit = Repo::at(origin)
+        .git(&[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{local}^{{commit}}"),
+        ])
+        .await?
+        .line();
+    if !is_object_id(&commit) {
+        return Err(RepoError::OnWorker {
+            worker: worker.to_string(),
+            step: "fetch",
+            detail: format!("the fetched ref {local} does not name a commit"),
+        });
+    }
     Ok(commit)
+}
+
+/// A full object id in hex (SHA-1 or SHA-256), as `rev-parse` prints one.
+fn is_object_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Removes the task's worktree, branch and base ref from the worker, and its fetched ref from
@@ -349,6 +377,16 @@ mod tests {
             "{odd}"
         );
         assert!(!odd.starts_with('.'), "{odd}");
+    }
+
+    /// Only a full hex object id is taken as the commit fetched back.
+    #[test]
+    fn only_object_ids_are_commits() {
+        assert!(is_object_id(&"a".repeat(40)));
+        assert!(is_object_id(&"0123456789abcdef".repeat(4)));
+        assert!(!is_object_id("--output=/tmp/x"));
+        assert!(!is_object_id(&"g".repeat(40)));
+        assert!(!is_object_id("abc"));
     }
 
     /// Every override reaches the worker's git as a config variable pair.

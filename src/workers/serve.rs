@@ -223,6 +223,21 @@ impl RemoteServe {
                 )));
             }
         }
+        // The worker's word for its root becomes the directory of every session and worktree
+        // there: an absolute path of plain characters, or nothing is used.
+        if !served.starts_with('/') || served.chars().any(char::is_control) {
+            if pid > 1 {
+                let pid = pid.to_string();
+                let _ = remote
+                    .ssh
+                    .run(&["kill", &pid], None, Duration::from_secs(10))
+                    .await;
+            }
+            let _ = session.start_kill();
+            return Err(failed(format!(
+                "it reported `{served}` as its directory, which is not an absolute path"
+            )));
+        }
         // OpenCode's further output is not read: keep the pipe drained so it never blocks.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let url = format!("http://127.0.0.1:{local_port}");
