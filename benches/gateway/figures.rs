@@ -588,9 +588,28 @@ pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
             f.slots
         )),
     );
+    out.figures.push(
+        Figure::new(
+            "worker_start",
+            "start_task of a worktree task placed on a worker (its OpenCode running)",
+            "ms",
+        )
+        .gateway(Summary::of(&f.start_remote))
+        .baseline(
+            "start_task of a worktree task on this machine, same gateway",
+            Summary::of(&f.start_local),
+        )
+        .note(
+            "informational: the remote start pushes the base over ssh and makes the worktree \
+             there before it answers",
+        ),
+    );
     out.extra.insert(
         "worker_fanout".into(),
-        json!({ "tasks": f.tasks, "slots": f.slots, "three_ms": f.three, "one_ms": f.one }),
+        json!({
+            "tasks": f.tasks, "slots": f.slots, "three_ms": f.three, "one_ms": f.one,
+            "start_remote_ms": f.start_remote, "start_local_ms": f.start_local,
+        }),
     );
 }
 

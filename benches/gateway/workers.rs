@@ -251,6 +251,10 @@ pub struct FanoutTimes {
     pub slots: u32,
     pub three: Vec<f64>,
     pub one: Vec<f64>,
+    /// `start_task` answered (ms): a worktree task placed on a worker (its OpenCode already
+    /// running), against a worktree task on this machine, in the same gateway.
+    pub start_remote: Vec<f64>,
+    pub start_local: Vec<f64>,
 }
 
 /// A worker's own OpenCode setup: a wrapper in its root running the pinned OpenCode with the
@@ -346,7 +350,12 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
             let v = gw
                 .ok(
                     "opencode_start_task",
-                    json!({ "server_id": gw.server_id, "prompt": prompt, "worker": worker }),
+                    json!({
+                        "server_id": gw.server_id,
+                        "prompt": prompt,
+                        "worker": worker,
+                        "isolation": "worktree",
+                    }),
                 )
                 .await?;
             v["task_id"]
@@ -367,7 +376,24 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         slots,
         three: Vec::new(),
         one: Vec::new(),
+        start_remote: Vec::new(),
+        start_local: Vec::new(),
     };
+    // One start at a time, alternating sides: what a host waits for a task id.
+    let mut started = Vec::new();
+    for i in 0..reps * 4 {
+        let worker = if i % 2 == 0 { names[0] } else { "local" };
+        let t = Instant::now();
+        started.push(start(format!("quick {i}"), worker).await?);
+        let took = ms(t.elapsed());
+        if i % 2 == 0 {
+            out.start_remote.push(took);
+        } else {
+            out.start_local.push(took);
+        }
+    }
+    gw.wait_all(&started, std::time::Duration::from_secs(120))
+        .await?;
     for r in 0..reps * 2 {
         let spread = (r % 2 == 0) == (r / 2 % 2 == 0);
         let t = Instant::now();

@@ -239,6 +239,11 @@ pub struct WorkerConfig {
     /// (default 2m). Work fetched back before stays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_after: Option<HumanDuration>,
+    /// The tiers whose tasks it takes when a call names no worker (e.g. a box whose own
+    /// providers serve the cheap tiers). Unset: any task. A call naming the worker is not held
+    /// to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<Vec<String>>,
 }
 
 /// The defaults of `opencode_start_task`'s `isolation` and `base`.

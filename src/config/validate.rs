@@ -79,6 +79,15 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
 fn workers(config: &Config, issues: &mut Issues) {
     for (name, w) in &config.workers {
         let key = |field: &str| format!("workers.{name}.{field}");
+        for tier in w.tiers.iter().flatten() {
+            if !config.tiers.iter().any(|t| &t.name == tier) {
+                let known: Vec<&str> = config.tiers.iter().map(|t| t.name.as_str()).collect();
+                issues.push(
+                    key("tiers"),
+                    format!("expected tier names ({}), found `{tier}`", known.join(", ")),
+                );
+            }
+        }
         if !is_worker_name(name) {
             issues.push(
                 format!("workers.{name}"),
@@ -95,6 +104,12 @@ fn workers(config: &Config, issues: &mut Issues) {
             ("root", w.root.as_deref()),
         ];
         if name == LOCAL_WORKER {
+            if w.tiers.is_some() {
+                issues.push(
+                    key("tiers"),
+                    "expected only `max_tasks` for `local` (this machine takes every tier)",
+                );
+            }
             if w.lost_after.is_some() {
                 issues.push(
                     key("lost_after"),
@@ -804,6 +819,15 @@ mod tests {
         assert_eq!(issues("local:\n  ssh: me@box\n"), ["workers.local.ssh"]);
         assert_eq!(issues("box:\n  max_tasks: 2\n"), ["workers.box.ssh"]);
         assert_eq!(issues("box:\n  ssh: box\n"), ["workers.box.max_tasks"]);
+        assert!(issues("box:\n  ssh: box\n  max_tasks: 1\n  tiers: [fast]\n").is_empty());
+        assert_eq!(
+            issues("box:\n  ssh: box\n  max_tasks: 1\n  tiers: [fast, turbo]\n"),
+            ["workers.box.tiers"]
+        );
+        assert_eq!(
+            issues("local:\n  max_tasks: 1\n  tiers: [fast]\n"),
+            ["workers.local.tiers"]
+        );
         for destination in ["-oProxyCommand=sh", "'me@box rm'", "box:2222", "ssh://box"] {
             let yaml = format!("box:\n  ssh: {destination}\n  max_tasks: 1\n");
             assert_eq!(issues(&yaml), ["workers.box.ssh"], "{destination}");

@@ -129,7 +129,7 @@ impl TaskService {
         // Where a task found no room in this pass, the ones behind it that would ask the same
         // workers find none either: they are not asked again (a long queue costs one check
         // per kind of request, not one per task).
-        let mut full: HashSet<(Option<String>, bool)> = HashSet::new();
+        let mut full: HashSet<(Option<String>, bool, Option<String>)> = HashSet::new();
         for id in self.registry.queued() {
             if self.starting.holds(&id) {
                 continue;
@@ -157,19 +157,21 @@ impl TaskService {
             let kind = (
                 req.worker.clone(),
                 req.isolation == crate::config::Isolation::Worktree,
+                req.tier.clone(),
             );
             if full.contains(&kind) {
                 continue;
             }
-            let slot = match self.reserve(req.worker.as_deref(), req.isolation, 1) {
-                Ok(mut room) => room.pop(),
-                Err(TaskError::LimitExceeded(_)) => None,
-                // It can never start as asked (its worker is no longer declared, say).
-                Err(e) => {
-                    self.fail_queued(&id, e.to_string());
-                    continue;
-                }
-            };
+            let slot =
+                match self.reserve(req.worker.as_deref(), req.isolation, req.tier.as_deref(), 1) {
+                    Ok(mut room) => room.pop(),
+                    Err(TaskError::LimitExceeded(_)) => None,
+                    // It can never start as asked (its worker is no longer declared, say).
+                    Err(e) => {
+                        self.fail_queued(&id, e.to_string());
+                        continue;
+                    }
+                };
             let Some(slot) = slot else {
                 full.insert(kind);
                 continue;

@@ -504,10 +504,14 @@ impl TaskService {
     /// have too few free slots between them (see `capacity.rs`). Finished tasks never count:
     /// they leave memory and stay readable from disk. `fan_out` takes room for all its targets
     /// at once and hands one slot to each of its starts ([`TaskService::start_with`]).
+    ///
+    /// A worker that declares `tiers` is given only tasks of those tiers (`tier`; `None`: the
+    /// task names none, or the tasks of a fan-out differ).
     pub fn reserve(
         &self,
         worker: Option<&str>,
         isolation: Isolation,
+        tier: Option<&str>,
         new: usize,
     ) -> Result<Vec<Slots>, TaskError> {
         let config = self.config();
@@ -521,6 +525,7 @@ impl TaskService {
                 crate::workers::from_config(&config)
                     .iter()
                     .filter(|w| w.remote.is_none() || !self.workers.avoided(&w.name))
+                    .filter(|w| w.takes(tier))
                     .map(|w| Place::from_worker(&config, w))
                     .collect()
             }
@@ -635,15 +640,17 @@ impl TaskService {
         // task is queued when the user allows it (`queue.rs`).
         let room = match room {
             Some(room) => room,
-            None => match self.reserve(req.worker.as_deref(), req.isolation, 1) {
-                Ok(mut room) => room
-                    .pop()
-                    .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
-                Err(TaskError::LimitExceeded(why)) => {
-                    return self.enqueue(req, directory, idempotency, why).await
+            None => {
+                match self.reserve(req.worker.as_deref(), req.isolation, req.tier.as_deref(), 1) {
+                    Ok(mut room) => room
+                        .pop()
+                        .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
+                    Err(TaskError::LimitExceeded(why)) => {
+                        return self.enqueue(req, directory, idempotency, why).await
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
-            },
+            }
         };
         let worker = self.remote_worker(room.worker(), req.isolation)?;
         // A remote task runs on its worker's OpenCode, whose agents and models are that
@@ -1089,6 +1096,50 @@ mod tests {
             service.own_entry("tsk_theirs").is_ok(),
             "finished: ours to act on"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Placement: this machine first, then the worker with the most free slots among those
+    /// that take the task's tier; a worker that declares tiers takes no task of another tier
+    /// (nor one naming none); a task that can only run here (isolation `none`) stays here.
+    #[test]
+    fn placement_gives_a_worker_only_the_tiers_it_takes() {
+        let mut config = crate::gateway::test_config();
+        let dir = std::env::temp_dir().join(format!("ocm-place-{}", crate::ids::task_id()));
+        config.state_dir = Some(dir.display().to_string());
+        config.workers = yaml_serde::from_str(
+            "local:\n  max_tasks: 1\ncheap:\n  ssh: cheap\n  max_tasks: 2\n  tiers: [fast]\nany:\n  ssh: any\n  max_tasks: 1\n",
+        )
+        .expect("workers");
+        let service = TaskService::new(Arc::new(config));
+        let take = |tier: Option<&str>, isolation| {
+            service
+                .reserve(None, isolation, tier, 1)
+                .map(|mut s| s.pop().expect("a slot"))
+        };
+        let here = take(Some("fast"), Isolation::Worktree).expect("room here");
+        assert_eq!(here.worker(), "local");
+        let cheap = take(Some("fast"), Isolation::Worktree).expect("room on cheap");
+        assert_eq!(cheap.worker(), "cheap", "2 free there, 1 on any");
+        let untiered = take(None, Isolation::Worktree).expect("room on any");
+        assert_eq!(untiered.worker(), "any", "cheap takes only tier fast");
+        let refused = take(Some("strong"), Isolation::Worktree).expect_err("no room");
+        assert!(
+            refused
+                .to_string()
+                .contains("every worker's slots are taken"),
+            "{refused}"
+        );
+        assert!(
+            !refused.to_string().contains("cheap"),
+            "cheap was not asked: {refused}"
+        );
+        let here_only = take(Some("fast"), Isolation::None).expect_err("this machine is full");
+        assert!(
+            here_only.to_string().contains("on this machine"),
+            "{here_only}"
+        );
+        drop((here, cheap, untiered));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

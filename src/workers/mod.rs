@@ -34,6 +34,8 @@ pub struct Worker {
     pub name: String,
     /// Tasks it runs at once.
     pub max_tasks: u32,
+    /// The tiers whose tasks placement gives it (`None`: any).
+    pub tiers: Option<Vec<String>>,
     /// How it is reached; `None` for this machine.
     pub remote: Option<Remote>,
 }
@@ -60,6 +62,7 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
     let mut out = vec![Worker {
         name: LOCAL_WORKER.to_string(),
         max_tasks: local_slots,
+        tiers: None,
         remote: None,
     }];
     for (name, w) in &config.workers {
@@ -69,6 +72,7 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
         out.push(Worker {
             name: name.clone(),
             max_tasks: w.max_tasks.unwrap_or(1),
+            tiers: w.tiers.clone(),
             remote: Some(Remote {
                 ssh: Ssh::new(destination, w.ssh_config.as_deref()),
                 opencode: w
@@ -92,6 +96,17 @@ pub fn lost_after(config: &Config, name: &str) -> std::time::Duration {
         .get(name)
         .and_then(|w| w.lost_after)
         .map_or(DEFAULT_LOST_AFTER, |d| d.get())
+}
+
+impl Worker {
+    /// Whether placement may give it a task of `tier` (`None`: the task names no tier).
+    pub fn takes(&self, tier: Option<&str>) -> bool {
+        match (&self.tiers, tier) {
+            (None, _) => true,
+            (Some(tiers), Some(tier)) => tiers.iter().any(|t| t == tier),
+            (Some(_), None) => false,
+        }
+    }
 }
 
 /// The remote worker `name` of `config`, if it declares one.

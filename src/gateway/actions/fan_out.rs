@@ -189,7 +189,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
     let mut room = match idempotency_key {
         // No room for all of them: each start takes its own, or is queued when the user
         // allows a queue.
-        None => match ctx.tasks.reserve(None, isolation, targets.len()) {
+        None => match ctx.tasks.reserve(None, isolation, None, targets.len()) {
             Ok(room) => Some(room),
             Err(tasks::TaskError::LimitExceeded(_)) if ctx.config.limits.queue > 0 => None,
             Err(e) => return Err(e.into()),
