@@ -18,7 +18,7 @@
 //! remote worker with the most free slots (the first named of equals), so work spreads over the
 //! workers by what each can take.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::error::TaskError;
@@ -183,6 +183,38 @@ impl Slots {
 impl Drop for Slots {
     fn drop(&mut self) {
         self.capacity.release(&self.worker);
+    }
+}
+
+/// Queued tasks being started now (their records still say `queued` until the start has
+/// replaced them), so that no two passes start one twice.
+#[derive(Default)]
+pub(super) struct Starting {
+    ids: Mutex<HashSet<String>>,
+    /// Held while the queue's length is checked and a task added, so the bound holds.
+    pub(super) adding: Mutex<()>,
+}
+
+impl Starting {
+    pub(super) fn claim(&self, id: &str) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string())
+    }
+
+    pub(super) fn release(&self, id: &str) {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    pub(super) fn holds(&self, id: &str) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 }
 

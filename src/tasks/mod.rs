@@ -9,15 +9,18 @@
 //! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
 //!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
 //!   memory under one lock, the change signal, eviction and expiry), `capacity`
-//!   (`limits.max_tasks`, taken at the check), `spend` (a task's caps and the day's cap).
+//!   (slots per worker, taken at the check; which queued tasks are being started), `spend` (a
+//!   task's caps and the day's cap), `links` (the workers' OpenCode servers in use, and the
+//!   workers found out of reach).
 //!
 //! The behaviour, each room importing only the data rooms and the rooms listed before it (no
 //! import circle):
 //! - `context`: what every behaviour room shares (the registry, the configuration in force, the
 //!   limits, and the turn deadline's timer, whose action is handed in so no room imports the one
 //!   above it).
-//! - `asks` (permission asks as OpenCode lists them), `outcome` (reading a finished turn and its
-//!   changed files), `follow` (opening a task's next turn: a host's continue and the gateway's
+//! - `fetch` (a remote task's work brought back from its worker), `asks` (permission asks as
+//!   OpenCode lists them), `outcome` (reading a finished turn and its changed files, then
+//!   fetching a remote one's work), `follow` (opening a task's next turn: a host's continue and the gateway's
 //!   corrections), `structured` (tasks started with an `output_schema`: the instruction,
 //!   extracting and validating the JSON their answer ends with, the bounded corrections),
 //!   `completion` (is the turn over: checks over HTTP), `abort` (ending a turn early: cancel,
@@ -27,8 +30,10 @@
 //!   as a whole).
 //! - `service`: the actions the gateway calls (start, continue, cancel, status, permissions,
 //!   servers), with one job a file beside it: `restore` (and adopting another gateway's tasks),
-//!   `resolve` (agents, models and tiers against the live server), `result`, `wait`, and
-//!   `workspace` (a task's git worktree: create, diff, apply, discard).
+//!   `resolve` (agents, models and tiers against the live server), `result`, `wait`,
+//!   `workspace` (a task's git worktree: create, diff, apply, discard), `placement` (tasks on
+//!   remote workers: their OpenCode started, supervised and reached again, the worktree made
+//!   there) and `queue` (`limits.queue`: queued starts and the drainer).
 //! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
 //! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
 //!   `opencode-mcp tasks` and their tools).
@@ -46,6 +51,7 @@ mod follow;
 pub mod gc;
 mod housekeeping;
 mod ledger;
+mod links;
 mod model;
 mod outcome;
 mod owner;

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::error::TaskError;
 use super::fetch::{self, remote_of};
+use super::links::{Down, Link, WorkerServes};
 use super::record::{RemoteWorkspace, WorkspaceRecord};
 use super::service::TaskService;
 use super::tracker;
@@ -37,79 +38,6 @@ const STOP_AT_SHUTDOWN: Duration = Duration::from_millis(1_500);
 const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 /// Between attempts to reach a worker again: doubling from the first, up to the last.
 const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
-/// How long new tasks the call places nowhere avoid a worker that was found down.
-const AVOID_DOWN: Duration = Duration::from_secs(30);
-
-/// The workers' OpenCode servers this gateway started, one per worker.
-#[derive(Default)]
-pub(super) struct WorkerServes {
-    /// Worker name -> its OpenCode, if started. A worker's slot is locked while it is being
-    /// started, so two tasks placed at once start one OpenCode.
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Link>>>>>,
-    /// Workers out of reach: why, and until when placement avoids them.
-    down: Arc<Mutex<HashMap<String, Down>>>,
-}
-
-/// A worker found out of reach.
-#[derive(Debug, Clone)]
-struct Down {
-    why: String,
-    since: std::time::Instant,
-    avoid_until: std::time::Instant,
-}
-
-impl WorkerServes {
-    /// Whether placement should avoid `worker` now.
-    pub(super) fn avoided(&self, worker: &str) -> bool {
-        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
-        down.get(worker)
-            .is_some_and(|d| d.avoid_until > std::time::Instant::now())
-    }
-
-    fn mark_down(down: &Mutex<HashMap<String, Down>>, worker: &str, why: String) {
-        let now = std::time::Instant::now();
-        let mut down = down.lock().unwrap_or_else(|p| p.into_inner());
-        let since = down.get(worker).map_or(now, |d| d.since);
-        down.insert(
-            worker.to_string(),
-            Down {
-                why,
-                since,
-                avoid_until: now + AVOID_DOWN,
-            },
-        );
-    }
-
-    fn mark_up(down: &Mutex<HashMap<String, Down>>, worker: &str) {
-        down.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(worker);
-    }
-
-    fn down_since(&self, worker: &str) -> Option<Down> {
-        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
-        down.get(worker).cloned()
-    }
-}
-
-/// A worker's OpenCode in use: the pool's server for it and the ssh session it runs in.
-struct Link {
-    server_id: String,
-    serve: RemoteServe,
-    remote: Remote,
-}
-
-impl WorkerServes {
-    fn slot(&self, worker: &str) -> Arc<tokio::sync::Mutex<Option<Link>>> {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.entry(worker.to_string()).or_default().clone()
-    }
-
-    fn all(&self) -> Vec<(String, Arc<tokio::sync::Mutex<Option<Link>>>)> {
-        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-}
 
 /// A remote worker a call named: its name and how it is reached.
 pub(super) struct Named {

@@ -14,7 +14,7 @@
 //! tasks that compete for the same slots.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::entry::{Claim, TaskEntry};
@@ -29,38 +29,6 @@ const DRAIN_PAUSE: Duration = Duration::from_millis(100);
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
 /// How long a queued start waits for its record to reach the disk.
 const QUEUED_DURABLE: Duration = Duration::from_secs(5);
-
-/// Queued tasks being started now (their records still say `queued` until the start has
-/// replaced them), so that no two passes start one twice.
-#[derive(Default)]
-pub(super) struct Starting {
-    ids: Mutex<HashSet<String>>,
-    /// Held while the queue's length is checked and a task added, so the bound holds.
-    adding: Mutex<()>,
-}
-
-impl Starting {
-    fn claim(&self, id: &str) -> bool {
-        self.ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string())
-    }
-
-    fn release(&self, id: &str) {
-        self.ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-    }
-
-    fn holds(&self, id: &str) -> bool {
-        self.ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(id)
-    }
-}
 
 impl TaskService {
     /// Queues `req` (refused with `why`, the refusal of its slot, when the queue is off or

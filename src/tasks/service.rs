@@ -157,9 +157,9 @@ pub struct TaskService {
     /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
     pub started_ms: u64,
     /// The remote workers' OpenCode servers, started on first use (`placement.rs`).
-    pub(super) workers: super::placement::WorkerServes,
+    pub(super) workers: super::links::WorkerServes,
     /// Queued tasks being started now (`queue.rs`).
-    pub(super) starting: super::queue::Starting,
+    pub(super) starting: super::capacity::Starting,
 }
 
 impl TaskService {
