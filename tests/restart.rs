@@ -747,3 +747,96 @@ async fn queued_tasks_wait_for_a_slot_in_order_and_survive_a_restart() {
     assert!(at("queued first").is_some(), "{prompts:?}");
     assert_eq!(at("then cancelled"), None, "{prompts:?}");
 }
+
+/// **The queue in one gateway's life.** Queued tasks start as the slot frees, first in first
+/// out, each in its own turn; a queued task cancelled never starts; a `fan_out` that finds no
+/// room queues its targets; a queued task whose start turns out impossible (a model the server
+/// does not have) ends `failed` (`StartFailed`, saying why) instead of waiting for ever; and a
+/// wait on queued tasks returns once they finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_tasks_start_as_the_slot_frees() {
+    let rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__MAX_TASKS", "1"),
+        ("OPENCODE_MCP_LIMITS__QUEUE", "5"),
+    ])
+    .await;
+    let gate = rig.env.root().join("gate");
+    let holder = id(&rig
+        .start_task(&format!(
+            "holds the slot [[bash:until test -f {}; do sleep 0.1; done]]",
+            gate.display()
+        ))
+        .await);
+    let first = id(&rig.start_task("in line first").await);
+    let dropped = id(&rig.start_task("in line, then cancelled").await);
+    let impossible = rig
+        .start_task_with(json!({ "prompt": "in line, impossible", "model": "fake/no-such-model" }))
+        .await;
+    assert_eq!(impossible["status"], "queued", "{impossible}");
+    let impossible = id(&impossible);
+    let group = rig
+        .ok(
+            "opencode_fan_out",
+            json!({
+                "server_id": rig.server_id(),
+                "prompt": "in line as a group",
+                "tiers": ["fast", "strong"],
+            }),
+        )
+        .await;
+    let members: Vec<String> = group["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| {
+            assert_eq!(t["status"], "queued", "{group}");
+            id(t)
+        })
+        .collect();
+    assert_eq!(members.len(), 2, "{group}");
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": dropped }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(rig.status(&first).await["queue_position"], 1);
+    assert_eq!(rig.status(&impossible).await["queue_position"], 2);
+
+    std::fs::write(&gate, "open").expect("open the gate");
+    let mut all = vec![holder.as_str(), first.as_str(), impossible.as_str()];
+    all.extend(members.iter().map(String::as_str));
+    let w = rig.wait(&all, "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let status = |task: &str| {
+        w["tasks"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["task_id"] == task))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(status(&holder)["status"], "completed");
+    assert_eq!(status(&first)["status"], "completed");
+    for member in &members {
+        assert_eq!(status(member)["status"], "completed", "{w}");
+    }
+    let failed = status(&impossible);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let error = failed["error"].to_string();
+    assert!(
+        error.contains("StartFailed") && error.contains("no-such-model"),
+        "{error}"
+    );
+    assert_eq!(rig.status(&dropped).await["status"], "cancelled");
+    let prompts: Vec<String> = rig
+        .fake
+        .requests()
+        .into_iter()
+        .map(|r| r.last_user_text)
+        .collect();
+    let at = |text: &str| prompts.iter().position(|p| p.contains(text));
+    assert!(at("in line first").is_some(), "{prompts:?}");
+    assert!(
+        at("in line first") < at("in line as a group"),
+        "{prompts:?}"
+    );
+    assert_eq!(at("then cancelled"), None, "{prompts:?}");
+}

@@ -103,7 +103,7 @@ impl TaskService {
             return Err(TaskError::WorkerServe(ServeError::Failed {
                 worker: w.name.clone(),
                 detail: format!(
-                    "the worker is out of reach: {why}; the gateway is reconnecting (its tasks                      there fail `WorkerLost` if it stays out of reach for                      workers.{}.lost_after): try again, or run the task elsewhere",
+                    "the worker is out of reach: {why}; the gateway is reconnecting (its tasks there fail `WorkerLost` if it stays out of reach for workers.{}.lost_after): try again, or run the task elsewhere",
                     w.name
                 ),
             }));

@@ -293,7 +293,7 @@ impl TaskService {
                 Err(e) => {
                     tracing::warn!(worker, error = %e, "cannot adopt the tasks a previous gateway ran on a worker");
                     let why = format!(
-                        "the gateway running this task exited, and worker `{worker}`'s OpenCode                          that ran it cannot be reached again ({e}); continue the task (its                          session is kept there) or start it again"
+                        "the gateway running this task exited, and worker `{worker}`'s OpenCode that ran it cannot be reached again ({e}); continue the task (its session is kept there) or start it again"
                     );
                     for id in &ids {
                         self.registry.update(id, |e| {
