@@ -1322,3 +1322,42 @@ async fn a_dropped_worker_is_reached_again_and_a_gone_one_is_lost() {
         drops_reaper.servers()
     );
 }
+
+/// **A restart that finds the worker gone.** The gateway is killed while a task runs on a
+/// worker, and the worker goes too (its sshd and its OpenCode); the next gateway cannot reach
+/// that OpenCode again, and the task ends `failed` (`WorkerLost`, naming the worker) instead of
+/// staying `running` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_task_whose_worker_went_with_the_gateway_fails_worker_lost() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        mut _worker,
+        _worker_env,
+        reaper,
+        mut rig,
+        ..
+    } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 2).await;
+    let held = rig
+        .start_task_with(json!({
+            "prompt": "held [[bash:sleep 300]]",
+            "worker": "w1",
+        }))
+        .await;
+    let held = held["task_id"].as_str().expect("task_id").to_string();
+    rig.kill_gateway().await;
+    _worker.stop();
+    for pid in reaper.pids() {
+        drop(KillOnDrop(pid));
+    }
+    rig.relaunch().await;
+    let w = rig.wait(&[&held], "all", 60_000).await;
+    let task = &w["tasks"][0];
+    assert_eq!(task["status"], "failed", "{w}\n{}", rig.client.stderr());
+    let error = task["error"].to_string();
+    assert!(
+        error.contains("WorkerLost") && error.contains("`w1`"),
+        "{error}"
+    );
+}

@@ -424,3 +424,39 @@ async fn wait_forwarded(port: u16, within: Duration) -> Result<(), String> {
     }
     Err(last)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is saved to reach a worker's OpenCode again prints without its password (debug
+    /// output ends up in logs).
+    #[test]
+    fn saved_serves_print_without_their_password() {
+        let saved = Saved {
+            worker: "w1".into(),
+            remote_port: 23_456,
+            remote_pid: 4_321,
+            password: "hunter2-not-for-logs".into(),
+            directory: "/srv/mcp".into(),
+            gateway_pid: 99,
+        };
+        let printed = format!("{saved:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(
+            printed.contains("w1") && printed.contains("23456") && printed.contains("4321"),
+            "{printed}"
+        );
+        let back: Saved =
+            serde_json::from_slice(&serde_json::to_vec(&saved).expect("json")).expect("read back");
+        assert_eq!(back, saved);
+    }
+
+    /// Ports for OpenCode on a worker come from the dynamic range.
+    #[test]
+    fn worker_ports_are_in_the_dynamic_range() {
+        for _ in 0..200 {
+            assert!((20_000..50_000).contains(&random_port()));
+        }
+    }
+}
