@@ -680,13 +680,8 @@ async fn queued_tasks_wait_for_a_slot_in_order_and_survive_a_restart() {
         ("OPENCODE_MCP_LIMITS__QUEUE", "2"),
     ])
     .await;
-    let gate = rig.env.root().join("gate");
-    let holder = id(&rig
-        .start_task(&format!(
-            "holds the slot [[bash:until test -f {}; do sleep 0.1; done]]",
-            gate.display()
-        ))
-        .await);
+    let (_gate, held) = rig.gate();
+    let holder = id(&rig.start_task(&format!("holds the slot {held}")).await);
     let first = rig.start_task("queued first").await;
     assert_eq!(first["status"], "queued", "{first}");
     assert_eq!(first["queue_position"], 1, "{first}");
@@ -760,13 +755,8 @@ async fn queued_tasks_start_as_the_slot_frees() {
         ("OPENCODE_MCP_LIMITS__QUEUE", "5"),
     ])
     .await;
-    let gate = rig.env.root().join("gate");
-    let holder = id(&rig
-        .start_task(&format!(
-            "holds the slot [[bash:until test -f {}; do sleep 0.1; done]]",
-            gate.display()
-        ))
-        .await);
+    let (gate, held) = rig.gate();
+    let holder = id(&rig.start_task(&format!("holds the slot {held}")).await);
     let first = id(&rig.start_task("in line first").await);
     let dropped = id(&rig.start_task("in line, then cancelled").await);
     let impossible = rig

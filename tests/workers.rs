@@ -750,11 +750,7 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
     assert!(message.contains("isolation `none`"), "{message}");
 
     // The first two tasks hold their slots until the test opens the gate.
-    let gate = rig.env.root().join("gate");
-    let held = format!(
-        "[[bash:until test -f {}; do sleep 0.1; done]]",
-        gate.display()
-    );
+    let (gate, held) = rig.gate();
     let remote = rig
         .start_task_with(json!({
             "prompt": format!("on the worker {held} [[write:app.txt:one\\ntwo\\nthree (uncommitted)\\nfour (worker)\\n]]"),
@@ -1023,13 +1019,10 @@ async fn a_remote_task_survives_a_gateway_restart() {
         mut rig,
         ..
     } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 3).await;
-    let gate = rig.env.root().join("gate");
+    let (gate, hold) = rig.gate();
     let held = rig
         .start_task_with(json!({
-            "prompt": format!(
-                "held [[bash:until test -f {}; do sleep 0.1; done]] [[write:held.txt:held\\n]]",
-                gate.display()
-            ),
+            "prompt": format!("held {hold} [[write:held.txt:held\\n]]"),
             "worker": "w1",
         }))
         .await;
@@ -1228,11 +1221,7 @@ async fn a_dropped_worker_is_reached_again_and_a_gone_one_is_lost() {
     .expect("the user's file");
     let config_var = user_file.display().to_string();
     let rig = Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())]).await;
-    let gate = rig.env.root().join("gate");
-    let held = format!(
-        "[[bash:until test -f {}; do sleep 0.1; done]]",
-        gate.display()
-    );
+    let (gate, held) = rig.gate();
     let start = |args: serde_json::Value| {
         let rig = &rig;
         async move {

@@ -88,12 +88,9 @@ impl Capacity {
     ) -> Result<Vec<Slots>, TaskError> {
         let live = registry.live_by_worker();
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let used = |p: &Place, held: &HashMap<String, usize>| {
-            live.get(&p.worker).copied().unwrap_or(0) + held.get(&p.worker).copied().unwrap_or(0)
-        };
         let mut free: Vec<usize> = places
             .iter()
-            .map(|p| p.slots.saturating_sub(used(p, &held)))
+            .map(|p| p.slots.saturating_sub(in_use(p, &live, &held)))
             .collect();
         if free.iter().sum::<usize>() < n {
             return Err(refusal(places, &live, &held, n));
@@ -126,6 +123,11 @@ impl Capacity {
     }
 }
 
+/// The slots of `p`'s worker in use: its started unfinished tasks and the room held for it.
+fn in_use(p: &Place, live: &HashMap<String, usize>, held: &HashMap<String, usize>) -> usize {
+    live.get(&p.worker).copied().unwrap_or(0) + held.get(&p.worker).copied().unwrap_or(0)
+}
+
 /// Why there is no room: for one place, today's message; for several, each worker's use.
 fn refusal(
     places: &[Place],
@@ -133,9 +135,7 @@ fn refusal(
     held: &HashMap<String, usize>,
     n: usize,
 ) -> TaskError {
-    let used = |p: &Place| {
-        live.get(&p.worker).copied().unwrap_or(0) + held.get(&p.worker).copied().unwrap_or(0)
-    };
+    let used = |p: &Place| in_use(p, live, held);
     let what = if n == 1 {
         String::new()
     } else {

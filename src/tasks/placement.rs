@@ -462,7 +462,7 @@ impl Supervision {
                     let failed = tracker::fail_server_tasks(
                         &self.registry,
                         &self.server.id,
-                        "WorkerLost",
+                        super::record::WORKER_LOST,
                         &message,
                     );
                     tracing::warn!(worker = %name, tasks = failed.len(), %why, "worker lost; its unfinished tasks failed");

@@ -20,9 +20,8 @@ use std::time::Duration;
 use super::entry::{Claim, TaskEntry};
 use super::error::TaskError;
 use super::model::{TaskSnapshot, TaskStatus};
-use super::record::TaskRecord;
+use super::record::{start_failed, TaskRecord};
 use super::service::{default_title, StartTask, TaskService};
-use crate::opencode::ErrorInfo;
 
 /// The drainer's pace: at least this long between passes, at most this long without one.
 const DRAIN_PAUSE: Duration = Duration::from_millis(100);
@@ -186,10 +185,7 @@ impl TaskService {
                 e.finish(
                     Claim::Gone(turn),
                     TaskStatus::Failed,
-                    Some(ErrorInfo {
-                        name: "StartFailed".into(),
-                        message: format!("the queued task could not start: {why}"),
-                    }),
+                    Some(start_failed(&why)),
                 );
             }
         });

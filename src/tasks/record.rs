@@ -445,6 +445,25 @@ pub fn interrupted(reason: &str) -> ErrorInfo {
     }
 }
 
+/// The error name of a task whose worker is out of reach for good.
+pub const WORKER_LOST: &str = "WorkerLost";
+
+/// The error of a task whose worker's OpenCode is out of reach for good.
+pub fn worker_lost(message: &str) -> ErrorInfo {
+    ErrorInfo {
+        name: WORKER_LOST.into(),
+        message: message.to_string(),
+    }
+}
+
+/// The error of a queued task that could not start when its turn came (`why`).
+pub fn start_failed(why: impl std::fmt::Display) -> ErrorInfo {
+    ErrorInfo {
+        name: "StartFailed".into(),
+        message: format!("the queued task could not start: {why}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use super::completion;
 use super::entry::{Claim, TaskEntry};
 use super::housekeeping;
 use super::model::TaskStatus;
-use super::record::{interrupted, TaskRecord};
+use super::record::{interrupted, worker_lost, TaskRecord};
 use super::service::TaskService;
 use super::turn::Idle;
 
@@ -377,14 +377,6 @@ enum Adopt {
         worker: String,
         owner: u32,
     },
-}
-
-/// The error of a task whose worker's OpenCode is out of reach for good.
-pub(super) fn worker_lost(message: &str) -> crate::opencode::ErrorInfo {
-    crate::opencode::ErrorInfo {
-        name: "WorkerLost".into(),
-        message: message.to_string(),
-    }
 }
 
 /// Watches the gateways whose unfinished tasks this one has seen (`foreign` at the restore, then

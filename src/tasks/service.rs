@@ -750,10 +750,7 @@ impl TaskService {
             // A task that was queued keeps its id: it ends failed (by the queue) rather than
             // vanishing.
             if from_queue {
-                let error = crate::opencode::ErrorInfo {
-                    name: "StartFailed".into(),
-                    message: format!("the queued task could not start: {e}"),
-                };
+                let error = super::record::start_failed(&e);
                 self.registry.update(&task_id, |entry| {
                     let turn = entry.rec.turn;
                     entry.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error));

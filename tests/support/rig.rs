@@ -110,6 +110,17 @@ impl Rig {
             .expect("the gateway starts again");
     }
 
+    /// A gate for tasks' turns: a file path under the env (absent), and the prompt marker that
+    /// holds a turn (its agent in its shell) until the test writes that file.
+    pub fn gate(&self) -> (std::path::PathBuf, String) {
+        let gate = self.env.root().join("gate");
+        let held = format!(
+            "[[bash:until test -f {}; do sleep 0.1; done]]",
+            gate.display()
+        );
+        (gate, held)
+    }
+
     pub fn server_id(&self) -> String {
         self.server["server_id"]
             .as_str()
