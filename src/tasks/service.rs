@@ -33,6 +33,8 @@ use crate::opencode::{
     StopInfo,
 };
 
+/// How long a report of a finished task waits for its record to reach the disk.
+const REPORTED_DURABLE: Duration = Duration::from_secs(2);
 /// How long `stop_server` waits for what is unread of its finished turns.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// How long shutdown waits for outcomes still being read: hosts send SIGINT, SIGTERM and SIGKILL
@@ -916,7 +918,22 @@ impl TaskService {
         include_progress: bool,
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
-        self.snapshot(task_id, include_progress)
+        let snapshot = self.snapshot(task_id, include_progress)?;
+        if snapshot.status.is_terminal() {
+            self.durable().await;
+        }
+        Ok(snapshot)
+    }
+
+    /// Waits (bounded) until every record change made so far is on disk: a task is reported
+    /// finished only once its record says so, or a host told "completed" whose gateway is then
+    /// killed would find the task interrupted after the restart (a clean-clone run did).
+    pub(super) async fn durable(&self) {
+        if let Some(store) = self.registry.store() {
+            if let Err(e) = store.flush(REPORTED_DURABLE).await {
+                tracing::warn!(error = %e, "a finished task is reported before its record is on disk");
+            }
+        }
     }
 
     pub(super) fn snapshot(
