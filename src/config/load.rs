@@ -54,6 +54,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "report",
     "reload",
     "workers",
+    "checks",
 ];
 
 /// A YAML layer with the name errors should use for it.

@@ -36,6 +36,9 @@ pub enum Rule {
     /// A tool's fixed argument, taken only as one of these values: fixing any other value would
     /// choose, out of the host's sight, what the host itself may only choose knowingly.
     OnlyFixedTo(&'static [&'static str]),
+    /// Taken only when the user's own layers set this boolean key to `true` (a repository's file
+    /// cannot set it: its row is [`Rule::Withheld`]).
+    AllowedBy(&'static str),
     /// A tool's `action`, taken when it stays the same or the entry brings its own description
     /// (else the host would read the old tool's description over the new action).
     WithOwnDescription,
@@ -60,6 +63,10 @@ const TIER: &str = "a repository's delegation.yaml may not change which model or
 const WHERE: &str = "a repository's delegation.yaml may not fix, out of the host's sight, where \
                      a tool's tasks run, on which server, with which agent, or what they answer";
 const FREE: &str = "the surface a repository tunes";
+const CHECKS: &str = "a check is a command the gateway runs: a repository's delegation.yaml may \
+                      declare checks only where your own file sets `checks.from_repository: true`";
+/// The key that lets a repository's file declare checks.
+pub const CHECKS_FROM_REPOSITORY: &str = "checks.from_repository";
 const RANKS_PERMISSION: &[&str] = &["allow", "ask", "deny"];
 const RANKS_ISOLATION: &[&str] = &["none", "worktree"];
 const RANKS_BASE: &[&str] = &["working_tree", "head"];
@@ -106,6 +113,31 @@ pub const POLICY: &[Policy] = &[
         rule: Rule::Withheld,
         why: "a repository's delegation.yaml may not add, choose or change workers: they decide \
               which machines your code is sent to and what runs there",
+    },
+    Policy {
+        pattern: CHECKS_FROM_REPOSITORY,
+        rule: Rule::Withheld,
+        why: CHECKS,
+    },
+    Policy {
+        pattern: "tiers.*.checks",
+        rule: Rule::AllowedBy(CHECKS_FROM_REPOSITORY),
+        why: CHECKS,
+    },
+    Policy {
+        pattern: "tools.*.checks",
+        rule: Rule::AllowedBy(CHECKS_FROM_REPOSITORY),
+        why: CHECKS,
+    },
+    Policy {
+        pattern: "checks.max_rounds",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "checks.*",
+        rule: Rule::Free,
+        why: FREE,
     },
     Policy {
         pattern: "opencode.permission",
@@ -191,6 +223,11 @@ pub const POLICY: &[Policy] = &[
         why: LIMIT,
     },
     Policy {
+        pattern: "timeouts.check",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
         pattern: "timeouts.*",
         rule: Rule::Free,
         why: FREE,
@@ -219,6 +256,11 @@ pub const POLICY: &[Policy] = &[
     },
     Policy {
         pattern: "tiers.*.variant",
+        rule: Rule::Withheld,
+        why: TIER,
+    },
+    Policy {
+        pattern: "tiers.*.escalate_to",
         rule: Rule::Withheld,
         why: TIER,
     },
@@ -390,7 +432,7 @@ pub fn filter(dict: &mut Dict, below: &Below) -> Vec<(String, String)> {
     let mut withheld = Vec::new();
     walk(dict, "", below, &mut withheld);
     if let Some(Value::Array(_, tiers)) = dict.get_mut("tiers") {
-        filter_tiers(tiers, below.tiers, &mut withheld);
+        filter_tiers(tiers, below, &mut withheld);
     }
     withheld
 }
@@ -414,7 +456,7 @@ fn walk(dict: &mut Dict, prefix: &str, below: &Below, out: &mut Vec<(String, Str
                 };
                 if same(value, in_force.as_ref()) {
                     dict.remove(&key);
-                } else if !taken(rule, value, in_force.as_ref(), dict) {
+                } else if !taken(rule, value, in_force.as_ref(), dict) || !allowed(rule, below) {
                     if let Some(value) = dict.remove(&key) {
                         out.push((path, show(&value)));
                     }
@@ -463,6 +505,8 @@ fn taken(rule: Rule, value: &Value, below: Option<&Value>, entry: &Dict) -> bool
             rank(value).is_some_and(|r| r >= floor)
         }
         Rule::OnlyFixedTo(allowed) => value.as_str().is_some_and(|v| allowed.contains(&v)),
+        // Judged against the user's layers by `allowed`.
+        Rule::AllowedBy(_) => true,
         Rule::WithOwnDescription => {
             // Only a real action is judged; a misspelt one is left for the typed extraction.
             let is_action = |a: &str| {
@@ -474,6 +518,14 @@ fn taken(rule: Rule, value: &Value, below: Option<&Value>, entry: &Dict) -> bool
             };
             !changed || entry.contains_key("description")
         }
+    }
+}
+
+/// Whether the user's layers allow what `rule` makes conditional ([`Rule::AllowedBy`]).
+fn allowed(rule: Rule, below: &Below) -> bool {
+    match rule {
+        Rule::AllowedBy(key) => matches!((below.value)(key), Some(Value::Bool(_, true))),
+        _ => true,
     }
 }
 
@@ -494,7 +546,8 @@ fn magnitude(value: &Value) -> Option<f64> {
 /// with a rule of its own is judged against the user's value; one not taken, or left out, is
 /// the user's. The list itself is still the repository's (figment replaces lists whole): a tier
 /// it leaves out is not offered.
-fn filter_tiers(tiers: &mut [Value], below: &[super::Tier], out: &mut Vec<(String, String)>) {
+fn filter_tiers(tiers: &mut [Value], below: &Below, out: &mut Vec<(String, String)>) {
+    let user_tiers = below.tiers;
     for tier in tiers.iter_mut() {
         let Value::Dict(_, fields) = tier else {
             continue;
@@ -506,7 +559,21 @@ fn filter_tiers(tiers: &mut [Value], below: &[super::Tier], out: &mut Vec<(Strin
         else {
             continue;
         };
-        let Some(mine) = below.iter().find(|b| b.name == name) else {
+        let Some(mine) = user_tiers.iter().find(|b| b.name == name) else {
+            // A tier of the repository's own: its to fill in, except what runs.
+            let conditional = POLICY
+                .iter()
+                .filter(|p| matches!(p.rule, Rule::AllowedBy(_)));
+            for p in conditional {
+                let Some(field) = p.pattern.strip_prefix("tiers.*.") else {
+                    continue;
+                };
+                if !allowed(p.rule, below) {
+                    if let Some(given) = fields.remove(field) {
+                        out.push((format!("tiers.{name}.{field}"), show(&given)));
+                    }
+                }
+            }
             continue;
         };
         let Some(Value::Dict(_, user)) = Value::serialize(mine).ok() else {
@@ -524,7 +591,10 @@ fn filter_tiers(tiers: &mut [Value], below: &[super::Tier], out: &mut Vec<(Strin
             };
             let keep = match fields.get(field) {
                 None => false,
-                Some(given) => same(given, user_value) || taken(rule, given, user_value, fields),
+                Some(given) => {
+                    same(given, user_value)
+                        || (taken(rule, given, user_value, fields) && allowed(rule, below))
+                }
             };
             if keep {
                 continue;

@@ -12,6 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
+use std::time::Duration;
 
 /// What an MCP tool name must look like (letters, digits, `_` and `-`, 1 to 64 of them).
 pub const TOOL_NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,64}$";
@@ -89,6 +90,10 @@ pub struct Config {
     /// `false` reads them only at start. This key itself takes effect at the next start.
     #[serde(default = "reload_default")]
     pub reload: bool,
+    /// Commands that check a task's work after each turn (declared on tiers, on a preset as its
+    /// fixed `checks`, or by the call), and the fix rounds that follow a failing one.
+    #[serde(default)]
+    pub checks: ChecksConfig,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
@@ -348,6 +353,120 @@ pub struct Timeouts {
     pub stall: HumanDuration,
     /// Interval of MCP progress notifications during a wait, when the host sent a progress token.
     pub progress_interval: HumanDuration,
+    /// Longest run of one check command (`checks`); a longer one is stopped and counts as failed.
+    #[serde(default = "check_timeout_default")]
+    pub check: HumanDuration,
+}
+
+fn check_timeout_default() -> HumanDuration {
+    Duration::from_secs(600).into()
+}
+
+/// Checks: commands that must succeed in a task's directory after its turn, and what follows a
+/// failing one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChecksConfig {
+    /// Fix rounds after a failing check: the session is continued with the failure (the
+    /// `fix_prompt`) and the checks run again, at most this often; then the task ends failed
+    /// (`checks_failed`), or moves to its tier's `escalate_to`. 0: no fix round.
+    #[serde(default = "max_rounds_default")]
+    #[schemars(range(max = MAX_CHECK_ROUNDS))]
+    pub max_rounds: u32,
+    /// Characters kept of each check's output (its end): shown in the result and sent in the
+    /// fix prompt.
+    #[serde(default = "output_chars_default")]
+    #[schemars(range(min = 100, max = MAX_CHECK_OUTPUT_CHARS))]
+    pub output_chars: u32,
+    /// Whether a repository's `delegation.yaml` may declare checks (a tier's `checks`, a tool's
+    /// fixed `checks`): a check is a command the gateway runs. Only your own files may set this;
+    /// a repository's checks are withheld otherwise.
+    #[serde(default)]
+    pub from_repository: bool,
+    /// The prompt of a fix round (MiniJinja). `failures` lists the failing checks, each with
+    /// `command`, `status` (its exit status, or how it ended), `seconds` and `output` (its end);
+    /// `round` and `max_rounds` count the fix rounds.
+    #[serde(default = "fix_prompt_default")]
+    #[schemars(length(min = 1))]
+    pub fix_prompt: String,
+}
+
+/// The most fix rounds `checks.max_rounds` allows: each is a full model turn.
+pub const MAX_CHECK_ROUNDS: u32 = 10;
+/// The most output `checks.output_chars` keeps per check.
+pub const MAX_CHECK_OUTPUT_CHARS: u32 = 100_000;
+
+fn max_rounds_default() -> u32 {
+    2
+}
+
+fn output_chars_default() -> u32 {
+    4000
+}
+
+/// The fix prompt the built-in file sets (kept here too for layers built without it).
+pub const FIX_PROMPT_DEFAULT: &str = "The checks of your work failed. Find the cause and fix \
+it, then stop: the checks run again when you finish (fix round {{ round }} of {{ max_rounds }}). \
+Do not weaken or skip a check to make it pass.\n{% for f in failures %}\n$ {{ f.command }}\n\
+{{ f.status }} after {{ f.seconds }} s; the end of its output:\n{{ f.output }}\n{% endfor %}";
+
+fn fix_prompt_default() -> String {
+    FIX_PROMPT_DEFAULT.to_string()
+}
+
+/// One failing check, as a fix prompt shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FixFailure {
+    pub command: String,
+    /// How it ended, in words: `exit status 1`, `stopped after 10m (timeouts.check)`.
+    pub status: String,
+    pub seconds: f64,
+    /// The end of its output.
+    pub output: String,
+}
+
+/// Steps a fix prompt's rendering may take: a template that loops without end fails instead.
+const FIX_PROMPT_FUEL: u64 = 200_000;
+
+impl ChecksConfig {
+    /// The prompt of fix round `round` for these failures.
+    pub fn render_fix_prompt(
+        &self,
+        round: u32,
+        failures: &[FixFailure],
+    ) -> Result<String, minijinja::Error> {
+        use minijinja::Value as V;
+        let failures: Vec<V> = failures
+            .iter()
+            .map(|f| {
+                V::from(BTreeMap::from([
+                    ("command", V::from(f.command.as_str())),
+                    ("status", V::from(f.status.as_str())),
+                    ("seconds", V::from((f.seconds * 10.0).round() / 10.0)),
+                    ("output", V::from(f.output.as_str())),
+                ]))
+            })
+            .collect();
+        let context = V::from(BTreeMap::from([
+            ("round", V::from(round)),
+            ("max_rounds", V::from(self.max_rounds)),
+            ("failures", V::from(failures)),
+        ]));
+        let mut env = minijinja::Environment::new();
+        env.set_fuel(Some(FIX_PROMPT_FUEL));
+        env.template_from_str(&self.fix_prompt)?.render(context)
+    }
+}
+
+impl Default for ChecksConfig {
+    fn default() -> Self {
+        Self {
+            max_rounds: max_rounds_default(),
+            output_chars: output_chars_default(),
+            from_repository: false,
+            fix_prompt: fix_prompt_default(),
+        }
+    }
 }
 
 /// Bounds on inputs and on what the gateway keeps. None may be zero.
@@ -574,6 +693,18 @@ pub struct Tier {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub variant: Option<String>,
+    /// Commands that must succeed in a task's directory after each turn of this tier's tasks
+    /// (e.g. `cargo test -q`); a failing one gets fix rounds (`checks`). A repository's file
+    /// may set this only where your own file allows it (`checks.from_repository`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1)))]
+    pub checks: Vec<String>,
+    /// Another tier whose model takes over, in the same session, when this tier's checks still
+    /// fail after the fix rounds, or its model fails with a provider error OpenCode's own
+    /// retries did not clear (rate limit, overload, server error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub escalate_to: Option<String>,
 }
 
 impl Tier {

@@ -70,7 +70,52 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     hosts(config, &mut issues);
     report(config, &mut issues);
     workers(config, &mut issues);
+    checks(config, &mut issues);
     issues.0
+}
+
+/// Checks: the fix prompt must render (MiniJinja syntax, with the values a fix round gives it);
+/// the rounds and the output kept are bounded (each round is a model turn).
+fn checks(config: &Config, issues: &mut Issues) {
+    let c = &config.checks;
+    if c.max_rounds > super::types::MAX_CHECK_ROUNDS {
+        issues.push(
+            "checks.max_rounds",
+            format!(
+                "expected at most {}, found {}",
+                super::types::MAX_CHECK_ROUNDS,
+                c.max_rounds
+            ),
+        );
+    }
+    if !(100..=super::types::MAX_CHECK_OUTPUT_CHARS).contains(&c.output_chars) {
+        issues.push(
+            "checks.output_chars",
+            format!(
+                "expected 100 to {}, found {}",
+                super::types::MAX_CHECK_OUTPUT_CHARS,
+                c.output_chars
+            ),
+        );
+    }
+    let sample = super::types::FixFailure {
+        command: "make test".into(),
+        status: "exit status 1".into(),
+        seconds: 1.5,
+        output: "test failed".into(),
+    };
+    let rendered = c.render_fix_prompt(1, &[sample]);
+    match rendered {
+        Err(e) => issues.push(
+            "checks.fix_prompt",
+            format!("expected a MiniJinja template that renders, found an error: {e}"),
+        ),
+        Ok(text) if text.trim().is_empty() => issues.push(
+            "checks.fix_prompt",
+            "expected a template that renders to a prompt, found one that renders empty",
+        ),
+        Ok(_) => {}
+    }
 }
 
 /// Workers: a safe name each; `local` is this machine (only `max_tasks`); every other one
@@ -341,6 +386,7 @@ fn timeouts(config: &Config, issues: &mut Issues) {
         ("task", t.task),
         ("stall", t.stall),
         ("progress_interval", t.progress_interval),
+        ("check", t.check),
     ];
     for (name, value) in all {
         if value.get() == Duration::ZERO {
@@ -532,6 +578,30 @@ fn tiers(config: &Config, issues: &mut Issues) {
                 ),
             ),
             _ => {}
+        }
+        for (j, check) in tier.checks.iter().enumerate() {
+            issues.non_empty(
+                format!("{at}.checks.{j}"),
+                check,
+                "a command such as `cargo test -q`",
+            );
+        }
+        if let Some(to) = &tier.escalate_to {
+            if to == &tier.name {
+                issues.push(
+                    format!("{at}.escalate_to"),
+                    format!("expected another tier than `{to}` itself"),
+                );
+            } else if !config.tiers.iter().any(|t| &t.name == to) {
+                let known: Vec<&str> = config.tiers.iter().map(|t| t.name.as_str()).collect();
+                issues.push(
+                    format!("{at}.escalate_to"),
+                    format!(
+                        "expected one of the tiers ({}), found `{to}`",
+                        known.join(", ")
+                    ),
+                );
+            }
         }
         for (j, model) in tier.models.iter().enumerate() {
             if !is_model_id(model) {

@@ -96,6 +96,7 @@ pub fn page_result(
         "tools",
         "workspace",
         "files_changed",
+        "checks",
         "structured_attempts",
         "structured",
     ] {
@@ -107,6 +108,7 @@ pub fn page_result(
             "workspace" => result.workspace.take().is_some(),
             "files_changed" => !std::mem::take(&mut result.files_changed).is_empty(),
             "structured_attempts" => result.structured_attempts.take().is_some(),
+            "checks" => result.checks.take().is_some(),
             _ => result.structured.take().is_some(),
         };
         if had {

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use super::context::TaskContext;
 use super::entry::Claim;
+use super::hold::{self, Hold};
 use super::model::TaskStatus;
 use super::outcome::{read_files, read_turn, Attempts};
-use super::structured::{self, Hold};
 use super::turn::session_deleted;
 use super::turn::{self, Idle, TurnState};
 
@@ -168,7 +168,7 @@ pub async fn check_completion(
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
                 if v.status == TaskStatus::Completed {
-                    match structured::hold(e) {
+                    match hold::hold(e) {
                         Hold::Held(turn) => return Ended::Held(turn),
                         Hold::Already => return Ended::No,
                         Hold::No => {}
@@ -190,7 +190,7 @@ pub async fn check_completion(
         Ended::Finished(turn) => Some(turn),
         Ended::Held(turn) => {
             // The check reads the files of a round it ends.
-            structured::settle(ctx, server, task_id, turn).await;
+            hold::settle(ctx, server, task_id, turn).await;
             None
         }
         Ended::No => None,
@@ -237,7 +237,7 @@ pub(super) fn note_unfinished(
 pub(super) fn spawn_settle(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(async move { structured::settle(&ctx, &server, &task_id, turn).await });
+    tokio::spawn(async move { hold::settle(&ctx, &server, &task_id, turn).await });
 }
 
 #[cfg(test)]

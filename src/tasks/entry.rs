@@ -234,6 +234,10 @@ impl TaskEntry {
             s.checking = None;
             s.corrected_messages.push(self.rec.user_message_id.clone());
         }
+        if let Some(c) = self.rec.checks.as_mut() {
+            c.checking = None;
+            c.fixed_messages.push(self.rec.user_message_id.clone());
+        }
         let before = self.budget_spend();
         self.begin_turn(user_message_id, agent, model);
         self.live.spent_before = before;
@@ -244,6 +248,19 @@ impl TaskEntry {
         let (usd, tokens) = self.live.spending.total();
         let (usd_before, tokens_before) = self.live.spent_before;
         (usd + usd_before, tokens.saturating_add(tokens_before))
+    }
+
+    /// Why no further round of this host turn may be sent (a structured answer's correction, a
+    /// checks' fix round): its caps are reached, and a round would be stopped at its first step.
+    pub fn caps_reached(&self) -> Option<String> {
+        let (usd, tokens) = self.budget_spend();
+        let b = self.rec.budget.as_ref()?;
+        let reached = b.max_cost_usd.is_some_and(|cap| usd >= cap)
+            || b.max_tokens.is_some_and(|cap| tokens >= cap);
+        reached.then(|| {
+            b.passed_by(usd, tokens)
+                .unwrap_or_else(|| format!("it reached its caps (${usd:.4}, {tokens} tokens)"))
+        })
     }
 
     /// Ends the current turn's deadline timer, if one is armed.
@@ -470,6 +487,10 @@ impl TaskEntry {
             structured_attempts: structured
                 .filter(|s| !s.attempts.is_empty())
                 .map(|s| s.attempts.clone()),
+            checks: r
+                .checks
+                .as_ref()
+                .map(|c| super::checks::ChecksView::of(c, r.status.is_terminal(), r.turn).brief()),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),
             directory: Some(r.directory.clone()),

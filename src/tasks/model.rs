@@ -172,6 +172,10 @@ pub struct TaskSnapshot {
     /// (detail `full`) Each answer checked against `output_schema`, one per turn.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub structured_attempts: Option<Vec<StructuredAttempt>>,
+    /// A task with checks: whether they passed (only `passed` is verified), fix rounds, the
+    /// failing commands' output ends, escalations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<super::checks::ChecksView>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -305,6 +309,10 @@ pub struct TaskResult {
     /// correction is a turn), so every retry is visible (first page only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub structured_attempts: Option<Vec<StructuredAttempt>>,
+    /// A task with checks: whether they passed (only `passed` is verified), fix rounds, and
+    /// each command's exit status, duration and output end in the latest run; escalations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<super::checks::ChecksView>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]

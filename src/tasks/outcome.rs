@@ -121,11 +121,7 @@ pub(super) async fn read_turn_once(
         .await
         .map_err(|e| (e.to_string(), e.http_status() == Some(404)))?;
     // A structured turn held for its check completed, like a `completed` one.
-    let completed = rec.status == TaskStatus::Completed
-        || rec
-            .structured
-            .as_ref()
-            .is_some_and(|s| s.checking == Some(rec.turn));
+    let completed = rec.status == TaskStatus::Completed || rec.is_held();
     if state.user_message_seen && (state.finished || !completed) {
         Ok(state)
     } else {
@@ -176,11 +172,7 @@ pub async fn read_files(
         note_files_error(ctx, task_id, turn_no, untracked_files(rec));
         return;
     }
-    let mut messages: Vec<&str> = rec
-        .structured
-        .as_ref()
-        .map(|s| s.corrected_messages.iter().map(String::as_str).collect())
-        .unwrap_or_default();
+    let mut messages: Vec<&str> = rec.earlier_rounds();
     messages.push(&rec.user_message_id);
     // The turn's list is the union of its messages' lists (a structured task's corrections
     // are messages of the same turn).

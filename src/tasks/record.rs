@@ -107,6 +107,10 @@ pub struct TaskRecord {
     /// (see `structured.rs`); absent for other tasks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured: Option<StructuredState>,
+    /// The commands that must succeed after each turn, their latest run, fix rounds and
+    /// escalations (see `checks`); absent for tasks without checks and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks: Option<super::checks::ChecksState>,
     /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,6 +241,7 @@ impl TaskRecord {
             workspace: None,
             group: None,
             structured: None,
+            checks: None,
             budget: None,
             variant: None,
             price: None,
@@ -287,6 +292,9 @@ impl TaskRecord {
         if let Some(s) = self.structured.as_mut() {
             s.checking = None;
         }
+        if let Some(c) = self.checks.as_mut() {
+            c.checking = None;
+        }
         // Known at once, in the same write as the end of the turn: no read, no second write.
         if self.files_changed.is_none() && self.ran_no_tool() {
             self.files_changed = Some(Vec::new());
@@ -304,12 +312,39 @@ impl TaskRecord {
         let whole_round = self
             .structured
             .as_ref()
-            .is_none_or(|s| s.corrected_messages.is_empty());
+            .is_none_or(|s| s.corrected_messages.is_empty())
+            && self
+                .checks
+                .as_ref()
+                .is_none_or(|c| c.fixed_messages.is_empty());
         whole_round
             && self
                 .outcome
                 .as_ref()
                 .is_some_and(|o| o.user_message_seen && o.tools.is_empty() && !o.messages_capped)
+    }
+
+    /// Whether the current turn completed and is held for the gateway's own verdict (its
+    /// structured answer's check, or its checks): the durable twin of `Phase::Checking`.
+    pub fn is_held(&self) -> bool {
+        let turn = Some(self.turn);
+        self.structured.as_ref().is_some_and(|s| s.checking == turn)
+            || self.checks.as_ref().is_some_and(|c| c.checking == turn)
+    }
+
+    /// Our user messages of the host turn's earlier rounds (structured corrections, checks' fix
+    /// rounds), oldest first: the turn's changed files are those of all its rounds.
+    pub fn earlier_rounds(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        let structured = self.structured.iter().flat_map(|s| &s.corrected_messages);
+        let checks = self.checks.iter().flat_map(|c| &c.fixed_messages);
+        for m in structured.chain(checks) {
+            if !out.contains(&m.as_str()) {
+                out.push(m);
+            }
+        }
+        out.sort_unstable();
+        out
     }
 
     /// Remembers a message id of the session if it is the newest seen.

@@ -345,8 +345,7 @@ impl TaskService {
                 e.rec.server_id = server.id.clone();
                 // A worker's OpenCode is reached through a forward of this gateway's.
                 e.rec.server_url = server.api.base_url().to_string();
-                let checking =
-                    e.rec.structured.as_ref().and_then(|s| s.checking) == Some(e.rec.turn);
+                let checking = e.rec.is_held();
                 (e.rec.turn, e.live.turn_started.elapsed(), checking)
             }) else {
                 continue;

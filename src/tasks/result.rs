@@ -166,6 +166,11 @@ impl TaskService {
             structured: round_over.and_then(|s| s.value.clone()),
             structured_error: round_over.and_then(|s| s.error.clone()),
             structured_attempts: structured.map(|s| s.attempts.clone()),
+            checks: entry
+                .rec
+                .checks
+                .as_ref()
+                .map(|c| super::checks::ChecksView::of(c, finished, entry.rec.turn)),
             turn: Some(entry.rec.turn),
             model: entry.model(),
             model_requested: entry.model_requested(),

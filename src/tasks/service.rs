@@ -72,6 +72,9 @@ pub struct StartTask {
     pub variant: Option<String>,
     /// The worker to run on (`local`, or a remote worker of `workers:`); `None`: this machine.
     pub worker: Option<String>,
+    /// Commands that must succeed after each turn, besides the tier's (see `checks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<String>,
 }
 
 impl StartTask {
@@ -103,8 +106,12 @@ impl StartTask {
         let budget = (!self.budget.is_unlimited()).then(|| format!("{:?}", self.budget));
         let variant = self.variant.as_ref().map(|v| format!("variant:{v}"));
         let worker = self.worker.as_ref().map(|w| format!("worker:{w}"));
+        let checks = (!self.checks.is_empty()).then(|| format!("checks:{:?}", self.checks));
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        let given: Vec<String> = [budget, variant, worker].into_iter().flatten().collect();
+        let given: Vec<String> = [budget, variant, worker, checks]
+            .into_iter()
+            .flatten()
+            .collect();
         for field in fields
             .into_iter()
             .chain(given.iter().map(|f| Some(f.as_str())))
@@ -133,6 +140,8 @@ pub struct ContinueTask {
     pub prompt: String,
     pub agent: Option<String>,
     pub model: Option<String>,
+    /// Checks to add to the task's (see `checks`).
+    pub checks: Vec<String>,
 }
 
 /// The tasks and the servers they run on.
@@ -630,6 +639,8 @@ impl TaskService {
             structured::check_schema(schema)
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
+        let checks = super::checks::commands_for(&self.config(), req.tier.as_deref(), &req.checks)
+            .map_err(TaskError::InvalidArgument)?;
         let local = self.server(&req.server_id)?;
         let budget = spend::caps(&self.config(), req.tier.as_deref(), req.budget)?;
         spend::within_daily_cap(&self.config(), &self.registry)?;
@@ -725,6 +736,7 @@ impl TaskService {
         rec.price = price.map(|p| (model.clone().unwrap_or_default(), p));
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
+        rec.checks = (!checks.is_empty()).then(|| super::checks::ChecksState::new(checks));
         let prompt = match &req.output_schema {
             Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
             None => req.prompt.clone(),
@@ -832,6 +844,16 @@ impl TaskService {
             None => req.prompt.clone(),
         };
         let own_model = req.model.is_some();
+        let more_checks = super::checks::commands_for(&self.config(), None, &req.checks)
+            .map_err(TaskError::InvalidArgument)?;
+        if entry.rec.checks.as_ref().map_or(0, |c| c.commands.len()) + more_checks.len()
+            > super::checks::MAX_CHECKS
+        {
+            return Err(TaskError::InvalidArgument(format!(
+                "a task takes at most {} checks, with those it has",
+                super::checks::MAX_CHECKS
+            )));
+        }
         open_turn(
             &self.tracker,
             &server,
@@ -850,6 +872,13 @@ impl TaskService {
                 }
                 if let Some(s) = e.rec.structured.as_mut() {
                     s.restart();
+                }
+                match e.rec.checks.as_mut() {
+                    Some(c) => c.restart(&more_checks),
+                    None if !more_checks.is_empty() => {
+                        e.rec.checks = Some(super::checks::ChecksState::new(more_checks));
+                    }
+                    None => {}
                 }
             },
         )

@@ -328,6 +328,17 @@ fn cap(s: &str, max: usize) -> String {
     out
 }
 
+/// What the check of an answer did, under the registry lock.
+#[derive(Debug, PartialEq)]
+enum After {
+    /// Finished the task (or found it no longer held).
+    Done,
+    /// Settled the answer; the task's checks run next.
+    Checks,
+    /// A correction turn is to be opened (prompt, agent, model).
+    Correct(String, Option<String>, Option<String>),
+}
+
 /// What happens after an answer was checked.
 #[derive(Debug, PartialEq)]
 enum Next {
@@ -354,55 +365,26 @@ fn next(checked: Result<Value, Vec<String>>, earlier: usize, retries: u32) -> Ne
     }
 }
 
-/// Called by the tracker, under the registry lock, when a turn's verdict is `completed`: for a
-/// structured task the turn is held (`checking`) instead of finished, and the caller runs
-/// [`settle`]. Returns whether it held the turn. A turn already held is not held twice.
-pub fn hold(e: &mut TaskEntry) -> Hold {
-    let turn = e.rec.turn;
-    if e.rec.structured.is_none() {
-        return Hold::No;
-    }
-    if !e.claim_check() {
-        return Hold::Already;
-    }
-    if let Some(s) = e.rec.structured.as_mut() {
-        s.checking = Some(turn);
-    }
-    Hold::Held(turn)
-}
-
-/// What [`hold`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
-    /// Not a structured task: finish the turn as usual.
-    No,
-    /// Held now: run [`settle`] for this turn.
-    Held(u32),
-    /// A check of this turn already runs.
-    Already,
-}
-
 /// Whether `e` is still holding `turn` for its check (not cancelled, timed out or moved on).
 fn holding(e: &TaskEntry, turn: u32) -> bool {
     e.is_checking(turn)
 }
 
-/// Checks the held answer of `turn` and finishes the task, or opens a correction turn. A check
-/// that did neither (an abort claimed the task meanwhile, then failed, so it runs on) lets the
-/// turn be held again: otherwise every later completion check would find it `Already` held
-/// and the task would sit `running` until its deadline with a valid answer.
-pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
-    check_held(ctx, server, task_id, turn).await;
-    ctx.registry.update(task_id, |e| e.release_check(turn));
-}
-
-async fn check_held(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+/// Checks the held structured answer of `turn` and finishes the task, or opens a correction
+/// turn. Returns `true` when the answer is settled (accepted, or given up on) but the task has
+/// checks to run before it finishes (`hold::settle` runs them).
+pub(super) async fn check_held(
+    ctx: &TaskContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+) -> bool {
     outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
     let Some(entry) = ctx.registry.get(task_id).filter(|e| holding(e, turn)) else {
-        return;
+        return false;
     };
     let Some(state) = entry.rec.structured.as_ref() else {
-        return;
+        return super::checks::wants_checks(&entry);
     };
     let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
     let (checked, next) = match &entry.rec.outcome {
@@ -431,52 +413,56 @@ async fn check_held(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
         ok: checked.is_ok(),
         errors: checked.as_ref().err().cloned().unwrap_or_default(),
     };
-    let correction = ctx
+    // A settled answer finishes the task, unless its checks run next.
+    let settled = |e: &mut TaskEntry| {
+        if super::checks::wants_checks(e) {
+            After::Checks
+        } else {
+            e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
+            After::Done
+        }
+    };
+    let after = ctx
         .registry
         .update(task_id, |e| {
             if !holding(e, turn) {
-                return None;
+                return After::Done;
             }
-            let (usd, tokens) = e.budget_spend();
-            let budget = e.rec.budget;
-            let s = e.rec.structured.as_mut()?;
+            let spent = e.caps_reached();
+            let Some(s) = e.rec.structured.as_mut() else {
+                return After::Done;
+            };
             s.record(attempt);
             match next {
                 Next::Accept(v) => {
                     s.value = Some(v);
-                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
-                    None
+                    settled(e)
                 }
                 Next::GiveUp(error) => {
                     s.error = Some(error);
-                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
-                    None
+                    settled(e)
+                }
+                // A correction is another round of the same host turn, under the same caps:
+                // none once they are reached (it would be stopped at its first step).
+                Next::Correct(_) if spent.is_some() => {
+                    s.error = Some(format!(
+                        "the answer does not match output_schema, and no correction was sent: {}",
+                        spent.unwrap_or_default()
+                    ));
+                    settled(e)
                 }
                 Next::Correct(prompt) => {
-                    // A correction is another round of the same host turn, under the same caps:
-                    // none once they are reached (it would be stopped at its first step).
-                    let spent = budget.as_ref().and_then(|b| {
-                        let reached = b.max_cost_usd.is_some_and(|cap| usd >= cap)
-                            || b.max_tokens.is_some_and(|cap| tokens >= cap);
-                        reached.then(|| {
-                            b.passed_by(usd, tokens).unwrap_or_else(|| {
-                                format!("it reached its caps (${usd:.4}, {tokens} tokens)")
-                            })
-                        })
-                    });
-                    if let Some(why) = spent {
-                        s.error = Some(format!(
-                            "the answer does not match output_schema, and no correction was sent: \
-                             {why}"
-                        ));
-                        e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
-                        return None;
-                    }
-                    Some((prompt, e.rec.agent.clone(), e.rec.model.clone()))
+                    After::Correct(prompt, e.rec.agent.clone(), e.rec.model.clone())
                 }
             }
         })
-        .flatten();
+        .unwrap_or(After::Done);
+    let correction = match after {
+        After::Checks => return true,
+        After::Done => None,
+        After::Correct(prompt, agent, model) => Some((prompt, agent, model)),
+    };
+    let mut go_on = false;
     if let Some((prompt, agent, model)) = correction {
         let opened = open_turn(
             ctx,
@@ -500,10 +486,13 @@ async fn check_held(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
                              not be sent: {err}"
                         ));
                     }
-                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
+                    go_on = settled(e) == After::Checks;
                 }
             });
         }
+    }
+    if go_on {
+        return true;
     }
     if ctx
         .registry
@@ -512,6 +501,7 @@ async fn check_held(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
     {
         outcome::read_files(ctx, server, task_id, turn, outcome::Attempts::Patient).await;
     }
+    false
 }
 
 #[cfg(test)]

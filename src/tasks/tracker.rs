@@ -31,9 +31,9 @@ use super::context::TaskContext;
 use super::outcome::{read_outcome, spawn_outcome, Attempts};
 
 use super::entry::{Claim, Phase};
+use super::hold::{self, Hold};
 use super::model::{RetryInfo, TaskStatus};
 use super::registry::Registry;
-use super::structured::{self, Hold};
 use super::turn::{self, session_deleted, Idle, ReplySeen};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
 use crate::opencode::{ErrorInfo, Server, SessionActivity};
@@ -381,7 +381,7 @@ fn apply_own(ctx: &TaskContext, e: &mut super::entry::TaskEntry, event: &Event) 
     if matches!(then, Then::Check(Idle::Reported)) && e.is_open() {
         if let Some(v) = turn::conclude_from_events(e.live.latest_reply.as_ref()) {
             if v.status == TaskStatus::Completed {
-                match structured::hold(e) {
+                match hold::hold(e) {
                     Hold::Held(turn) => return Then::Settle(turn),
                     Hold::Already => return Then::Nothing,
                     Hold::No => {}

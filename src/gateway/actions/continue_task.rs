@@ -33,6 +33,8 @@ pub struct Args {
     /// Another `provider/model` for this turn.
     #[schemars(length(min = 1))]
     pub model: Option<String>,
+    /// More commands that must pass after its turns.
+    pub checks: Option<Vec<String>>,
     /// `full`: also model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
@@ -67,6 +69,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         prompt: checks::prompt("prompt", args.prompt, ctx.config)?,
         agent: checks::optional_name("agent", args.agent)?,
         model: checks::model("model", args.model)?,
+        checks: args.checks.unwrap_or_default(),
     };
     Ok(ctx
         .tasks

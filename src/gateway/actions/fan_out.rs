@@ -61,6 +61,8 @@ pub struct Args {
     pub output_schema: Option<serde_json::Map<String, Value>>,
     /// Spend caps per turn.
     pub budget: Option<Budget>,
+    /// Commands each task's turn must pass.
+    pub checks: Option<Vec<String>>,
     /// `full` adds ids, model, tokens, cost.
     #[serde(default)]
     pub detail: Detail,
@@ -196,6 +198,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
         },
         Some(_) => None,
     };
+    let checks = args.checks.clone().unwrap_or_default();
     let group = crate::ids::group_id();
     let requests = targets.iter().zip(0u32..).map(|(target, index)| {
         let (model, tier) = match target {
@@ -228,6 +231,7 @@ pub(super) async fn run(mut args: Args, ctx: &Ctx<'_>) -> Result<FanOutResult, T
             // Each target runs its tier's own variant.
             variant: None,
             worker: None,
+            checks: checks.clone(),
         }
     });
     let starts: Vec<_> = requests

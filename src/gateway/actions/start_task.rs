@@ -57,6 +57,8 @@ pub struct Args {
     pub output_schema: Option<serde_json::Map<String, Value>>,
     /// Spend caps per turn.
     pub budget: Option<Budget>,
+    /// Commands that must pass after its turn (e.g. `cargo test -q`); failures get fix rounds.
+    pub checks: Option<Vec<String>>,
     /// Machine to run on; remote ones get a worktree.
     #[schemars(length(min = 1))]
     pub worker: Option<String>,
@@ -197,6 +199,7 @@ pub(super) async fn run(args: Args, ctx: &Ctx<'_>) -> Result<TaskSnapshot, ToolE
         budget,
         variant,
         worker,
+        checks: args.checks.unwrap_or_default(),
     };
     Ok(ctx.tasks.start(request).await?.with_detail(args.detail))
 }

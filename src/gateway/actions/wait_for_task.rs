@@ -451,6 +451,7 @@ mod tests {
             structured: None,
             structured_error: None,
             structured_attempts: None,
+            checks: None,
             elapsed_ms: 0,
             error: None,
             permissions: Vec::new(),

@@ -1,0 +1,601 @@
+//! Checks: commands that must succeed in a task's directory after its turn, the fix rounds that
+//! follow a failing one, and escalation to a stronger tier when the rounds run out.
+//!
+//! Why: a cheap model that leaves a failing test behind costs the orchestrator a review, a
+//! follow-up and another review. A task with checks comes back verified, or clearly not.
+//!
+//! - **What runs** is fixed when the task starts ([`ChecksState::commands`]): its tier's
+//!   `checks`, then the call's (a preset's fixed `checks` arrive as the call's). A
+//!   repository's `delegation.yaml` cannot add any unless the user's own file allows it
+//!   (`config::trust`). A follow-up may add its own for the turns it opens.
+//! - **When**: a completed turn of a task with checks is held like a structured answer (the task
+//!   stays `running`; `checking` is the durable twin of the held phase) and [`settle`] runs
+//!   them one after another in the task's session ([`run`]: OpenCode's session shell, so they
+//!   run where the session runs, worktree or worker, and their output is in the session the
+//!   agent reads).
+//! - **The fix loop**: a failure with rounds left continues the session with the rendered
+//!   `checks.fix_prompt` (the failing commands, how they ended, the end of their output)
+//!   through the one turn-opening path (`follow::open_turn`), so the round is capped, timed and
+//!   counted like any turn; the checks run again when it completes.
+//! - **Escalation**: rounds used up on a tier with `escalate_to`, the next round runs on that
+//!   tier's model in the same session with its rounds whole again; each move is recorded
+//!   ([`Escalation`]). Each tier is visited once, so a cycle in the configuration ends.
+//! - **The end**: all passing finishes the task `completed`; still failing, it ends `failed`
+//!   with `ChecksFailed` (its answer, files and worktree kept), never as plain success.
+
+mod run;
+
+use run::{run, Place};
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::context::TaskContext;
+use super::entry::{Claim, TaskEntry};
+use super::follow::{open_turn, Follows};
+use super::model::TaskStatus;
+use super::outcome::{self, Attempts};
+use crate::config::{Config, FixFailure};
+use crate::opencode::{ErrorInfo, Server};
+
+/// The error name of a task whose checks still fail.
+pub const CHECKS_FAILED: &str = "ChecksFailed";
+/// Most commands one task may carry (a tier's and the call's together).
+pub const MAX_CHECKS: usize = 8;
+/// Longest command accepted, in characters.
+pub const MAX_COMMAND_CHARS: usize = 2000;
+
+/// A task's checks and where they stand, saved with its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChecksState {
+    /// The commands, in the order they run.
+    pub commands: Vec<String>,
+    /// The turn whose checks are running: the task is reported running until they end it or
+    /// open a fix round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checking: Option<u32>,
+    /// Fix rounds opened on the current tier in this host turn.
+    #[serde(default)]
+    pub rounds: u32,
+    /// Fix rounds opened in this host turn, over every tier.
+    #[serde(default)]
+    pub rounds_total: u32,
+    /// The checks' latest run: one result per command, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<CheckResult>,
+    /// The turn `last` ran after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn: Option<u32>,
+    /// Whether the latest run passed: `None` until the checks have run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    /// Why the checks could not run or no fix round was sent, when that is what ended them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Each move to a stronger tier, oldest first (over the whole task).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<Escalation>,
+    /// Our user messages of the host turn's earlier rounds: the round's changed files are
+    /// those of all its turns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fixed_messages: Vec<String>,
+}
+
+/// One command's run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CheckResult {
+    pub command: String,
+    /// It succeeded (exit status 0 within `timeouts.check`).
+    pub ok: bool,
+    /// Its exit status, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<i32>,
+    /// How it ended when it did not exit on its own: stopped at `timeouts.check`, or could not
+    /// be run (with why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+    /// The end of its output (stdout and stderr), at most `checks.output_chars` characters.
+    pub output: String,
+    /// `output` is the end of a longer output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_cut: bool,
+}
+
+impl CheckResult {
+    /// A check that could not be run, and why.
+    pub fn not_run(command: &str, why: String) -> Self {
+        Self {
+            command: command.to_string(),
+            ok: false,
+            exit: None,
+            error: Some(why),
+            duration_ms: 0,
+            output: String::new(),
+            output_cut: false,
+        }
+    }
+
+    /// How it ended, in words, for the fix prompt.
+    pub fn status_words(&self) -> String {
+        match (&self.error, self.exit) {
+            (Some(e), _) => e.clone(),
+            (None, Some(code)) => format!("exit status {code}"),
+            (None, None) => "ended without an exit status".into(),
+        }
+    }
+}
+
+/// A move to a stronger tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Escalation {
+    /// The tier it left and the one it moved to.
+    pub from: String,
+    pub to: String,
+    /// The model the task ran on before (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_model: Option<String>,
+    /// The model the new tier runs (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Why: the checks still failed after the fix rounds, or the model's provider error.
+    pub why: String,
+    /// The turn that runs on the new tier.
+    pub turn: u32,
+}
+
+impl ChecksState {
+    pub fn new(commands: Vec<String>) -> Self {
+        Self {
+            commands,
+            checking: None,
+            rounds: 0,
+            rounds_total: 0,
+            last: Vec::new(),
+            last_turn: None,
+            passed: None,
+            note: None,
+            escalations: Vec::new(),
+            fixed_messages: Vec::new(),
+        }
+    }
+
+    /// A host's follow-up: a new host turn, its rounds whole again; `more` commands join.
+    pub fn restart(&mut self, more: &[String]) {
+        let mut commands = std::mem::take(&mut self.commands);
+        for c in more {
+            if !commands.contains(c) {
+                commands.push(c.clone());
+            }
+        }
+        let escalations = std::mem::take(&mut self.escalations);
+        *self = Self::new(commands);
+        self.escalations = escalations;
+    }
+}
+
+/// The commands of a task: the tier's, then the call's, each once.
+pub fn commands_for(
+    config: &Config,
+    tier: Option<&str>,
+    call: &[String],
+) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    let from_tier = tier
+        .and_then(|t| config.tiers.iter().find(|x| x.name == t))
+        .map(|t| t.checks.as_slice())
+        .unwrap_or_default();
+    for c in from_tier.iter().chain(call) {
+        let c = c.trim();
+        if c.is_empty() {
+            return Err("`checks` must not hold an empty command".into());
+        }
+        if c.chars().count() > MAX_COMMAND_CHARS {
+            return Err(format!(
+                "a command of `checks` is longer than {MAX_COMMAND_CHARS} characters"
+            ));
+        }
+        if c.chars().any(|ch| ch.is_control() && ch != '\t') {
+            return Err("a command of `checks` holds a control character (one line each)".into());
+        }
+        if !out.iter().any(|o| o == c) {
+            out.push(c.to_string());
+        }
+    }
+    if out.len() > MAX_CHECKS {
+        return Err(format!(
+            "a task takes at most {MAX_CHECKS} checks (its tier's and the call's), found {}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// The error a task whose checks still fail ends with.
+pub fn checks_failed(message: String) -> ErrorInfo {
+    ErrorInfo {
+        name: CHECKS_FAILED.into(),
+        message,
+    }
+}
+
+/// What follows a run of the checks.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// Every check passed (or there was nothing to run): the task completes.
+    Pass,
+    /// A fix round on the same tier, with this prompt.
+    Fix(String),
+    /// The rounds are used up: move to this tier, with this prompt.
+    Escalate {
+        to: String,
+        model: Option<String>,
+        prompt: String,
+    },
+    /// The task ends failed with this message.
+    Fail(String),
+}
+
+/// Called under the registry lock when a turn's verdict is `completed`: a task with checks is
+/// held (`checking`) and the caller runs [`settle`]. A task whose structured answer is also
+/// held runs its checks after the structured check accepted or gave up (`structured::settle`).
+pub fn wants_checks(e: &TaskEntry) -> bool {
+    e.rec
+        .checks
+        .as_ref()
+        .is_some_and(|c| !c.commands.is_empty())
+}
+
+/// Runs the checks of the held turn `turn` and finishes the task or opens a fix round. The
+/// caller holds the turn (`Phase::Checking`).
+pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    // The answer is read first: a fix round replaces the turn's outcome, and the checks' verdict
+    // is reported with this turn's answer.
+    outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+    let Some(entry) = ctx.registry.get(task_id).filter(|e| e.is_checking(turn)) else {
+        return;
+    };
+    let Some(state) = entry.rec.checks.clone() else {
+        return;
+    };
+    let config = ctx.config.get();
+    ctx.registry.update(task_id, |e| {
+        if let Some(c) = e.rec.checks.as_mut() {
+            c.checking = Some(turn);
+        }
+    });
+    let timeout = config.timeouts.check.get();
+    let keep = config.checks.output_chars as usize;
+    let remote = entry
+        .rec
+        .workspace
+        .as_ref()
+        .and_then(|w| w.remote.as_ref())
+        .map(|r| (r.worker.clone(), crate::workers::remote(&config, &r.worker)));
+    let wanted = || {
+        ctx.registry
+            .get(task_id)
+            .is_some_and(|e| e.is_checking(turn))
+    };
+    let mut results = Vec::with_capacity(state.commands.len());
+    for command in &state.commands {
+        let place = match &remote {
+            None => Place::Local,
+            Some((_, Some(r))) => Place::Remote(r),
+            Some((name, None)) => {
+                results.push(CheckResult::not_run(
+                    command,
+                    format!("not run: worker `{name}` is no longer configured"),
+                ));
+                continue;
+            }
+        };
+        let result = run(
+            place,
+            &entry.rec,
+            command,
+            timeout,
+            keep,
+            &config.opencode.password_env,
+            wanted,
+        )
+        .await;
+        // A cancel or deadline that claimed the turn meanwhile ends the run.
+        if !ctx
+            .registry
+            .get(task_id)
+            .is_some_and(|e| e.is_checking(turn))
+        {
+            return;
+        }
+        results.push(result);
+    }
+    let mut next = decide(&config, &entry, &state, &results);
+    // The stronger tier's model, as this server offers it (its first listed one it serves).
+    let mut variant = None;
+    if let Next::Escalate { to, model, .. } = &mut next {
+        let chosen = super::resolve::choose(
+            &config,
+            server,
+            &entry.rec.directory,
+            entry.rec.agent.as_deref(),
+            None,
+            Some(to),
+            None,
+        )
+        .await;
+        match chosen {
+            Ok(choice) => {
+                *model = choice.model;
+                variant = choice.variant;
+            }
+            Err(e) => {
+                let after = ChecksState {
+                    last: results.clone(),
+                    ..state.clone()
+                };
+                next = Next::Fail(format!(
+                    "{}; the escalation to tier `{to}` failed: {e}",
+                    failing(&after)
+                ));
+            }
+        }
+    }
+    let opened = ctx
+        .registry
+        .update(task_id, |e| {
+            if !e.is_checking(turn) {
+                return None;
+            }
+            let spent = e.caps_reached();
+            let tier = e.rec.tier.clone();
+            let c = e.rec.checks.as_mut()?;
+            c.last = results;
+            c.last_turn = Some(turn);
+            c.passed = Some(next == Next::Pass);
+            match next {
+                Next::Pass => {
+                    e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
+                    None
+                }
+                Next::Fail(message) => {
+                    e.finish(
+                        Claim::Checked(turn),
+                        TaskStatus::Failed,
+                        Some(checks_failed(message)),
+                    );
+                    None
+                }
+                Next::Fix(_) | Next::Escalate { .. } if spent.is_some() => {
+                    let why = spent.unwrap_or_default();
+                    c.note = Some(format!("no fix round was sent: {why}"));
+                    let message = format!("{} and no fix round was sent: {why}", failing(c));
+                    e.finish(
+                        Claim::Checked(turn),
+                        TaskStatus::Failed,
+                        Some(checks_failed(message)),
+                    );
+                    None
+                }
+                Next::Fix(prompt) => {
+                    c.rounds += 1;
+                    c.rounds_total += 1;
+                    Some((prompt, e.rec.agent.clone(), e.rec.model.clone(), None))
+                }
+                Next::Escalate { to, model, prompt } => {
+                    c.rounds = 0;
+                    c.rounds_total += 1;
+                    c.escalations.push(Escalation {
+                        from: tier.unwrap_or_default(),
+                        to: to.clone(),
+                        from_model: e.rec.model.clone(),
+                        model: model.clone(),
+                        why: failing(c),
+                        turn: turn + 1,
+                    });
+                    Some((prompt, e.rec.agent.clone(), model, Some(to)))
+                }
+            }
+        })
+        .flatten();
+    if let Some((prompt, agent, model, tier)) = opened {
+        let result = open_turn(
+            ctx,
+            server,
+            task_id,
+            turn,
+            Follows::Correction,
+            &prompt,
+            agent,
+            model,
+            |e| {
+                if let Some(tier) = tier {
+                    e.rec.tier = Some(tier);
+                    e.rec.variant = variant;
+                }
+            },
+        )
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(task_id, error = %err, "the fix round could not be sent");
+            ctx.registry.update(task_id, |e| {
+                if e.is_checking(turn) {
+                    let message = match e.rec.checks.as_ref() {
+                        Some(c) => {
+                            format!("{} and the fix round could not be sent: {err}", failing(c))
+                        }
+                        None => format!("the fix round could not be sent: {err}"),
+                    };
+                    e.finish(
+                        Claim::Checked(turn),
+                        TaskStatus::Failed,
+                        Some(checks_failed(message)),
+                    );
+                }
+            });
+        }
+    }
+    if ctx
+        .registry
+        .get(task_id)
+        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
+    {
+        outcome::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+    }
+}
+
+/// "`cargo test` failed (exit status 101)", for every failing check of the latest run.
+fn failing(c: &ChecksState) -> String {
+    let failed: Vec<String> = c
+        .last
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| format!("`{}` failed ({})", r.command, r.status_words()))
+        .collect();
+    if failed.is_empty() {
+        "the checks failed".into()
+    } else {
+        format!(
+            "{} after {} fix round(s)",
+            failed.join(", "),
+            c.rounds_total
+        )
+    }
+}
+
+/// What follows the checks' results.
+fn decide(
+    config: &Config,
+    entry: &TaskEntry,
+    state: &ChecksState,
+    results: &[CheckResult],
+) -> Next {
+    let failures: Vec<FixFailure> = results
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| FixFailure {
+            command: r.command.clone(),
+            status: r.status_words(),
+            seconds: r.duration_ms as f64 / 1000.0,
+            output: r.output.clone(),
+        })
+        .collect();
+    if failures.is_empty() {
+        return Next::Pass;
+    }
+    let after = ChecksState {
+        last: results.to_vec(),
+        ..state.clone()
+    };
+    let max = config.checks.max_rounds;
+    let render = |round: u32| {
+        config
+            .checks
+            .render_fix_prompt(round, &failures)
+            .map_err(|e| {
+                format!(
+                    "{} and the fix prompt could not be rendered: {e}",
+                    failing(&after)
+                )
+            })
+    };
+    if state.rounds < max {
+        return match render(state.rounds + 1) {
+            Ok(prompt) => Next::Fix(prompt),
+            Err(why) => Next::Fail(why),
+        };
+    }
+    // Rounds used up: the tier's `escalate_to`, unless the chain already visited it.
+    let tier = entry.rec.tier.as_deref();
+    let next_tier = tier
+        .and_then(|t| config.tiers.iter().find(|x| x.name == t))
+        .and_then(|t| t.escalate_to.as_deref())
+        .and_then(|to| config.tiers.iter().find(|x| x.name == to));
+    if let Some(to) = next_tier {
+        let visited =
+            state.escalations.iter().any(|e| e.from == to.name) || tier == Some(to.name.as_str());
+        if !visited {
+            return match render(1) {
+                Ok(prompt) => Next::Escalate {
+                    to: to.name.clone(),
+                    model: to.models.first().cloned(),
+                    prompt,
+                },
+                Err(why) => Next::Fail(why),
+            };
+        }
+    }
+    Next::Fail(failing(&after))
+}
+
+/// Where a task's checks stand, as status, wait and result show it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ChecksView {
+    /// `passed`, `failed`, or `pending` (not run yet for this turn, running, or a fix round
+    /// under way). Only `passed` means verified.
+    pub status: ChecksStatus,
+    /// Fix rounds sent after failing checks in this host turn (escalations included).
+    pub rounds: u32,
+    /// The latest run, one entry per command: exit status, duration, the end of its output.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<CheckResult>,
+    /// Each move to a stronger tier (`from`, `to`, why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<Escalation>,
+    /// Why no fix round was sent, when that ended the checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// See [`ChecksView::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChecksStatus {
+    Passed,
+    Failed,
+    Pending,
+}
+
+/// Characters of a check's output a status or wait snapshot shows (the result shows all that
+/// was kept).
+const SNAPSHOT_OUTPUT_CHARS: usize = 800;
+
+impl ChecksView {
+    /// The view of a task's checks; `finished`: its turn is over (the verdict is the latest
+    /// run's).
+    pub fn of(state: &ChecksState, finished: bool, turn: u32) -> Self {
+        let current = state.last_turn == Some(turn);
+        let status = match state.passed {
+            Some(true) if finished && current => ChecksStatus::Passed,
+            Some(false) if finished && current => ChecksStatus::Failed,
+            _ if finished && state.note.is_some() => ChecksStatus::Failed,
+            _ => ChecksStatus::Pending,
+        };
+        Self {
+            status,
+            rounds: state.rounds_total,
+            last: state.last.clone(),
+            escalations: state.escalations.clone(),
+            note: state.note.clone(),
+        }
+    }
+
+    /// For a status or wait snapshot: each output cut to its last [`SNAPSHOT_OUTPUT_CHARS`],
+    /// a passing check's left out.
+    pub fn brief(mut self) -> Self {
+        for r in &mut self.last {
+            if r.ok {
+                r.output.clear();
+                r.output_cut = false;
+                continue;
+            }
+            let n = r.output.chars().count();
+            if n > SNAPSHOT_OUTPUT_CHARS {
+                r.output = r.output.chars().skip(n - SNAPSHOT_OUTPUT_CHARS).collect();
+                r.output_cut = true;
+            }
+        }
+        self
+    }
+}

@@ -1,0 +1,395 @@
+//! Running one check command in a task's directory: on this machine as a child of the gateway,
+//! on a remote worker through its `ssh`.
+//!
+//! Why not OpenCode's session shell (`POST /session/{id}/shell`), which would run it wherever the
+//! session runs and leave the output in the session? Measured on OpenCode 1.18.33, it returns
+//! the output but never the exit status (`exit 3` and a missing command both read
+//! `completed`); it keeps the whole output, unbounded (5 MB of output came back twice in one
+//! answer, and the next model request carried all of it); it runs `bash -l`, whose profile resets
+//! `PATH` (`cargo` was not found where the gateway finds it); and an abort leaves a check's
+//! background children running. So the gateway runs checks itself, where it can bound them,
+//! and the output reaches the agent's session in the fix prompt, cut to `checks.output_chars`.
+//!
+//! - **Local**: `sh -c` in the task's directory (its worktree, or the directory it works in),
+//!   stdout and stderr merged, in a process group of its own, with the gateway's environment
+//!   less the OpenCode server password. At `timeouts.check`, or when the task is cancelled, the
+//!   whole group is killed.
+//! - **Remote** (a task on a worker): the same `sh -c` in the task's worktree there, under the
+//!   worker's `timeout` (coreutils) when it has one, so the command stops there too; the local
+//!   `ssh` is killed a little later in any case.
+//! - **Output**: only its end is kept while it runs (at most `keep` characters), so a check
+//!   that prints gigabytes costs no memory.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+
+use super::CheckResult;
+use crate::tasks::record::TaskRecord;
+use crate::workers::Remote;
+
+/// How often a running check looks whether its task still wants it (a cancel ends it).
+const POLL: Duration = Duration::from_millis(250);
+/// Extra time the local `ssh` of a remote check gets past the timeout, for the worker's own
+/// `timeout` to stop it and report.
+const REMOTE_GRACE: Duration = Duration::from_secs(10);
+/// Exit status `timeout` (coreutils) reports for a command it stopped.
+const TIMEOUT_STATUS: i32 = 124;
+
+/// Where a check runs.
+pub enum Place<'a> {
+    /// This machine.
+    Local,
+    /// A remote worker, reached with its `ssh`.
+    Remote(&'a Remote),
+}
+
+/// Runs `command` in the task's directory and reports how it ended. `wanted` is asked while it
+/// runs; once it says no (the task was cancelled), the check is stopped.
+pub async fn run(
+    place: Place<'_>,
+    rec: &TaskRecord,
+    command: &str,
+    timeout: Duration,
+    keep: usize,
+    password_env: &str,
+    wanted: impl Fn() -> bool,
+) -> CheckResult {
+    let started = Instant::now();
+    let mut result = CheckResult {
+        command: command.to_string(),
+        ok: false,
+        exit: None,
+        error: None,
+        duration_ms: 0,
+        output: String::new(),
+        output_cut: false,
+    };
+    let (mut cmd, limit) = match place {
+        Place::Local => (local(rec, command, password_env), timeout),
+        Place::Remote(remote) => (
+            remote_command(remote, rec, command, timeout),
+            timeout + REMOTE_GRACE,
+        ),
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            result.error = Some(format!("could not be started: {e}"));
+            return result;
+        }
+    };
+    let group = child.id();
+    let mut stdout = child.stdout.take();
+    let mut tail = Tail::new(keep);
+    let mut buf = vec![0u8; 16 * 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut poll = tokio::time::interval(POLL);
+    let mut stopped: Option<String> = None;
+    let status = loop {
+        tokio::select! {
+            read = async {
+                match stdout.as_mut() {
+                    Some(out) => out.read(&mut buf).await,
+                    None => std::future::pending().await,
+                }
+            } => match read {
+                Ok(0) | Err(_) => stdout = None,
+                Ok(n) => tail.push(&buf[..n]),
+            },
+            status = child.wait(), if stdout.is_none() => break status.ok(),
+            _ = tokio::time::sleep_until(deadline) => {
+                stopped = Some(format!(
+                    "stopped after {} (timeouts.check)",
+                    crate::config::HumanDuration::from(timeout)
+                ));
+                break None;
+            }
+            _ = poll.tick() => {
+                if !wanted() {
+                    stopped = Some("stopped: the task was cancelled or moved on".into());
+                    break None;
+                }
+            }
+        }
+    };
+    if status.is_none() {
+        kill_group(group);
+        let _ = child.kill().await;
+    }
+    result.duration_ms = started.elapsed().as_millis() as u64;
+    (result.output, result.output_cut) = tail.text();
+    match (status, stopped) {
+        (_, Some(why)) => result.error = Some(why),
+        (Some(s), None) => {
+            result.exit = s.code();
+            let remote_timeout = matches!(place, Place::Remote(_))
+                && s.code() == Some(TIMEOUT_STATUS)
+                && started.elapsed() >= timeout;
+            if remote_timeout {
+                result.exit = None;
+                result.error = Some(format!(
+                    "stopped after {} (timeouts.check)",
+                    crate::config::HumanDuration::from(timeout)
+                ));
+            } else if s.code().is_none() {
+                result.error = Some(signal_words(&s));
+            }
+            if matches!(place, Place::Remote(_)) && s.code() == Some(255) {
+                result.error = Some("the worker could not be reached over ssh".into());
+            }
+            result.ok = result.error.is_none() && s.success();
+        }
+        (None, None) => result.error = Some("its exit could not be read".into()),
+    }
+    result
+}
+
+/// `sh -c` in the task's directory, stdout and stderr merged into one pipe, in a group of its
+/// own so a timeout stops what it started too.
+fn local(rec: &TaskRecord, command: &str, password_env: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("exec 2>&1\n{command}"))
+        .current_dir(&rec.directory)
+        .env_remove(password_env)
+        .env_remove("OPENCODE_SERVER_PASSWORD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    cmd
+}
+
+/// The same on a worker: `cd` to the task's directory there, then the command under the
+/// worker's `timeout` when it has one.
+fn remote_command(
+    remote: &Remote,
+    rec: &TaskRecord,
+    command: &str,
+    timeout: Duration,
+) -> tokio::process::Command {
+    use crate::workers::ssh::quote;
+    let secs = timeout.as_secs().max(1);
+    let script = format!(
+        "exec 2>&1; cd -- {dir} || exit 125; \
+         if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {secs} sh -c {cmd}; fi; \
+         exec sh -c {cmd}",
+        dir = quote(&rec.directory),
+        cmd = quote(command),
+    );
+    let mut cmd = remote.ssh.command(&["sh", "-c", &script]);
+    cmd.stderr(Stdio::null());
+    cmd
+}
+
+/// Kills the process group `pid` leads (a check and what it started).
+fn kill_group(pid: Option<u32>) {
+    let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+        return;
+    };
+    // SAFETY: killpg only sends a signal; the group is the check's own (`process_group(0)`),
+    // led by the child we spawned and have not reaped yet, so its id is not reused.
+    unsafe {
+        libc::killpg(pid, libc::SIGKILL);
+    }
+}
+
+#[cfg(unix)]
+fn signal_words(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status.signal() {
+        Some(sig) => format!("killed by signal {sig}"),
+        None => "ended without an exit status".into(),
+    }
+}
+
+/// The end of a stream: at most `keep` characters, with whether more came before.
+struct Tail {
+    keep: usize,
+    bytes: std::collections::VecDeque<u8>,
+    dropped: bool,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            bytes: std::collections::VecDeque::new(),
+            dropped: false,
+        }
+    }
+
+    /// Keeps the last `4 * keep` bytes (a character is at most 4), enough for `keep` characters.
+    fn push(&mut self, data: &[u8]) {
+        let cap = self.keep.saturating_mul(4).max(4);
+        let data = if data.len() > cap {
+            self.dropped = true;
+            &data[data.len() - cap..]
+        } else {
+            data
+        };
+        self.bytes.extend(data);
+        while self.bytes.len() > cap {
+            self.bytes.pop_front();
+            self.dropped = true;
+        }
+    }
+
+    /// The kept text, cut to `keep` characters, and whether anything was cut.
+    fn text(self) -> (String, bool) {
+        let bytes: Vec<u8> = self.bytes.into_iter().collect();
+        let text = String::from_utf8_lossy(&bytes);
+        let n = text.chars().count();
+        if n > self.keep {
+            (text.chars().skip(n - self.keep).collect(), true)
+        } else {
+            (text.into_owned(), self.dropped)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(dir: &std::path::Path) -> TaskRecord {
+        TaskRecord::new(
+            "tsk_a".into(),
+            "default".into(),
+            "ses_a".into(),
+            dir.to_string_lossy().into_owned(),
+            "t".into(),
+        )
+    }
+
+    async fn local_run(cmd: &str, timeout: Duration, keep: usize) -> CheckResult {
+        let dir = tempfile::tempdir().expect("tempdir");
+        run(
+            Place::Local,
+            &record(dir.path()),
+            cmd,
+            timeout,
+            keep,
+            "X_PW",
+            || true,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn exit_status_and_merged_output_are_reported() {
+        let r = local_run(
+            "echo out; echo err >&2; exit 3",
+            Duration::from_secs(30),
+            100,
+        )
+        .await;
+        assert!(!r.ok);
+        assert_eq!(r.exit, Some(3));
+        assert_eq!(r.output, "out\nerr\n");
+        assert!(r.error.is_none() && !r.output_cut);
+        let ok = local_run("pwd", Duration::from_secs(30), 100).await;
+        assert!(ok.ok && ok.exit == Some(0), "{ok:?}");
+    }
+
+    #[tokio::test]
+    async fn a_huge_output_keeps_only_its_end() {
+        let r = local_run(
+            "yes x | head -c 3000000; echo END",
+            Duration::from_secs(60),
+            100,
+        )
+        .await;
+        assert!(r.ok, "{r:?}");
+        assert!(r.output_cut);
+        assert_eq!(r.output.chars().count(), 100);
+        assert!(r.output.ends_with("x\nEND\n"), "{}", r.output);
+    }
+
+    #[tokio::test]
+    async fn a_hanging_check_is_stopped_with_what_it_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("child.pid");
+        let cmd = format!("sleep 300 & echo $! > {}; wait", marker.display());
+        let r = run(
+            Place::Local,
+            &record(dir.path()),
+            &cmd,
+            Duration::from_millis(1500),
+            100,
+            "X_PW",
+            || true,
+        )
+        .await;
+        assert!(!r.ok);
+        assert!(r.exit.is_none());
+        assert!(
+            r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("timeouts.check")),
+            "{r:?}"
+        );
+        let pid: i32 = std::fs::read_to_string(&marker)
+            .expect("the check wrote its child's pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        // The background child was in the check's group: it is gone (or a zombie being reaped).
+        let gone = (0..50).any(|_| {
+            // SAFETY: signal 0 only asks whether the process exists.
+            let there = unsafe { libc::kill(pid, 0) } == 0;
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true);
+            if !there || zombie {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        });
+        assert!(gone, "the check's background child outlived its timeout");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_task_stops_its_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let r = run(
+            Place::Local,
+            &record(dir.path()),
+            "sleep 300",
+            Duration::from_secs(300),
+            100,
+            "X_PW",
+            || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2,
+        )
+        .await;
+        assert!(!r.ok && r.exit.is_none());
+        assert!(r.duration_ms < 60_000, "{r:?}");
+        assert!(
+            r.error.as_deref().is_some_and(|e| e.contains("cancelled")),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_server_password_is_not_passed_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // SAFETY: set once for this test's own variable name; no other test reads it.
+        unsafe { std::env::set_var("X_CHECK_TEST_PW", "secret") };
+        let r = run(
+            Place::Local,
+            &record(dir.path()),
+            "echo \"[${X_CHECK_TEST_PW:-}]\"",
+            Duration::from_secs(30),
+            100,
+            "X_CHECK_TEST_PW",
+            || true,
+        )
+        .await;
+        assert_eq!(r.output, "[]\n", "{r:?}");
+    }
+}

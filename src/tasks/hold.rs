@@ -1,0 +1,64 @@
+//! A completed turn held for the gateway's own verdict before any waiter sees it: a structured
+//! answer checked against its schema (`structured`), then the task's checks (`checks`). While
+//! held, the task is reported `running` (the entry's `Phase::Checking`); `structured.checking`
+//! and `checks.checking` are the phase's durable twins, so a restarted gateway reads the turn
+//! again and holds it again.
+
+use std::sync::Arc;
+
+use super::context::TaskContext;
+use super::entry::TaskEntry;
+use super::{checks, structured};
+use crate::opencode::Server;
+
+/// What [`hold`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Nothing to check: finish the turn as usual.
+    No,
+    /// Held now: run [`settle`] for this turn.
+    Held(u32),
+    /// A check of this turn already runs.
+    Already,
+}
+
+/// Called by the tracker and the completion checks, under the registry lock, when a turn's
+/// verdict is `completed`: a task with an `output_schema` or with checks is held instead of
+/// finished, and the caller runs [`settle`]. A turn already held is not held twice.
+pub fn hold(e: &mut TaskEntry) -> Hold {
+    let turn = e.rec.turn;
+    if e.rec.structured.is_none() && !checks::wants_checks(e) {
+        return Hold::No;
+    }
+    if !e.claim_check() {
+        return Hold::Already;
+    }
+    if let Some(s) = e.rec.structured.as_mut() {
+        s.checking = Some(turn);
+    }
+    if let Some(c) = e.rec.checks.as_mut() {
+        c.checking = Some(turn);
+    }
+    Hold::Held(turn)
+}
+
+/// Settles the held turn `turn`: its structured answer first, then its checks; either may end
+/// the task or open another round. A settle that did neither (an abort claimed the task
+/// meanwhile, then failed, so it runs on) lets the turn be held again: otherwise every later
+/// completion check would find it `Already` held and the task would sit `running` until its
+/// deadline.
+pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    let structured = ctx
+        .registry
+        .get(task_id)
+        .is_some_and(|e| e.rec.structured.is_some());
+    let checks_next = if structured {
+        structured::check_held(ctx, server, task_id, turn).await
+    } else {
+        true
+    };
+    if checks_next {
+        checks::settle(ctx, server, task_id, turn).await;
+    }
+    ctx.registry.update(task_id, |e| e.release_check(turn));
+}

@@ -1,0 +1,237 @@
+//! Checks end to end: a real gateway over MCP stdio, a real OpenCode and the scripted model.
+//!
+//! The user's own file (`OPENCODE_MCP_CONFIG`) sets a fix prompt that carries a `[[write:...]]`
+//! marker, so the scripted model writes the file a check looks for only in a fix round: a
+//! first turn that leaves a check failing, a fix round whose prompt holds the failing output,
+//! then a pass. Beside it: a task whose check never passes (rounds used up, `failed`
+//! `ChecksFailed`), a check that hangs and one that prints megabytes (both bounded), a tier
+//! that escalates to a stronger model, and a repository's file whose checks are withheld.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::isolation::{FAKE_MODEL, FAKE_PROVIDER, FAKE_STRONG_MODEL};
+use support::rig::Rig;
+use support::{FakeLlm, OpenCodeEnv};
+
+/// The check the fix round makes pass: `fixed.txt` must exist in the task's directory.
+const NEEDS_FIX: &str = "test -f fixed.txt || { echo 'fixed.txt is missing'; exit 7; }";
+
+fn user_config(env: &OpenCodeEnv) -> std::path::PathBuf {
+    let model = format!("{FAKE_PROVIDER}/{FAKE_MODEL}");
+    let strong = format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}");
+    let path = env.home_dir().join("user-delegation.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "timeouts:\n  check: 3s\nchecks:\n  max_rounds: 1\n  output_chars: 300\n  fix_prompt: |-\n    \
+             FIX ROUND {{{{ round }}}} of {{{{ max_rounds }}}} [[write:fixed.txt:yes]]\n    \
+             {{% for f in failures %}}$ {{{{ f.command }}}} => {{{{ f.status }}}}: {{{{ f.output }}}}\n    \
+             {{% endfor %}}\ntiers:\n  \
+             - {{name: fast, handles: quick work, models: [{model}], escalate_to: strong, checks: [\"{NEEDS_FIX}\"]}}\n  \
+             - {{name: strong, handles: hard work, models: [{strong}]}}\n"
+        ),
+    )
+    .expect("write the user's delegation.yaml");
+    path
+}
+
+fn dir(env: &OpenCodeEnv, name: &str) -> String {
+    let d = env.work_dir().join(name);
+    std::fs::create_dir_all(&d).expect("task directory");
+    d.to_string_lossy().into_owned()
+}
+
+/// Starts a task; returns its id and its session's.
+async fn start(rig: &Rig, args: Value) -> (String, String) {
+    let started = rig.start_task_with(args).await;
+    let field = |k: &str| started[k].as_str().expect(k).to_string();
+    (field("task_id"), field("session_id"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reported() {
+    let env = OpenCodeEnv::new();
+    let config = user_config(&env);
+    // The repository's file fixes a check on the start tool: withheld, as the user's file does
+    // not set `checks.from_repository`.
+    std::fs::write(
+        env.work_dir().join("delegation.yaml"),
+        "tools:\n  opencode_start_task:\n    checks: [\"touch PWNED\"]\n",
+    )
+    .expect("write the repository's delegation.yaml");
+    let config_env = config.to_string_lossy().into_owned();
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_CONFIG", config_env.as_str())],
+    )
+    .await;
+    let env = &rig.env;
+    assert!(
+        rig.client
+            .stderr()
+            .contains("`tools.opencode_start_task.checks`"),
+        "the withheld check is reported:\n{}",
+        rig.client.stderr()
+    );
+
+    // 1. A failing check, one fix round whose prompt carries the failure, then a pass.
+    let fixed_dir = dir(env, "fixed");
+    let (fixed, fixed_session) = start(
+        &rig,
+        json!({ "prompt": "do the work", "directory": fixed_dir, "checks": [NEEDS_FIX] }),
+    )
+    .await;
+    // 2. A check that never passes.
+    let never_dir = dir(env, "never");
+    let (never, _) = start(
+        &rig,
+        json!({ "prompt": "do the work", "directory": never_dir,
+                "checks": ["echo 'still broken'; exit 1"] }),
+    )
+    .await;
+    // 3. A check that prints megabytes and one that hangs: bounded.
+    let bounded_dir = dir(env, "bounded");
+    let (bounded, _) = start(
+        &rig,
+        json!({ "prompt": "do the work", "directory": bounded_dir,
+                "checks": ["yes y | head -c 3000000; echo LAST LINE; exit 2", "sleep 60"] }),
+    )
+    .await;
+    // 4. A tier whose check fails after its rounds escalates to a stronger tier's model.
+    let escalated_dir = dir(env, "escalated");
+    let (escalated, escalated_session) = start(
+        &rig,
+        json!({ "prompt": "do the work", "directory": escalated_dir, "tier": "fast",
+                "checks": ["test -f fixed.txt && test -f second.txt || exit 4"] }),
+    )
+    .await;
+    // 5. The repository's check was withheld: a plain task is not held for one.
+    let repo_dir = dir(env, "repo");
+    let (repo, _) = start(
+        &rig,
+        json!({ "prompt": "do the work", "directory": repo_dir }),
+    )
+    .await;
+
+    // 1.
+    let result = rig.finish(&fixed).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    let checks = &result["checks"];
+    assert_eq!(checks["status"], "passed", "{result}");
+    assert_eq!(checks["rounds"], 1, "{result}");
+    assert_eq!(checks["last"][0]["exit"], 0, "{result}");
+    assert_eq!(result["turn"], 2, "{result}");
+    let asked: Vec<String> = rig
+        .requests_for(&fixed_session)
+        .iter()
+        .map(|r| r.last_user_text.clone())
+        .collect();
+    let fix = asked
+        .iter()
+        .find(|t| t.starts_with("FIX ROUND 1 of 1"))
+        .unwrap_or_else(|| panic!("no fix round reached the model: {asked:#?}"));
+    assert!(
+        fix.contains("exit status 7") && fix.contains("fixed.txt is missing"),
+        "the fix prompt carries the command's status and output: {fix}"
+    );
+    // The wait's snapshot says the same, briefly.
+    let wait = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [fixed], "timeout_ms": 0 }),
+        )
+        .await;
+    assert_eq!(wait["tasks"][0]["checks"]["status"], "passed", "{wait}");
+
+    // 2.
+    let result = rig.finish(&never).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert_eq!(result["error"]["name"], "ChecksFailed", "{result}");
+    let message = result["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("exit status 1") && message.contains("1 fix round"),
+        "{message}"
+    );
+    assert_eq!(result["checks"]["status"], "failed", "{result}");
+    assert_eq!(result["checks"]["rounds"], 1, "{result}");
+    assert_eq!(result["checks"]["last"][0]["output"], "still broken\n");
+    assert_eq!(
+        result["turn"], 2,
+        "one fix round, then the verdict: {result}"
+    );
+    let wait = rig
+        .ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [never], "timeout_ms": 0 }),
+        )
+        .await;
+    assert_eq!(wait["tasks"][0]["status"], "failed", "{wait}");
+    assert_eq!(wait["tasks"][0]["checks"]["status"], "failed", "{wait}");
+
+    // 3.
+    let result = rig.finish(&bounded).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    let last = result["checks"]["last"].as_array().expect("last run");
+    let huge = &last[0];
+    assert_eq!(huge["exit"], 2, "{result}");
+    assert_eq!(huge["output_cut"], true, "{result}");
+    let kept = huge["output"].as_str().unwrap_or_default();
+    assert!(
+        kept.chars().count() <= 300 && kept.ends_with("LAST LINE\n"),
+        "{kept}"
+    );
+    let hung = &last[1];
+    assert!(hung.get("exit").is_none(), "{result}");
+    assert!(
+        hung["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timeouts.check")),
+        "{result}"
+    );
+    let ms = hung["duration_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!((3000..30_000).contains(&ms), "stopped at 3 s: {ms} ms");
+
+    // 4. Turn 1 on `fast` fails both checks (the tier's, the call's); its one fix round writes
+    // fixed.txt, the call's check still fails; the next round runs on `strong`.
+    let result = rig.finish(&escalated).await;
+    let escalations = result["checks"]["escalations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no escalation: {result}"));
+    assert_eq!(escalations.len(), 1, "{result}");
+    assert_eq!(escalations[0]["from"], "fast");
+    assert_eq!(escalations[0]["to"], "strong");
+    assert_eq!(
+        escalations[0]["model"],
+        format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}")
+    );
+    let models: Vec<String> = rig
+        .requests_for(&escalated_session)
+        .iter()
+        .filter(|r| !r.is_title_request())
+        .map(|r| r.model.clone())
+        .collect();
+    assert_eq!(
+        models.first().map(String::as_str),
+        Some(FAKE_MODEL),
+        "{models:?}"
+    );
+    assert_eq!(
+        models.last().map(String::as_str),
+        Some(FAKE_STRONG_MODEL),
+        "{models:?}"
+    );
+    // second.txt is never written: the chain ends failed after the strong tier's round.
+    assert_eq!(result["status"], "failed", "{result}");
+    assert_eq!(result["error"]["name"], "ChecksFailed", "{result}");
+
+    // 5.
+    let result = rig.finish(&repo).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert!(result.get("checks").is_none(), "{result}");
+    assert!(
+        !std::path::Path::new(&repo_dir).join("PWNED").exists(),
+        "the repository's check ran"
+    );
+}
