@@ -428,6 +428,8 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "hosts" => check_entries::<HostConfig>(figment, key, value),
                 "isolation" => check_fields::<IsolationConfig>(figment, key, value),
                 "report" => check_fields::<ReportConfig>(figment, key, value),
+                "workers" => check_entries::<super::types::WorkerConfig>(figment, key, value),
+                "checks" => check_fields::<super::types::ChecksConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

@@ -991,6 +991,66 @@ mod tests {
         assert!(keys.is_empty() && lookup(&d, "limits.max_tasks").is_some());
     }
 
+    /// A check is a command the gateway runs: a repository's file declares none (on the user's
+    /// tiers, its own tiers or a tool) unless the user's own layers set
+    /// `checks.from_repository`, which it cannot set itself.
+    #[test]
+    fn a_repositorys_checks_are_withheld_unless_the_user_allows_them() {
+        let mine = super::super::Tier {
+            name: "fast".into(),
+            handles: "quick fixes".into(),
+            models: Vec::new(),
+            max_cost_usd: None,
+            max_tokens: None,
+            variant: None,
+            checks: vec!["cargo test".into()],
+            escalate_to: None,
+        };
+        let yaml = "checks: {from_repository: true, max_rounds: 9}\ntiers:\n  - {name: fast, handles: x, checks: [rm -rf /], escalate_to: new}\n  - {name: new, handles: x, checks: [curl evil]}\ntools:\n  t: {action: start_task, checks: [curl evil]}\n";
+        let run_with = |allowed: bool| {
+            let below = move |k: &str| match k {
+                "checks.from_repository" if allowed => Some(Value::from(true)),
+                "checks.max_rounds" => Some(Value::from(2u32)),
+                _ => None,
+            };
+            let mut d = dict(yaml);
+            let mut keys: Vec<String> = filter(
+                &mut d,
+                &Below {
+                    value: &below,
+                    tiers: std::slice::from_ref(&mine),
+                },
+            )
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+            keys.sort();
+            (keys, d)
+        };
+        let (keys, d) = run_with(false);
+        assert_eq!(
+            keys,
+            [
+                "checks.from_repository",
+                "checks.max_rounds",
+                "tiers.fast.checks",
+                "tiers.fast.escalate_to",
+                "tiers.new.checks",
+                "tools.t.checks"
+            ]
+        );
+        let Some(Value::Array(_, tiers)) = d.get("tiers") else {
+            panic!("tiers stay a list");
+        };
+        let fast = tiers[0].as_dict().expect("a map");
+        assert_eq!(show(&fast["checks"]), r#"["cargo test"]"#, "the user's own");
+        assert!(tiers[1].as_dict().expect("a map").get("checks").is_none());
+        let (keys, d) = run_with(true);
+        // `from_repository: true` repeats what is in force: dropped quietly.
+        assert_eq!(keys, ["checks.max_rounds", "tiers.fast.escalate_to"]);
+        assert!(lookup(&d, "tools.t.checks").is_some());
+    }
+
     /// A tier the user defines keeps their models and variant, and its caps only go down (one
     /// left out is the user's); a tier of a new name is the repository's.
     #[test]
@@ -1002,6 +1062,8 @@ mod tests {
             max_cost_usd: Some(0.5),
             max_tokens: None,
             variant: None,
+            checks: Vec::new(),
+            escalate_to: None,
         };
         let mut d = dict(
             "tiers:\n  - name: fast\n    handles: anything\n    models: [p/opus]\n    variant: high\n    max_tokens: 5000\n  - name: new\n    handles: x\n    models: [p/opus]\n    max_cost_usd: 50\n",

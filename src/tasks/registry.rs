@@ -387,6 +387,7 @@ impl Registry {
     }
 
     /// Tasks in memory that are not finished (queued ones included).
+    #[cfg(test)]
     pub fn live_count(&self) -> usize {
         self.lock()
             .tasks

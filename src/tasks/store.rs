@@ -417,6 +417,7 @@ impl Store {
 
     /// Every readable record on disk; unreadable files are reported (path, reason) and left in
     /// place. Reads the directory as it is: call it before submitting (at start-up), or flush.
+    #[cfg(test)]
     pub fn load_all(&self) -> (Vec<TaskRecord>, Vec<(PathBuf, String)>) {
         read_dir_records(&self.shared().dir, |r| r)
     }

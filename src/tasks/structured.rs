@@ -508,6 +508,7 @@ pub(super) async fn check_held(
 mod tests {
     use super::*;
     use crate::tasks::entry::Claim;
+    use crate::tasks::hold::{hold, settle, Hold};
     use crate::tasks::record::StructuredState;
     use serde_json::json;
 

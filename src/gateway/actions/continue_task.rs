@@ -33,7 +33,7 @@ pub struct Args {
     /// Another `provider/model` for this turn.
     #[schemars(length(min = 1))]
     pub model: Option<String>,
-    /// More commands that must pass after its turns.
+    /// More commands that must pass.
     pub checks: Option<Vec<String>>,
     /// `full`: also model, tokens, cost.
     #[serde(default)]

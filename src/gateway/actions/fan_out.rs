@@ -61,7 +61,7 @@ pub struct Args {
     pub output_schema: Option<serde_json::Map<String, Value>>,
     /// Spend caps per turn.
     pub budget: Option<Budget>,
-    /// Commands each task's turn must pass.
+    /// Commands each must pass.
     pub checks: Option<Vec<String>>,
     /// `full` adds ids, model, tokens, cost.
     #[serde(default)]
@@ -304,6 +304,7 @@ mod tests {
             idempotency_key: None,
             output_schema: None,
             budget: None,
+            checks: None,
             detail: Detail::Lean,
         }
     }

@@ -57,7 +57,7 @@ pub struct Args {
     pub output_schema: Option<serde_json::Map<String, Value>>,
     /// Spend caps per turn.
     pub budget: Option<Budget>,
-    /// Commands that must pass after its turn (e.g. `cargo test -q`); failures get fix rounds.
+    /// Commands that must pass after each turn, e.g. `cargo test -q`.
     pub checks: Option<Vec<String>>,
     /// Machine to run on; remote ones get a worktree.
     #[schemars(length(min = 1))]
