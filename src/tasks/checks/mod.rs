@@ -599,3 +599,120 @@ impl ChecksView {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::record::TaskRecord;
+
+    fn config() -> Config {
+        let mut c = crate::gateway::test_config();
+        c.checks.max_rounds = 1;
+        c.tiers[0].escalate_to = Some(c.tiers[1].name.clone());
+        c.tiers[0].checks = vec!["make lint".into()];
+        c
+    }
+
+    fn entry(tier: &str) -> TaskEntry {
+        let mut rec = TaskRecord::new(
+            "tsk_a".into(),
+            "default".into(),
+            "ses_a".into(),
+            "/w".into(),
+            "t".into(),
+        );
+        rec.tier = Some(tier.into());
+        TaskEntry::new(rec)
+    }
+
+    fn failed(command: &str) -> CheckResult {
+        CheckResult {
+            command: command.into(),
+            ok: false,
+            exit: Some(2),
+            error: None,
+            duration_ms: 1500,
+            output: "boom".into(),
+            output_cut: false,
+        }
+    }
+
+    #[test]
+    fn a_failure_gets_its_rounds_then_the_stronger_tier_then_the_verdict() {
+        let c = config();
+        let (fast, strong) = (c.tiers[0].name.clone(), c.tiers[1].name.clone());
+        let mut state = ChecksState::new(vec!["make test".into()]);
+        let results = [failed("make test")];
+        match decide(&c, &entry(&fast), &state, &results) {
+            Next::Fix(prompt) => {
+                assert!(prompt.contains("$ make test"), "{prompt}");
+                assert!(prompt.contains("exit status 2 after 1.5 s"), "{prompt}");
+                assert!(prompt.contains("boom") && prompt.contains("fix round 1 of 1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        state.rounds = 1;
+        state.rounds_total = 1;
+        match decide(&c, &entry(&fast), &state, &results) {
+            Next::Escalate { to, .. } => assert_eq!(to, strong),
+            other => panic!("{other:?}"),
+        }
+        // On the stronger tier, its rounds used up, with no tier above: the verdict.
+        state.escalations.push(Escalation {
+            from: fast.clone(),
+            to: strong.clone(),
+            from_model: None,
+            model: None,
+            why: String::new(),
+            turn: 3,
+        });
+        match decide(&c, &entry(&strong), &state, &results) {
+            Next::Fail(message) => {
+                assert!(
+                    message.contains("`make test` failed (exit status 2)"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let passed = CheckResult {
+            ok: true,
+            exit: Some(0),
+            ..failed("make test")
+        };
+        assert_eq!(decide(&c, &entry(&fast), &state, &[passed]), Next::Pass);
+    }
+
+    #[test]
+    fn a_tasks_commands_are_its_tiers_then_the_calls_each_once_and_bounded() {
+        let c = config();
+        let fast = c.tiers[0].name.clone();
+        let got = commands_for(&c, Some(&fast), &["make test".into(), "make lint".into()]);
+        assert_eq!(
+            got,
+            Ok(vec!["make lint".to_string(), "make test".to_string()])
+        );
+        assert!(commands_for(&c, None, &[" ".into()]).is_err());
+        assert!(commands_for(&c, None, &["a\nb".into()]).is_err());
+        let many: Vec<String> = (0..=MAX_CHECKS).map(|i| format!("c{i}")).collect();
+        assert!(commands_for(&c, None, &many).is_err_and(|e| e.contains(&MAX_CHECKS.to_string())));
+    }
+
+    #[test]
+    fn only_the_latest_runs_verdict_of_a_finished_turn_is_reported() {
+        let mut s = ChecksState::new(vec!["make test".into()]);
+        assert_eq!(ChecksView::of(&s, false, 1).status, ChecksStatus::Pending);
+        s.passed = Some(true);
+        s.last_turn = Some(1);
+        assert_eq!(ChecksView::of(&s, true, 1).status, ChecksStatus::Passed);
+        // A follow-up's turn has not been checked yet.
+        assert_eq!(ChecksView::of(&s, true, 2).status, ChecksStatus::Pending);
+        s.passed = Some(false);
+        s.last = vec![failed("make test")];
+        s.last[0].output = "x".repeat(5000);
+        let brief = ChecksView::of(&s, true, 1).brief();
+        assert_eq!(brief.status, ChecksStatus::Failed);
+        assert_eq!(brief.last[0].output.chars().count(), SNAPSHOT_OUTPUT_CHARS);
+        assert!(brief.last[0].output_cut);
+    }
+}
