@@ -196,7 +196,7 @@ async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reporte
     // 4. Turn 1 on `fast` fails both checks (the tier's, the call's); its one fix round writes
     // fixed.txt, the call's check still fails; the next round runs on `strong`.
     let result = rig.finish(&escalated).await;
-    let escalations = result["checks"]["escalations"]
+    let escalations = result["escalations"]
         .as_array()
         .unwrap_or_else(|| panic!("no escalation: {result}"));
     assert_eq!(escalations.len(), 1, "{result}");
@@ -234,4 +234,81 @@ async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reporte
         !std::path::Path::new(&repo_dir).join("PWNED").exists(),
         "the repository's check ran"
     );
+}
+
+/// A provider outage OpenCode's retries do not clear (the scripted model answers 500 to every
+/// request of the first prompt) moves the task, in the same session, to its tier's fallback
+/// model, or to its `escalate_to` tier's model; the result lists the move and the models used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_outage_moves_the_task_to_a_fallback_model_or_a_stronger_tier() {
+    let env = OpenCodeEnv::new();
+    let model = format!("{FAKE_PROVIDER}/{FAKE_MODEL}");
+    let strong = format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}");
+    let path = env.home_dir().join("user-delegation.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "tiers:\n  \
+             - {{name: fast, handles: quick work, models: [{model}], fallback_models: [{strong}]}}\n  \
+             - {{name: cheap, handles: cheap work, models: [{model}], escalate_to: strong}}\n  \
+             - {{name: strong, handles: hard work, models: [{strong}]}}\n  \
+             - {{name: lone, handles: no way out, models: [{model}]}}\n"
+        ),
+    )
+    .expect("write the user's delegation.yaml");
+    let config = path.to_string_lossy().into_owned();
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_CONFIG", config.as_str())],
+    )
+    .await;
+    let outage = "the provider is down [[error500:20]]";
+    let (fallback, fallback_session) =
+        start(&rig, json!({ "prompt": outage, "tier": "fast" })).await;
+    let (escalated, escalated_session) =
+        start(&rig, json!({ "prompt": outage, "tier": "cheap" })).await;
+    let (stuck, _) = start(&rig, json!({ "prompt": outage, "tier": "lone" })).await;
+
+    for (id, session, from, to) in [
+        (&fallback, &fallback_session, "fast", "fast"),
+        (&escalated, &escalated_session, "cheap", "strong"),
+    ] {
+        let result = rig.finish(id).await;
+        assert_eq!(result["status"], "completed", "{result}");
+        let moves = result["escalations"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no escalation: {result}"));
+        assert_eq!(moves.len(), 1, "{result}");
+        assert_eq!(moves[0]["from"], from, "{result}");
+        assert_eq!(moves[0]["to"], to, "{result}");
+        assert_eq!(moves[0]["from_model"], model.as_str(), "{result}");
+        assert_eq!(moves[0]["model"], strong.as_str(), "{result}");
+        assert!(
+            moves[0]["why"].as_str().is_some_and(|w| w.contains("500")),
+            "{result}"
+        );
+        let models: Vec<String> = rig
+            .requests_for(session)
+            .iter()
+            .filter(|r| !r.is_title_request())
+            .map(|r| r.model.clone())
+            .collect();
+        assert_eq!(
+            models.first().map(String::as_str),
+            Some(FAKE_MODEL),
+            "{models:?}"
+        );
+        assert_eq!(
+            models.last().map(String::as_str),
+            Some(FAKE_STRONG_MODEL),
+            "{models:?}"
+        );
+        // The model that answered is the one moved to.
+        assert_eq!(result["model"], strong.as_str(), "{result}");
+    }
+    // A tier with nowhere to go fails with the provider's error, as before.
+    let result = rig.finish(&stuck).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(result.get("escalations").is_none(), "{result}");
 }

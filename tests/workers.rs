@@ -755,6 +755,8 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         .start_task_with(json!({
             "prompt": format!("on the worker {held} [[write:app.txt:one\\ntwo\\nthree (uncommitted)\\nfour (worker)\\n]]"),
             "worker": "w1",
+            // Runs on the worker, in its worktree: only there does app.txt hold the line.
+            "checks": ["grep -q 'four (worker)' app.txt && pwd"],
         }))
         .await;
     let local = rig
@@ -904,6 +906,12 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         .await;
     assert_eq!(result["status"], "completed", "{result}");
     assert_eq!(result["workspace"]["worker"], "w1", "{result}");
+    assert_eq!(result["checks"]["status"], "passed", "{result}");
+    assert_eq!(
+        result["checks"]["last"][0]["output"],
+        format!("{}\n", there.display()),
+        "the check ran in the worker's worktree: {result}"
+    );
     let changes = &result["workspace"]["changes"];
     assert_eq!(changes[0]["file"], "app.txt", "{result}");
     assert_eq!(changes.as_array().map(Vec::len), Some(1), "{result}");

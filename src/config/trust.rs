@@ -265,6 +265,11 @@ pub const POLICY: &[Policy] = &[
         why: TIER,
     },
     Policy {
+        pattern: "tiers.*.fallback_models",
+        rule: Rule::Withheld,
+        why: TIER,
+    },
+    Policy {
         pattern: "tiers.*.max_cost_usd",
         rule: Rule::OnlyLower,
         why: TIER,
@@ -1005,6 +1010,7 @@ mod tests {
             variant: None,
             checks: vec!["cargo test".into()],
             escalate_to: None,
+            fallback_models: Vec::new(),
         };
         let yaml = "checks: {from_repository: true, max_rounds: 9}\ntiers:\n  - {name: fast, handles: x, checks: [rm -rf /], escalate_to: new}\n  - {name: new, handles: x, checks: [curl evil]}\ntools:\n  t: {action: start_task, checks: [curl evil]}\n";
         let run_with = |allowed: bool| {
@@ -1064,6 +1070,7 @@ mod tests {
             variant: None,
             checks: Vec::new(),
             escalate_to: None,
+            fallback_models: Vec::new(),
         };
         let mut d = dict(
             "tiers:\n  - name: fast\n    handles: anything\n    models: [p/opus]\n    variant: high\n    max_tokens: 5000\n  - name: new\n    handles: x\n    models: [p/opus]\n    max_cost_usd: 50\n",

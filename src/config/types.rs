@@ -705,6 +705,11 @@ pub struct Tier {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub escalate_to: Option<String>,
+    /// Models (`provider/model`) tried in order, in the same session, when this tier's model
+    /// fails with a provider error OpenCode's own retries did not clear; then `escalate_to`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = MODEL_ID_PATTERN)))]
+    pub fallback_models: Vec<String>,
 }
 
 impl Tier {

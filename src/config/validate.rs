@@ -603,6 +603,14 @@ fn tiers(config: &Config, issues: &mut Issues) {
                 );
             }
         }
+        for (j, model) in tier.fallback_models.iter().enumerate() {
+            if !is_model_id(model) {
+                issues.push(
+                    format!("{at}.fallback_models.{j}"),
+                    format!("expected a model id of the form `provider/model`, found `{model}`"),
+                );
+            }
+        }
         for (j, model) in tier.models.iter().enumerate() {
             if !is_model_id(model) {
                 issues.push(
@@ -917,6 +925,55 @@ mod tests {
         assert!(is_worker_name("gpu-1_a"));
         assert!(!is_worker_name(&"x".repeat(33)));
         assert!(!is_worker_name("-x"));
+    }
+
+    /// Each way checks, escalation and fallbacks can be wrong is named by its key; the built-in
+    /// values pass.
+    #[test]
+    fn checks_and_escalation() {
+        let issues = |edit: &dyn Fn(&mut Config)| {
+            let mut config = crate::gateway::test_config();
+            edit(&mut config);
+            validate(&config)
+                .into_iter()
+                .map(|i| i.key)
+                .collect::<Vec<_>>()
+        };
+        assert!(issues(&|_| {}).is_empty());
+        assert_eq!(issues(&|c| c.checks.max_rounds = 11), ["checks.max_rounds"]);
+        assert_eq!(
+            issues(&|c| c.checks.output_chars = 10),
+            ["checks.output_chars"]
+        );
+        assert_eq!(
+            issues(&|c| c.checks.fix_prompt = "{% for f in failures %}".into()),
+            ["checks.fix_prompt"]
+        );
+        assert_eq!(
+            issues(&|c| c.checks.fix_prompt = "{% if false %}x{% endif %}".into()),
+            ["checks.fix_prompt"]
+        );
+        assert_eq!(
+            issues(&|c| c.timeouts.check = Duration::ZERO.into()),
+            ["timeouts.check"]
+        );
+        assert_eq!(
+            issues(&|c| c.tiers[0].checks = vec!["cargo test".into(), " ".into()]),
+            ["tiers.0.checks.1"]
+        );
+        assert_eq!(
+            issues(&|c| c.tiers[0].escalate_to = Some(c.tiers[0].name.clone())),
+            ["tiers.0.escalate_to"]
+        );
+        assert_eq!(
+            issues(&|c| c.tiers[0].escalate_to = Some("turbo".into())),
+            ["tiers.0.escalate_to"]
+        );
+        assert_eq!(
+            issues(&|c| c.tiers[0].fallback_models = vec!["p/m".into(), "nomodel".into()]),
+            ["tiers.0.fallback_models.1"]
+        );
+        assert!(issues(&|c| c.tiers[0].escalate_to = Some(c.tiers[1].name.clone())).is_empty());
     }
 
     #[test]

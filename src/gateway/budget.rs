@@ -232,6 +232,7 @@ mod tests {
             structured_error: None,
             structured_attempts: None,
             checks: None,
+            escalations: Vec::new(),
             turn: None,
             model: None,
             model_requested: None,
@@ -373,6 +374,7 @@ mod tests {
             structured_error: None,
             structured_attempts: None,
             checks: None,
+            escalations: Vec::new(),
             server_id: None,
             session_id: None,
             directory: None,
@@ -451,6 +453,8 @@ mod tests {
             }
             if next(2) == 0 {
                 whole.error = Some(crate::opencode::ErrorInfo {
+                    provider_status: None,
+                    retryable: None,
                     name: "APIError".into(),
                     message: "e".repeat(next(12_000) as usize),
                 });

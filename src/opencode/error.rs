@@ -104,6 +104,8 @@ impl OpencodeError {
         let info = body
             .map(super::types::error_info_from_json)
             .unwrap_or_else(|| super::types::ErrorInfo {
+                provider_status: None,
+                retryable: None,
                 name: "UnexpectedResponse".into(),
                 message: format!("unexpected HTTP {status}"),
             });

@@ -403,6 +403,8 @@ fn decode_properties(kind: &str, props: Props) -> Option<Event> {
                 .get("error")
                 .map(error_info_from_json)
                 .unwrap_or(ErrorInfo {
+                    provider_status: None,
+                    retryable: None,
                     name: "UnknownError".into(),
                     message: "OpenCode reported a session error without details".into(),
                 }),
@@ -939,6 +941,8 @@ mod tests {
             Event::SessionError {
                 session_id: Some("ses_1".into()),
                 error: ErrorInfo {
+                    provider_status: Some(400),
+                    retryable: None,
                     name: "APIError".into(),
                     message: "Bad Request: nope".into()
                 }
@@ -1115,6 +1119,8 @@ mod tests {
                 completed: true,
                 finish: None,
                 error: Some(ErrorInfo {
+                    provider_status: None,
+                    retryable: None,
                     name: "APIError".into(),
                     message: "quota".into()
                 }),

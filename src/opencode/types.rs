@@ -152,6 +152,27 @@ pub struct ErrorInfo {
     /// OpenCode's error name, e.g. `APIError`, `ProviderAuthError`, `MessageAbortedError`.
     pub name: String,
     pub message: String,
+    /// The HTTP status the model's provider answered with, when the error is one
+    /// (`APIError`'s `statusCode`): what tells a rate limit, an overload or a server error that
+    /// OpenCode's own retries did not clear from a request the provider refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_status: Option<u16>,
+    /// OpenCode's own judgement that the provider call may succeed if tried again
+    /// (`APIError`'s `isRetryable`: an overload, a dropped connection), after its own retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+}
+
+impl ErrorInfo {
+    /// A provider error that another model may not hit: a rate limit (429), an overload (529,
+    /// 503), another server error (5xx) or one OpenCode calls retryable (a dropped connection),
+    /// left after OpenCode's own retries. A refused request (400, 401, ...) is not one.
+    pub fn is_provider_outage(&self) -> bool {
+        self.retryable == Some(true)
+            || self
+                .provider_status
+                .is_some_and(|s| s == 429 || (500..600).contains(&s))
+    }
 }
 
 /// One tool call of a turn.
@@ -275,7 +296,19 @@ pub fn error_info_from_json(value: &serde_json::Value) -> ErrorInfo {
         .and_then(|m| m.as_str())
         .map(String::from)
         .unwrap_or_else(|| value.to_string());
-    ErrorInfo { name, message }
+    let provider_status = value
+        .pointer("/data/statusCode")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok());
+    let retryable = value
+        .pointer("/data/isRetryable")
+        .and_then(serde_json::Value::as_bool);
+    ErrorInfo {
+        name,
+        message,
+        provider_status,
+        retryable,
+    }
 }
 
 #[cfg(test)]
@@ -338,5 +371,32 @@ mod tests {
         );
         assert_eq!(e.name, "APIError");
         assert_eq!(e.message, "bad key");
+        assert_eq!(e.provider_status, Some(400));
+        assert!(!e.is_provider_outage(), "a refused request");
+        for (data, outage) in [
+            (
+                serde_json::json!({"message": "slow down", "statusCode": 429}),
+                true,
+            ),
+            (
+                serde_json::json!({"message": "overloaded", "statusCode": 529}),
+                true,
+            ),
+            (
+                serde_json::json!({"message": "closed", "isRetryable": true}),
+                true,
+            ),
+            (
+                serde_json::json!({"message": "no", "statusCode": 401, "isRetryable": false}),
+                false,
+            ),
+            (
+                serde_json::json!({"message": "odd", "statusCode": "500"}),
+                false,
+            ),
+        ] {
+            let e = error_info_from_json(&serde_json::json!({"name": "APIError", "data": data}));
+            assert_eq!(e.is_provider_outage(), outage, "{e:?}");
+        }
     }
 }

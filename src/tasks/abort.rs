@@ -55,6 +55,8 @@ async fn deadline_passed(
         return;
     }
     let error = ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "TaskTimeout".into(),
         message: format!(
             "the task ran longer than timeouts.task ({}) and was aborted",

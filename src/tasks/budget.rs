@@ -118,6 +118,8 @@ pub(super) async fn stop_over_budget(
 ) {
     tracing::info!(task_id, %why, "the turn passed its budget; aborting it");
     let error = ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "BudgetExceeded".into(),
         message: format!(
             "the turn was stopped because {why}; its partial answer and changed files are kept"

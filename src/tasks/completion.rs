@@ -153,6 +153,7 @@ pub async fn check_completion(
             }
         }
     }
+    let config = ctx.config.get();
     let ended = registry.update(task_id, |e| {
         if e.rec.turn != entry.rec.turn || !e.is_open() {
             return Ended::No;
@@ -167,12 +168,10 @@ pub async fn check_completion(
         match verdict {
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
-                if v.status == TaskStatus::Completed {
-                    match hold::hold(e) {
-                        Hold::Held(turn) => return Ended::Held(turn),
-                        Hold::Already => return Ended::No,
-                        Hold::No => {}
-                    }
+                match hold::hold(e, v.status, v.error.as_ref(), &config) {
+                    Hold::Held(turn) => return Ended::Held(turn),
+                    Hold::Already => return Ended::No,
+                    Hold::No => {}
                 }
                 let turn = e.rec.turn;
                 e.finish(Claim::Open(turn), v.status, v.error);

@@ -100,6 +100,9 @@ pub struct Live {
     pub steps: u32,
     pub tools_run: u32,
     pub retry: Option<RetryInfo>,
+    /// The provider error a failed turn is held with while the gateway moves the task to
+    /// another model (`fallback.rs`).
+    pub outage: Option<ErrorInfo>,
     pub last_event: Instant,
     /// What is known of each pending ask (by id) beyond the record. Not saved: after a restart
     /// an ask is news again.
@@ -151,6 +154,7 @@ impl Live {
             steps: 0,
             tools_run: 0,
             retry: None,
+            outage: None,
             last_event: Instant::now(),
             asks: HashMap::new(),
             unfinished: None,
@@ -491,6 +495,7 @@ impl TaskEntry {
                 .checks
                 .as_ref()
                 .map(|c| super::checks::ChecksView::of(c, r.status.is_terminal(), r.turn).brief()),
+            escalations: r.escalations.clone(),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),
             directory: Some(r.directory.clone()),

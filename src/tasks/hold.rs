@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use super::context::TaskContext;
 use super::entry::TaskEntry;
-use super::{checks, structured};
-use crate::opencode::Server;
+use super::model::TaskStatus;
+use super::{checks, escalation, structured};
+use crate::config::Config;
+use crate::opencode::{ErrorInfo, Server};
 
 /// What [`hold`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,16 +24,29 @@ pub enum Hold {
     Already,
 }
 
-/// Called by the tracker and the completion checks, under the registry lock, when a turn's
-/// verdict is `completed`: a task with an `output_schema` or with checks is held instead of
+/// Called by the tracker and the completion checks, under the registry lock, with a turn's
+/// verdict: a `completed` turn of a task with an `output_schema` or with checks, or a `failed`
+/// one whose provider error may clear on another model (`escalation`), is held instead of
 /// finished, and the caller runs [`settle`]. A turn already held is not held twice.
-pub fn hold(e: &mut TaskEntry) -> Hold {
+pub fn hold(
+    e: &mut TaskEntry,
+    status: TaskStatus,
+    error: Option<&ErrorInfo>,
+    config: &Config,
+) -> Hold {
     let turn = e.rec.turn;
-    if e.rec.structured.is_none() && !checks::wants_checks(e) {
+    let verify =
+        status == TaskStatus::Completed && (e.rec.structured.is_some() || checks::wants_checks(e));
+    let outage = status == TaskStatus::Failed && escalation::wants_move(config, &e.rec, error);
+    if !verify && !outage {
         return Hold::No;
     }
     if !e.claim_check() {
         return Hold::Already;
+    }
+    if outage {
+        e.live.outage = error.cloned();
+        return Hold::Held(turn);
     }
     if let Some(s) = e.rec.structured.as_mut() {
         s.checking = Some(turn);
@@ -48,6 +63,15 @@ pub fn hold(e: &mut TaskEntry) -> Hold {
 /// completion check would find it `Already` held and the task would sit `running` until its
 /// deadline.
 pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    let outage = ctx
+        .registry
+        .get(task_id)
+        .is_some_and(|e| e.live.outage.is_some());
+    if outage {
+        escalation::settle_outage(ctx, server, task_id, turn).await;
+        ctx.registry.update(task_id, |e| e.release_check(turn));
+        return;
+    }
     let structured = ctx
         .registry
         .get(task_id)

@@ -47,6 +47,7 @@ mod completion;
 mod context;
 mod entry;
 mod error;
+mod escalation;
 mod fetch;
 mod follow;
 pub mod gc;

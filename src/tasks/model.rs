@@ -176,6 +176,10 @@ pub struct TaskSnapshot {
     /// failing commands' output ends, escalations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<super::checks::ChecksView>,
+    /// Each move of the task to another model (a fallback after a provider error, or the
+    /// tier's `escalate_to`): `from`, `to`, the models, why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<super::escalation::Escalation>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -313,6 +317,10 @@ pub struct TaskResult {
     /// each command's exit status, duration and output end in the latest run; escalations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<super::checks::ChecksView>,
+    /// Each move of the task to another model (a fallback after a provider error, or the
+    /// tier's `escalate_to`): `from`, `to`, the models, why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<super::escalation::Escalation>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -111,6 +111,10 @@ pub struct TaskRecord {
     /// escalations (see `checks`); absent for tasks without checks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checks: Option<super::checks::ChecksState>,
+    /// Each move of the task to another model: a tier's fallback model after a provider error,
+    /// or its `escalate_to` tier after failing checks or a provider error (oldest first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<super::escalation::Escalation>,
     /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -242,6 +246,7 @@ impl TaskRecord {
             group: None,
             structured: None,
             checks: None,
+            escalations: Vec::new(),
             budget: None,
             variant: None,
             price: None,
@@ -475,6 +480,8 @@ where
 /// The error a task whose turn died with its gateway reports.
 pub fn interrupted(reason: &str) -> ErrorInfo {
     ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "Interrupted".into(),
         message: reason.to_string(),
     }
@@ -486,6 +493,8 @@ pub const WORKER_LOST: &str = "WorkerLost";
 /// The error of a task whose worker's OpenCode is out of reach for good.
 pub fn worker_lost(message: &str) -> ErrorInfo {
     ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: WORKER_LOST.into(),
         message: message.to_string(),
     }
@@ -494,6 +503,8 @@ pub fn worker_lost(message: &str) -> ErrorInfo {
 /// The error of a queued task that could not start when its turn came (`why`).
 pub fn start_failed(why: impl std::fmt::Display) -> ErrorInfo {
     ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "StartFailed".into(),
         message: format!("the queued task could not start: {why}"),
     }
@@ -523,6 +534,8 @@ mod tests {
         r.finish(
             TaskStatus::Failed,
             Some(ErrorInfo {
+                provider_status: None,
+                retryable: None,
                 name: "X".into(),
                 message: "y".into(),
             }),

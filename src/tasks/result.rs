@@ -171,6 +171,7 @@ impl TaskService {
                 .checks
                 .as_ref()
                 .map(|c| super::checks::ChecksView::of(c, finished, entry.rec.turn)),
+            escalations: entry.rec.escalations.clone(),
             turn: Some(entry.rec.turn),
             model: entry.model(),
             model_requested: entry.model_requested(),

@@ -455,6 +455,8 @@ impl TaskService {
                     None,
                     TaskStatus::Failed,
                     Some(crate::opencode::ErrorInfo {
+                        provider_status: None,
+                        retryable: None,
                         name: "ServerStopped".into(),
                         message: message.clone(),
                     }),

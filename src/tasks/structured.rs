@@ -508,7 +508,17 @@ pub(super) async fn check_held(
 mod tests {
     use super::*;
     use crate::tasks::entry::Claim;
-    use crate::tasks::hold::{hold, settle, Hold};
+    use crate::tasks::hold::{settle, Hold};
+
+    /// Holds a completed turn, as the tracker does.
+    fn hold(e: &mut TaskEntry) -> Hold {
+        crate::tasks::hold::hold(
+            e,
+            TaskStatus::Completed,
+            None,
+            &crate::gateway::test_config(),
+        )
+    }
     use crate::tasks::record::StructuredState;
     use serde_json::json;
 

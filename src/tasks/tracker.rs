@@ -167,6 +167,8 @@ pub fn fail_server_tasks(
                 Claim::Gone(turn),
                 TaskStatus::Failed,
                 Some(ErrorInfo {
+                    provider_status: None,
+                    retryable: None,
                     name: name.into(),
                     message: reason.to_string(),
                 }),
@@ -380,12 +382,10 @@ fn apply_own(ctx: &TaskContext, e: &mut super::entry::TaskEntry, event: &Event) 
     // round trip; its outcome is read over HTTP off the waiters' path.
     if matches!(then, Then::Check(Idle::Reported)) && e.is_open() {
         if let Some(v) = turn::conclude_from_events(e.live.latest_reply.as_ref()) {
-            if v.status == TaskStatus::Completed {
-                match hold::hold(e) {
-                    Hold::Held(turn) => return Then::Settle(turn),
-                    Hold::Already => return Then::Nothing,
-                    Hold::No => {}
-                }
+            match hold::hold(e, v.status, v.error.as_ref(), &ctx.config.get()) {
+                Hold::Held(turn) => return Then::Settle(turn),
+                Hold::Already => return Then::Nothing,
+                Hold::No => {}
             }
             // The answer as streamed, when the stream showed all of it: the wait that returns
             // now carries it without a read. Otherwise it is read over HTTP (off this path).

@@ -272,6 +272,8 @@ pub fn conclude(
         Some(Verdict {
             status: TaskStatus::Failed,
             error: Some(ErrorInfo {
+                provider_status: None,
+                retryable: None,
                 name: name.into(),
                 message: message.into(),
             }),
@@ -332,6 +334,8 @@ pub fn abandoned(turn: &TurnState, idle: Idle, stuck: Unfinished) -> Option<Verd
         .then(|| Verdict {
             status: TaskStatus::Failed,
             error: Some(ErrorInfo {
+                provider_status: None,
+                retryable: None,
                 name: "StepAbandoned".into(),
                 message: "the session is idle but its last step never completed: the OpenCode server likely stopped in the middle of it; continue the task to try again".into(),
             }),
@@ -355,6 +359,8 @@ pub fn conclude_from_events(latest: Option<&ReplySeen>) -> Option<Verdict> {
 /// on reading it) ends.
 pub fn session_deleted(session_id: &str) -> ErrorInfo {
     ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "SessionDeleted".into(),
         message: format!("the task's OpenCode session {session_id} was deleted while the task ran"),
     }
@@ -416,6 +422,8 @@ mod tests {
     }
 
     const ERR: fn() -> ErrorInfo = || ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: "APIError".into(),
         message: "bad".into(),
     };

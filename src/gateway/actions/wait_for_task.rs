@@ -452,6 +452,7 @@ mod tests {
             structured_error: None,
             structured_attempts: None,
             checks: None,
+            escalations: Vec::new(),
             elapsed_ms: 0,
             error: None,
             permissions: Vec::new(),

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::TaskContext;
 use super::entry::{Claim, TaskEntry};
+use super::escalation::Escalation;
 use super::follow::{open_turn, Follows};
 use super::model::TaskStatus;
 use super::outcome::{self, Attempts};
@@ -73,9 +74,6 @@ pub struct ChecksState {
     /// Why the checks could not run or no fix round was sent, when that is what ended them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// Each move to a stronger tier, oldest first (over the whole task).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<Escalation>,
     /// Our user messages of the host turn's earlier rounds: the round's changed files are
     /// those of all its turns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -127,24 +125,6 @@ impl CheckResult {
     }
 }
 
-/// A move to a stronger tier.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct Escalation {
-    /// The tier it left and the one it moved to.
-    pub from: String,
-    pub to: String,
-    /// The model the task ran on before (absent: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_model: Option<String>,
-    /// The model the new tier runs (absent: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// Why: the checks still failed after the fix rounds, or the model's provider error.
-    pub why: String,
-    /// The turn that runs on the new tier.
-    pub turn: u32,
-}
-
 impl ChecksState {
     pub fn new(commands: Vec<String>) -> Self {
         Self {
@@ -156,7 +136,6 @@ impl ChecksState {
             last_turn: None,
             passed: None,
             note: None,
-            escalations: Vec::new(),
             fixed_messages: Vec::new(),
         }
     }
@@ -169,9 +148,7 @@ impl ChecksState {
                 commands.push(c.clone());
             }
         }
-        let escalations = std::mem::take(&mut self.escalations);
         *self = Self::new(commands);
-        self.escalations = escalations;
     }
 }
 
@@ -215,6 +192,8 @@ pub fn commands_for(
 /// The error a task whose checks still fail ends with.
 pub fn checks_failed(message: String) -> ErrorInfo {
     ErrorInfo {
+        provider_status: None,
+        retryable: None,
         name: CHECKS_FAILED.into(),
         message,
     }
@@ -386,12 +365,13 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
                 Next::Escalate { to, model, prompt } => {
                     c.rounds = 0;
                     c.rounds_total += 1;
-                    c.escalations.push(Escalation {
+                    let why = failing(c);
+                    e.rec.escalations.push(Escalation {
                         from: tier.unwrap_or_default(),
                         to: to.clone(),
                         from_model: e.rec.model.clone(),
                         model: model.clone(),
-                        why: failing(c),
+                        why,
                         turn: turn + 1,
                     });
                     Some((prompt, e.rec.agent.clone(), model, Some(to)))
@@ -513,8 +493,8 @@ fn decide(
         .and_then(|t| t.escalate_to.as_deref())
         .and_then(|to| config.tiers.iter().find(|x| x.name == to));
     if let Some(to) = next_tier {
-        let visited =
-            state.escalations.iter().any(|e| e.from == to.name) || tier == Some(to.name.as_str());
+        let visited = entry.rec.escalations.iter().any(|e| e.from == to.name)
+            || tier == Some(to.name.as_str());
         if !visited {
             return match render(1) {
                 Ok(prompt) => Next::Escalate {
@@ -540,9 +520,6 @@ pub struct ChecksView {
     /// The latest run, one entry per command: exit status, duration, the end of its output.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub last: Vec<CheckResult>,
-    /// Each move to a stronger tier (`from`, `to`, why).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<Escalation>,
     /// Why no fix round was sent, when that ended the checks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -576,7 +553,6 @@ impl ChecksView {
             status,
             rounds: state.rounds_total,
             last: state.last.clone(),
-            escalations: state.escalations.clone(),
             note: state.note.clone(),
         }
     }
@@ -658,7 +634,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // On the stronger tier, its rounds used up, with no tier above: the verdict.
-        state.escalations.push(Escalation {
+        let mut on_strong = entry(&strong);
+        on_strong.rec.escalations.push(Escalation {
             from: fast.clone(),
             to: strong.clone(),
             from_model: None,
@@ -666,7 +643,7 @@ mod tests {
             why: String::new(),
             turn: 3,
         });
-        match decide(&c, &entry(&strong), &state, &results) {
+        match decide(&c, &on_strong, &state, &results) {
             Next::Fail(message) => {
                 assert!(
                     message.contains("`make test` failed (exit status 2)"),

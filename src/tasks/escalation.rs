@@ -1,0 +1,330 @@
+//! Moving a task to another model in the same session: when its checks still fail after the
+//! fix rounds (`checks`), or when its model fails with a provider error that OpenCode's own
+//! retries did not clear (a rate limit, an overload, a server error).
+//!
+//! On a provider error the next model is the tier's next `fallback_models` entry the server
+//! offers, then the tier's `escalate_to` tier (its models, then its own fallbacks). Each model
+//! and each tier is used at most once per task, so a chain always ends. The turn that failed is
+//! held meanwhile (the task stays `running`, its error in `Live::outage`), and the next turn is
+//! opened through the one turn-opening path (`follow::open_turn`), so it is capped and timed like
+//! any other; the task's caps and the daily cap apply to the whole chain. Each move is an
+//! [`Escalation`] in the record, shown with the result. A restarted gateway reads the failed turn
+//! again and makes the same move.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::context::TaskContext;
+use super::entry::{Claim, TaskEntry};
+use super::follow::{open_turn, Follows};
+use super::model::TaskStatus;
+use super::record::TaskRecord;
+use crate::config::Config;
+use crate::opencode::{ErrorInfo, Server};
+
+/// A move of a task to another model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Escalation {
+    /// The tier it left and the one it moved to (the same tier for a fallback model).
+    pub from: String,
+    pub to: String,
+    /// The model the task ran on before (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_model: Option<String>,
+    /// The model it runs on now (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Why: the checks still failed after the fix rounds, or the model's provider error.
+    pub why: String,
+    /// The turn that runs on the new model.
+    pub turn: u32,
+}
+
+/// Where a task goes next after a provider error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NextModel {
+    /// The tier it runs under then.
+    pub tier: String,
+    pub model: Option<String>,
+    pub variant: Option<String>,
+}
+
+/// Whether a turn that failed with `error` is held for a move to another model: a provider
+/// outage, on a tier that names a fallback model or a tier to escalate to.
+pub fn wants_move(config: &Config, rec: &TaskRecord, error: Option<&ErrorInfo>) -> bool {
+    let Some(tier) = rec
+        .tier
+        .as_deref()
+        .and_then(|t| config.tiers.iter().find(|x| x.name == t))
+    else {
+        return false;
+    };
+    error.is_some_and(ErrorInfo::is_provider_outage)
+        && (!tier.fallback_models.is_empty() || tier.escalate_to.is_some())
+}
+
+/// The models already used by the task (the one it ran on first and every move's).
+fn used(rec: &TaskRecord) -> Vec<String> {
+    let mut out: Vec<String> = rec.model.iter().cloned().collect();
+    for e in &rec.escalations {
+        out.extend(e.from_model.iter().cloned());
+        out.extend(e.model.iter().cloned());
+    }
+    out
+}
+
+/// Candidates after a provider error, in order: the tier's unused fallbacks, then (each tier
+/// once) its `escalate_to` tier's models and fallbacks, and so on.
+fn candidates(config: &Config, rec: &TaskRecord) -> Vec<(String, Option<String>)> {
+    let used = used(rec);
+    let mut visited: Vec<String> = rec.escalations.iter().map(|e| e.from.clone()).collect();
+    let mut out = Vec::new();
+    let mut tier = rec
+        .tier
+        .as_deref()
+        .and_then(|t| config.tiers.iter().find(|x| x.name == t));
+    let mut first = true;
+    while let Some(t) = tier {
+        if visited.contains(&t.name) && !first {
+            break;
+        }
+        visited.push(t.name.clone());
+        let models = if first {
+            t.fallback_models.clone()
+        } else {
+            t.models.iter().chain(&t.fallback_models).cloned().collect()
+        };
+        if !first && models.is_empty() {
+            // A tier naming no model runs on the server's default.
+            out.push((t.name.clone(), None));
+        }
+        for m in models {
+            if !used.contains(&m) && !out.iter().any(|(_, o)| o.as_deref() == Some(m.as_str())) {
+                out.push((t.name.clone(), Some(m)));
+            }
+        }
+        first = false;
+        tier = t
+            .escalate_to
+            .as_deref()
+            .and_then(|to| config.tiers.iter().find(|x| x.name == to));
+    }
+    out
+}
+
+/// The first candidate the server offers, resolved as a start would resolve it.
+async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Option<NextModel> {
+    for (tier, model) in candidates(config, rec) {
+        let chosen = match &model {
+            Some(m) => {
+                super::resolve::choose(
+                    config,
+                    server,
+                    &rec.directory,
+                    rec.agent.as_deref(),
+                    Some(m),
+                    None,
+                    None,
+                )
+                .await
+            }
+            None => {
+                super::resolve::choose(
+                    config,
+                    server,
+                    &rec.directory,
+                    rec.agent.as_deref(),
+                    None,
+                    Some(&tier),
+                    None,
+                )
+                .await
+            }
+        };
+        match chosen {
+            Ok(choice) => {
+                return Some(NextModel {
+                    tier,
+                    model: choice.model.or(model),
+                    variant: choice.variant,
+                })
+            }
+            Err(e) => {
+                tracing::info!(task_id = %rec.id, tier, ?model, error = %e, "fallback model not offered; trying the next");
+            }
+        }
+    }
+    None
+}
+
+/// The prompt of the turn that carries on after a provider error. It names the error's kind
+/// and status only: the provider's message is not the agent's business (and is not ours to
+/// forward into a prompt).
+fn carry_on_prompt(error: &ErrorInfo) -> String {
+    let status = error
+        .provider_status
+        .map(|s| format!(" {s}"))
+        .unwrap_or_default();
+    format!(
+        "The model that worked on this task before you stopped on a provider error ({}{status}). \
+         Carry on with the task from where it stopped; the conversation above is the work so far.",
+        error.name
+    )
+}
+
+/// Moves the task whose turn `turn` failed with a provider outage (held, its error in
+/// `Live::outage`) to the next model, or ends it failed with that error when there is none
+/// (or its caps are reached, or the next turn could not be sent).
+pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    let Some(entry) = ctx.registry.get(task_id).filter(|e| e.is_checking(turn)) else {
+        return;
+    };
+    let Some(error) = entry.live.outage.clone() else {
+        return;
+    };
+    let config = ctx.config.get();
+    let fail = |e: &mut TaskEntry, error: ErrorInfo| {
+        e.live.outage = None;
+        e.finish(Claim::Checked(turn), TaskStatus::Failed, Some(error));
+    };
+    if entry.caps_reached().is_some() {
+        ctx.registry.update(task_id, |e| fail(e, error.clone()));
+        return;
+    }
+    let Some(next) = next_model(&config, server, &entry.rec).await else {
+        ctx.registry.update(task_id, |e| {
+            if e.is_checking(turn) {
+                fail(e, error.clone());
+            }
+        });
+        return;
+    };
+    let why = format!(
+        "provider error: {}{}: {}",
+        error.name,
+        error
+            .provider_status
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default(),
+        error.message.chars().take(300).collect::<String>()
+    );
+    let prompt = carry_on_prompt(&error);
+    let NextModel {
+        tier,
+        model,
+        variant,
+    } = next;
+    let opened = open_turn(
+        ctx,
+        server,
+        task_id,
+        turn,
+        Follows::Correction,
+        &prompt,
+        entry.rec.agent.clone(),
+        model.clone(),
+        |e| {
+            e.live.outage = None;
+            e.rec.escalations.push(Escalation {
+                from: e.rec.tier.clone().unwrap_or_default(),
+                to: tier.clone(),
+                from_model: e.rec.model.clone(),
+                model: model.clone(),
+                why,
+                turn: turn + 1,
+            });
+            e.rec.tier = Some(tier);
+            e.rec.variant = variant;
+        },
+    )
+    .await;
+    if let Err(err) = opened {
+        tracing::warn!(task_id, error = %err, "the turn on the next model could not be sent");
+        ctx.registry.update(task_id, |e| {
+            if e.is_checking(turn) {
+                let mut error = error.clone();
+                error.message = format!("{}; moving to another model failed: {err}", error.message);
+                fail(e, error);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let mut c = crate::gateway::test_config();
+        c.tiers[0].models = vec!["p/cheap".into()];
+        c.tiers[0].fallback_models = vec!["p/cheap-2".into(), "p/cheap".into()];
+        c.tiers[0].escalate_to = Some(c.tiers[2].name.clone());
+        c.tiers[2].models = vec!["p/strong".into()];
+        c.tiers[2].escalate_to = Some(c.tiers[0].name.clone());
+        c
+    }
+
+    #[test]
+    fn a_provider_outage_tries_the_fallbacks_then_the_stronger_tier_each_once() {
+        let c = config();
+        let (fast, strong) = (c.tiers[0].name.clone(), c.tiers[2].name.clone());
+        let mut rec = TaskRecord::new(
+            "t".into(),
+            "s".into(),
+            "ses".into(),
+            "/w".into(),
+            "x".into(),
+        );
+        rec.tier = Some(fast.clone());
+        rec.model = Some("p/cheap".into());
+        let outage = ErrorInfo {
+            name: "APIError".into(),
+            message: "overloaded".into(),
+            provider_status: Some(529),
+            retryable: None,
+        };
+        assert!(wants_move(&c, &rec, Some(&outage)));
+        let refused = ErrorInfo {
+            provider_status: Some(400),
+            ..outage.clone()
+        };
+        assert!(
+            !wants_move(&c, &rec, Some(&refused)),
+            "a refused request is not an outage"
+        );
+        assert_eq!(
+            candidates(&c, &rec),
+            [
+                (fast.clone(), Some("p/cheap-2".to_string())),
+                (strong.clone(), Some("p/strong".to_string()))
+            ]
+        );
+        // After the fallback was used, only the stronger tier is left; after that, nothing
+        // (the cycle back to `fast` ends).
+        rec.escalations.push(Escalation {
+            from: fast.clone(),
+            to: fast.clone(),
+            from_model: Some("p/cheap".into()),
+            model: Some("p/cheap-2".into()),
+            why: String::new(),
+            turn: 2,
+        });
+        rec.model = Some("p/cheap-2".into());
+        assert_eq!(
+            candidates(&c, &rec),
+            [(strong.clone(), Some("p/strong".to_string()))]
+        );
+        rec.escalations.push(Escalation {
+            from: fast.clone(),
+            to: strong.clone(),
+            from_model: Some("p/cheap-2".into()),
+            model: Some("p/strong".into()),
+            why: String::new(),
+            turn: 3,
+        });
+        rec.tier = Some(strong);
+        rec.model = Some("p/strong".into());
+        assert_eq!(candidates(&c, &rec), []);
+    }
+}
