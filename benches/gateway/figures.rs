@@ -5,7 +5,8 @@ use serde_json::json;
 
 use crate::report::{Figure, ScaleRow};
 use crate::scenarios::{
-    Cycle, FanOut, Footprint, Reading, SoakRound, StartResults, StoredReads, FULL_CALLS, LEAN_CALLS,
+    CheckRound, Cycle, FanOut, Footprint, Reading, SoakRound, StartResults, StoredReads,
+    FULL_CALLS, LEAN_CALLS,
 };
 use crate::stats::{ratio, ratio_interval, Summary};
 use crate::tour::Tour;
@@ -731,5 +732,36 @@ pub fn surface(out: &mut Collected, s: &crate::surface::Surface) {
             "{} tools; {} with compact JSON; before issue 40: 22,675",
             s.tools, s.whole_compact
         )),
+    );
+}
+
+/// What one fix round of the checks adds to a task (informational: the issue asks for the cost
+/// to be measured, not bounded).
+pub fn check_round(out: &mut Collected, c: &CheckRound) {
+    let (low, high) = ratio_interval(&c.checked_ms, &c.plain_ms);
+    let checked = Summary::of(&c.checked_ms);
+    let plain = Summary::of(&c.plain_ms);
+    let prompt = Summary::of(&c.fix_prompt_chars);
+    out.figures.push(
+        Figure::new(
+            "check_round",
+            "a task whose check fails once (one fix round, then a pass), start to answer",
+            "ms",
+        )
+        .gateway(checked)
+        .baseline("the same task without checks, same gateway", plain)
+        .note(format!(
+            "informational: {:.2}x (95 % interval {low:.2} to {high:.2}), {:.0} ms more at p50: \
+             two check runs, one more model turn. The fix prompt sent was {:.0} characters (the \
+             default template, one failing command); the scripted model answers at once, so the \
+             model's own time for a real round comes on top",
+            ratio(checked.p50, plain.p50),
+            checked.p50 - plain.p50,
+            prompt.p50
+        )),
+    );
+    out.extra.insert(
+        "check_round".into(),
+        json!({ "checked_ms": c.checked_ms, "plain_ms": c.plain_ms, "fix_prompt_chars": c.fix_prompt_chars }),
     );
 }

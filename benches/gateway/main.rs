@@ -104,11 +104,12 @@ const START_MODEL: &str = "fake/fake-strong";
 /// worktree in a large repository, and `workers` a task's work moved to a worker (a real sshd on
 /// 127.0.0.1) and back; neither needs OpenCode; `fanout` is tasks over three workers against
 /// one, with their own gateway and OpenCode servers).
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "surface",
     "start",
     "start_model",
     "cycle",
+    "check_round",
     "scale",
     "scale_writes",
     "cold",
@@ -494,6 +495,17 @@ async fn run() -> Result<(), BoxError> {
             step("orchestrator cycle: calls and characters of results per delegated task");
             let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
             figures::cycle(&mut out, &c);
+            save(&out, &machine, false)?;
+        }
+
+        if knobs.runs("check_round") {
+            let reps = if knobs.quick { 3 } else { 10 };
+            step(&format!(
+                "check round: a task whose check fails once against one without checks, {reps} pairs"
+            ));
+            let root = env.work_dir().join("check-rounds");
+            let c = scenarios::check_round(&gateway, &fake, &root, reps).await?;
+            figures::check_round(&mut out, &c);
             save(&out, &machine, false)?;
         }
 

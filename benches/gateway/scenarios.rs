@@ -852,3 +852,80 @@ pub async fn stored_reads(
     client.close().await?;
     Ok(out)
 }
+
+/// What a fix round of the checks costs, against the same task without checks.
+pub struct CheckRound {
+    /// Start to answer of a task without checks, ms.
+    pub plain_ms: Vec<f64>,
+    /// Start to answer of the same task whose check fails once (one fix round), then passes.
+    pub checked_ms: Vec<f64>,
+    /// Characters of the fix prompt the model was sent (the default template).
+    pub fix_prompt_chars: Vec<f64>,
+}
+
+/// A check that fails on its first run and passes on its second: one fix round, whatever the
+/// agent does.
+const FAILS_ONCE: &str =
+    "test -f .ran || { touch .ran; echo 'first run: failing on purpose'; exit 1; }";
+
+/// Runs `reps` pairs, each in fresh directories under `root`: a task without checks, and the
+/// same task with [`FAILS_ONCE`] (one fix round, then a pass). Both are timed from the start
+/// call to the wait that returns the answer, on the same gateway, alternately.
+pub async fn check_round(
+    gw: &Gw,
+    fake: &crate::support::FakeLlm,
+    root: &std::path::Path,
+    reps: usize,
+) -> Result<CheckRound, BoxError> {
+    let mut out = CheckRound {
+        plain_ms: Vec::new(),
+        checked_ms: Vec::new(),
+        fix_prompt_chars: Vec::new(),
+    };
+    for i in 0..reps {
+        for checked in [false, true] {
+            let dir = root.join(format!("round-{i}-{checked}"));
+            std::fs::create_dir_all(&dir)?;
+            let mut args = json!({
+                "server_id": gw.server_id,
+                "prompt": format!("check round {i}: add a doc comment to lib.rs"),
+                "directory": dir.display().to_string(),
+                "detail": "full",
+            });
+            if checked {
+                args["checks"] = json!([FAILS_ONCE]);
+            }
+            let t = Instant::now();
+            let v = gw.ok("opencode_start_task", args).await?;
+            let id = v["task_id"].as_str().unwrap_or_default().to_string();
+            let session = v["session_id"].as_str().unwrap_or_default().to_string();
+            let w = gw
+                .wait_all(std::slice::from_ref(&id), Duration::from_secs(120))
+                .await?;
+            let took = ms(t.elapsed());
+            if checked {
+                let task = &w["tasks"][0];
+                if task["checks"]["status"] != "passed" || task["checks"]["rounds"] != 1 {
+                    return Err(
+                        format!("the checked task did not pass after one round: {task}").into(),
+                    );
+                }
+                let fix = fake
+                    .chat_requests()
+                    .into_iter()
+                    .filter(|r| r.session_id() == Some(session.as_str()))
+                    .find(|r| {
+                        r.last_user_text
+                            .starts_with("The checks of your work failed")
+                    })
+                    .ok_or("no fix prompt reached the model")?;
+                out.fix_prompt_chars
+                    .push(fix.last_user_text.chars().count() as f64);
+                out.checked_ms.push(took);
+            } else {
+                out.plain_ms.push(took);
+            }
+        }
+    }
+    Ok(out)
+}
