@@ -225,6 +225,35 @@ async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reporte
     // second.txt is never written: the chain ends failed after the strong tier's round.
     assert_eq!(result["status"], "failed", "{result}");
     assert_eq!(result["error"]["name"], "ChecksFailed", "{result}");
+    // Usage counts each tier's share: the turns on `fast` under fast (the task itself under
+    // strong, where it ended), and the fix rounds with them.
+    let usage = rig.ok("opencode_usage", json!({})).await;
+    let tier = |name: &str| {
+        usage["tiers"]
+            .as_array()
+            .and_then(|t| t.iter().find(|g| g["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no tier {name}: {usage}"))
+    };
+    let (fast, strong) = (tier("fast"), tier("strong"));
+    assert_eq!(
+        (fast["tasks"].as_u64(), strong["tasks"].as_u64()),
+        (Some(0), Some(1)),
+        "{usage}"
+    );
+    assert!(fast["tokens"]["input"].as_u64() > Some(0), "{usage}");
+    assert!(strong["tokens"]["input"].as_u64() > Some(0), "{usage}");
+    let model_tokens = |name: &str| {
+        usage["models"]
+            .as_array()
+            .and_then(|t| t.iter().find(|g| g["name"] == name))
+            .and_then(|g| g["tokens"]["input"].as_u64())
+            .unwrap_or_default()
+    };
+    assert!(
+        model_tokens(&format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}")) > 0,
+        "{usage}"
+    );
 
     // 5.
     let result = rig.finish(&repo).await;

@@ -107,6 +107,15 @@ impl Tokens {
         self.cache_read = self.cache_read.saturating_add(other.cache_read);
         self.cache_write = self.cache_write.saturating_add(other.cache_write);
     }
+
+    /// Takes away `other`, saturating at zero.
+    pub fn sub(&mut self, other: &Tokens) {
+        self.input = self.input.saturating_sub(other.input);
+        self.output = self.output.saturating_sub(other.output);
+        self.reasoning = self.reasoning.saturating_sub(other.reasoning);
+        self.cache_read = self.cache_read.saturating_sub(other.cache_read);
+        self.cache_write = self.cache_write.saturating_sub(other.cache_write);
+    }
 }
 
 /// Who wrote a message.

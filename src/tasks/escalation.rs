@@ -158,6 +158,22 @@ async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Optio
     None
 }
 
+/// Once the turn on the next model began (`turn`), closes the spend of the tier and model the
+/// task left (see `TaskRecord::close_segment`), for the usage report.
+pub(super) fn close_segment(
+    ctx: &TaskContext,
+    task_id: &str,
+    turn: u32,
+    tier: Option<String>,
+    model: Option<String>,
+) {
+    ctx.registry.update(task_id, |e| {
+        if e.rec.turn == turn {
+            e.rec.close_segment(tier, model);
+        }
+    });
+}
+
 /// The prompt of the turn that carries on after a provider error. It names the error's kind
 /// and status only: the provider's message is not the agent's business (and is not ours to
 /// forward into a prompt).
@@ -215,6 +231,7 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
         model,
         variant,
     } = next;
+    let left = (entry.rec.tier.clone(), entry.rec.model.clone());
     let opened = open_turn(
         ctx,
         server,
@@ -239,7 +256,9 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
         },
     )
     .await;
-    if let Err(err) = opened {
+    if let Ok(new_turn) = opened {
+        close_segment(ctx, task_id, new_turn, left.0, left.1);
+    } else if let Err(err) = opened {
         tracing::warn!(task_id, error = %err, "the turn on the next model could not be sent");
         ctx.registry.update(task_id, |e| {
             if e.is_checking(turn) {

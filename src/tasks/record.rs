@@ -115,6 +115,11 @@ pub struct TaskRecord {
     /// or its `escalate_to` tier after failing checks or a provider error (oldest first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<super::escalation::Escalation>,
+    /// What the task spent on each tier and model it left (one per escalation, in order), so
+    /// the usage report counts each model's share under its own tier and model; the rest of
+    /// `earlier` and the current turn are the current tier's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Segment>,
     /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +148,42 @@ pub struct Spent {
 impl Spent {
     fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// Takes away `other`, saturating at zero.
+    pub fn minus(mut self, other: &Spent) -> Spent {
+        self.tokens.sub(&other.tokens);
+        self.cost = (self.cost - other.cost).max(0.0);
+        self.wall_ms = self.wall_ms.saturating_sub(other.wall_ms);
+        self
+    }
+
+    pub fn plus(mut self, other: &Spent) -> Spent {
+        self.tokens.add(&other.tokens);
+        self.cost += other.cost;
+        self.wall_ms = self.wall_ms.saturating_add(other.wall_ms);
+        self
+    }
+}
+
+/// What a task spent on one tier and model before it moved to another.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub tier: Option<String>,
+    pub model: Option<String>,
+    pub spent: Spent,
+}
+
+impl TaskRecord {
+    /// Closes the spend of the tier and model the task just left (`tier`, `model`), once the
+    /// turn on the next one began: what `earlier` holds beyond the segments closed before.
+    pub fn close_segment(&mut self, tier: Option<String>, model: Option<String>) {
+        let before = self
+            .segments
+            .iter()
+            .fold(Spent::default(), |acc, s| acc.plus(&s.spent));
+        let spent = self.earlier.minus(&before);
+        self.segments.push(Segment { tier, model, spent });
     }
 }
 
@@ -247,6 +288,7 @@ impl TaskRecord {
             structured: None,
             checks: None,
             escalations: Vec::new(),
+            segments: Vec::new(),
             budget: None,
             variant: None,
             price: None,

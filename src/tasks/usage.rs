@@ -23,7 +23,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::model::TaskStatus;
-use super::record::{requested_if_other, Spent, TaskRecord};
+use super::record::{requested_if_other, Segment, Spent, TaskRecord};
 use crate::config::ReferencePrice;
 use crate::opencode::{Price, Tokens};
 
@@ -60,6 +60,8 @@ pub struct TaskSummary {
     pub price: Option<(String, Price)>,
     /// The remote worker it runs on (`None`: this machine).
     pub worker: Option<String>,
+    /// What it spent on tiers and models it moved away from (see [`TaskRecord::segments`]).
+    pub segments: Vec<Segment>,
 }
 
 /// What the current turn's outcome reported.
@@ -96,6 +98,7 @@ impl From<&TaskRecord> for TaskSummary {
             }),
             earlier: r.earlier,
             price: r.price.clone(),
+            segments: r.segments.clone(),
         }
     }
 }
@@ -166,6 +169,33 @@ impl Usage {
         self.wall_ms += end.saturating_sub(r.turn_started_ms) + r.earlier.wall_ms;
         self.saving = self.reference_cost - self.cost;
     }
+
+    /// Adds what a task spent on a tier or model it moved away from: its tokens, cost and time,
+    /// not the task itself (which counts once, under where it ended).
+    fn add_segment(&mut self, spent: &Spent, price: &ReferencePrice) {
+        let (cost, priced) = turn_cost(spent.cost, &spent.tokens, None);
+        self.tokens.add(&spent.tokens);
+        self.cost += cost;
+        self.priced_cost += priced;
+        self.reference_cost += reference_cost(&spent.tokens, price);
+        self.wall_ms += spent.wall_ms;
+        self.saving = self.reference_cost - self.cost;
+    }
+}
+
+/// A task's spend less what it spent on the tiers and models it moved away from: the share of
+/// the tier and model it ended on.
+fn after_segments(r: &TaskSummary) -> std::borrow::Cow<'_, TaskSummary> {
+    if r.segments.is_empty() {
+        return std::borrow::Cow::Borrowed(r);
+    }
+    let left = r
+        .segments
+        .iter()
+        .fold(Spent::default(), |acc, s| acc.plus(&s.spent));
+    let mut rest = r.clone();
+    rest.earlier = r.earlier.minus(&left);
+    std::borrow::Cow::Owned(rest)
 }
 
 /// One tier's or one model's share.
@@ -238,12 +268,23 @@ pub fn report(
         .filter(|r| since_ms.is_none_or(|s| r.turn_started_ms >= s))
     {
         total.add(r, now_ms, &price);
+        // An escalated task: each tier and model it left gets what it spent there.
+        for s in &r.segments {
+            let tier = s.tier.clone().unwrap_or_else(|| NO_TIER.to_string());
+            tiers.entry(tier).or_default().add_segment(&s.spent, &price);
+            let model = s.model.clone().unwrap_or_else(|| DEFAULT_MODEL.to_string());
+            models
+                .entry(model)
+                .or_default()
+                .add_segment(&s.spent, &price);
+        }
+        let rest = after_segments(r);
         let tier = r.tier.clone().unwrap_or_else(|| NO_TIER.to_string());
-        tiers.entry(tier).or_default().add(r, now_ms, &price);
+        tiers.entry(tier).or_default().add(&rest, now_ms, &price);
         models
             .entry(model_of(r).to_string())
             .or_default()
-            .add(r, now_ms, &price);
+            .add(&rest, now_ms, &price);
     }
     let groups = |m: BTreeMap<String, Usage>| {
         m.into_iter()
@@ -588,6 +629,56 @@ mod tests {
                 .abs()
                 < 1e-12
         );
+    }
+
+    /// A task that moved from `fast` to `strong`: each tier and model gets what was spent on
+    /// it; the task counts once, under where it ended; the total is every turn's.
+    #[test]
+    fn an_escalated_tasks_spend_is_split_between_its_tiers_and_models() {
+        let mut r = rec(
+            "e",
+            Some("strong"),
+            "p/strong",
+            TaskStatus::Completed,
+            1_000,
+            Some(9_000),
+            tokens(500, 50, 0, 0, 0),
+            0.5,
+        );
+        // Two earlier turns: the cheap model's (then it moved), and one more on strong.
+        r.earlier = Spent {
+            tokens: tokens(300, 30, 0, 0, 0),
+            cost: 0.13,
+            wall_ms: 4_000,
+        };
+        r.segments = vec![Segment {
+            tier: Some("fast".into()),
+            model: Some("p/cheap".into()),
+            spent: Spent {
+                tokens: tokens(100, 10, 0, 0, 0),
+                cost: 0.01,
+                wall_ms: 1_000,
+            },
+        }];
+        let report = report(&summaries(&[r]), None, 10_000, ReferencePrice::default());
+        let group = |groups: &[Group], name: &str| {
+            groups
+                .iter()
+                .find(|g| g.name == name)
+                .map(|g| g.usage.clone())
+                .unwrap_or_else(|| panic!("no group {name}"))
+        };
+        let fast = group(&report.tiers, "fast");
+        let strong = group(&report.tiers, "strong");
+        assert_eq!((fast.tasks, strong.tasks), (0, 1));
+        assert_eq!(fast.tokens.input, 100);
+        assert_eq!(strong.tokens.input, 700);
+        assert!((fast.cost - 0.01).abs() < 1e-9 && (strong.cost - 0.62).abs() < 1e-9);
+        assert_eq!(group(&report.models, "p/cheap").tokens.input, 100);
+        assert_eq!(group(&report.models, "p/strong").tokens.input, 700);
+        assert_eq!(report.total.tokens.input, 800);
+        assert!((report.total.cost - 0.63).abs() < 1e-9);
+        assert_eq!(fast.wall_ms + strong.wall_ms, report.total.wall_ms);
     }
 
     #[test]

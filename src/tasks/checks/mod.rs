@@ -380,6 +380,8 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
         })
         .flatten();
     if let Some((prompt, agent, model, tier)) = opened {
+        let moved = tier.is_some();
+        let left = (entry.rec.tier.clone(), entry.rec.model.clone());
         let result = open_turn(
             ctx,
             server,
@@ -397,6 +399,9 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
             },
         )
         .await;
+        if let (Ok(new_turn), true) = (&result, moved) {
+            super::escalation::close_segment(ctx, task_id, *new_turn, left.0, left.1);
+        }
         if let Err(err) = result {
             tracing::warn!(task_id, error = %err, "the fix round could not be sent");
             ctx.registry.update(task_id, |e| {
