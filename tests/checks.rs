@@ -263,6 +263,58 @@ async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reporte
         !std::path::Path::new(&repo_dir).join("PWNED").exists(),
         "the repository's check ran"
     );
+
+    // 6. A follow-up adds a check of its own: both run after its turn, with a whole set of
+    // rounds.
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": fixed, "prompt": "add extra [[write:extra.txt:x]]",
+                "checks": ["test -f extra.txt"] }),
+    )
+    .await;
+    let result = rig.finish(&fixed).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["checks"]["status"], "passed", "{result}");
+    assert_eq!(result["checks"]["rounds"], 0, "{result}");
+    let commands: Vec<&str> = result["checks"]["last"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|r| r["command"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(commands, [NEEDS_FIX, "test -f extra.txt"], "{result}");
+
+    // 7. A task whose first turn reaches its token cap gets no fix round: it ends ChecksFailed
+    // saying why. The cap is what the same turn spends, read from a probe task.
+    let probe_dir = dir(env, "probe");
+    let (probe, _) = start(
+        &rig,
+        json!({ "prompt": "probe [[usage:1000]]", "directory": probe_dir }),
+    )
+    .await;
+    let probe = rig.finish(&probe).await;
+    let t = &probe["tokens"];
+    let spent: u64 = ["input", "output", "reasoning", "cache_read", "cache_write"]
+        .iter()
+        .filter_map(|k| t[*k].as_u64())
+        .sum();
+    assert!(spent >= 1000, "{probe}");
+    let capped_dir = dir(env, "capped");
+    let (capped, capped_session) = start(
+        &rig,
+        json!({ "prompt": "capped [[usage:1000]]", "directory": capped_dir,
+                "checks": ["exit 1"], "budget": { "max_tokens": spent } }),
+    )
+    .await;
+    let result = rig.finish(&capped).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert_eq!(result["error"]["name"], "ChecksFailed", "{result}");
+    let message = result["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no fix round was sent"), "{message}");
+    assert_eq!(result["turn"], 1, "{result}");
+    assert_eq!(
+        rig.model_calls(&capped_session),
+        1,
+        "no model call after the cap"
+    );
 }
 
 /// A provider outage OpenCode's retries do not clear (the scripted model answers 500 to every
