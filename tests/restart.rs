@@ -830,3 +830,52 @@ async fn queued_tasks_start_as_the_slot_frees() {
     );
     assert_eq!(at("then cancelled"), None, "{prompts:?}");
 }
+
+/// A gateway killed while a task's checks run: the restarted gateway adopts the task, holds its
+/// completed turn again and runs the checks again; the task passes without another model call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_under_way_are_run_again_after_a_restart() {
+    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
+    let runs = rig.env.root().join("check-runs");
+    let gate = rig.env.root().join("check-gate");
+    let check = format!(
+        "echo run >> {runs}; test -f {gate} || sleep 10; test -f {gate}",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+    let started = rig
+        .start_task_with(json!({ "prompt": "checked work", "checks": [check] }))
+        .await;
+    let task = id(&started);
+    let session = started["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    // The check's first run is under way (the task is still running meanwhile).
+    let began = poll_for(std::time::Duration::from_secs(60), || {
+        runs.exists().then_some(())
+    })
+    .await;
+    assert!(began.is_some(), "the check never started");
+    let during = rig.status(&task).await;
+    assert_eq!(
+        during["status"], "running",
+        "held while its checks run: {during}"
+    );
+
+    rig.kill_gateway().await;
+    std::fs::write(&gate, "open").expect("open the gate");
+    rig.relaunch().await;
+
+    let r = rig.finish(&task).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["checks"]["status"], "passed", "{r}");
+    assert_eq!(r["checks"]["rounds"], 0, "{r}");
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?}");
+    assert_eq!(
+        rig.model_calls(&session),
+        1,
+        "no model call after the restart"
+    );
+}
