@@ -365,8 +365,12 @@ async fn a_provider_outage_moves_the_task_to_a_fallback_model_or_a_stronger_tier
         assert_eq!(moves[0]["to"], to, "{result}");
         assert_eq!(moves[0]["from_model"], model.as_str(), "{result}");
         assert_eq!(moves[0]["model"], strong.as_str(), "{result}");
+        // The scripted 500, or the dropped connection the fake sometimes leaves on a retry
+        // (which OpenCode marks retryable): both are outages.
         assert!(
-            moves[0]["why"].as_str().is_some_and(|w| w.contains("500")),
+            moves[0]["why"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("provider error: APIError")),
             "{result}"
         );
         let models: Vec<String> = rig

@@ -26,7 +26,9 @@ pub use messages::messages_from_json;
 pub use pool::{
     is_loopback_url, resolve_directory, Server, ServerInfo, ServerPool, Started, StopInfo,
 };
-pub(crate) use process::find_program;
+#[cfg(target_os = "linux")]
+pub(crate) use process::die_with_gateway;
+pub(crate) use process::{find_program, spawn_child};
 pub use process::{free_port, kill_group, parse_listening_line};
 pub use types::{
     error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,

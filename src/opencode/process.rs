@@ -169,32 +169,16 @@ impl ManagedProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        // The supervisor cleans up on SIGTERM; OpenCode run directly just dies.
         #[cfg(target_os = "linux")]
-        {
-            let gateway = std::process::id();
-            // The supervisor cleans up on SIGTERM; OpenCode run directly just dies.
-            let death_signal = if supervisor.is_some() {
+        die_with_gateway(
+            &mut cmd,
+            if supervisor.is_some() {
                 libc::SIGTERM
             } else {
                 libc::SIGKILL
-            };
-            // SAFETY: prctl, getppid and kill are async-signal-safe and touch only the calling
-            // (child) process. PR_SET_PDEATHSIG makes the kernel signal the child when the thread
-            // that forked it ends; `spawn_child` forks from a thread that lives as long as the
-            // gateway, so that is when the gateway dies, however it dies. If the gateway died
-            // between fork and prctl, the parent is already someone else: stop right here.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if u32::try_from(libc::getppid()).ok() != Some(gateway) {
-                        libc::kill(libc::getpid(), libc::SIGKILL);
-                    }
-                    Ok(())
-                });
-            }
-        }
+            },
+        );
         let mut child = spawn_child(cmd).await.map_err(|e| {
             SpawnFailure::from(if e.kind() == std::io::ErrorKind::NotFound {
                 not_found()
@@ -401,6 +385,29 @@ pub fn kill_group(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) with a negative pid signals a process group; no memory is touched.
     unsafe {
         libc::kill(-pgid, signal);
+    }
+}
+
+/// Makes the kernel send `death_signal` to the child `cmd` starts when the gateway dies, however
+/// it dies (Linux). Spawn it with [`spawn_child`]: the signal follows the thread that forked.
+#[cfg(target_os = "linux")]
+pub(crate) fn die_with_gateway(cmd: &mut Command, death_signal: i32) {
+    let gateway = std::process::id();
+    // SAFETY: prctl, getppid and kill are async-signal-safe and touch only the calling (child)
+    // process. PR_SET_PDEATHSIG makes the kernel signal the child when the thread that forked it
+    // ends; `spawn_child` forks from a thread that lives as long as the gateway, so that is when
+    // the gateway dies, however it dies. If the gateway died between fork and prctl, the parent
+    // is already someone else: stop right here.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if u32::try_from(libc::getppid()).ok() != Some(gateway) {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
     }
 }
 

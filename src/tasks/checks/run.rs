@@ -73,7 +73,13 @@ pub async fn run(
             timeout + REMOTE_GRACE,
         ),
     };
-    let mut child = match cmd.spawn() {
+    // A gateway that dies takes its local checks with it (their shell; a command they started
+    // in the background is in their process group, which the timeout and a cancel kill).
+    #[cfg(target_os = "linux")]
+    if matches!(place, Place::Local) {
+        crate::opencode::die_with_gateway(&mut cmd, libc::SIGKILL);
+    }
+    let mut child = match crate::opencode::spawn_child(cmd).await {
         Ok(c) => c,
         Err(e) => {
             result.error = Some(format!("could not be started: {e}"));
