@@ -494,7 +494,7 @@ impl TaskEntry {
             checks: r
                 .checks
                 .as_ref()
-                .map(|c| super::checks::ChecksView::of(c, r.status.is_terminal(), r.turn).brief()),
+                .map(|c| c.view(r.status.is_terminal(), r.turn).brief()),
             escalations: r.escalations.clone(),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),

@@ -13,33 +13,13 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use super::context::TaskContext;
 use super::entry::{Claim, TaskEntry};
 use super::follow::{open_turn, Follows};
-use super::model::TaskStatus;
+use super::model::{Escalation, TaskStatus};
 use super::record::TaskRecord;
 use crate::config::Config;
 use crate::opencode::{ErrorInfo, Server};
-
-/// A move of a task to another model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct Escalation {
-    /// The tier it left and the one it moved to (the same tier for a fallback model).
-    pub from: String,
-    pub to: String,
-    /// The model the task ran on before (absent: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_model: Option<String>,
-    /// The model it runs on now (absent: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// Why: the checks still failed after the fix rounds, or the model's provider error.
-    pub why: String,
-    /// The turn that runs on the new model.
-    pub turn: u32,
-}
 
 /// Where a task goes next after a provider error.
 #[derive(Debug, Clone, PartialEq)]

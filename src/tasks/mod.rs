@@ -4,7 +4,8 @@
 //! - `model` (the shapes status, wait and result report; also the tools' output schemas),
 //!   `turn` (pure: a task's turn and the one rule for "it is over, and this is its answer"),
 //!   `stream` (a turn's messages assembled from the events).
-//! - `record` (the durable record, with a structured task's state), `entry` (a task's record and
+//! - `record` (the durable record, with a structured task's and a checked task's state, and the
+//!   spend per tier it moved from), `entry` (a task's record and
 //!   live state, moved only by named phase transitions, with the turn's spend so far).
 //! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
 //!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
@@ -23,6 +24,11 @@
 //!   fetching a remote one's work), `follow` (opening a task's next turn: a host's continue and the gateway's
 //!   corrections), `structured` (tasks started with an `output_schema`: the instruction,
 //!   extracting and validating the JSON their answer ends with, the bounded corrections),
+//!   `escalation` (moving a task to another model in its session: a tier's fallback models and
+//!   `escalate_to` after a provider outage), `checks` (commands that must pass after each turn:
+//!   run where the task works, fix rounds, escalation when they still fail), `hold` (a turn held
+//!   for the gateway's own verdict before any waiter sees it: a structured answer, then checks;
+//!   or a provider failure on its way to another model),
 //!   `completion` (is the turn over: checks over HTTP), `abort` (ending a turn early: cancel,
 //!   deadline, budget, `stop_server`), `budget` (a running turn's caps enforced).
 //! - `tracker`: one per OpenCode server, it feeds the server's events into the entries and

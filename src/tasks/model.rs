@@ -175,11 +175,11 @@ pub struct TaskSnapshot {
     /// A task with checks: whether they passed (only `passed` is verified), fix rounds, the
     /// failing commands' output ends, escalations.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub checks: Option<super::checks::ChecksView>,
+    pub checks: Option<ChecksView>,
     /// Each move of the task to another model (a fallback after a provider error, or the
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<super::escalation::Escalation>,
+    pub escalations: Vec<Escalation>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -316,11 +316,11 @@ pub struct TaskResult {
     /// A task with checks: whether they passed (only `passed` is verified), fix rounds, and
     /// each command's exit status, duration and output end in the latest run; escalations.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub checks: Option<super::checks::ChecksView>,
+    pub checks: Option<ChecksView>,
     /// Each move of the task to another model (a fallback after a provider error, or the
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<super::escalation::Escalation>,
+    pub escalations: Vec<Escalation>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -465,4 +465,116 @@ pub struct WaitOutcome {
     pub unfinished: Vec<String>,
     /// A snapshot of every task waited on, in the order asked.
     pub tasks: Vec<TaskSnapshot>,
+}
+
+/// One command's run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CheckResult {
+    pub command: String,
+    /// It succeeded (exit status 0 within `timeouts.check`).
+    pub ok: bool,
+    /// Its exit status, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<i32>,
+    /// How it ended when it did not exit on its own: stopped at `timeouts.check`, or could not
+    /// be run (with why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+    /// The end of its output (stdout and stderr), at most `checks.output_chars` characters.
+    pub output: String,
+    /// `output` is the end of a longer output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_cut: bool,
+}
+
+impl CheckResult {
+    /// A check that could not be run, and why.
+    pub fn not_run(command: &str, why: String) -> Self {
+        Self {
+            command: command.to_string(),
+            ok: false,
+            exit: None,
+            error: Some(why),
+            duration_ms: 0,
+            output: String::new(),
+            output_cut: false,
+        }
+    }
+
+    /// How it ended, in words, for the fix prompt.
+    pub fn status_words(&self) -> String {
+        match (&self.error, self.exit) {
+            (Some(e), _) => e.clone(),
+            (None, Some(code)) => format!("exit status {code}"),
+            (None, None) => "ended without an exit status".into(),
+        }
+    }
+}
+
+/// Where a task's checks stand, as status, wait and result show it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ChecksView {
+    /// `passed`, `failed`, or `pending` (not run yet for this turn, running, or a fix round
+    /// under way). Only `passed` means verified.
+    pub status: ChecksStatus,
+    /// Fix rounds sent after failing checks in this host turn (escalations included).
+    pub rounds: u32,
+    /// The latest run, one entry per command: exit status, duration, the end of its output.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<CheckResult>,
+    /// Why no fix round was sent, when that ended the checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// See [`ChecksView::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChecksStatus {
+    Passed,
+    Failed,
+    Pending,
+}
+
+/// Characters of a check's output a status or wait snapshot shows (the result shows all that
+/// was kept).
+pub(super) const SNAPSHOT_OUTPUT_CHARS: usize = 800;
+
+impl ChecksView {
+    /// For a status or wait snapshot: each output cut to its last [`SNAPSHOT_OUTPUT_CHARS`],
+    /// a passing check's left out.
+    pub fn brief(mut self) -> Self {
+        for r in &mut self.last {
+            if r.ok {
+                r.output.clear();
+                r.output_cut = false;
+                continue;
+            }
+            let n = r.output.chars().count();
+            if n > SNAPSHOT_OUTPUT_CHARS {
+                r.output = r.output.chars().skip(n - SNAPSHOT_OUTPUT_CHARS).collect();
+                r.output_cut = true;
+            }
+        }
+        self
+    }
+}
+
+/// A move of a task to another model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Escalation {
+    /// The tier it left and the one it moved to (the same tier for a fallback model).
+    pub from: String,
+    pub to: String,
+    /// The model the task ran on before (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_model: Option<String>,
+    /// The model it runs on now (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Why: the checks still failed after the fix rounds, or the model's provider error.
+    pub why: String,
+    /// The turn that runs on the new model.
+    pub turn: u32,
 }

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use serde_json::Value;
 
-use super::model::{StructuredAttempt, TaskStatus, Workspace};
+use super::model::{
+    CheckResult, ChecksStatus, ChecksView, StructuredAttempt, TaskStatus, Workspace,
+};
 use super::turn::TurnState;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
 
@@ -110,11 +112,11 @@ pub struct TaskRecord {
     /// The commands that must succeed after each turn, their latest run, fix rounds and
     /// escalations (see `checks`); absent for tasks without checks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checks: Option<super::checks::ChecksState>,
+    pub checks: Option<ChecksState>,
     /// Each move of the task to another model: a tier's fallback model after a provider error,
     /// or its `escalate_to` tier after failing checks or a provider error (oldest first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<super::escalation::Escalation>,
+    pub escalations: Vec<super::model::Escalation>,
     /// What the task spent on each tier and model it left (one per escalation, in order), so
     /// the usage report counts each model's share under its own tier and model; the rest of
     /// `earlier` and the current turn are the current tier's.
@@ -132,6 +134,84 @@ pub struct TaskRecord {
     /// usage report prices its turns at when OpenCode reports no cost for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<(String, crate::opencode::Price)>,
+}
+
+/// A task's checks and where they stand, saved with its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChecksState {
+    /// The commands, in the order they run.
+    pub commands: Vec<String>,
+    /// The turn whose checks are running: the task is reported running until they end it or
+    /// open a fix round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checking: Option<u32>,
+    /// Fix rounds opened on the current tier in this host turn.
+    #[serde(default)]
+    pub rounds: u32,
+    /// Fix rounds opened in this host turn, over every tier.
+    #[serde(default)]
+    pub rounds_total: u32,
+    /// The checks' latest run: one result per command, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<CheckResult>,
+    /// The turn `last` ran after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn: Option<u32>,
+    /// Whether the latest run passed: `None` until the checks have run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    /// Why the checks could not run or no fix round was sent, when that is what ended them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Our user messages of the host turn's earlier rounds: the round's changed files are
+    /// those of all its turns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fixed_messages: Vec<String>,
+}
+
+impl ChecksState {
+    pub fn new(commands: Vec<String>) -> Self {
+        Self {
+            commands,
+            checking: None,
+            rounds: 0,
+            rounds_total: 0,
+            last: Vec::new(),
+            last_turn: None,
+            passed: None,
+            note: None,
+            fixed_messages: Vec::new(),
+        }
+    }
+
+    /// How status, wait and result show these checks; `finished`: its turn is over (the verdict is the latest
+    /// run's).
+    pub fn view(&self, finished: bool, turn: u32) -> ChecksView {
+        let current = self.last_turn == Some(turn);
+        let status = match self.passed {
+            Some(true) if finished && current => ChecksStatus::Passed,
+            Some(false) if finished && current => ChecksStatus::Failed,
+            _ if finished && self.note.is_some() => ChecksStatus::Failed,
+            _ => ChecksStatus::Pending,
+        };
+        ChecksView {
+            status,
+            rounds: self.rounds_total,
+            last: self.last.clone(),
+            note: self.note.clone(),
+        }
+    }
+
+    /// A host's follow-up: a new host turn, its rounds whole again; `more` commands join.
+    pub fn restart(&mut self, more: &[String]) {
+        let mut commands = std::mem::take(&mut self.commands);
+        for c in more {
+            if !commands.contains(c) {
+                commands.push(c.clone());
+            }
+        }
+        *self = Self::new(commands);
+    }
 }
 
 /// Tokens, cost and wall time of finished turns.

@@ -170,7 +170,7 @@ impl TaskService {
                 .rec
                 .checks
                 .as_ref()
-                .map(|c| super::checks::ChecksView::of(c, finished, entry.rec.turn)),
+                .map(|c| c.view(finished, entry.rec.turn)),
             escalations: entry.rec.escalations.clone(),
             turn: Some(entry.rec.turn),
             model: entry.model(),

@@ -738,7 +738,7 @@ impl TaskService {
         rec.price = price.map(|p| (model.clone().unwrap_or_default(), p));
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
-        rec.checks = (!checks.is_empty()).then(|| super::checks::ChecksState::new(checks));
+        rec.checks = (!checks.is_empty()).then(|| super::record::ChecksState::new(checks));
         let prompt = match &req.output_schema {
             Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
             None => req.prompt.clone(),
@@ -878,7 +878,7 @@ impl TaskService {
                 match e.rec.checks.as_mut() {
                     Some(c) => c.restart(&more_checks),
                     None if !more_checks.is_empty() => {
-                        e.rec.checks = Some(super::checks::ChecksState::new(more_checks));
+                        e.rec.checks = Some(super::record::ChecksState::new(more_checks));
                     }
                     None => {}
                 }

@@ -29,14 +29,12 @@ use run::{run, Place};
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use super::context::TaskContext;
 use super::entry::{Claim, TaskEntry};
-use super::escalation::Escalation;
 use super::follow::{open_turn, Follows};
-use super::model::TaskStatus;
+use super::model::{CheckResult, Escalation, TaskStatus};
 use super::outcome::{self, Attempts};
+use super::record::ChecksState;
 use crate::config::{Config, FixFailure};
 use crate::opencode::{ErrorInfo, Server};
 
@@ -46,111 +44,6 @@ pub const CHECKS_FAILED: &str = "ChecksFailed";
 pub const MAX_CHECKS: usize = 8;
 /// Longest command accepted, in characters.
 pub const MAX_COMMAND_CHARS: usize = 2000;
-
-/// A task's checks and where they stand, saved with its record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChecksState {
-    /// The commands, in the order they run.
-    pub commands: Vec<String>,
-    /// The turn whose checks are running: the task is reported running until they end it or
-    /// open a fix round.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checking: Option<u32>,
-    /// Fix rounds opened on the current tier in this host turn.
-    #[serde(default)]
-    pub rounds: u32,
-    /// Fix rounds opened in this host turn, over every tier.
-    #[serde(default)]
-    pub rounds_total: u32,
-    /// The checks' latest run: one result per command, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub last: Vec<CheckResult>,
-    /// The turn `last` ran after.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_turn: Option<u32>,
-    /// Whether the latest run passed: `None` until the checks have run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub passed: Option<bool>,
-    /// Why the checks could not run or no fix round was sent, when that is what ended them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    /// Our user messages of the host turn's earlier rounds: the round's changed files are
-    /// those of all its turns.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fixed_messages: Vec<String>,
-}
-
-/// One command's run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct CheckResult {
-    pub command: String,
-    /// It succeeded (exit status 0 within `timeouts.check`).
-    pub ok: bool,
-    /// Its exit status, when it exited.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit: Option<i32>,
-    /// How it ended when it did not exit on its own: stopped at `timeouts.check`, or could not
-    /// be run (with why).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub duration_ms: u64,
-    /// The end of its output (stdout and stderr), at most `checks.output_chars` characters.
-    pub output: String,
-    /// `output` is the end of a longer output.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub output_cut: bool,
-}
-
-impl CheckResult {
-    /// A check that could not be run, and why.
-    pub fn not_run(command: &str, why: String) -> Self {
-        Self {
-            command: command.to_string(),
-            ok: false,
-            exit: None,
-            error: Some(why),
-            duration_ms: 0,
-            output: String::new(),
-            output_cut: false,
-        }
-    }
-
-    /// How it ended, in words, for the fix prompt.
-    pub fn status_words(&self) -> String {
-        match (&self.error, self.exit) {
-            (Some(e), _) => e.clone(),
-            (None, Some(code)) => format!("exit status {code}"),
-            (None, None) => "ended without an exit status".into(),
-        }
-    }
-}
-
-impl ChecksState {
-    pub fn new(commands: Vec<String>) -> Self {
-        Self {
-            commands,
-            checking: None,
-            rounds: 0,
-            rounds_total: 0,
-            last: Vec::new(),
-            last_turn: None,
-            passed: None,
-            note: None,
-            fixed_messages: Vec::new(),
-        }
-    }
-
-    /// A host's follow-up: a new host turn, its rounds whole again; `more` commands join.
-    pub fn restart(&mut self, more: &[String]) {
-        let mut commands = std::mem::take(&mut self.commands);
-        for c in more {
-            if !commands.contains(c) {
-                commands.push(c.clone());
-            }
-        }
-        *self = Self::new(commands);
-    }
-}
 
 /// The commands of a task: the tier's, then the call's, each once.
 pub fn commands_for(
@@ -514,76 +407,10 @@ fn decide(
     Next::Fail(failing(&after))
 }
 
-/// Where a task's checks stand, as status, wait and result show it.
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct ChecksView {
-    /// `passed`, `failed`, or `pending` (not run yet for this turn, running, or a fix round
-    /// under way). Only `passed` means verified.
-    pub status: ChecksStatus,
-    /// Fix rounds sent after failing checks in this host turn (escalations included).
-    pub rounds: u32,
-    /// The latest run, one entry per command: exit status, duration, the end of its output.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub last: Vec<CheckResult>,
-    /// Why no fix round was sent, when that ended the checks.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-/// See [`ChecksView::status`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ChecksStatus {
-    Passed,
-    Failed,
-    Pending,
-}
-
-/// Characters of a check's output a status or wait snapshot shows (the result shows all that
-/// was kept).
-const SNAPSHOT_OUTPUT_CHARS: usize = 800;
-
-impl ChecksView {
-    /// The view of a task's checks; `finished`: its turn is over (the verdict is the latest
-    /// run's).
-    pub fn of(state: &ChecksState, finished: bool, turn: u32) -> Self {
-        let current = state.last_turn == Some(turn);
-        let status = match state.passed {
-            Some(true) if finished && current => ChecksStatus::Passed,
-            Some(false) if finished && current => ChecksStatus::Failed,
-            _ if finished && state.note.is_some() => ChecksStatus::Failed,
-            _ => ChecksStatus::Pending,
-        };
-        Self {
-            status,
-            rounds: state.rounds_total,
-            last: state.last.clone(),
-            note: state.note.clone(),
-        }
-    }
-
-    /// For a status or wait snapshot: each output cut to its last [`SNAPSHOT_OUTPUT_CHARS`],
-    /// a passing check's left out.
-    pub fn brief(mut self) -> Self {
-        for r in &mut self.last {
-            if r.ok {
-                r.output.clear();
-                r.output_cut = false;
-                continue;
-            }
-            let n = r.output.chars().count();
-            if n > SNAPSHOT_OUTPUT_CHARS {
-                r.output = r.output.chars().skip(n - SNAPSHOT_OUTPUT_CHARS).collect();
-                r.output_cut = true;
-            }
-        }
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::model::{ChecksStatus, SNAPSHOT_OUTPUT_CHARS};
     use crate::tasks::record::TaskRecord;
 
     fn config() -> Config {
@@ -683,16 +510,16 @@ mod tests {
     #[test]
     fn only_the_latest_runs_verdict_of_a_finished_turn_is_reported() {
         let mut s = ChecksState::new(vec!["make test".into()]);
-        assert_eq!(ChecksView::of(&s, false, 1).status, ChecksStatus::Pending);
+        assert_eq!(s.view(false, 1).status, ChecksStatus::Pending);
         s.passed = Some(true);
         s.last_turn = Some(1);
-        assert_eq!(ChecksView::of(&s, true, 1).status, ChecksStatus::Passed);
+        assert_eq!(s.view(true, 1).status, ChecksStatus::Passed);
         // A follow-up's turn has not been checked yet.
-        assert_eq!(ChecksView::of(&s, true, 2).status, ChecksStatus::Pending);
+        assert_eq!(s.view(true, 2).status, ChecksStatus::Pending);
         s.passed = Some(false);
         s.last = vec![failed("make test")];
         s.last[0].output = "x".repeat(5000);
-        let brief = ChecksView::of(&s, true, 1).brief();
+        let brief = s.view(true, 1).brief();
         assert_eq!(brief.status, ChecksStatus::Failed);
         assert_eq!(brief.last[0].output.chars().count(), SNAPSHOT_OUTPUT_CHARS);
         assert!(brief.last[0].output_cut);
