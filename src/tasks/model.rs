@@ -515,8 +515,8 @@ impl CheckResult {
 /// Where a task's checks stand, as status, wait and result show it.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ChecksView {
-    /// `passed`, `failed`, or `pending` (not run yet for this turn, running, or a fix round
-    /// under way). Only `passed` means verified.
+    /// `passed`, `failed`, `pending` (not run yet for this turn, running, or a fix round under
+    /// way) or `not_run` (the turn ended another way first). Only `passed` means verified.
     pub status: ChecksStatus,
     /// Fix rounds sent after failing checks in this host turn (escalations included).
     pub rounds: u32,
@@ -534,7 +534,10 @@ pub struct ChecksView {
 pub enum ChecksStatus {
     Passed,
     Failed,
+    /// Not run yet for this turn, running, or a fix round under way.
     Pending,
+    /// The turn ended another way (failed, cancelled, timed out) before its checks ran.
+    NotRun,
 }
 
 /// Characters of a check's output a status or wait snapshot shows (the result shows all that

@@ -192,6 +192,8 @@ impl ChecksState {
             Some(true) if finished && current => ChecksStatus::Passed,
             Some(false) if finished && current => ChecksStatus::Failed,
             _ if finished && self.note.is_some() => ChecksStatus::Failed,
+            // The turn ended otherwise (failed, cancelled, timed out) before its checks ran.
+            _ if finished => ChecksStatus::NotRun,
             _ => ChecksStatus::Pending,
         };
         ChecksView {

@@ -514,8 +514,10 @@ mod tests {
         s.passed = Some(true);
         s.last_turn = Some(1);
         assert_eq!(s.view(true, 1).status, ChecksStatus::Passed);
-        // A follow-up's turn has not been checked yet.
-        assert_eq!(s.view(true, 2).status, ChecksStatus::Pending);
+        // A follow-up's turn has not been checked yet; one that ended without its checks
+        // says so.
+        assert_eq!(s.view(false, 2).status, ChecksStatus::Pending);
+        assert_eq!(s.view(true, 2).status, ChecksStatus::NotRun);
         s.passed = Some(false);
         s.last = vec![failed("make test")];
         s.last[0].output = "x".repeat(5000);
