@@ -486,6 +486,10 @@ pub struct CheckResult {
     /// `output` is the end of a longer output.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_cut: bool,
+    /// The command never ran (it could not be started, or its worker was out of reach): not
+    /// the agent's to fix, so no fix round follows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_run: bool,
 }
 
 impl CheckResult {
@@ -499,6 +503,7 @@ impl CheckResult {
             duration_ms: 0,
             output: String::new(),
             output_cut: false,
+            not_run: true,
         }
     }
 

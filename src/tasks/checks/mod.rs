@@ -362,6 +362,15 @@ fn decide(
     if failures.is_empty() {
         return Next::Pass;
     }
+    // A check that never ran is no fault of the agent's: no round can fix it.
+    let not_run: Vec<String> = results
+        .iter()
+        .filter(|r| r.not_run)
+        .map(|r| format!("`{}` ({})", r.command, r.status_words()))
+        .collect();
+    if !not_run.is_empty() {
+        return Next::Fail(format!("the checks could not run: {}", not_run.join(", ")));
+    }
     let after = ChecksState {
         last: results.to_vec(),
         ..state.clone()
@@ -442,6 +451,7 @@ mod tests {
             duration_ms: 1500,
             output: "boom".into(),
             output_cut: false,
+            not_run: false,
         }
     }
 
@@ -490,6 +500,13 @@ mod tests {
             ..failed("make test")
         };
         assert_eq!(decide(&c, &entry(&fast), &state, &[passed]), Next::Pass);
+        // A check that never ran gets no fix round, whatever rounds are left.
+        let fresh = ChecksState::new(vec!["make test".into()]);
+        let unreachable = CheckResult::not_run("make test", "worker gone".into());
+        match decide(&c, &entry(&fast), &fresh, &[unreachable]) {
+            Next::Fail(message) => assert!(message.contains("could not run"), "{message}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub async fn run(
         duration_ms: 0,
         output: String::new(),
         output_cut: false,
+        not_run: false,
     };
     let (mut cmd, limit) = match place {
         Place::Local => (local(rec, command, password_env), timeout),
@@ -83,6 +84,7 @@ pub async fn run(
         Ok(c) => c,
         Err(e) => {
             result.error = Some(format!("could not be started: {e}"));
+            result.not_run = true;
             return result;
         }
     };
@@ -144,6 +146,7 @@ pub async fn run(
             }
             if matches!(place, Place::Remote(_)) && s.code() == Some(255) {
                 result.error = Some("the worker could not be reached over ssh".into());
+                result.not_run = true;
             }
             result.ok = result.error.is_none() && s.success();
         }
