@@ -326,4 +326,52 @@ mod tests {
         rec.model = Some("p/strong".into());
         assert_eq!(candidates(&c, &rec), []);
     }
+
+    /// A held provider failure with nowhere to go (the server offers none of the candidates, or
+    /// the caps are reached) ends failed with the provider's error, unchanged.
+    #[tokio::test]
+    async fn an_outage_with_nowhere_to_go_fails_with_the_providers_error() {
+        use crate::tasks::context::fixtures;
+        for capped in [false, true] {
+            let registry = fixtures::registry_with(|e| {
+                e.rec.tier = Some("fast".into());
+                e.rec.model = Some("p/cheap".into());
+                if capped {
+                    e.rec.budget = Some(crate::config::Budget {
+                        max_cost_usd: None,
+                        max_tokens: Some(0),
+                    });
+                }
+            });
+            let ctx = fixtures::context(registry.clone());
+            let mut config = config();
+            config.tiers[0].name = "fast".into();
+            ctx.config.set(std::sync::Arc::new(config));
+            let server = Arc::new(fixtures::unreachable_server());
+            let outage = ErrorInfo {
+                name: "APIError".into(),
+                message: "overloaded".into(),
+                provider_status: Some(529),
+                retryable: Some(true),
+            };
+            let held = registry.update("tsk_a", |e| {
+                crate::tasks::hold::hold(e, TaskStatus::Failed, Some(&outage), &ctx.config.get())
+            });
+            assert_eq!(
+                held,
+                Some(crate::tasks::hold::Hold::Held(1)),
+                "capped {capped}"
+            );
+            assert_eq!(
+                registry.get("tsk_a").map(|e| e.rec.status),
+                Some(TaskStatus::Running),
+                "held, not failed"
+            );
+            crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
+            let e = registry.get("tsk_a").expect("task");
+            assert_eq!(e.rec.status, TaskStatus::Failed, "capped {capped}");
+            assert_eq!(e.rec.error.as_ref(), Some(&outage), "capped {capped}");
+            assert!(e.rec.escalations.is_empty() && e.live.outage.is_none());
+        }
+    }
 }

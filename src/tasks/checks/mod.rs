@@ -543,4 +543,97 @@ mod tests {
         assert_eq!(brief.last[0].output.chars().count(), SNAPSHOT_OUTPUT_CHARS);
         assert!(brief.last[0].output_cut);
     }
+
+    /// Holds `tsk_a`'s completed first turn with `commands` as its checks, in `dir`, with
+    /// `edit` applied to the configuration; then settles it against a server nobody listens on.
+    async fn settle_with(
+        commands: &[&str],
+        dir: &std::path::Path,
+        edit: impl FnOnce(&mut Config),
+    ) -> TaskEntry {
+        use crate::tasks::context::fixtures;
+        let registry = fixtures::registry_with(|e| {
+            e.rec.directory = dir.to_string_lossy().into_owned();
+            e.rec.checks = Some(ChecksState::new(
+                commands.iter().map(|c| c.to_string()).collect(),
+            ));
+            e.rec.outcome = Some(crate::tasks::turn::TurnState::default());
+        });
+        let ctx = fixtures::context(registry.clone());
+        let mut config = crate::gateway::test_config();
+        edit(&mut config);
+        ctx.config.set(std::sync::Arc::new(config));
+        let server = Arc::new(fixtures::unreachable_server());
+        let held = registry.update("tsk_a", |e| {
+            crate::tasks::hold::hold(e, TaskStatus::Completed, None, &ctx.config.get())
+        });
+        assert_eq!(held, Some(crate::tasks::hold::Hold::Held(1)));
+        crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
+        registry.get("tsk_a").expect("task")
+    }
+
+    #[tokio::test]
+    async fn passing_checks_complete_the_task_and_failing_ones_without_rounds_fail_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = settle_with(&["true", "echo fine"], dir.path(), |_| {}).await;
+        assert_eq!(e.rec.status, TaskStatus::Completed);
+        let c = e.rec.checks.as_ref().expect("checks");
+        assert_eq!((c.passed, c.last.len(), c.checking), (Some(true), 2, None));
+
+        let e = settle_with(&["echo broken; exit 3"], dir.path(), |c| {
+            c.checks.max_rounds = 0
+        })
+        .await;
+        assert_eq!(e.rec.status, TaskStatus::Failed);
+        let error = e.rec.error.as_ref().expect("error");
+        assert_eq!(error.name, CHECKS_FAILED);
+        assert!(error.message.contains("exit status 3"), "{}", error.message);
+        assert_eq!(e.rec.checks.as_ref().and_then(|c| c.passed), Some(false));
+    }
+
+    #[tokio::test]
+    async fn a_fix_round_that_cannot_be_sent_or_a_check_that_cannot_run_ends_the_task_failed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Rounds left, but OpenCode is out of reach: the round is not sent, and the task says so.
+        let e = settle_with(&["exit 1"], dir.path(), |_| {}).await;
+        assert_eq!(e.rec.status, TaskStatus::Failed);
+        let message = &e.rec.error.as_ref().expect("error").message;
+        assert!(message.contains("could not be sent"), "{message}");
+        // A directory that is gone: the check never ran, and no round is tried.
+        let gone = dir.path().join("gone");
+        let e = settle_with(&["true"], &gone, |_| {}).await;
+        assert_eq!(e.rec.status, TaskStatus::Failed);
+        let message = &e.rec.error.as_ref().expect("error").message;
+        assert!(message.contains("could not run"), "{message}");
+        assert!(e.rec.checks.as_ref().is_some_and(|c| c.last[0].not_run));
+    }
+
+    #[tokio::test]
+    async fn rounds_used_up_on_a_tier_whose_next_tier_the_server_cannot_serve_fail_the_task() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = {
+            use crate::tasks::context::fixtures;
+            let registry = fixtures::registry_with(|e| {
+                e.rec.directory = dir.path().to_string_lossy().into_owned();
+                e.rec.tier = Some("fast".into());
+                e.rec.checks = Some(ChecksState::new(vec!["exit 1".into()]));
+            });
+            let ctx = fixtures::context(registry.clone());
+            let mut config = crate::gateway::test_config();
+            config.checks.max_rounds = 0;
+            config.tiers[0].escalate_to = Some(config.tiers[1].name.clone());
+            config.tiers[1].models = vec!["p/strong".into()];
+            ctx.config.set(std::sync::Arc::new(config));
+            let server = Arc::new(fixtures::unreachable_server());
+            registry.update("tsk_a", |e| {
+                crate::tasks::hold::hold(e, TaskStatus::Completed, None, &ctx.config.get())
+            });
+            crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
+            registry.get("tsk_a").expect("task")
+        };
+        assert_eq!(e.rec.status, TaskStatus::Failed);
+        let message = &e.rec.error.as_ref().expect("error").message;
+        assert!(message.contains("escalation to tier"), "{message}");
+        assert!(e.rec.escalations.is_empty());
+    }
 }
