@@ -42,6 +42,27 @@ fn dir(env: &OpenCodeEnv, name: &str) -> String {
     d.to_string_lossy().into_owned()
 }
 
+/// The session's model calls began on the default model and ended on the strong one: the
+/// model really changed in OpenCode, not only in the gateway's record.
+fn first_and_last_models(rig: &Rig, session: &str) {
+    let models: Vec<String> = rig
+        .requests_for(session)
+        .iter()
+        .filter(|r| !r.is_title_request())
+        .map(|r| r.model.clone())
+        .collect();
+    assert_eq!(
+        models.first().map(String::as_str),
+        Some(FAKE_MODEL),
+        "{models:?}"
+    );
+    assert_eq!(
+        models.last().map(String::as_str),
+        Some(FAKE_STRONG_MODEL),
+        "{models:?}"
+    );
+}
+
 /// Starts a task; returns its id and its session's.
 async fn start(rig: &Rig, args: Value) -> (String, String) {
     let started = rig.start_task_with(args).await;
@@ -206,22 +227,7 @@ async fn checks_run_after_each_turn_fix_rounds_follow_and_the_verdict_is_reporte
         escalations[0]["model"],
         format!("{FAKE_PROVIDER}/{FAKE_STRONG_MODEL}")
     );
-    let models: Vec<String> = rig
-        .requests_for(&escalated_session)
-        .iter()
-        .filter(|r| !r.is_title_request())
-        .map(|r| r.model.clone())
-        .collect();
-    assert_eq!(
-        models.first().map(String::as_str),
-        Some(FAKE_MODEL),
-        "{models:?}"
-    );
-    assert_eq!(
-        models.last().map(String::as_str),
-        Some(FAKE_STRONG_MODEL),
-        "{models:?}"
-    );
+    first_and_last_models(&rig, &escalated_session);
     // second.txt is never written: the chain ends failed after the strong tier's round.
     assert_eq!(result["status"], "failed", "{result}");
     assert_eq!(result["error"]["name"], "ChecksFailed", "{result}");
@@ -373,22 +379,7 @@ async fn a_provider_outage_moves_the_task_to_a_fallback_model_or_a_stronger_tier
                 .is_some_and(|w| w.starts_with("provider error: APIError")),
             "{result}"
         );
-        let models: Vec<String> = rig
-            .requests_for(session)
-            .iter()
-            .filter(|r| !r.is_title_request())
-            .map(|r| r.model.clone())
-            .collect();
-        assert_eq!(
-            models.first().map(String::as_str),
-            Some(FAKE_MODEL),
-            "{models:?}"
-        );
-        assert_eq!(
-            models.last().map(String::as_str),
-            Some(FAKE_STRONG_MODEL),
-            "{models:?}"
-        );
+        first_and_last_models(&rig, session);
         // The model that answered is the one moved to.
         assert_eq!(result["model"], strong.as_str(), "{result}");
     }
