@@ -603,23 +603,20 @@ fn tiers(config: &Config, issues: &mut Issues) {
                 );
             }
         }
-        for (j, model) in tier.fallback_models.iter().enumerate() {
-            if !is_model_id(model) {
-                issues.push(
-                    format!("{at}.fallback_models.{j}"),
-                    format!("expected a model id of the form `provider/model`, found `{model}`"),
-                );
-            }
-        }
-        for (j, model) in tier.models.iter().enumerate() {
-            if !is_model_id(model) {
-                issues.push(
-                    format!("{at}.models.{j}"),
-                    format!(
-                        "expected a model id of the form `provider/model` (e.g. \
-                         `openrouter/qwen/qwen3-coder`), found `{model}`"
-                    ),
-                );
+        for (field, models) in [
+            ("models", &tier.models),
+            ("fallback_models", &tier.fallback_models),
+        ] {
+            for (j, model) in models.iter().enumerate() {
+                if !is_model_id(model) {
+                    issues.push(
+                        format!("{at}.{field}.{j}"),
+                        format!(
+                            "expected a model id of the form `provider/model` (e.g. \
+                             `openrouter/qwen/qwen3-coder`), found `{model}`"
+                        ),
+                    );
+                }
             }
         }
     }

@@ -101,7 +101,7 @@ pub struct Live {
     pub tools_run: u32,
     pub retry: Option<RetryInfo>,
     /// The provider error a failed turn is held with while the gateway moves the task to
-    /// another model (`fallback.rs`).
+    /// another model (`escalation.rs`).
     pub outage: Option<ErrorInfo>,
     pub last_event: Instant,
     /// What is known of each pending ask (by id) beyond the record. Not saved: after a restart

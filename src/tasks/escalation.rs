@@ -93,49 +93,59 @@ fn candidates(config: &Config, rec: &TaskRecord) -> Vec<(String, Option<String>)
     out
 }
 
-/// The first candidate the server offers, resolved as a start would resolve it.
+/// Tier `tier` on this server, resolved as a start resolves it: `model` when given (a fallback),
+/// else the first of the tier's models the server offers (or its default for a tier naming none).
+pub(super) async fn on_tier(
+    config: &Config,
+    server: &Server,
+    rec: &TaskRecord,
+    tier: &str,
+    model: Option<&str>,
+) -> Result<NextModel, super::error::TaskError> {
+    let choice = super::resolve::choose(
+        config,
+        server,
+        &rec.directory,
+        rec.agent.as_deref(),
+        model,
+        model.is_none().then_some(tier),
+        None,
+    )
+    .await?;
+    Ok(NextModel {
+        tier: tier.to_string(),
+        model: choice.model.or(model.map(str::to_string)),
+        variant: choice.variant,
+    })
+}
+
+/// The first candidate the server offers.
 async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Option<NextModel> {
     for (tier, model) in candidates(config, rec) {
-        let chosen = match &model {
-            Some(m) => {
-                super::resolve::choose(
-                    config,
-                    server,
-                    &rec.directory,
-                    rec.agent.as_deref(),
-                    Some(m),
-                    None,
-                    None,
-                )
-                .await
-            }
-            None => {
-                super::resolve::choose(
-                    config,
-                    server,
-                    &rec.directory,
-                    rec.agent.as_deref(),
-                    None,
-                    Some(&tier),
-                    None,
-                )
-                .await
-            }
-        };
-        match chosen {
-            Ok(choice) => {
-                return Some(NextModel {
-                    tier,
-                    model: choice.model.or(model),
-                    variant: choice.variant,
-                })
-            }
+        match on_tier(config, server, rec, &tier, model.as_deref()).await {
+            Ok(next) => return Some(next),
             Err(e) => {
                 tracing::info!(task_id = %rec.id, tier, ?model, error = %e, "fallback model not offered; trying the next");
             }
         }
     }
     None
+}
+
+/// Records the move of the task to `next` as the turn after `turn` opens (called under the
+/// registry lock by the turn's `prepare`, so a turn that cannot be sent leaves no record of it).
+pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
+    e.live.outage = None;
+    e.rec.escalations.push(Escalation {
+        from: e.rec.tier.clone().unwrap_or_default(),
+        to: next.tier.clone(),
+        from_model: e.rec.model.clone(),
+        model: next.model,
+        why,
+        turn: turn + 1,
+    });
+    e.rec.tier = Some(next.tier);
+    e.rec.variant = next.variant;
 }
 
 /// Once the turn on the next model began (`turn`), closes the spend of the tier and model the
@@ -206,11 +216,7 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
         error.message.chars().take(300).collect::<String>()
     );
     let prompt = carry_on_prompt(&error);
-    let NextModel {
-        tier,
-        model,
-        variant,
-    } = next;
+    let model = next.model.clone();
     let left = (entry.rec.tier.clone(), entry.rec.model.clone());
     let opened = open_turn(
         ctx,
@@ -220,33 +226,23 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
         Follows::Correction,
         &prompt,
         entry.rec.agent.clone(),
-        model.clone(),
-        |e| {
-            e.live.outage = None;
-            e.rec.escalations.push(Escalation {
-                from: e.rec.tier.clone().unwrap_or_default(),
-                to: tier.clone(),
-                from_model: e.rec.model.clone(),
-                model: model.clone(),
-                why,
-                turn: turn + 1,
-            });
-            e.rec.tier = Some(tier);
-            e.rec.variant = variant;
-        },
+        model,
+        |e| record_move(e, next, why, turn),
     )
     .await;
-    if let Ok(new_turn) = opened {
-        close_segment(ctx, task_id, new_turn, left.0, left.1);
-    } else if let Err(err) = opened {
-        tracing::warn!(task_id, error = %err, "the turn on the next model could not be sent");
-        ctx.registry.update(task_id, |e| {
-            if e.is_checking(turn) {
-                let mut error = error.clone();
-                error.message = format!("{}; moving to another model failed: {err}", error.message);
-                fail(e, error);
-            }
-        });
+    match opened {
+        Ok(new_turn) => close_segment(ctx, task_id, new_turn, left.0, left.1),
+        Err(err) => {
+            tracing::warn!(task_id, error = %err, "the turn on the next model could not be sent");
+            ctx.registry.update(task_id, |e| {
+                if e.is_checking(turn) {
+                    let mut error = error.clone();
+                    error.message =
+                        format!("{}; moving to another model failed: {err}", error.message);
+                    fail(e, error);
+                }
+            });
+        }
     }
 }
 
@@ -336,6 +332,8 @@ mod tests {
             let registry = fixtures::registry_with(|e| {
                 e.rec.tier = Some("fast".into());
                 e.rec.model = Some("p/cheap".into());
+                // The failed turn as the completion check read it.
+                e.rec.outcome = Some(crate::tasks::turn::TurnState::default());
                 if capped {
                     e.rec.budget = Some(crate::config::Budget {
                         max_cost_usd: None,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::context::TaskContext;
 use super::entry::TaskEntry;
 use super::model::TaskStatus;
-use super::{checks, escalation, structured};
+use super::{checks, escalation, outcome, structured};
 use crate::config::Config;
 use crate::opencode::{ErrorInfo, Server};
 
@@ -63,26 +63,23 @@ pub fn hold(
 /// completion check would find it `Already` held and the task would sit `running` until its
 /// deadline.
 pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
-    let outage = ctx
-        .registry
-        .get(task_id)
-        .is_some_and(|e| e.live.outage.is_some());
+    let (outage, structured) = match ctx.registry.get(task_id) {
+        Some(e) => (e.live.outage.is_some(), e.rec.structured.is_some()),
+        None => return,
+    };
     if outage {
         escalation::settle_outage(ctx, server, task_id, turn).await;
-        ctx.registry.update(task_id, |e| e.release_check(turn));
-        return;
-    }
-    let structured = ctx
-        .registry
-        .get(task_id)
-        .is_some_and(|e| e.rec.structured.is_some());
-    let checks_next = if structured {
-        structured::check_held(ctx, server, task_id, turn).await
-    } else {
-        true
-    };
-    if checks_next {
+    } else if !structured || structured::check_held(ctx, server, task_id, turn).await {
         checks::settle(ctx, server, task_id, turn).await;
     }
     ctx.registry.update(task_id, |e| e.release_check(turn));
+    // The task ended at this turn: what follows any turn's end (its files, a remote task's
+    // work brought back), as for a turn that was never held.
+    if ctx
+        .registry
+        .get(task_id)
+        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
+    {
+        outcome::after_turn(ctx, server, task_id, turn).await;
+    }
 }

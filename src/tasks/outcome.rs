@@ -23,14 +23,16 @@ pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
 pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(async move {
-        read_outcome(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-        // Then its changed files, off the completion path as for a turn concluded over HTTP:
-        // a record that has them answers for them after a restart too.
-        read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
-        // A remote task's work comes back from its worker (see `fetch.rs`).
-        super::fetch::after_turn(&ctx, &task_id).await;
-    });
+    tokio::spawn(async move { after_turn(&ctx, &server, &task_id, turn).await });
+}
+
+/// What follows the end of a turn, off the waiters' path: its outcome (if not read yet), then
+/// its changed files (a record that has them answers for them after a restart too), then, for a
+/// remote task, its work back from its worker (see `fetch.rs`).
+pub(super) async fn after_turn(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
+    read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+    super::fetch::after_turn(ctx, task_id).await;
 }
 
 /// How hard [`read_outcome`] and [`read_files`] try.

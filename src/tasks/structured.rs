@@ -491,17 +491,7 @@ pub(super) async fn check_held(
             });
         }
     }
-    if go_on {
-        return true;
-    }
-    if ctx
-        .registry
-        .get(task_id)
-        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
-    {
-        outcome::read_files(ctx, server, task_id, turn, outcome::Attempts::Patient).await;
-    }
-    false
+    go_on
 }
 
 #[cfg(test)]

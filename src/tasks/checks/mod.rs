@@ -9,17 +9,18 @@
 //!   repository's `delegation.yaml` cannot add any unless the user's own file allows it
 //!   (`config::trust`). A follow-up may add its own for the turns it opens.
 //! - **When**: a completed turn of a task with checks is held like a structured answer (the task
-//!   stays `running`; `checking` is the durable twin of the held phase) and [`settle`] runs
-//!   them one after another in the task's session ([`run`]: OpenCode's session shell, so they
-//!   run where the session runs, worktree or worker, and their output is in the session the
-//!   agent reads).
+//!   stays `running`; `checking` is the durable twin of the held phase, see `hold`) and
+//!   [`settle`] runs them one after another where the task works (`run`: by the gateway itself,
+//!   on this machine or over the worker's ssh; why not OpenCode's session shell is said there).
+//!   Their output reaches the agent's session in the fix prompt.
 //! - **The fix loop**: a failure with rounds left continues the session with the rendered
 //!   `checks.fix_prompt` (the failing commands, how they ended, the end of their output)
 //!   through the one turn-opening path (`follow::open_turn`), so the round is capped, timed and
 //!   counted like any turn; the checks run again when it completes.
 //! - **Escalation**: rounds used up on a tier with `escalate_to`, the next round runs on that
 //!   tier's model in the same session with its rounds whole again; each move is recorded
-//!   ([`Escalation`]). Each tier is visited once, so a cycle in the configuration ends.
+//!   (an `Escalation`, through `escalation::record_move`, as a provider outage's move is). Each
+//!   tier is visited once, so a cycle in the configuration ends.
 //! - **The end**: all passing finishes the task `completed`; still failing, it ends `failed`
 //!   with `ChecksFailed` (its answer, files and worktree kept), never as plain success.
 
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use super::context::TaskContext;
 use super::entry::{Claim, TaskEntry};
 use super::follow::{open_turn, Follows};
-use super::model::{CheckResult, Escalation, TaskStatus};
+use super::model::{CheckResult, TaskStatus};
 use super::outcome::{self, Attempts};
 use super::record::ChecksState;
 use crate::config::{Config, FixFailure};
@@ -100,18 +101,13 @@ enum Next {
     /// A fix round on the same tier, with this prompt.
     Fix(String),
     /// The rounds are used up: move to this tier, with this prompt.
-    Escalate {
-        to: String,
-        model: Option<String>,
-        prompt: String,
-    },
+    Escalate { to: String, prompt: String },
     /// The task ends failed with this message.
     Fail(String),
 }
 
-/// Called under the registry lock when a turn's verdict is `completed`: a task with checks is
-/// held (`checking`) and the caller runs [`settle`]. A task whose structured answer is also
-/// held runs its checks after the structured check accepted or gave up (`structured::settle`).
+/// Whether the task has checks to run after a completed turn (`hold` holds the turn for them; a
+/// structured answer is checked first, then these, see `hold::settle`).
 pub fn wants_checks(e: &TaskEntry) -> bool {
     e.rec
         .checks
@@ -132,11 +128,6 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
         return;
     };
     let config = ctx.config.get();
-    ctx.registry.update(task_id, |e| {
-        if let Some(c) = e.rec.checks.as_mut() {
-            c.checking = Some(turn);
-        }
-    });
     let timeout = config.timeouts.check.get();
     let keep = config.checks.output_chars as usize;
     let remote = entry
@@ -174,159 +165,129 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
         )
         .await;
         // A cancel or deadline that claimed the turn meanwhile ends the run.
-        if !ctx
-            .registry
-            .get(task_id)
-            .is_some_and(|e| e.is_checking(turn))
-        {
+        if !wanted() {
             return;
         }
         results.push(result);
     }
     let mut next = decide(&config, &entry, &state, &results);
-    // The stronger tier's model, as this server offers it (its first listed one it serves).
-    let mut variant = None;
-    if let Next::Escalate { to, model, .. } = &mut next {
-        let chosen = super::resolve::choose(
-            &config,
-            server,
-            &entry.rec.directory,
-            entry.rec.agent.as_deref(),
-            None,
-            Some(to),
-            None,
-        )
-        .await;
-        match chosen {
-            Ok(choice) => {
-                *model = choice.model;
-                variant = choice.variant;
-            }
+    // The stronger tier's model, as this server offers it.
+    let mut moving = None;
+    if let Next::Escalate { to, .. } = &next {
+        let to = to.clone();
+        match super::escalation::on_tier(&config, server, &entry.rec, &to, None).await {
+            Ok(m) => moving = Some(m),
             Err(e) => {
-                let after = ChecksState {
-                    last: results.clone(),
-                    ..state.clone()
-                };
                 next = Next::Fail(format!(
                     "{}; the escalation to tier `{to}` failed: {e}",
-                    failing(&after)
-                ));
+                    failing(&results, state.rounds_total)
+                ))
             }
         }
     }
-    let opened = ctx
+    let prompt = ctx
         .registry
         .update(task_id, |e| {
             if !e.is_checking(turn) {
                 return None;
             }
             let spent = e.caps_reached();
-            let tier = e.rec.tier.clone();
             let c = e.rec.checks.as_mut()?;
             c.last = results;
             c.last_turn = Some(turn);
             c.passed = Some(next == Next::Pass);
-            match next {
+            let fail = match next {
                 Next::Pass => {
                     e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
-                    None
-                }
-                Next::Fail(message) => {
-                    e.finish(
-                        Claim::Checked(turn),
-                        TaskStatus::Failed,
-                        Some(checks_failed(message)),
-                    );
-                    None
+                    return None;
                 }
                 Next::Fix(_) | Next::Escalate { .. } if spent.is_some() => {
                     let why = spent.unwrap_or_default();
                     c.note = Some(format!("no fix round was sent: {why}"));
-                    let message = format!("{} and no fix round was sent: {why}", failing(c));
-                    e.finish(
-                        Claim::Checked(turn),
-                        TaskStatus::Failed,
-                        Some(checks_failed(message)),
-                    );
-                    None
+                    format!(
+                        "{} and no fix round was sent: {why}",
+                        failing(&c.last, c.rounds_total)
+                    )
                 }
-                Next::Fix(prompt) => {
-                    c.rounds += 1;
-                    c.rounds_total += 1;
-                    Some((prompt, e.rec.agent.clone(), e.rec.model.clone(), None))
-                }
-                Next::Escalate { to, model, prompt } => {
-                    c.rounds = 0;
-                    c.rounds_total += 1;
-                    let why = failing(c);
-                    e.rec.escalations.push(Escalation {
-                        from: tier.unwrap_or_default(),
-                        to: to.clone(),
-                        from_model: e.rec.model.clone(),
-                        model: model.clone(),
-                        why,
-                        turn: turn + 1,
-                    });
-                    Some((prompt, e.rec.agent.clone(), model, Some(to)))
-                }
-            }
+                Next::Fail(message) => message,
+                Next::Fix(prompt) | Next::Escalate { prompt, .. } => return Some(prompt),
+            };
+            e.finish(
+                Claim::Checked(turn),
+                TaskStatus::Failed,
+                Some(checks_failed(fail)),
+            );
+            None
         })
         .flatten();
-    if let Some((prompt, agent, model, tier)) = opened {
-        let moved = tier.is_some();
-        let left = (entry.rec.tier.clone(), entry.rec.model.clone());
-        let result = open_turn(
-            ctx,
-            server,
-            task_id,
-            turn,
-            Follows::Correction,
-            &prompt,
-            agent,
-            model,
-            |e| {
-                if let Some(tier) = tier {
-                    e.rec.tier = Some(tier);
-                    e.rec.variant = variant;
+    let Some(prompt) = prompt else {
+        return;
+    };
+    // The round is counted, and a move recorded, as the turn opens: a round that cannot be
+    // sent leaves neither behind.
+    let left = (entry.rec.tier.clone(), entry.rec.model.clone());
+    let moved = moving.is_some();
+    let model = match &moving {
+        Some(m) => m.model.clone(),
+        None => entry.rec.model.clone(),
+    };
+    let result = open_turn(
+        ctx,
+        server,
+        task_id,
+        turn,
+        Follows::Correction,
+        &prompt,
+        entry.rec.agent.clone(),
+        model,
+        |e| {
+            let Some(c) = e.rec.checks.as_mut() else {
+                return;
+            };
+            let why = failing(&c.last, c.rounds_total);
+            c.rounds_total += 1;
+            match moving {
+                Some(next) => {
+                    c.rounds = 0;
+                    super::escalation::record_move(e, next, why, turn);
                 }
-            },
-        )
-        .await;
-        if let (Ok(new_turn), true) = (&result, moved) {
-            super::escalation::close_segment(ctx, task_id, *new_turn, left.0, left.1);
+                None => c.rounds += 1,
+            }
+        },
+    )
+    .await;
+    match result {
+        Ok(new_turn) if moved => {
+            super::escalation::close_segment(ctx, task_id, new_turn, left.0, left.1);
         }
-        if let Err(err) = result {
+        Ok(_) => {}
+        Err(err) => {
             tracing::warn!(task_id, error = %err, "the fix round could not be sent");
             ctx.registry.update(task_id, |e| {
-                if e.is_checking(turn) {
-                    let message = match e.rec.checks.as_ref() {
-                        Some(c) => {
-                            format!("{} and the fix round could not be sent: {err}", failing(c))
-                        }
-                        None => format!("the fix round could not be sent: {err}"),
-                    };
-                    e.finish(
-                        Claim::Checked(turn),
-                        TaskStatus::Failed,
-                        Some(checks_failed(message)),
-                    );
+                if !e.is_checking(turn) {
+                    return;
                 }
+                let failed = e
+                    .rec
+                    .checks
+                    .as_ref()
+                    .map(|c| failing(&c.last, c.rounds_total))
+                    .unwrap_or_else(|| "the checks failed".into());
+                let message = format!("{failed} and the fix round could not be sent: {err}");
+                e.finish(
+                    Claim::Checked(turn),
+                    TaskStatus::Failed,
+                    Some(checks_failed(message)),
+                );
             });
         }
     }
-    if ctx
-        .registry
-        .get(task_id)
-        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
-    {
-        outcome::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
-    }
 }
 
-/// "`cargo test` failed (exit status 101)", for every failing check of the latest run.
-fn failing(c: &ChecksState) -> String {
-    let failed: Vec<String> = c
-        .last
+/// "`cargo test` failed (exit status 101) after 1 fix round(s)", for every failing check of a
+/// run, after `rounds` fix rounds.
+fn failing(last: &[CheckResult], rounds: u32) -> String {
+    let failed: Vec<String> = last
         .iter()
         .filter(|r| !r.ok)
         .map(|r| format!("`{}` failed ({})", r.command, r.status_words()))
@@ -334,11 +295,7 @@ fn failing(c: &ChecksState) -> String {
     if failed.is_empty() {
         "the checks failed".into()
     } else {
-        format!(
-            "{} after {} fix round(s)",
-            failed.join(", "),
-            c.rounds_total
-        )
+        format!("{} after {rounds} fix round(s)", failed.join(", "))
     }
 }
 
@@ -371,10 +328,6 @@ fn decide(
     if !not_run.is_empty() {
         return Next::Fail(format!("the checks could not run: {}", not_run.join(", ")));
     }
-    let after = ChecksState {
-        last: results.to_vec(),
-        ..state.clone()
-    };
     let max = config.checks.max_rounds;
     let render = |round: u32| {
         config
@@ -383,7 +336,7 @@ fn decide(
             .map_err(|e| {
                 format!(
                     "{} and the fix prompt could not be rendered: {e}",
-                    failing(&after)
+                    failing(results, state.rounds_total)
                 )
             })
     };
@@ -406,20 +359,19 @@ fn decide(
             return match render(1) {
                 Ok(prompt) => Next::Escalate {
                     to: to.name.clone(),
-                    model: to.models.first().cloned(),
                     prompt,
                 },
                 Err(why) => Next::Fail(why),
             };
         }
     }
-    Next::Fail(failing(&after))
+    Next::Fail(failing(results, state.rounds_total))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::model::{ChecksStatus, SNAPSHOT_OUTPUT_CHARS};
+    use crate::tasks::model::{ChecksStatus, Escalation, SNAPSHOT_OUTPUT_CHARS};
     use crate::tasks::record::TaskRecord;
 
     fn config() -> Config {
@@ -617,6 +569,7 @@ mod tests {
                 e.rec.directory = dir.path().to_string_lossy().into_owned();
                 e.rec.tier = Some("fast".into());
                 e.rec.checks = Some(ChecksState::new(vec!["exit 1".into()]));
+                e.rec.outcome = Some(crate::tasks::turn::TurnState::default());
             });
             let ctx = fixtures::context(registry.clone());
             let mut config = crate::gateway::test_config();

@@ -94,6 +94,10 @@ pub async fn run(
     let mut buf = vec![0u8; 16 * 1024];
     let deadline = tokio::time::Instant::now() + limit;
     let mut poll = tokio::time::interval(POLL);
+    let timed_out = format!(
+        "stopped after {} (timeouts.check)",
+        crate::config::HumanDuration::from(timeout)
+    );
     let mut stopped: Option<String> = None;
     let status = loop {
         tokio::select! {
@@ -108,10 +112,7 @@ pub async fn run(
             },
             status = child.wait(), if stdout.is_none() => break status.ok(),
             _ = tokio::time::sleep_until(deadline) => {
-                stopped = Some(format!(
-                    "stopped after {} (timeouts.check)",
-                    crate::config::HumanDuration::from(timeout)
-                ));
+                stopped = Some(timed_out.clone());
                 break None;
             }
             _ = poll.tick() => {
@@ -123,7 +124,12 @@ pub async fn run(
         }
     };
     if status.is_none() {
-        kill_group(group);
+        // A local check leads its own process group: what it started goes with it.
+        if matches!(place, Place::Local) {
+            if let Some(pid) = group {
+                crate::opencode::kill_group(pid, libc::SIGKILL);
+            }
+        }
         let _ = child.kill().await;
     }
     result.duration_ms = started.elapsed().as_millis() as u64;
@@ -137,10 +143,7 @@ pub async fn run(
                 && started.elapsed() >= timeout;
             if remote_timeout {
                 result.exit = None;
-                result.error = Some(format!(
-                    "stopped after {} (timeouts.check)",
-                    crate::config::HumanDuration::from(timeout)
-                ));
+                result.error = Some(timed_out);
             } else if s.code().is_none() {
                 result.error = Some(signal_words(&s));
             }
@@ -192,18 +195,6 @@ fn remote_command(
     let mut cmd = remote.ssh.command(&["sh", "-c", &script]);
     cmd.stderr(Stdio::null());
     cmd
-}
-
-/// Kills the process group `pid` leads (a check and what it started).
-fn kill_group(pid: Option<u32>) {
-    let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
-        return;
-    };
-    // SAFETY: killpg only sends a signal; the group is the check's own (`process_group(0)`),
-    // led by the child we spawned and have not reaped yet, so its id is not reused.
-    unsafe {
-        libc::killpg(pid, libc::SIGKILL);
-    }
 }
 
 #[cfg(unix)]
