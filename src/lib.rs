@@ -17,6 +17,8 @@
 //! - [`doctor`]: `opencode-mcp doctor`, the first-run checks (binary, providers, tiers, state
 //!   directory) with a fix for each problem.
 //! - [`watch`]: `opencode-mcp watch`, OpenCode's own terminal UI on a task's session.
+//! - [`sandbox`]: confinement of every command a delegated agent runs and of every check
+//!   (bubblewrap): the policy, the confining shell OpenCode is given, the probe.
 //! - [`private_files`]: owner-only files written atomically (task records, server credentials).
 //! - [`logging`]: the stderr log filter (quiet by default) and its `OPENCODE_MCP_LOG` override.
 
@@ -31,6 +33,7 @@ pub mod logging;
 pub mod memory;
 pub mod opencode;
 pub mod private_files;
+pub mod sandbox;
 pub mod tasks;
 pub mod watch;
 pub mod workers;

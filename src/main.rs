@@ -121,6 +121,10 @@ fn main() -> ExitCode {
     if let Some(code) = opencode_mcp::opencode::supervisor::main_if_requested() {
         return code;
     }
+    // So is the confining shell OpenCode runs each of an agent's commands with.
+    if let Some(code) = opencode_mcp::sandbox::shell::main_if_requested() {
+        return code;
+    }
     opencode_mcp::logging::init();
     let cli = without_arguments().unwrap_or_else(Cli::parse);
     let sources = Sources {

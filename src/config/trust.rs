@@ -115,6 +115,12 @@ pub const POLICY: &[Policy] = &[
               which machines your code is sent to and what runs there",
     },
     Policy {
+        pattern: "sandbox",
+        rule: Rule::Withheld,
+        why: "a repository's delegation.yaml may not loosen or change the sandbox its own \
+              agents run in",
+    },
+    Policy {
         pattern: CHECKS_FROM_REPOSITORY,
         rule: Rule::Withheld,
         why: CHECKS,
@@ -131,6 +137,11 @@ pub const POLICY: &[Policy] = &[
     },
     Policy {
         pattern: "checks.max_rounds",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
+        pattern: "checks.output_chars",
         rule: Rule::OnlyLower,
         why: LIMIT,
     },

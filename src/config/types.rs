@@ -94,6 +94,10 @@ pub struct Config {
     /// fixed `checks`, or by the call), and the fix rounds that follow a failing one.
     #[serde(default)]
     pub checks: ChecksConfig,
+    /// Confinement of every command a delegated agent runs and of every check (bubblewrap, on
+    /// by default on Linux). Only your own files may set this.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
@@ -264,6 +268,43 @@ pub struct IsolationConfig {
     /// untracked files included: what you see) or `head` (the last commit only).
     #[serde(default)]
     pub base: crate::git::Base,
+}
+
+/// Confinement: what a delegated agent's commands and the checks may reach. See the README's
+/// "Trust and privacy".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// `on`: every command and check runs in a sandbox (writes only in the task's directory, no
+    /// secrets, no network, its own processes); a start where that cannot work is refused.
+    /// `off`: they run as you, unconfined.
+    #[serde(default)]
+    pub mode: SandboxMode,
+    /// Let confined commands and checks use the network.
+    #[serde(default)]
+    pub network: bool,
+    /// More paths (absolute, or `~/...`) confined commands must not see, beside the built-in
+    /// ones (`~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.netrc`, cloud CLIs' config, OpenCode's data, the
+    /// state directory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hide: Vec<String>,
+    /// More toolchain caches (absolute, or `~/...`) beside `~/.cargo`, `~/.rustup`, `~/.npm` and
+    /// `~/.cache`: readable, written only in a private layer thrown away after each command.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<String>,
+    /// More environment variables confined commands keep, beside `PATH`, `HOME`, the locale,
+    /// `TERM` and the toolchain homes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+}
+
+/// Whether confinement is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    #[default]
+    On,
+    Off,
 }
 
 /// Where a task works.

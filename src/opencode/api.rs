@@ -37,6 +37,17 @@ pub struct RunOn<'a> {
 /// Basic-auth user name OpenCode expects.
 pub const AUTH_USER: &str = "opencode";
 
+/// A permission rule the gateway puts on a session it creates. OpenCode (1.18.33) judges a tool
+/// call by the last rule that matches among the agent's rules (the user's config and
+/// OpenCode's defaults) and then the session's, so these win over every config; in a pattern
+/// `*` matches across `/`, and an edit's path is relative to the git root (measured).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForcedRule {
+    pub permission: &'static str,
+    pub pattern: String,
+    pub allow: bool,
+}
+
 /// A handle on one OpenCode server's HTTP API.
 #[derive(Clone, Debug)]
 pub struct Api {
@@ -240,13 +251,22 @@ impl Api {
         &self,
         directory: &str,
         title: &str,
+        forced: &[ForcedRule],
     ) -> Result<String, OpencodeError> {
+        let rules: Vec<types::PermissionRule> = forced
+            .iter()
+            .map(|r| types::PermissionRule {
+                action: types::PermissionAction(if r.allow { "allow" } else { "deny" }.into()),
+                pattern: r.pattern.clone(),
+                permission: r.permission.to_string(),
+            })
+            .collect();
         let body = types::SessionCreateBody {
             agent: None,
             metadata: Default::default(),
             model: None,
             parent_id: None,
-            permission: None,
+            permission: (!rules.is_empty()).then(|| rules.into()),
             title: Some(title.to_string()),
             workspace_id: None,
         };

@@ -19,7 +19,7 @@ mod process;
 pub mod supervisor;
 mod types;
 
-pub use api::{Api, RunOn, AUTH_USER};
+pub use api::{Api, ForcedRule, RunOn, AUTH_USER};
 pub use error::OpencodeError;
 pub use listings::{Listing, FRESH_FOR};
 pub use messages::messages_from_json;

@@ -25,6 +25,7 @@ use super::events::{run_pump, PumpEvent};
 use super::process::{ManagedProcess, SpawnRequest};
 use crate::config::Config;
 use crate::ids;
+use crate::sandbox::{Confinement, Decision, ServerSandbox};
 
 /// What `start_server` reports.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -73,6 +74,11 @@ pub struct Server {
     /// The worker whose OpenCode this is, reached through an ssh forward (`workers::serve`);
     /// `None` for this machine's.
     pub worker: Option<String>,
+    /// What confines its agents' commands (a managed server on this machine with the sandbox
+    /// on); `None` leaves them unconfined, for the reason in `confinement`.
+    pub sandbox: Option<Arc<ServerSandbox>>,
+    /// Whether tasks on this server run confined, and why not.
+    pub confinement: Confinement,
 }
 
 impl Server {
@@ -198,9 +204,20 @@ impl ServerPool {
         let request_timeout = self.config.timeouts.request.get();
         let id = ids::server_id();
         let mut credentials = None;
-        let (api, process) = match &self.config.opencode.url {
-            Some(url) => (self.attach(url, request_timeout)?, None),
+        let mut sandbox = None;
+        let (api, process, confinement) = match &self.config.opencode.url {
+            Some(url) => (
+                self.attach(url, request_timeout)?,
+                None,
+                Confinement::Unconfined(
+                    "the gateway attached to this OpenCode (opencode.url) rather than start it, \
+                     so it cannot confine its agents"
+                        .into(),
+                ),
+            ),
             None => {
+                let confinement;
+                (sandbox, confinement) = self.sandbox_for(&id)?;
                 let password = ids::secret().map_err(|e| {
                     OpencodeError::Start(format!(
                         "cannot make a password for the server: the system's random number \
@@ -213,11 +230,12 @@ impl ServerPool {
                     directory: Path::new(&directory),
                     password: &password,
                     start_timeout: self.config.timeouts.server_start.get(),
+                    shell: sandbox.as_ref().map(|s| s.shell()),
                 })
                 .await?;
                 let api = Api::new(&process.url, Some(&password), request_timeout)?;
                 credentials = self.publish(&id, &process.url, &password);
-                (api, Some(process))
+                (api, Some(process), confinement)
             }
         };
         let version = match api.health().await {
@@ -239,6 +257,8 @@ impl ServerPool {
             stop: CancellationToken::new(),
             credentials,
             worker: None,
+            sandbox,
+            confinement,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_pump(api, tx, server.stop.clone()));
@@ -273,6 +293,10 @@ impl ServerPool {
             stop: CancellationToken::new(),
             credentials,
             worker: Some(worker.to_string()),
+            sandbox: None,
+            confinement: Confinement::Unconfined(format!(
+                "it runs on worker {worker}, whose agents the gateway does not confine yet"
+            )),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_pump(api, tx, server.stop.clone()));
@@ -283,6 +307,42 @@ impl ServerPool {
 
     /// Writes the credentials file of a managed server. A failure costs only `watch` on this
     /// server, so it is logged and the server is used anyway.
+    /// The sandbox a managed server `id` gets under the user's `sandbox` settings. Refused
+    /// (the server is not started) when confinement is on but cannot work here.
+    fn sandbox_for(
+        &self,
+        id: &str,
+    ) -> Result<(Option<Arc<ServerSandbox>>, Confinement), OpencodeError> {
+        let dir = self.credentials_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("opencode-mcp-{}", std::process::id()))
+        });
+        let policy = match crate::sandbox::decide(&self.config.sandbox, &dir) {
+            Decision::Confine(policy) => policy,
+            Decision::Unconfined(why) => return Ok((None, Confinement::Unconfined(why))),
+            Decision::Refuse(why) => return Err(OpencodeError::Start(why)),
+        };
+        // The confining shell is this binary, named by its real path: `/proc/self/exe`, which
+        // the supervisor is started as, would name the script's own `sh` there. Library use
+        // (no supervisor enabled) has no such binary.
+        let exe = super::supervisor::program()
+            .and_then(|_| std::env::current_exe().ok())
+            .ok_or_else(|| {
+                OpencodeError::Start(
+                    "tasks run confined by default, but this binary's own path is unknown, and \
+                     the confining shell runs it"
+                        .into(),
+                )
+            })?;
+        let sandbox =
+            ServerSandbox::create(&dir.join("sandbox"), id, policy, &exe).map_err(|e| {
+                OpencodeError::Start(format!(
+                    "cannot write the sandbox's files under {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        Ok((Some(Arc::new(sandbox)), Confinement::Confined))
+    }
+
     fn publish(&self, server_id: &str, url: &str, password: &str) -> Option<CredentialsFile> {
         let dir = self.credentials_dir.as_deref()?;
         let credentials = Credentials {

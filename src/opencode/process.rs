@@ -93,6 +93,9 @@ pub struct SpawnRequest<'a> {
     pub directory: &'a Path,
     pub password: &'a str,
     pub start_timeout: Duration,
+    /// The confining shell OpenCode runs its agents' commands with (`sandbox::server`); `None`
+    /// leaves OpenCode's own.
+    pub shell: Option<&'a Path>,
 }
 
 impl ManagedProcess {
@@ -151,6 +154,11 @@ impl ManagedProcess {
                 cmd
             }
         };
+        let content = merged_config_content(
+            std::env::var("OPENCODE_CONFIG_CONTENT").ok().as_deref(),
+            req.config.permission,
+            req.shell,
+        )?;
         cmd.arg("serve")
             .arg("--hostname")
             .arg(&req.config.hostname)
@@ -158,13 +166,7 @@ impl ManagedProcess {
             .arg(port.to_string())
             .current_dir(req.directory)
             .env("OPENCODE_SERVER_PASSWORD", req.password)
-            .env(
-                "OPENCODE_CONFIG_CONTENT",
-                merged_config_content(
-                    std::env::var("OPENCODE_CONFIG_CONTENT").ok().as_deref(),
-                    req.config.permission,
-                ),
-            )
+            .env("OPENCODE_CONFIG_CONTENT", content)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -548,10 +550,17 @@ pub fn free_port(hostname: &str) -> Result<u16, OpencodeError> {
         .map_err(|e| OpencodeError::Start(format!("cannot find a free port on {host}: {e}")))
 }
 
-/// The user's own `OPENCODE_CONFIG_CONTENT` with our permission policy added. The user's content
-/// is never replaced: if it is not a JSON object it is passed through untouched, and a
-/// `permission` the user set wins over the policy.
-pub fn merged_config_content(existing: Option<&str>, policy: PermissionPolicy) -> String {
+/// The user's own `OPENCODE_CONFIG_CONTENT` with our permission policy added, and the
+/// confining `shell` when there is one. The user's content is kept: a `permission` the user set
+/// wins over the policy (the rules the gateway forces on delegated sessions are the session's,
+/// see `Api::create_session`), but a `shell` of theirs never wins over the confining one.
+/// Content that is not a JSON object is refused: OpenCode would take it without the policy and
+/// without the sandbox.
+pub fn merged_config_content(
+    existing: Option<&str>,
+    policy: PermissionPolicy,
+    shell: Option<&Path>,
+) -> Result<String, OpencodeError> {
     let policy_value = match policy {
         PermissionPolicy::Allow => "allow",
         PermissionPolicy::Ask => "ask",
@@ -561,14 +570,24 @@ pub fn merged_config_content(existing: Option<&str>, policy: PermissionPolicy) -
         None => serde_json::Map::new(),
         Some(Ok(serde_json::Value::Object(map))) => map,
         Some(_) => {
-            tracing::warn!("OPENCODE_CONFIG_CONTENT is not a JSON object; passing it through unchanged, without the permission policy");
-            return existing.unwrap_or_default().to_string();
+            return Err(OpencodeError::Start(
+                "OPENCODE_CONFIG_CONTENT is set but is not a JSON object, so OpenCode would \
+                 run without the gateway's permission policy and sandbox: fix it (e.g. \
+                 `{\"model\": \"provider/model\"}`) or unset it"
+                    .into(),
+            ))
         }
     };
     object
         .entry("permission")
         .or_insert_with(|| serde_json::Value::String(policy_value.into()));
-    serde_json::Value::Object(object).to_string()
+    if let Some(shell) = shell {
+        object.insert(
+            "shell".into(),
+            serde_json::Value::String(shell.to_string_lossy().into_owned()),
+        );
+    }
+    Ok(serde_json::Value::Object(object).to_string())
 }
 
 #[cfg(test)]
@@ -658,30 +677,41 @@ mod tests {
     #[test]
     fn permission_policy_merges_into_user_config() {
         let merged = merged_config_content(
-            Some(r#"{"model":"fake/m","provider":{"x":{}}}"#),
+            Some(r#"{"model":"fake/m","provider":{"x":{}},"shell":"/bin/zsh"}"#),
             PermissionPolicy::Allow,
-        );
+            Some(Path::new("/state/sandbox/srv_1.sh")),
+        )
+        .expect("merged");
         let v: serde_json::Value = serde_json::from_str(&merged).expect("json");
         assert_eq!(v["permission"], "allow");
         assert_eq!(v["model"], "fake/m");
         assert!(v["provider"]["x"].is_object());
+        assert_eq!(
+            v["shell"], "/state/sandbox/srv_1.sh",
+            "the confining shell wins"
+        );
     }
 
     #[test]
-    fn users_own_permission_wins_and_garbage_passes_through() {
+    fn users_own_permission_wins_and_garbage_is_refused() {
         let merged = merged_config_content(
             Some(r#"{"permission":{"bash":"ask"}}"#),
             PermissionPolicy::Allow,
-        );
+            None,
+        )
+        .expect("merged");
         let v: serde_json::Value = serde_json::from_str(&merged).expect("json");
         assert_eq!(v["permission"]["bash"], "ask");
-        assert_eq!(
-            merged_config_content(Some("not json"), PermissionPolicy::Deny),
-            "not json"
+        let refused = merged_config_content(Some("not json"), PermissionPolicy::Deny, None)
+            .expect_err("not an object");
+        assert!(
+            refused.to_string().contains("OPENCODE_CONFIG_CONTENT"),
+            "{refused}"
         );
-        let fresh: serde_json::Value =
-            serde_json::from_str(&merged_config_content(None, PermissionPolicy::Ask))
-                .expect("json");
+        let fresh: serde_json::Value = serde_json::from_str(
+            &merged_config_content(None, PermissionPolicy::Ask, None).expect("merged"),
+        )
+        .expect("json");
         assert_eq!(fresh["permission"], "ask");
     }
 }

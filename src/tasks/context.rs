@@ -156,6 +156,8 @@ pub(super) mod fixtures {
             stop: Default::default(),
             credentials: None,
             worker: None,
+            sandbox: None,
+            confinement: crate::sandbox::Confinement::Unconfined("a test server".into()),
         }
     }
 }

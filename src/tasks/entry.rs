@@ -496,6 +496,11 @@ impl TaskEntry {
                 .as_ref()
                 .map(|c| c.view(r.status.is_terminal(), r.turn).brief()),
             escalations: r.escalations.clone(),
+            confined: r.confinement.as_ref().map(|c| c.is_confined()),
+            unconfined: r
+                .confinement
+                .as_ref()
+                .and_then(|c| c.why_not().map(str::to_string)),
             server_id: Some(r.server_id.clone()),
             session_id: Some(r.session_id.clone()),
             directory: Some(r.directory.clone()),

@@ -49,6 +49,12 @@ pub(super) async fn open_turn(
     // unfinished). The room is held until the claim made the task unfinished again.
     let config = ctx.config.get();
     spend::within_daily_cap(&config, &ctx.registry)?;
+    let root = entry
+        .rec
+        .workspace
+        .as_ref()
+        .map_or(entry.rec.directory.as_str(), |w| w.path.as_str());
+    super::service::admit(server, root)?;
     let room = match follows {
         Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,
@@ -83,6 +89,7 @@ pub(super) async fn open_turn(
             }
             let previous = e.clone();
             prepare(e);
+            e.rec.confinement = Some(server.confinement.clone());
             let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
             match follows {
                 Follows::Finished => e.begin_turn(message_id.clone(), agent.clone(), model.clone()),

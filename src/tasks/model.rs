@@ -180,6 +180,13 @@ pub struct TaskSnapshot {
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<Escalation>,
+    /// Whether the task's commands and checks ran in the sandbox (absent: a task from before
+    /// it was known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confined: Option<bool>,
+    /// Why it ran unconfined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unconfined: Option<String>,
     /// (detail `full`) The OpenCode server the task runs on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
@@ -321,6 +328,13 @@ pub struct TaskResult {
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<Escalation>,
+    /// Whether the task's commands and checks ran in the sandbox (absent: a task from before
+    /// it was known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confined: Option<bool>,
+    /// Why it ran unconfined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unconfined: Option<String>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
     /// correction.
     #[serde(skip_serializing_if = "Option::is_none")]

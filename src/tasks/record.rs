@@ -134,6 +134,10 @@ pub struct TaskRecord {
     /// usage report prices its turns at when OpenCode reports no cost for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<(String, crate::opencode::Price)>,
+    /// Whether the task's commands and checks run in the sandbox, and why not; absent in
+    /// records written before the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<crate::sandbox::Confinement>,
 }
 
 /// A task's checks and where they stand, saved with its record.
@@ -370,6 +374,7 @@ impl TaskRecord {
             structured: None,
             checks: None,
             escalations: Vec::new(),
+            confinement: None,
             segments: Vec::new(),
             budget: None,
             variant: None,

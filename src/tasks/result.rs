@@ -177,6 +177,12 @@ impl TaskService {
                 .as_ref()
                 .map(|c| c.view(finished, entry.rec.turn)),
             escalations: entry.rec.escalations.clone(),
+            confined: entry.rec.confinement.as_ref().map(|c| c.is_confined()),
+            unconfined: entry
+                .rec
+                .confinement
+                .as_ref()
+                .and_then(|c| c.why_not().map(str::to_string)),
             turn: Some(entry.rec.turn),
             model: entry.model(),
             model_requested: entry.model_requested(),

@@ -712,7 +712,25 @@ impl TaskService {
         let directory = workspace
             .as_ref()
             .map_or(directory, |(_, session_dir)| session_dir.clone());
-        let session_id = match server.api.create_session(&directory, &title).await {
+        // The task's root is registered with the server's sandbox before its session exists,
+        // so its first command already finds it; a task that cannot be confined as the user
+        // asked does not start.
+        let root = workspace
+            .as_ref()
+            .map_or(directory.as_str(), |(w, _)| w.path.as_str());
+        if let Err(e) = admit(&server, root) {
+            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                .await;
+            return Err(e);
+        }
+        let forced = if self.config().sandbox.mode == crate::config::SandboxMode::On
+            && server.worker.is_none()
+        {
+            crate::sandbox::session_rules()
+        } else {
+            Vec::new()
+        };
+        let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
             Err(e) => {
                 self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
@@ -730,6 +748,7 @@ impl TaskService {
         );
         rec.server_url = server.api.base_url().to_string();
         rec.managed = server.process.is_some();
+        rec.confinement = Some(server.confinement.clone());
         rec.idempotency = idempotency;
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
@@ -1072,6 +1091,20 @@ pub fn default_title(prompt: &str) -> String {
         title.push('…');
     }
     format!("[opencode-mcp] {title}")
+}
+
+/// Registers a task's `root` with its server's sandbox (and puts the confining shell back in
+/// place if it went missing), before each turn: a task is never run unconfined on a server
+/// that confines.
+pub(super) fn admit(server: &Server, root: &str) -> Result<(), TaskError> {
+    let Some(sandbox) = &server.sandbox else {
+        return Ok(());
+    };
+    sandbox.admit(Path::new(root)).map_err(|e| {
+        TaskError::Opencode(crate::opencode::OpencodeError::Start(format!(
+            "cannot confine the task to {root}: the sandbox's files could not be written ({e})"
+        )))
+    })
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@
 //! | marker | effect |
 //! |---|---|
 //! | `[[bash:<cmd>]]` | answer with a `bash` tool call `{"command": "<cmd>"}` |
+//! | `[[bashin:<workdir>:<cmd>]]` | the same with `"workdir": "<workdir>"` (`<workdir>` has no `:`) |
 //! | `[[write:<path>:<content>]]` | answer with a `write` tool call `{"filePath": "<path>", "content": "<content>"}`; `<path>` has no `:`; `\n` in `<content>` becomes a newline. A relative path is taken relative to the session directory (missing dirs are created). |
 //! | `[[slow:<ms>]]` | stream the text answer in 10 chunks spread over about `<ms>` ms; if the client hangs up meanwhile, the [`StreamEnd`] says so (for abort tests) |
 //! | `[[delay:<ms>]]` | wait `<ms>` ms before answering at all (also before an error) |
@@ -83,6 +84,11 @@ pub const USAGE_COMPLETION_TOKENS: u64 = 10;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Marker {
     Bash(String),
+    /// `[[bashin:<workdir>:<cmd>]]`: a `bash` tool call that passes `workdir`.
+    BashIn {
+        workdir: String,
+        command: String,
+    },
     Write {
         path: String,
         content: String,
@@ -434,6 +440,13 @@ fn parse_marker(inner: &str) -> Option<Marker> {
     let ms = |s: &str| s.trim().parse::<u64>().ok();
     match (name, arg) {
         ("bash", Some(cmd)) => Some(Marker::Bash(cmd.to_owned())),
+        ("bashin", Some(arg)) => {
+            let (workdir, command) = arg.split_once(':')?;
+            Some(Marker::BashIn {
+                workdir: workdir.to_owned(),
+                command: command.to_owned(),
+            })
+        }
         ("write", Some(arg)) => {
             let (path, content) = arg.split_once(':')?;
             Some(Marker::Write {
@@ -611,6 +624,10 @@ fn plan(this: &RecordedRequest, earlier: &[RecordedRequest]) -> Plan {
         .iter()
         .filter_map(|m| match m {
             Marker::Bash(cmd) => Some(("bash", json!({ "command": cmd }))),
+            Marker::BashIn { workdir, command } => Some((
+                "bash",
+                json!({ "command": command, "workdir": workdir, "description": "run it" }),
+            )),
             Marker::Write { path, content } => {
                 Some(("write", json!({ "filePath": path, "content": content })))
             }

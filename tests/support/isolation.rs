@@ -43,9 +43,14 @@ pub struct OpenCodeEnv {
 impl OpenCodeEnv {
     /// Creates the tree. Panics if the temp directory cannot be made.
     pub fn new() -> Self {
+        // Under the target directory, not /tmp: a delegated agent's commands run confined, with
+        // a private /tmp of their own, so a file a test puts in /tmp for them (a gate, a repo)
+        // would be out of their sight, and a secret planted there would prove nothing.
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).expect("create the target's temp dir");
         let root = tempfile::Builder::new()
             .prefix("opencode-env-")
-            .tempdir()
+            .tempdir_in(&base)
             .expect("create a temp dir for OpenCode");
         let root_path = root
             .path()

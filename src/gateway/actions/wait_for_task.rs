@@ -453,6 +453,8 @@ mod tests {
             structured_attempts: None,
             checks: None,
             escalations: Vec::new(),
+            confined: None,
+            unconfined: None,
             elapsed_ms: 0,
             error: None,
             permissions: Vec::new(),

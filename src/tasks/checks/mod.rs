@@ -141,18 +141,42 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
             .get(task_id)
             .is_some_and(|e| e.is_checking(turn))
     };
+    // Local checks run in the sandbox the task's agent runs in: the server's, or (for a server
+    // the gateway attached to, which it cannot confine) one made for the check alone.
+    let local = match &server.sandbox {
+        Some(sandbox) => Ok(Some(sandbox.policy())),
+        None => {
+            let state = ctx
+                .worktrees
+                .as_deref()
+                .and_then(std::path::Path::parent)
+                .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+            match crate::sandbox::decide(&config.sandbox, &state) {
+                crate::sandbox::Decision::Confine(p) => Ok(Some(p)),
+                crate::sandbox::Decision::Unconfined(_) => Ok(None),
+                crate::sandbox::Decision::Refuse(why) => Err(why),
+            }
+        }
+    };
     let mut results = Vec::with_capacity(state.commands.len());
     for command in &state.commands {
-        let place = match &remote {
-            None => Place::Local,
-            Some((_, Some(r))) => Place::Remote(r),
-            Some((name, None)) => {
-                results.push(CheckResult::not_run(
-                    command,
-                    format!("not run: worker `{name}` is no longer configured"),
-                ));
+        let place = match (&remote, &local) {
+            (None, Ok(policy)) => Place::Local(policy.as_ref()),
+            (None, Err(why)) => {
+                results.push(CheckResult::not_run(command, format!("not run: {why}")));
                 continue;
             }
+            (Some(_), _) => match &remote {
+                Some((_, Some(r))) => Place::Remote(r),
+                Some((name, None)) => {
+                    results.push(CheckResult::not_run(
+                        command,
+                        format!("not run: worker `{name}` is no longer configured"),
+                    ));
+                    continue;
+                }
+                None => continue,
+            },
         };
         let result = run(
             place,

@@ -39,8 +39,9 @@ const TIMEOUT_STATUS: i32 = 124;
 
 /// Where a check runs.
 pub enum Place<'a> {
-    /// This machine.
-    Local,
+    /// This machine: confined by this policy (to the task's root), or, with `None`, unconfined
+    /// (the user's `sandbox.mode: off`).
+    Local(Option<&'a crate::sandbox::Policy>),
     /// A remote worker, reached with its `ssh`.
     Remote(&'a Remote),
 }
@@ -68,7 +69,7 @@ pub async fn run(
         not_run: false,
     };
     let (mut cmd, limit) = match place {
-        Place::Local => (local(rec, command, password_env), timeout),
+        Place::Local(policy) => (local(policy, rec, command, password_env), timeout),
         Place::Remote(remote) => (
             remote_command(remote, rec, command, timeout),
             timeout + REMOTE_GRACE,
@@ -77,7 +78,7 @@ pub async fn run(
     // A gateway that dies takes its local checks with it (their shell; a command they started
     // in the background is in their process group, which the timeout and a cancel kill).
     #[cfg(target_os = "linux")]
-    if matches!(place, Place::Local) {
+    if matches!(place, Place::Local(_)) {
         crate::opencode::die_with_gateway(&mut cmd, libc::SIGKILL);
     }
     let mut child = match crate::opencode::spawn_child(cmd).await {
@@ -125,7 +126,7 @@ pub async fn run(
     };
     if status.is_none() {
         // A local check leads its own process group: what it started goes with it.
-        if matches!(place, Place::Local) {
+        if matches!(place, Place::Local(_)) {
             if let Some(pid) = group {
                 crate::opencode::kill_group(pid, libc::SIGKILL);
             }
@@ -159,15 +160,55 @@ pub async fn run(
 }
 
 /// `sh -c` in the task's directory, stdout and stderr merged into one pipe, in a group of its
-/// own so a timeout stops what it started too.
-fn local(rec: &TaskRecord, command: &str, password_env: &str) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!("exec 2>&1\n{command}"))
-        .current_dir(&rec.directory)
-        .env_remove(password_env)
-        .env_remove("OPENCODE_SERVER_PASSWORD")
-        .stdin(Stdio::null())
+/// own so a timeout stops what it started too; under `policy`, inside the sandbox confined to
+/// the task's root (its worktree, or its directory), with only the allowed environment.
+fn local(
+    policy: Option<&crate::sandbox::Policy>,
+    rec: &TaskRecord,
+    command: &str,
+    password_env: &str,
+) -> tokio::process::Command {
+    let script = format!("exec 2>&1\n{command}");
+    let mut cmd = match policy {
+        Some(policy) => {
+            let root = rec
+                .workspace
+                .as_ref()
+                .map_or(rec.directory.as_str(), |w| w.path.as_str());
+            let cwd = std::path::Path::new(&rec.directory);
+            let cwd = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
+            let confined = policy.command(
+                std::path::Path::new(root),
+                &cwd,
+                "sh".as_ref(),
+                &["-c".as_ref(), script.as_ref()],
+            );
+            // bwrap's own complaints go where the check's output goes: through a `sh` that
+            // merges stderr into stdout before it becomes bwrap.
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.arg("-c")
+                .arg("exec 2>&1; exec \"$0\" \"$@\"")
+                .arg(confined.get_program())
+                .args(confined.get_args())
+                .env_clear();
+            for (name, value) in confined.get_envs() {
+                if let Some(value) = value {
+                    cmd.env(name, value);
+                }
+            }
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
+                .arg(&script)
+                .current_dir(&rec.directory)
+                .env_remove(password_env)
+                .env_remove("OPENCODE_SERVER_PASSWORD");
+            cmd
+        }
+    };
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -268,7 +309,7 @@ mod tests {
     async fn local_run(cmd: &str, timeout: Duration, keep: usize) -> CheckResult {
         let dir = tempfile::tempdir().expect("tempdir");
         run(
-            Place::Local,
+            Place::Local(None),
             &record(dir.path()),
             cmd,
             timeout,
@@ -315,7 +356,7 @@ mod tests {
         let marker = dir.path().join("child.pid");
         let cmd = format!("sleep 300 & echo $! > {}; wait", marker.display());
         let r = run(
-            Place::Local,
+            Place::Local(None),
             &record(dir.path()),
             &cmd,
             Duration::from_millis(1500),
@@ -358,7 +399,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let asked = std::sync::atomic::AtomicU32::new(0);
         let r = run(
-            Place::Local,
+            Place::Local(None),
             &record(dir.path()),
             "sleep 300",
             Duration::from_secs(300),
@@ -375,13 +416,135 @@ mod tests {
         );
     }
 
+    /// The policy a confined check gets, with `home` as the home directory and `state` hidden;
+    /// fails, saying how to get it, where bubblewrap is missing.
+    fn confining(home: &std::path::Path, state: &std::path::Path) -> crate::sandbox::Policy {
+        let bwrap = match crate::sandbox::probe::availability() {
+            crate::sandbox::Availability::Ready(b) => b.clone(),
+            other => panic!(
+                "these tests need a working bubblewrap (`apt-get install bubblewrap`): {other:?}"
+            ),
+        };
+        crate::sandbox::Policy::from_settings(
+            &crate::config::SandboxConfig::default(),
+            bwrap,
+            Some(home),
+            &[state.to_path_buf()],
+        )
+    }
+
+    #[tokio::test]
+    async fn a_confined_check_writes_only_in_its_root_and_sees_no_secret() {
+        // Outside /tmp, which the sandbox replaces with a private one: a home there would be
+        // out of sight anyway and prove nothing.
+        let dir =
+            tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).expect("tempdir");
+        let home = dir.path().join("home");
+        let state = dir.path().join("state");
+        let root = dir.path().join("work");
+        std::fs::create_dir_all(home.join(".ssh")).expect("ssh");
+        std::fs::write(home.join(".ssh/id_ed25519"), "PRIVATE KEY").expect("key");
+        std::fs::create_dir_all(&state).expect("state");
+        std::fs::write(state.join("worker.json"), "PASSWORD").expect("worker file");
+        std::fs::create_dir_all(&root).expect("root");
+        let policy = confining(&home, &state);
+        // SAFETY: set once for this test's own variable name; no other test reads it.
+        unsafe { std::env::set_var("X_CHECK_PROVIDER_KEY", "sk-secret") };
+        let script = format!(
+            "echo built > out.txt && echo wrote-root; \
+             echo x > {home}/owned && echo WROTE-HOME; \
+             cat {home}/.ssh/id_ed25519 && echo READ-KEY; \
+             cat {state}/worker.json && echo READ-STATE; \
+             echo \"key=[${{X_CHECK_PROVIDER_KEY:-}}]\"; \
+             kill -0 {gateway} && echo SAW-GATEWAY; \
+             exit 0",
+            home = home.display(),
+            state = state.display(),
+            gateway = std::process::id(),
+        );
+        let r = run(
+            Place::Local(Some(&policy)),
+            &record(&root),
+            &script,
+            Duration::from_secs(30),
+            4000,
+            "X_PW",
+            || true,
+        )
+        .await;
+        assert!(r.ok, "{r:?}");
+        assert!(r.output.contains("wrote-root"), "{}", r.output);
+        assert_eq!(
+            std::fs::read_to_string(root.join("out.txt")).expect("out"),
+            "built\n"
+        );
+        for leaked in [
+            "WROTE-HOME",
+            "READ-KEY",
+            "PRIVATE KEY",
+            "READ-STATE",
+            "PASSWORD",
+            "sk-secret",
+            "SAW-GATEWAY",
+        ] {
+            assert!(!r.output.contains(leaked), "{leaked} in {}", r.output);
+        }
+        assert!(r.output.contains("key=[]"), "{}", r.output);
+        assert!(r.output.contains("Read-only file system"), "{}", r.output);
+        assert!(!home.join("owned").exists());
+    }
+
+    #[tokio::test]
+    async fn a_confined_check_that_escapes_its_group_still_stops_at_the_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("work");
+        std::fs::create_dir_all(&root).expect("root");
+        let policy = confining(dir.path(), &dir.path().join("state"));
+        // `setsid` leaves the check's process group: only the pid namespace takes it down. It
+        // writes a heartbeat the test watches stop.
+        let beat = root.join("beat");
+        let cmd = format!(
+            "setsid sh -c 'while :; do date +%s%N > {}; sleep 0.1; done' & sleep 300",
+            beat.display()
+        );
+        let r = run(
+            Place::Local(Some(&policy)),
+            &record(&root),
+            &cmd,
+            Duration::from_millis(1500),
+            100,
+            "X_PW",
+            || true,
+        )
+        .await;
+        assert!(
+            r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("timeouts.check")),
+            "{r:?}"
+        );
+        let read = || std::fs::read_to_string(&beat).unwrap_or_default();
+        let mut last = read();
+        let stopped = (0..50).any(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = read();
+            let same = now == last;
+            last = now;
+            same
+        });
+        assert!(
+            stopped,
+            "the setsid child kept running after the check was stopped"
+        );
+    }
+
     #[tokio::test]
     async fn the_server_password_is_not_passed_on() {
         let dir = tempfile::tempdir().expect("tempdir");
         // SAFETY: set once for this test's own variable name; no other test reads it.
         unsafe { std::env::set_var("X_CHECK_TEST_PW", "secret") };
         let r = run(
-            Place::Local,
+            Place::Local(None),
             &record(dir.path()),
             "echo \"[${X_CHECK_TEST_PW:-}]\"",
             Duration::from_secs(30),

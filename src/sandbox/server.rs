@@ -1,0 +1,159 @@
+//! The files that confine one managed OpenCode server: its policy and its shell script.
+//!
+//! OpenCode's `shell` setting is one path for the whole server, and OpenCode silently falls
+//! back to plain `bash` when that file is missing (measured on 1.18.33: one INFO log line). So
+//! the script is written before the server starts and written again, when it is missing or not
+//! what the gateway wrote, before every turn ([`ServerSandbox::admit`]). Both files live in the
+//! gateway's private state directory (`sandbox/`, mode 0700), which confined commands cannot
+//! see and delegated sessions may not edit.
+//!
+//! The policy's `roots` grow as tasks start on the server: each task's root is registered before
+//! its session exists, so its first command already finds it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::policy::Policy;
+
+/// The confinement of one server.
+#[derive(Debug)]
+pub struct ServerSandbox {
+    policy: Mutex<Policy>,
+    policy_file: PathBuf,
+    script: PathBuf,
+    script_text: String,
+}
+
+impl ServerSandbox {
+    /// Writes the policy and the script for server `key` under `dir`, the script running
+    /// `exe` (this binary).
+    pub fn create(dir: &Path, key: &str, policy: Policy, exe: &Path) -> std::io::Result<Self> {
+        crate::private_files::create_dir(dir)?;
+        let policy_file = dir.join(format!("{key}.json"));
+        let script = dir.join(format!("{key}.sh"));
+        let script_text = format!(
+            "#!/bin/sh\n# opencode-mcp: runs each command of a delegated agent confined (see \
+             `opencode-mcp doctor`).\nexec {} {} {} \"$@\"\n",
+            sh_quote(&exe.to_string_lossy()),
+            super::shell::SUBCOMMAND,
+            sh_quote(&policy_file.to_string_lossy()),
+        );
+        let sandbox = Self {
+            policy: Mutex::new(policy),
+            policy_file,
+            script,
+            script_text,
+        };
+        sandbox.write_policy(&sandbox.lock())?;
+        sandbox.write_script()?;
+        Ok(sandbox)
+    }
+
+    /// The script OpenCode is given as its `shell`.
+    pub fn shell(&self) -> &Path {
+        &self.script
+    }
+
+    /// Registers `root` (a task's worktree or directory) and makes sure the script is in
+    /// place: called before each turn of a task on this server.
+    pub fn admit(&self, root: &Path) -> std::io::Result<()> {
+        let root = root.canonicalize()?;
+        let mut policy = self.lock();
+        if !policy.roots.contains(&root) {
+            policy.roots.push(root);
+            self.write_policy(&policy)?;
+        }
+        drop(policy);
+        let intact = std::fs::read_to_string(&self.script).is_ok_and(|t| t == self.script_text);
+        if !intact {
+            tracing::warn!(script = %self.script.display(), "the sandbox shell script was missing or changed; writing it again");
+            self.write_script()?;
+        }
+        Ok(())
+    }
+
+    /// The policy as it stands (for the checks of this server's tasks).
+    pub fn policy(&self) -> Policy {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Policy> {
+        self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_policy(&self, policy: &Policy) -> std::io::Result<()> {
+        let dir = self.policy_file.parent().unwrap_or(Path::new("."));
+        let bytes = serde_json::to_vec(policy).map_err(std::io::Error::other)?;
+        crate::private_files::write_atomic(dir, &self.policy_file, "policy", &bytes, None)
+    }
+
+    fn write_script(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.script.parent().unwrap_or(Path::new("."));
+        crate::private_files::write_atomic(
+            dir,
+            &self.script,
+            "shell",
+            self.script_text.as_bytes(),
+            None,
+        )?;
+        std::fs::set_permissions(&self.script, std::fs::Permissions::from_mode(0o700))
+    }
+}
+
+impl Drop for ServerSandbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+        let _ = std::fs::remove_file(&self.policy_file);
+    }
+}
+
+/// `'text'` for `sh`, with any `'` inside written as `'\''`.
+fn sh_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_script_is_written_again_and_roots_are_kept_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("task");
+        std::fs::create_dir_all(&root).expect("root");
+        let policy = Policy::from_settings(
+            &crate::config::SandboxConfig::default(),
+            PathBuf::from("/usr/bin/bwrap"),
+            Some(dir.path()),
+            &[],
+        );
+        let sandbox = ServerSandbox::create(
+            &dir.path().join("sandbox"),
+            "srv_1",
+            policy,
+            Path::new("/opt/it's/opencode-mcp"),
+        )
+        .expect("create");
+        let script = std::fs::read_to_string(sandbox.shell()).expect("script");
+        assert!(
+            script.contains(r"'/opt/it'\''s/opencode-mcp' __sandbox-shell"),
+            "{script}"
+        );
+        std::fs::remove_file(sandbox.shell()).expect("remove");
+        sandbox.admit(&root).expect("admit");
+        sandbox.admit(&root).expect("admit again");
+        assert_eq!(
+            std::fs::read_to_string(sandbox.shell()).expect("script"),
+            script
+        );
+        let saved: Policy = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("sandbox/srv_1.json")).expect("policy"),
+        )
+        .expect("json");
+        assert_eq!(saved.roots, vec![root.canonicalize().expect("canon")]);
+        let files = dir.path().join("sandbox");
+        drop(sandbox);
+        assert_eq!(std::fs::read_dir(files).expect("dir").count(), 0);
+    }
+}
