@@ -150,7 +150,7 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
             return Report::new(vec![check], exe);
         }
     };
-    let mut checks = vec![config_check(&config)];
+    let mut checks = vec![config_check(&config), sandbox_check(&config)];
     let config = Arc::new(config);
     let binary_found = match &config.opencode.url {
         // Attach mode: the configured server is checked instead; nothing is spawned.
@@ -174,6 +174,62 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
     checks.push(state_dir_check(&config));
     checks.extend(worker_checks(&config).await);
     Report::new(checks, exe)
+}
+
+/// Whether delegated agents' commands and checks can run confined here (a fresh probe: it runs
+/// `bwrap` itself). Confinement that is on but cannot work is a blocker: every start would be
+/// refused.
+fn sandbox_check(config: &Config) -> Check {
+    use crate::sandbox::probe::{self, Availability};
+    let name = "sandbox";
+    if config.sandbox.mode == crate::config::SandboxMode::Off {
+        return Check::new(
+            name,
+            Status::Warn,
+            "off (sandbox.mode: off): delegated agents' commands and checks run as you, with your \
+             files, keys and network",
+        )
+        .fix("remove `sandbox: {mode: off}` from your delegation.yaml to confine them");
+    }
+    let attached = config.opencode.url.as_ref().map(|_| {
+        " Tasks on the attached server (opencode.url) run unconfined: the gateway did not start \
+         it, so it cannot give it its shell; their checks still run confined."
+    });
+    match probe::probe() {
+        Availability::Ready(bwrap) => {
+            let check = Check::new(
+                name,
+                if attached.is_some() {
+                    Status::Warn
+                } else {
+                    Status::Ok
+                },
+                format!(
+                    "{} confines every command of a delegated agent and every check: writes only \
+                     in the task's directory, secrets hidden, network {}.{}",
+                    bwrap.display(),
+                    if config.sandbox.network { "on" } else { "off" },
+                    attached.unwrap_or_default()
+                ),
+            );
+            match attached {
+                Some(_) => check.fix(
+                    "leave opencode.url unset to let the gateway start (and confine) its OpenCode",
+                ),
+                None => check,
+            }
+        }
+        Availability::Unsupported(os) => Check::new(
+            name,
+            Status::Warn,
+            format!("delegated agents and checks run unconfined on {os}: the gateway confines them on Linux only"),
+        )
+        .fix("run the gateway on Linux (or WSL) with bubblewrap for confined agents"),
+        Availability::Missing { why, fix } => {
+            Check::new(name, Status::Fail, format!("{why}; every task start is refused"))
+                .fix(fix.join("\n"))
+        }
+    }
 }
 
 /// Two checks per remote worker: reachable over ssh without a prompt, git and OpenCode there

@@ -24,7 +24,7 @@ fn user_config(env: &OpenCodeEnv) -> std::path::PathBuf {
     std::fs::write(
         &path,
         format!(
-            "timeouts:\n  check: 3s\nchecks:\n  max_rounds: 1\n  output_chars: 300\n  fix_prompt: |-\n    \
+            "timeouts:\n  check: 3s\nchecks:\n  from_calls: true\n  max_rounds: 1\n  output_chars: 300\n  fix_prompt: |-\n    \
              FIX ROUND {{{{ round }}}} of {{{{ max_rounds }}}} [[write:fixed.txt:yes]]\n    \
              {{% for f in failures %}}$ {{{{ f.command }}}} => {{{{ f.status }}}}: {{{{ f.output }}}}\n    \
              {{% endfor %}}\ntiers:\n  \

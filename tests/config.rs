@@ -1716,6 +1716,59 @@ fn a_repositorys_tiers_keep_the_users_models_and_caps() {
     assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
 }
 
+/// A repository's tiers replace the user's list: the user's `escalate_to` naming a tier the
+/// repository left out is ignored with a warning, and the gateway still starts.
+#[test]
+fn a_repository_that_drops_the_users_escalation_target_still_loads() {
+    let dir = workdir();
+    let user = dir.path().join("user");
+    write(
+        &user,
+        "delegation.yaml",
+        "tiers:\n  - {name: fast, handles: small work, escalate_to: standard}\n  \
+         - {name: standard, handles: the rest}\n",
+    );
+    write(
+        dir.path(),
+        "delegation.yaml",
+        "tiers:\n  - {name: fast, handles: anything}\n",
+    );
+    let sources = Sources {
+        user_dir: Some(user.clone()),
+        ..sources(dir.path())
+    };
+    let cfg = load_with_env(&sources, env(&[])).expect("loads");
+    assert_eq!(cfg.tier("fast").expect("fast").escalate_to, None);
+    let warning = cfg
+        .withheld
+        .iter()
+        .find(|w| w.key == "tiers.fast.escalate_to")
+        .expect("a warning names the key")
+        .to_string();
+    assert!(warning.contains("standard"), "{warning}");
+}
+
+/// A repository's file can set no `sandbox` key: the sandbox confines the repository's own
+/// agents.
+#[test]
+fn a_repository_cannot_touch_the_sandbox() {
+    let (_dir, cfg) = load_repo(
+        "sandbox:\n  mode: off\n  network: true\n  env: [AWS_SECRET_ACCESS_KEY]\n",
+        &[],
+    );
+    let cfg = cfg.expect("loads");
+    assert_eq!(cfg.sandbox, opencode_mcp::config::SandboxConfig::default());
+    let keys: Vec<&str> = cfg.withheld.iter().map(|w| w.key.as_str()).collect();
+    assert!(keys.iter().all(|k| k.starts_with("sandbox")), "{keys:?}");
+    assert!(!keys.is_empty());
+    // The user's own layers may.
+    let (_dir, cfg) = load_trusted("sandbox:\n  mode: off\n", &[]);
+    assert_eq!(
+        cfg.expect("loads").sandbox.mode,
+        opencode_mcp::config::SandboxMode::Off
+    );
+}
+
 /// Limits that multiply what delegation spends may only go down in a repository's file, like
 /// the caps: more tasks at once, more paid corrections, a longer task deadline are withheld
 /// (with a warning naming the key), a lower value is taken, and a value of the wrong shape is

@@ -545,10 +545,22 @@ async fn attached_server_stream_cut_outage_and_wrong_password() {
     proxy.refuse().await;
     proxy.cut().await;
     let down_at = Instant::now();
-    // OpenCode finishes all three while the gateway cannot reach it (seen on our own stream).
-    for s in &starts {
-        let session = s["session_id"].as_str().expect("session_id");
-        truth.wait_idle(session, Duration::from_secs(30)).await;
+    // OpenCode finishes all three while the gateway cannot reach it (seen on our own stream),
+    // in whatever order: waiting for one session's idle consumes the others' that come first.
+    let mut busy: Vec<String> = starts
+        .iter()
+        .map(|s| s["session_id"].as_str().expect("session_id").to_string())
+        .collect();
+    while !busy.is_empty() {
+        let idle = truth
+            .wait_for(Duration::from_secs(30), |e| {
+                e["type"] == "session.idle"
+                    && busy
+                        .iter()
+                        .any(|s| e["properties"]["sessionID"] == s.as_str())
+            })
+            .await;
+        busy.retain(|s| idle["properties"]["sessionID"] != s.as_str());
     }
     // The gateway cannot know yet: it reports them unfinished, not failed, not completed.
     let w = rig

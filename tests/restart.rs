@@ -835,9 +835,14 @@ async fn queued_tasks_start_as_the_slot_frees() {
 /// completed turn again and runs the checks again; the task passes without another model call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_under_way_are_run_again_after_a_restart() {
-    let (mut rig, _opencode) = Rig::attached(OpenCodeEnv::new(), &[]).await;
-    let runs = rig.env.root().join("check-runs");
-    let gate = rig.env.root().join("check-gate");
+    let (mut rig, _opencode) = Rig::attached(
+        OpenCodeEnv::new(),
+        &[("OPENCODE_MCP_CHECKS__FROM_CALLS", "true")],
+    )
+    .await;
+    // In the task's directory: the check runs confined, writing only there.
+    let runs = rig.env.work_dir().join("check-runs");
+    let gate = rig.env.work_dir().join("check-gate");
     let check = format!(
         "echo run >> {runs}; test -f {gate} || sleep 10; test -f {gate}",
         runs = runs.display(),

@@ -9,8 +9,8 @@
 //! same. In the same run an honest task writes, builds a small crate offline and tests it in
 //! its worktree, and completes with its check passed.
 //!
-//! The environment lives under the target directory, not /tmp: a confined command gets a
-//! private /tmp, so secrets planted there would be out of sight anyway and prove nothing.
+//! The environment lives outside /tmp (see `support::isolation::test_tmp`): a confined command
+//! gets a private /tmp, so secrets planted there would be out of sight anyway and prove nothing.
 
 mod support;
 
@@ -93,6 +93,13 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     extra.push(("PLANTED_PROVIDER_KEY", "sk-PLANTED-SECRET-env"));
+    // The honest task names the user's check; the attacker's check is a command of the call's
+    // own, which the user's layers allow here.
+    extra.push((
+        "OPENCODE_MCP_CHECKS__NAMED__TEST",
+        "cargo test --offline -q",
+    ));
+    extra.push(("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"));
     let rig = Rig::start_in(FakeLlm::start(), env, &extra).await;
     let gateway = rig.client.pid().expect("gateway pid");
 
@@ -101,7 +108,7 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
         .start_task_with(json!({
             "prompt": "build it [[bash:echo honest > result.txt && cargo build --offline -q && cargo test --offline -q 2>&1 | tail -3]]",
             "isolation": "worktree",
-            "checks": ["cargo test --offline -q"],
+            "checks": ["test"],
         }))
         .await;
     let honest_id = honest["task_id"].as_str().expect("id").to_string();
@@ -163,6 +170,11 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
     // The honest task did its work and its check passed, confined.
     assert_eq!(honest["status"], "completed", "{honest}");
     assert_eq!(honest["checks"]["status"], "passed", "{honest}");
+    assert_eq!(
+        honest["checks"]["commands"],
+        json!(["cargo test --offline -q"]),
+        "the named check's command ran: {honest}"
+    );
     assert_eq!(honest["confined"], true, "{honest}");
     let honest_out = tool_outputs(&rig, &honest_session);
     assert!(honest_out.contains("test result: ok"), "{honest_out}");
@@ -249,8 +261,7 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
 /// confining shell, run as `nobody` through `setpriv`, confines a command to its root.
 #[test]
 fn the_confining_shell_confines_an_unprivileged_user() {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).expect("target tmp");
+    let base = support::isolation::test_tmp();
     let dir = tempfile::tempdir_in(&base).expect("tempdir");
     let root = dir.path().join("root");
     let home = dir.path().join("home");

@@ -668,7 +668,12 @@ impl OneWorker {
             &root.display().to_string(),
             slots,
         );
-        std::fs::write(&user_file, format!("workers:\n{local}{w1}")).expect("the user's file");
+        // The tests pass checks of their own in calls, which only the user's file allows.
+        std::fs::write(
+            &user_file,
+            format!("checks:\n  from_calls: true\nworkers:\n{local}{w1}"),
+        )
+        .expect("the user's file");
         let config_var = user_file.display().to_string();
         let rig =
             support::rig::Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config_var.as_str())])
@@ -878,7 +883,16 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         .lines()
         .find(|l| l.contains(spilled["task_id"].as_str().unwrap_or("?")))
         .unwrap_or_default();
-    assert!(spilled_line.ends_with("[on w1]"), "{tasks}");
+    // Workers' agents are not confined yet: the list says so, and a local task's line does not.
+    assert!(spilled_line.ends_with("[on w1] [unconfined]"), "{tasks}");
+    let local_line = tasks
+        .lines()
+        .find(|l| l.contains(local["task_id"].as_str().unwrap_or("?")))
+        .unwrap_or_default();
+    assert!(
+        !local_line.contains("[on ") && !local_line.contains("[unconfined]"),
+        "{tasks}"
+    );
     std::fs::write(&gate, "open").expect("open the gate");
     let spilled_id = spilled["task_id"].as_str().expect("task_id").to_string();
     let remote_id = remote["task_id"].as_str().expect("task_id").to_string();

@@ -661,7 +661,15 @@ async fn a_git_dir_planted_by_the_agent_runs_nothing_and_is_not_believed() {
     git(&repo, &["commit", "-q", "-m", "initial"]);
     let marker = env.root().join("tmp/filter-ran");
     let objects = repo.join(".git/objects");
-    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+    // Unconfined on purpose: this is the gateway's own git against a `.git` the agent planted,
+    // and the sandbox's session rules now stop the agent from writing any `.git` at all
+    // (tests/sandbox.rs shows that). The defence behind it must hold on its own.
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_SANDBOX__MODE", "off")],
+    )
+    .await;
 
     let config = format!(
         "[core]\n repositoryformatversion = 0\n[filter \"x\"]\n clean = touch {}; cat\n smudge = cat\n",

@@ -765,3 +765,61 @@ pub fn check_round(out: &mut Collected, c: &CheckRound) {
         json!({ "checked_ms": c.checked_ms, "plain_ms": c.plain_ms, "fix_prompt_chars": c.fix_prompt_chars }),
     );
 }
+
+/// What confinement costs: a task whose agent runs 20 commands, and one check, each confined
+/// against unconfined in the same run.
+pub fn sandbox(out: &mut Collected, c: &crate::sandbox::SandboxCost) {
+    let (low, high) = ratio_interval(&c.commands_confined_ms, &c.commands_plain_ms);
+    let confined = Summary::of(&c.commands_confined_ms);
+    let plain = Summary::of(&c.commands_plain_ms);
+    out.figures.push(
+        Figure::new(
+            "sandbox_commands",
+            format!(
+                "a task whose agent runs {} short commands, confined, start to answer",
+                crate::sandbox::COMMANDS
+            ),
+            "ms",
+        )
+        .gateway(confined)
+        .baseline(
+            "the same task unconfined (sandbox.mode: off), same run",
+            plain,
+        )
+        .target("≤ 1.10x", high <= 1.10)
+        .note(format!(
+            "{:.2}x (95 % interval {low:.2} to {high:.2}), {:.0} ms more at p50 ({:.1} ms a \
+             command); the scripted model answers at once, so a real model's time dilutes it",
+            ratio(confined.p50, plain.p50),
+            confined.p50 - plain.p50,
+            (confined.p50 - plain.p50) / crate::sandbox::COMMANDS as f64
+        )),
+    );
+    let confined = Summary::of(&c.check_confined_ms);
+    let plain = Summary::of(&c.check_plain_ms);
+    let (low, high) = ratio_interval(&c.check_confined_ms, &c.check_plain_ms);
+    out.figures.push(
+        Figure::new(
+            "sandbox_check",
+            "one check (`true`), confined, its own duration",
+            "ms",
+        )
+        .gateway(confined)
+        .baseline("the same check unconfined, same run", plain)
+        .target("≤ 1.05x + 20 ms", confined.p50 <= 1.05 * plain.p50 + 20.0)
+        .note(format!(
+            "{:.2}x (95 % interval {low:.2} to {high:.2}), {:.1} ms more at p50",
+            ratio(confined.p50, plain.p50),
+            confined.p50 - plain.p50
+        )),
+    );
+    out.extra.insert(
+        "sandbox".into(),
+        json!({
+            "commands_confined_ms": c.commands_confined_ms,
+            "commands_plain_ms": c.commands_plain_ms,
+            "check_confined_ms": c.check_confined_ms,
+            "check_plain_ms": c.check_plain_ms,
+        }),
+    );
+}

@@ -20,6 +20,7 @@ mod figures;
 mod gw;
 mod machine;
 mod report;
+mod sandbox;
 mod scenarios;
 mod sse;
 mod stats;
@@ -104,8 +105,9 @@ const START_MODEL: &str = "fake/fake-strong";
 /// worktree in a large repository, and `workers` a task's work moved to a worker (a real sshd on
 /// 127.0.0.1) and back; neither needs OpenCode; `fanout` is tasks over three workers against
 /// one, with their own gateway and OpenCode servers).
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "surface",
+    "sandbox",
     "start",
     "start_model",
     "cycle",
@@ -495,6 +497,17 @@ async fn run() -> Result<(), BoxError> {
             step("orchestrator cycle: calls and characters of results per delegated task");
             let c = scenarios::orchestrator_cycle(&gateway, 5).await?;
             figures::cycle(&mut out, &c);
+            save(&out, &machine, false)?;
+        }
+
+        if knobs.runs("sandbox") {
+            let reps = if knobs.quick { 3 } else { 10 };
+            step(&format!(
+                "sandbox: a task of {} commands and one check, confined against unconfined, {reps} pairs",
+                sandbox::COMMANDS
+            ));
+            let c = sandbox::sandbox(&env, &fake.url(), &state_root, reps).await?;
+            figures::sandbox(&mut out, &c);
             save(&out, &machine, false)?;
         }
 

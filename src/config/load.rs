@@ -55,6 +55,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "reload",
     "workers",
     "checks",
+    "sandbox",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -363,6 +364,15 @@ pub fn load_checked(
                     value,
                 })
                 .collect();
+            let repo_set_tiers = repo_file.as_ref().filter(|repo| {
+                figment
+                    .find_metadata("tiers")
+                    .and_then(|m| m.source.as_ref())
+                    .is_some_and(|s| *s == figment::Source::File(repo.to_path_buf()))
+            });
+            if let Some(repo) = repo_set_tiers {
+                drop_dangling_escalations(&mut config, repo);
+            }
             let mut issues = validate::validate(&config);
             issues.extend(surface(&config));
             problems.extend(issues.into_iter().map(|i| attribute(&figment, &layers, i)));
@@ -404,6 +414,25 @@ pub fn load_checked(
 pub type SurfaceCheck = fn(&Config) -> Vec<Issue>;
 
 /// Deserializes the merged layers, collecting as many problems as serde lets us see.
+/// A repository's `tiers` replace the list, and a tier of the user's keeps the user's
+/// `escalate_to`: one that names a tier the repository left out is not applied (a warning says
+/// so) rather than keep the gateway from starting.
+fn drop_dangling_escalations(config: &mut Config, repo: &Path) {
+    let names: Vec<String> = config.tiers.iter().map(|t| t.name.clone()).collect();
+    let mut dropped = Vec::new();
+    for tier in &mut config.tiers {
+        if let Some(to) = tier.escalate_to.take_if(|to| !names.contains(to)) {
+            dropped.push(trust::Withheld {
+                file: repo.to_path_buf(),
+                key: format!("tiers.{}.escalate_to", tier.name),
+                value: to,
+                in_force: "none: the repository's tiers leave that tier out".into(),
+            });
+        }
+    }
+    config.withheld.extend(dropped);
+}
+
 fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
     // Each look at the whole of a figment merges its layers into a new tree: on success once.
     let first = match figment.extract::<Config>() {
@@ -430,6 +459,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "report" => check_fields::<ReportConfig>(figment, key, value),
                 "workers" => check_entries::<super::types::WorkerConfig>(figment, key, value),
                 "checks" => check_fields::<super::types::ChecksConfig>(figment, key, value),
+                "sandbox" => check_fields::<super::types::SandboxConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

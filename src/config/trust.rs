@@ -141,6 +141,16 @@ pub const POLICY: &[Policy] = &[
         why: LIMIT,
     },
     Policy {
+        pattern: "checks.from_calls",
+        rule: Rule::Withheld,
+        why: CHECKS,
+    },
+    Policy {
+        pattern: "checks.named",
+        rule: Rule::AllowedBy(CHECKS_FROM_REPOSITORY),
+        why: CHECKS,
+    },
+    Policy {
         pattern: "checks.output_chars",
         rule: Rule::OnlyLower,
         why: LIMIT,

@@ -424,6 +424,16 @@ pub struct ChecksConfig {
     /// a repository's checks are withheld otherwise.
     #[serde(default)]
     pub from_repository: bool,
+    /// Checks a call or a preset may name (`checks: [test]`), each a name and the command it
+    /// runs, e.g. `test: cargo test -q`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("propertyNames" = { "pattern": CHECK_NAME_PATTERN }))]
+    pub named: BTreeMap<String, String>,
+    /// Whether a call (or a preset) may pass commands of its own as `checks`, not only names of
+    /// `named`: a check is a command the gateway runs, and a repository's instructions can ask
+    /// the host model to pass one. Only your own files may set this.
+    #[serde(default)]
+    pub from_calls: bool,
     /// The prompt of a fix round (MiniJinja). `failures` lists the failing checks, each with
     /// `command`, `status` (its exit status, or how it ended), `seconds` and `output` (its end);
     /// `round` and `max_rounds` count the fix rounds.
@@ -431,6 +441,9 @@ pub struct ChecksConfig {
     #[schemars(length(min = 1))]
     pub fix_prompt: String,
 }
+
+/// What the name of a check in `checks.named` must look like.
+pub const CHECK_NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,40}$";
 
 /// The most fix rounds `checks.max_rounds` allows: each is a full model turn.
 pub const MAX_CHECK_ROUNDS: u32 = 10;
@@ -470,11 +483,14 @@ pub struct FixFailure {
 const FIX_PROMPT_FUEL: u64 = 200_000;
 
 impl ChecksConfig {
-    /// The prompt of fix round `round` for these failures.
+    /// The prompt of fix round `round` for these failures, at most `max_bytes` long (the
+    /// prompt limit): the template is bounded in steps by its fuel and in output by the writer,
+    /// so a template that would build gigabytes fails at the limit instead.
     pub fn render_fix_prompt(
         &self,
         round: u32,
         failures: &[FixFailure],
+        max_bytes: usize,
     ) -> Result<String, minijinja::Error> {
         use minijinja::Value as V;
         let failures: Vec<V> = failures
@@ -495,7 +511,47 @@ impl ChecksConfig {
         ]));
         let mut env = minijinja::Environment::new();
         env.set_fuel(Some(FIX_PROMPT_FUEL));
-        env.template_from_str(&self.fix_prompt)?.render(context)
+        let mut out = Capped {
+            text: Vec::new(),
+            max: max_bytes,
+        };
+        env.template_from_str(&self.fix_prompt)?
+            .render_captured_to(context, &mut out)
+            .map_err(|e| {
+                if out.text.len() >= max_bytes {
+                    minijinja::Error::new(
+                        minijinja::ErrorKind::InvalidOperation,
+                        format!(
+                            "it renders to more than {max_bytes} bytes (limits.max_prompt_bytes)"
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+        Ok(String::from_utf8_lossy(&out.text).into_owned())
+    }
+}
+
+/// A writer that refuses to hold more than `max` bytes.
+struct Capped {
+    text: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.max {
+            let room = self.max - self.text.len();
+            self.text.extend_from_slice(&buf[..room]);
+            return Err(std::io::Error::other("the prompt limit is reached"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -505,6 +561,8 @@ impl Default for ChecksConfig {
             max_rounds: max_rounds_default(),
             output_chars: output_chars_default(),
             from_repository: false,
+            named: BTreeMap::new(),
+            from_calls: false,
             fix_prompt: fix_prompt_default(),
         }
     }

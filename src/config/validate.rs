@@ -98,13 +98,32 @@ fn checks(config: &Config, issues: &mut Issues) {
             ),
         );
     }
+    for (name, command) in &c.named {
+        let key = format!("checks.named.{name}");
+        if !regex_lite_name(name) {
+            issues.push(
+                &key,
+                format!(
+                    "expected a name of letters, digits, `_` and `-` (at most 40), found {}",
+                    super::printable(name)
+                ),
+            );
+        }
+        if command.trim().is_empty() || command.chars().any(|ch| ch.is_control() && ch != '\t') {
+            issues.push(
+                &key,
+                "expected a command on one line, found an empty one or one with control \
+                 characters",
+            );
+        }
+    }
     let sample = super::types::FixFailure {
         command: "make test".into(),
         status: "exit status 1".into(),
         seconds: 1.5,
         output: "test failed".into(),
     };
-    let rendered = c.render_fix_prompt(1, &[sample]);
+    let rendered = c.render_fix_prompt(1, &[sample], config.limits.max_prompt_bytes as usize);
     match rendered {
         Err(e) => issues.push(
             "checks.fix_prompt",
@@ -116,6 +135,14 @@ fn checks(config: &Config, issues: &mut Issues) {
         ),
         Ok(_) => {}
     }
+}
+
+/// A name `checks.named` accepts ([`super::types::CHECK_NAME_PATTERN`]).
+fn regex_lite_name(name: &str) -> bool {
+    (1..=40).contains(&name.chars().count())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Workers: a safe name each; `local` is this machine (only `max_tasks`); every other one
@@ -950,6 +977,19 @@ mod tests {
             issues(&|c| c.checks.fix_prompt = "{% if false %}x{% endif %}".into()),
             ["checks.fix_prompt"]
         );
+        // A template that would build a gigabyte stops at the prompt limit, named.
+        let huge = "{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}";
+        assert_eq!(
+            issues(&|c| c.checks.fix_prompt = huge.into()),
+            ["checks.fix_prompt"]
+        );
+        let mut config = crate::gateway::test_config();
+        config.checks.fix_prompt = huge.into();
+        let message = validate(&config)
+            .into_iter()
+            .map(|i| i.message)
+            .collect::<String>();
+        assert!(message.contains("limits.max_prompt_bytes"), "{message}");
         assert_eq!(
             issues(&|c| c.timeouts.check = Duration::ZERO.into()),
             ["timeouts.check"]

@@ -62,7 +62,15 @@ pub fn probe() -> Availability {
     if !cfg!(target_os = "linux") {
         return Availability::Unsupported(std::env::consts::OS);
     }
-    let Some(bwrap) = crate::opencode::find_program("bwrap", |p| p.is_file()) else {
+    // On `PATH`, else where distributions install it: a host may start the gateway with a
+    // `PATH` of its own that leaves `/usr/bin` out.
+    let found = crate::opencode::find_program("bwrap", |p| p.is_file()).or_else(|| {
+        ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.is_file())
+    });
+    let Some(bwrap) = found else {
         return Availability::Missing {
             why: "bubblewrap (`bwrap`) is not installed, and every command a delegated agent \
                   runs is confined with it"
@@ -112,7 +120,9 @@ fn run_probe(bwrap: &std::path::Path) -> Result<(), String> {
             "--tmpfs",
             "/tmp",
             "--",
-            "true",
+            "/bin/sh",
+            "-c",
+            ":",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

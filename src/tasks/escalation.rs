@@ -28,6 +28,26 @@ pub struct NextModel {
     pub tier: String,
     pub model: Option<String>,
     pub variant: Option<String>,
+    /// That tier's caps (with `limits`'): a move tightens the task's caps to them, never
+    /// loosens them.
+    pub caps: crate::config::Budget,
+}
+
+impl NextModel {
+    /// Why the move cannot be made: the task already spent what the caps it would run under
+    /// (its own, tightened to the tier's) allow.
+    pub fn spent_past(&self, e: &TaskEntry) -> Option<String> {
+        let caps = e.rec.budget.unwrap_or_default().tightest(self.caps);
+        let (usd, tokens) = e.budget_spend();
+        let reached = caps.max_cost_usd.is_some_and(|cap| usd >= cap)
+            || caps.max_tokens.is_some_and(|cap| tokens >= cap);
+        reached.then(|| {
+            let what = caps
+                .passed_by(usd, tokens)
+                .unwrap_or_else(|| format!("it reached the caps (${usd:.4}, {tokens} tokens)"));
+            format!("the move to tier `{}` was not made: {what}", self.tier)
+        })
+    }
 }
 
 /// Whether a turn that failed with `error` is held for a move to another model: a provider
@@ -112,10 +132,12 @@ pub(super) async fn on_tier(
         None,
     )
     .await?;
+    let tier_caps = config.tier(tier).map(|t| t.budget()).unwrap_or_default();
     Ok(NextModel {
         tier: tier.to_string(),
         model: choice.model.or(model.map(str::to_string)),
         variant: choice.variant,
+        caps: config.limits.budget().tightest(tier_caps),
     })
 }
 
@@ -144,6 +166,8 @@ pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn:
         why,
         turn: turn + 1,
     });
+    let caps = e.rec.budget.unwrap_or_default().tightest(next.caps);
+    e.rec.budget = (!caps.is_unlimited()).then_some(caps);
     e.rec.tier = Some(next.tier);
     e.rec.variant = next.variant;
 }
@@ -206,6 +230,16 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
         });
         return;
     };
+    if let Some(why) = next.spent_past(&entry) {
+        ctx.registry.update(task_id, |e| {
+            if e.is_checking(turn) {
+                let mut error = error.clone();
+                error.message = format!("{}; {why}", error.message);
+                fail(e, error);
+            }
+        });
+        return;
+    }
     let why = format!(
         "provider error: {}{}: {}",
         error.name,

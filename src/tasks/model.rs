@@ -180,11 +180,10 @@ pub struct TaskSnapshot {
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<Escalation>,
-    /// Whether the task's commands and checks ran in the sandbox (absent: a task from before
-    /// it was known).
+    /// Whether its commands and checks ran sandboxed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confined: Option<bool>,
-    /// Why it ran unconfined.
+    /// Why not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unconfined: Option<String>,
     /// (detail `full`) The OpenCode server the task runs on.
@@ -328,11 +327,10 @@ pub struct TaskResult {
     /// tier's `escalate_to`): `from`, `to`, the models, why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<Escalation>,
-    /// Whether the task's commands and checks ran in the sandbox (absent: a task from before
-    /// it was known).
+    /// Whether its commands and checks ran sandboxed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confined: Option<bool>,
-    /// Why it ran unconfined.
+    /// Why not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unconfined: Option<String>,
     /// (detail `full`) 1 for the first prompt, +1 for each `continue_task` or automatic
@@ -537,6 +535,8 @@ pub struct ChecksView {
     /// `passed`, `failed`, `pending` (not run yet for this turn, running, or a fix round under
     /// way) or `not_run` (the turn ended another way first). Only `passed` means verified.
     pub status: ChecksStatus,
+    /// Commands run after each turn.
+    pub commands: Vec<String>,
     /// Fix rounds sent after failing checks in this host turn (escalations included).
     pub rounds: u32,
     /// The latest run, one entry per command: exit status, duration, the end of its output.

@@ -202,6 +202,7 @@ impl ChecksState {
         };
         ChecksView {
             status,
+            commands: self.commands.clone(),
             rounds: self.rounds_total,
             last: self.last.clone(),
             note: self.note.clone(),

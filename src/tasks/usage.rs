@@ -62,6 +62,8 @@ pub struct TaskSummary {
     pub worker: Option<String>,
     /// What it spent on tiers and models it moved away from (see [`TaskRecord::segments`]).
     pub segments: Vec<Segment>,
+    /// Why its commands ran unconfined (`None`: confined, or a record from before the sandbox).
+    pub unconfined: Option<String>,
 }
 
 /// What the current turn's outcome reported.
@@ -99,6 +101,10 @@ impl From<&TaskRecord> for TaskSummary {
             earlier: r.earlier,
             price: r.price.clone(),
             segments: r.segments.clone(),
+            unconfined: r
+                .confinement
+                .as_ref()
+                .and_then(|c| c.why_not().map(str::to_string)),
         }
     }
 }
@@ -391,6 +397,9 @@ pub struct TaskLine {
     /// up again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gateway_gone: bool,
+    /// Why its commands ran unsandboxed; absent: sandboxed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unconfined: Option<String>,
 }
 
 /// The tasks among `records` with `status` (all when `None`), newest first. `gateway_alive`
@@ -424,6 +433,7 @@ pub fn list(
             age_ms: now_ms.saturating_sub(r.started_ms),
             duration_ms: r.finished_ms.map(|f| f.saturating_sub(r.turn_started_ms)),
             gateway_gone: !r.status.is_terminal() && !gateway_alive(r.owner_pid),
+            unconfined: r.unconfined.clone(),
         })
         .collect()
 }
@@ -447,6 +457,18 @@ pub fn list_text(lines: &[TaskLine]) -> String {
             ),
             None => l.model.as_deref().unwrap_or(DEFAULT_MODEL).to_string(),
         };
+        let title = format!(
+            "{}{}{}",
+            l.title,
+            l.worker
+                .as_ref()
+                .map_or(String::new(), |w| format!(" [on {w}]")),
+            if l.unconfined.is_some() {
+                " [unconfined]"
+            } else {
+                ""
+            }
+        );
         out.push_str(&format!(
             "{:<21} {:<18} {:<10} {:<32} {:>8} {:>8}  {}\n",
             l.task_id,
@@ -455,10 +477,7 @@ pub fn list_text(lines: &[TaskLine]) -> String {
             model,
             format_ms(l.age_ms),
             l.duration_ms.map_or_else(|| "-".to_string(), format_ms),
-            match &l.worker {
-                Some(w) => format!("{} [on {w}]", l.title),
-                None => l.title.clone(),
-            }
+            title,
         ));
     }
     if lines.iter().any(|l| l.gateway_gone) {

@@ -29,6 +29,17 @@ pub const SMALL_CONTEXT: u64 = 2000;
 /// `context - min(output, 32000)`, here 1500: a step answered with `[[usage:5000]]` does it.
 pub const SMALL_OUTPUT: u64 = 500;
 
+/// Where the tests' temp trees go: not /tmp, since a delegated agent's commands run confined
+/// with a private /tmp of their own (a gate or a repository a test puts in /tmp would be out of
+/// their sight, and a secret planted there would prove nothing); and not under this crate's
+/// `target/`, which lies inside this repository's own git tree (a directory there is never
+/// "not a git repository", and OpenCode would take this repository for its project).
+pub fn test_tmp() -> PathBuf {
+    let base = PathBuf::from("/var/tmp/opencode-mcp-tests");
+    std::fs::create_dir_all(&base).expect("create /var/tmp/opencode-mcp-tests");
+    base
+}
+
 /// A temp directory tree that isolates one OpenCode process. Removed on drop.
 pub struct OpenCodeEnv {
     root: tempfile::TempDir,
@@ -43,14 +54,9 @@ pub struct OpenCodeEnv {
 impl OpenCodeEnv {
     /// Creates the tree. Panics if the temp directory cannot be made.
     pub fn new() -> Self {
-        // Under the target directory, not /tmp: a delegated agent's commands run confined, with
-        // a private /tmp of their own, so a file a test puts in /tmp for them (a gate, a repo)
-        // would be out of their sight, and a secret planted there would prove nothing.
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        std::fs::create_dir_all(&base).expect("create the target's temp dir");
         let root = tempfile::Builder::new()
             .prefix("opencode-env-")
-            .tempdir_in(&base)
+            .tempdir_in(test_tmp())
             .expect("create a temp dir for OpenCode");
         let root_path = root
             .path()

@@ -60,6 +60,7 @@ impl ActionSpec for ContinueTask {
 
     fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
         start_task::refine_prompt(config, schema);
+        start_task::refine_checks(config, schema);
     }
 }
 

@@ -93,6 +93,7 @@ impl ActionSpec for FanOut {
 
     fn refine_input_schema(config: &Config, schema: &mut JsonObject) {
         refine_prompt(config, schema);
+        super::start_task::refine_checks(config, schema);
         let names: Vec<Value> = config
             .tiers
             .iter()

@@ -93,6 +93,44 @@ impl ActionSpec for StartTask {
         refine_prompt(config, schema);
         refine_tier(config, schema);
         refine_worker(config, schema);
+        refine_checks(config, schema);
+    }
+}
+
+/// Offers `checks` as the user's file allows it: the names of `checks.named` as its values, or
+/// commands of the call's own where `checks.from_calls` is on (naming the named ones too), and
+/// leaves it out where neither is there (nothing a call could pass would be taken).
+pub(super) fn refine_checks(config: &Config, schema: &mut JsonObject) {
+    let named: Vec<Value> = config
+        .checks
+        .named
+        .keys()
+        .map(|k| Value::String(k.clone()))
+        .collect();
+    if named.is_empty() && !config.checks.from_calls {
+        if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+            properties.remove("checks");
+        }
+        return;
+    }
+    let Some(checks) = property(schema, "checks") else {
+        return;
+    };
+    if config.checks.from_calls {
+        if !named.is_empty() {
+            if let Some(Value::String(d)) = checks.get_mut("description") {
+                let names: Vec<&str> = named.iter().filter_map(Value::as_str).collect();
+                d.push_str(&format!(" Named: {}.", names.join(", ")));
+            }
+        }
+        return;
+    }
+    if let Some(Value::String(d)) = checks.get_mut("description") {
+        *d = "Checks that must pass after each turn, by name.".into();
+    }
+    // `checks` is `["array", "null"]` of strings: its items become the names.
+    if let Some(Value::Object(items)) = checks.get_mut("items") {
+        items.insert("enum".into(), Value::Array(named));
     }
 }
 

