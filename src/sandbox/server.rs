@@ -15,6 +15,9 @@ use std::sync::Mutex;
 
 use super::policy::Policy;
 
+/// The most task roots a server's policy keeps (see [`ServerSandbox::admit`]).
+pub const MAX_ROOTS: usize = 512;
+
 /// The confinement of one server.
 #[derive(Debug)]
 pub struct ServerSandbox {
@@ -55,12 +58,18 @@ impl ServerSandbox {
     }
 
     /// Registers `root` (a task's worktree or directory) and makes sure the script is in
-    /// place: called before each turn of a task on this server.
+    /// place: called before each turn of a task on this server. The roots are kept most recent
+    /// last and at most [`MAX_ROOTS`] of them (a root that is gone is dropped), so a server
+    /// that runs for weeks keeps a small file: a task's root is registered again before each of
+    /// its turns, so only roots of turns long over leave.
     pub fn admit(&self, root: &Path) -> std::io::Result<()> {
         let root = root.canonicalize()?;
         let mut policy = self.lock();
-        if !policy.roots.contains(&root) {
+        if policy.roots.last() != Some(&root) {
+            policy.roots.retain(|r| *r != root && r.is_dir());
             policy.roots.push(root);
+            let over = policy.roots.len().saturating_sub(MAX_ROOTS);
+            policy.roots.drain(..over);
             self.write_policy(&policy)?;
         }
         drop(policy);
@@ -152,6 +161,25 @@ mod tests {
         )
         .expect("json");
         assert_eq!(saved.roots, vec![root.canonicalize().expect("canon")]);
+        // Most recent last, bounded, gone ones dropped.
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(&other).expect("other");
+        sandbox.admit(&other).expect("admit other");
+        sandbox.admit(&root).expect("admit root again");
+        let canon = |p: &Path| p.canonicalize().expect("canon");
+        assert_eq!(sandbox.policy().roots, vec![canon(&other), canon(&root)]);
+        std::fs::remove_dir(&other).expect("remove");
+        for i in 0..MAX_ROOTS + 3 {
+            let d = dir.path().join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("dir");
+            sandbox.admit(&d).expect("admit");
+        }
+        let roots = sandbox.policy().roots;
+        assert_eq!(roots.len(), MAX_ROOTS);
+        assert_eq!(
+            roots.last(),
+            Some(&canon(&dir.path().join(format!("r{}", MAX_ROOTS + 2))))
+        );
         let files = dir.path().join("sandbox");
         drop(sandbox);
         assert_eq!(std::fs::read_dir(files).expect("dir").count(), 0);

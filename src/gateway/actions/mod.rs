@@ -227,6 +227,36 @@ mod tests {
         }
     }
 
+    /// `checks` is offered as the user's file allows: left out with neither names nor
+    /// commands allowed, the names as its values, or commands of the call's own.
+    #[test]
+    fn checks_are_offered_as_the_users_file_allows() {
+        let checks_of = |config: &Config, action: Action| {
+            tool_parts(action, config).input["properties"]
+                .get("checks")
+                .cloned()
+        };
+        let mut config = crate::gateway::test_config();
+        for action in [Action::StartTask, Action::ContinueTask, Action::FanOut] {
+            assert_eq!(checks_of(&config, action), None, "{action:?}");
+        }
+        config
+            .checks
+            .named
+            .insert("test".into(), "cargo test -q".into());
+        let named = checks_of(&config, Action::StartTask).expect("offered");
+        assert_eq!(named["items"]["enum"], json!(["test"]), "{named}");
+        config.checks.from_calls = true;
+        let free = checks_of(&config, Action::ContinueTask).expect("offered");
+        assert!(free["items"].get("enum").is_none(), "{free}");
+        assert!(
+            free["description"]
+                .as_str()
+                .is_some_and(|d| d.ends_with("Named: test.")),
+            "{free}"
+        );
+    }
+
     #[test]
     fn wrong_types_name_the_field() {
         let e = parse(json!({"name": "a", "port": "x"})).unwrap_err();

@@ -443,6 +443,25 @@ mod tests {
         )
     }
 
+    async fn confined_run(
+        policy: &crate::sandbox::Policy,
+        root: &std::path::Path,
+        cmd: &str,
+        timeout: Duration,
+        keep: usize,
+    ) -> CheckResult {
+        run(
+            Place::Local(Some(policy)),
+            &record(root),
+            cmd,
+            timeout,
+            keep,
+            "X_PW",
+            || true,
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn a_confined_check_writes_only_in_its_root_and_sees_no_secret() {
         // Outside /tmp, which the sandbox replaces with a private one: a home there would be
@@ -472,16 +491,7 @@ mod tests {
             state = state.display(),
             gateway = std::process::id(),
         );
-        let r = run(
-            Place::Local(Some(&policy)),
-            &record(&root),
-            &script,
-            Duration::from_secs(30),
-            4000,
-            "X_PW",
-            || true,
-        )
-        .await;
+        let r = confined_run(&policy, &root, &script, Duration::from_secs(30), 4000).await;
         assert!(r.ok, "{r:?}");
         assert!(r.output.contains("wrote-root"), "{}", r.output);
         assert_eq!(
@@ -517,16 +527,7 @@ mod tests {
             "setsid sh -c 'while :; do date +%s%N > {}; sleep 0.1; done' & sleep 300",
             beat.display()
         );
-        let r = run(
-            Place::Local(Some(&policy)),
-            &record(&root),
-            &cmd,
-            Duration::from_millis(1500),
-            100,
-            "X_PW",
-            || true,
-        )
-        .await;
+        let r = confined_run(&policy, &root, &cmd, Duration::from_millis(1500), 100).await;
         assert!(
             r.error
                 .as_deref()
