@@ -280,8 +280,13 @@ fn the_confining_shell_confines_an_unprivileged_user() {
     });
     let policy_file = dir.path().join("policy.json");
     std::fs::write(&policy_file, policy.to_string()).expect("policy");
-    let exe = env!("CARGO_BIN_EXE_opencode-mcp");
+    let built = env!("CARGO_BIN_EXE_opencode-mcp");
+    // SAFETY: geteuid only reads the process's credentials.
     let root_uid = unsafe { libc::geteuid() } == 0;
+    // A copy the user can run: the build's own may lie in a directory only root may enter (a
+    // clone in `mktemp -d`).
+    let exe = dir.path().join("opencode-mcp");
+    std::fs::copy(built, &exe).expect("copy the binary");
     let mut cmd = if root_uid {
         // The files it needs must be the user's, as they would be.
         let chown = std::process::Command::new("chown")
@@ -303,10 +308,10 @@ fn the_confining_shell_confines_an_unprivileged_user() {
             "--clear-groups",
             "--reset-env",
         ]);
-        c.arg(exe);
+        c.arg(&exe);
         c
     } else {
-        std::process::Command::new(exe)
+        std::process::Command::new(&exe)
     };
     cmd.arg("__sandbox-shell")
         .arg(&policy_file)
@@ -340,7 +345,7 @@ fn the_confining_shell_confines_an_unprivileged_user() {
     );
 
     // A directory of no task is refused, saying why.
-    let refused = std::process::Command::new(exe)
+    let refused = std::process::Command::new(&exe)
         .arg("__sandbox-shell")
         .arg(&policy_file)
         .arg("-c")

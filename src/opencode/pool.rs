@@ -305,8 +305,6 @@ impl ServerPool {
         Ok(Started { server, events: rx })
     }
 
-    /// Writes the credentials file of a managed server. A failure costs only `watch` on this
-    /// server, so it is logged and the server is used anyway.
     /// The sandbox a managed server `id` gets under the user's `sandbox` settings. Refused
     /// (the server is not started) when confinement is on but cannot work here.
     fn sandbox_for(
@@ -343,6 +341,8 @@ impl ServerPool {
         Ok((Some(Arc::new(sandbox)), Confinement::Confined))
     }
 
+    /// Writes the credentials file of a managed server. A failure costs only `watch` on this
+    /// server, so it is logged and the server is used anyway.
     fn publish(&self, server_id: &str, url: &str, password: &str) -> Option<CredentialsFile> {
         let dir = self.credentials_dir.as_deref()?;
         let credentials = Credentials {

@@ -116,6 +116,7 @@ impl Policy {
         caches.extend(settings.caches.iter().filter_map(|p| expand(p)));
         let mut env: Vec<String> = ENV_ALLOWED.iter().map(|s| s.to_string()).collect();
         env.extend(settings.env.iter().cloned());
+        env.sort_unstable();
         env.dedup();
         Self {
             bwrap,

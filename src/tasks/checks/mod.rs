@@ -189,17 +189,14 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
                 results.push(CheckResult::not_run(command, format!("not run: {why}")));
                 continue;
             }
-            (Some(_), _) => match &remote {
-                Some((_, Some(r))) => Place::Remote(r),
-                Some((name, None)) => {
-                    results.push(CheckResult::not_run(
-                        command,
-                        format!("not run: worker `{name}` is no longer configured"),
-                    ));
-                    continue;
-                }
-                None => continue,
-            },
+            (Some((_, Some(r))), _) => Place::Remote(r),
+            (Some((name, None)), _) => {
+                results.push(CheckResult::not_run(
+                    command,
+                    format!("not run: worker `{name}` is no longer configured"),
+                ));
+                continue;
+            }
         };
         let result = run(
             place,

@@ -465,9 +465,11 @@ mod tests {
     #[tokio::test]
     async fn a_confined_check_writes_only_in_its_root_and_sees_no_secret() {
         // Outside /tmp, which the sandbox replaces with a private one: a home there would be
-        // out of sight anyway and prove nothing.
-        let dir =
-            tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).expect("tempdir");
+        // out of sight anyway and prove nothing (and a clone of this repository may itself lie
+        // in /tmp).
+        let base = std::path::Path::new("/var/tmp/opencode-mcp-tests");
+        std::fs::create_dir_all(base).expect("create /var/tmp/opencode-mcp-tests");
+        let dir = tempfile::tempdir_in(base).expect("tempdir");
         let home = dir.path().join("home");
         let state = dir.path().join("state");
         let root = dir.path().join("work");
