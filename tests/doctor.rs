@@ -96,6 +96,11 @@ fn a_working_setup_passes_and_leaves_no_server_behind() {
         let l = line(&text, &format!("tier {tier}"));
         assert!(l.starts_with("ok ") && l.contains("default model"), "{l}");
     }
+    let sandbox = line(&text, "sandbox");
+    assert!(
+        sandbox.starts_with("ok ") && sandbox.contains("bwrap") && sandbox.contains("network off"),
+        "{sandbox}"
+    );
     let state = line(&text, "state dir");
     assert!(state.starts_with("ok "), "{state}");
     assert!(
@@ -122,6 +127,25 @@ fn a_working_setup_passes_and_leaves_no_server_behind() {
         "the doctor left processes running: {left:?}"
     );
     assert_leftovers_are_seen(&env);
+}
+
+/// Confinement turned off is a warning, with the way back on; it does not fail the doctor.
+#[test]
+fn sandbox_off_is_a_warning_with_its_fix() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let out = doctor(&env, &fake, &[("OPENCODE_MCP_SANDBOX__MODE", "off")], &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", describe(&out));
+    let sandbox = line(&text, "sandbox");
+    assert!(
+        sandbox.starts_with("warn ") && sandbox.contains("run as you"),
+        "{sandbox}"
+    );
+    assert!(
+        text.contains("sandbox: {mode: off}"),
+        "the fix names the setting: {text}"
+    );
 }
 
 /// The leftover search is not blind: a process started with the marker is found.

@@ -364,3 +364,46 @@ fn which(name: &str) -> Option<PathBuf> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
 }
+
+/// An `isolation: none` task in a subdirectory of a repository: it writes only there. OpenCode
+/// itself judges a `workdir` against the git root (the repository's top is "inside" for it), so
+/// the confining shell's own root is what refuses the top; and the repository's `.git` is
+/// read-only, so the agent cannot commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_in_a_subdirectory_writes_only_there_and_cannot_commit() {
+    let env = OpenCodeEnv::new();
+    let work = env.work_dir();
+    init_repo(&work, &[("README", "top\n"), ("sub/keep", "sub\n")]);
+    let sub = work.join("sub");
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+    let prompts = [
+        "[[bash:echo inside > inside.txt]]".to_string(),
+        "[[bash:echo x > ../escaped-up]]".to_string(),
+        format!("[[bashin:{}:touch escaped-top]]", work.display()),
+        "[[bash:git add -A && git commit -qm pwned && echo COMMITTED]]".to_string(),
+    ];
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!("work {}", prompts.join(" ")),
+            "directory": sub.display().to_string(),
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("id").to_string();
+    let session = started["session_id"].as_str().expect("session").to_string();
+    let done = rig.finish(&id).await;
+    assert_eq!(done["confined"], true, "{done}");
+    let out = tool_outputs(&rig, &session);
+    assert_eq!(
+        std::fs::read_to_string(sub.join("inside.txt")).expect("inside.txt"),
+        "inside\n"
+    );
+    assert!(!work.join("escaped-up").exists(), "{out}");
+    assert!(!work.join("escaped-top").exists(), "{out}");
+    assert!(out.contains("outside this task's directory"), "{out}");
+    assert!(!out.contains("COMMITTED"), "{out}");
+    assert_eq!(
+        git(&work, &["rev-list", "--count", "HEAD"]).trim(),
+        "1",
+        "the agent committed: {out}"
+    );
+}

@@ -142,3 +142,42 @@ pub fn session_rules() -> Vec<crate::opencode::ForcedRule> {
 /// What the agent reads when the sandbox stopped something, and what would allow it.
 pub const SETTING_HINT: &str = "the user's own delegation.yaml sets this (`sandbox:`; \
                                 `sandbox.mode: off` turns confinement off)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_users_off_is_unconfined_and_on_confines_or_refuses() {
+        let off = SandboxConfig {
+            mode: SandboxMode::Off,
+            ..SandboxConfig::default()
+        };
+        match decide(&off, Path::new("/state")) {
+            Decision::Unconfined(why) => assert!(why.contains("sandbox.mode"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        match decide(&SandboxConfig::default(), Path::new("/state")) {
+            Decision::Confine(policy) => {
+                assert!(policy.hide.contains(&PathBuf::from("/state")));
+                assert!(!policy.network);
+            }
+            Decision::Refuse(why) => assert!(why.contains("Fix:"), "{why}"),
+            Decision::Unconfined(why) => assert!(why.contains("no sandbox on"), "{why}"),
+        }
+    }
+
+    #[test]
+    fn session_rules_deny_outside_and_every_git_dir_last() {
+        let rules = session_rules();
+        assert_eq!(rules[0].permission, "external_directory");
+        assert!(!rules[0].allow);
+        let edits: Vec<&str> = rules
+            .iter()
+            .filter(|r| r.permission == "edit")
+            .map(|r| r.pattern.as_str())
+            .collect();
+        assert_eq!(edits, [".git", ".git/*", "*/.git", "*/.git/*"]);
+        assert!(rules.iter().all(|r| r.permission != "edit" || !r.allow));
+    }
+}

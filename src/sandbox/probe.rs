@@ -161,3 +161,40 @@ fn run_probe(bwrap: &std::path::Path) -> Result<(), String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `bwrap` that cannot be started, or fails, is reported with what it said.
+    #[test]
+    fn a_bwrap_that_fails_is_reported_with_its_words() {
+        let missing = run_probe(std::path::Path::new("/nonexistent/bwrap")).expect_err("missing");
+        assert!(missing.contains("could not be started"), "{missing}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = dir.path().join("bwrap");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho 'No permissions to create a new namespace' >&2\nexit 1\n",
+        )
+        .expect("write");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let failed = run_probe(&fake).expect_err("fails");
+        assert!(failed.contains("No permissions"), "{failed}");
+        let silent = dir.path().join("silent");
+        std::fs::write(&silent, "#!/bin/sh\nexit 3\n").expect("write");
+        std::fs::set_permissions(&silent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let quiet = run_probe(&silent).expect_err("fails");
+        assert!(quiet.contains("exit status: 3"), "{quiet}");
+    }
+
+    #[test]
+    fn confinement_says_why_not() {
+        assert!(Confinement::Confined.is_confined());
+        assert_eq!(Confinement::Confined.why_not(), None);
+        let off = Confinement::Unconfined("off".into());
+        assert!(!off.is_confined());
+        assert_eq!(off.why_not(), Some("off"));
+    }
+}

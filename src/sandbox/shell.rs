@@ -120,3 +120,47 @@ fn read_policy(path: &Path) -> Result<Policy, String> {
         .map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    /// Every way the confining shell cannot go on ends in a refusal (126), never in running
+    /// the command unconfined.
+    #[test]
+    fn what_it_cannot_read_or_place_is_refused() {
+        let refused = ExitCode::from(REFUSED);
+        assert_eq!(run(args(&["only-one"])), refused);
+        assert_eq!(run(args(&["/p.json", "-x", "true"])), refused);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing.json");
+        assert_eq!(
+            run(args(&[&missing.to_string_lossy(), "-c", "true"])),
+            refused
+        );
+        let garbage = dir.path().join("garbage.json");
+        std::fs::write(&garbage, "{not json").expect("write");
+        assert!(read_policy(&garbage).is_err_and(|e| e.contains("garbage.json")));
+        assert_eq!(
+            run(args(&[&garbage.to_string_lossy(), "-c", "true"])),
+            refused
+        );
+        // A policy with no root for this process's directory refuses the command.
+        let empty = dir.path().join("empty.json");
+        let policy = Policy::from_settings(
+            &crate::config::SandboxConfig::default(),
+            "/nonexistent/bwrap".into(),
+            None,
+            &[],
+        );
+        std::fs::write(&empty, serde_json::to_vec(&policy).expect("json")).expect("write");
+        assert_eq!(
+            run(args(&[&empty.to_string_lossy(), "-c", "true"])),
+            refused
+        );
+    }
+}
