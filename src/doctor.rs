@@ -195,28 +195,45 @@ fn sandbox_check(config: &Config) -> Check {
         " Tasks on the attached server (opencode.url) run unconfined: the gateway did not start \
          it, so it cannot give it its shell; their checks still run confined."
     });
+    let remote: Vec<String> = crate::workers::from_config(config)
+        .into_iter()
+        .filter(|w| w.remote.is_some())
+        .map(|w| w.name)
+        .collect();
+    let on_workers = (!remote.is_empty()).then(|| {
+        format!(
+            " Tasks on workers ({}) run unconfined there: the gateway does not confine a \
+             worker's agents yet.",
+            remote.join(", ")
+        )
+    });
     match probe::probe() {
         Availability::Ready(bwrap) => {
             let check = Check::new(
                 name,
-                if attached.is_some() {
+                if attached.is_some() || on_workers.is_some() {
                     Status::Warn
                 } else {
                     Status::Ok
                 },
                 format!(
                     "{} confines every command of a delegated agent and every check: writes only \
-                     in the task's directory, secrets hidden, network {}.{}",
+                     in the task's directory, secrets hidden, network {}.{}{}",
                     bwrap.display(),
                     if config.sandbox.network { "on" } else { "off" },
-                    attached.unwrap_or_default()
+                    attached.unwrap_or_default(),
+                    on_workers.clone().unwrap_or_default()
                 ),
             );
-            match attached {
-                Some(_) => check.fix(
+            match (attached, on_workers) {
+                (Some(_), _) => check.fix(
                     "leave opencode.url unset to let the gateway start (and confine) its OpenCode",
                 ),
-                None => check,
+                (None, Some(_)) => check.fix(
+                    "place tasks whose agents you would not let run as the worker's user on \
+                     `local` (the `worker` argument)",
+                ),
+                (None, None) => check,
             }
         }
         Availability::Unsupported(os) => Check::new(

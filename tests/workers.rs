@@ -231,6 +231,17 @@ fn doctor_checks_each_worker() {
     assert!(down.starts_with("FAIL"), "{text}");
     assert!(down.contains("ssh cannot reach gone"), "{text}");
     assert!(text.contains("ssh -o BatchMode=yes gone true"), "{text}");
+    // Workers' agents are not confined yet: the sandbox line says so, naming them.
+    let sandbox = text
+        .lines()
+        .find(|l| l.contains(" sandbox:"))
+        .unwrap_or_else(|| panic!("no sandbox line:\n{text}"));
+    assert!(
+        sandbox.starts_with("warn")
+            && sandbox.contains("gone, ready")
+            && sandbox.contains("unconfined"),
+        "{text}"
+    );
 }
 
 /// Reads a file of the worker's (the test sees its disk, as the worker's own shell would).
