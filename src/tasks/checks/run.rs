@@ -318,16 +318,7 @@ mod tests {
 
     async fn local_run(cmd: &str, timeout: Duration, keep: usize) -> CheckResult {
         let dir = tempfile::tempdir().expect("tempdir");
-        run(
-            Place::Local(None),
-            &record(dir.path()),
-            cmd,
-            timeout,
-            keep,
-            "X_PW",
-            || true,
-        )
-        .await
+        run_at(None, dir.path(), cmd, timeout, keep).await
     }
 
     #[tokio::test]
@@ -443,15 +434,16 @@ mod tests {
         )
     }
 
-    async fn confined_run(
-        policy: &crate::sandbox::Policy,
+    /// `cmd` as a local check in `root`: confined by `policy`, or unconfined.
+    async fn run_at(
+        policy: Option<&crate::sandbox::Policy>,
         root: &std::path::Path,
         cmd: &str,
         timeout: Duration,
         keep: usize,
     ) -> CheckResult {
         run(
-            Place::Local(Some(policy)),
+            Place::Local(policy),
             &record(root),
             cmd,
             timeout,
@@ -493,7 +485,7 @@ mod tests {
             state = state.display(),
             gateway = std::process::id(),
         );
-        let r = confined_run(&policy, &root, &script, Duration::from_secs(30), 4000).await;
+        let r = run_at(Some(&policy), &root, &script, Duration::from_secs(30), 4000).await;
         assert!(r.ok, "{r:?}");
         assert!(r.output.contains("wrote-root"), "{}", r.output);
         assert_eq!(
@@ -529,7 +521,7 @@ mod tests {
             "setsid sh -c 'while :; do date +%s%N > {}; sleep 0.1; done' & sleep 300",
             beat.display()
         );
-        let r = confined_run(&policy, &root, &cmd, Duration::from_millis(1500), 100).await;
+        let r = run_at(Some(&policy), &root, &cmd, Duration::from_millis(1500), 100).await;
         assert!(
             r.error
                 .as_deref()
