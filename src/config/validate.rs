@@ -977,6 +977,22 @@ mod tests {
             issues(&|c| c.checks.fix_prompt = "{% if false %}x{% endif %}".into()),
             ["checks.fix_prompt"]
         );
+        // Named checks: a name a call can pass, a command on one line.
+        assert_eq!(
+            issues(&|c| {
+                c.checks
+                    .named
+                    .insert("bad name!".into(), "cargo test".into());
+                c.checks.named.insert("empty".into(), " ".into());
+                c.checks.named.insert("split".into(), "a\nb".into());
+                c.checks.named.insert("test".into(), "cargo test -q".into());
+            }),
+            [
+                "checks.named.bad name!",
+                "checks.named.empty",
+                "checks.named.split"
+            ]
+        );
         // A template that would build a gigabyte stops at the prompt limit, named.
         let huge = "{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}";
         assert_eq!(

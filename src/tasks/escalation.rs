@@ -294,6 +294,39 @@ mod tests {
         c
     }
 
+    /// A move tightens the task's caps to the tier it moves to, never loosens them, and is not
+    /// made once the caps it would run under are spent.
+    #[test]
+    fn a_move_tightens_the_caps_and_is_not_made_once_they_are_spent() {
+        let mut c = config();
+        c.tiers[2].max_cost_usd = Some(0.25);
+        let strong = c.tiers[2].name.clone();
+        let next = NextModel {
+            tier: strong.clone(),
+            model: Some("p/strong".into()),
+            variant: None,
+            caps: c.limits.budget().tightest(c.tiers[2].budget()),
+        };
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        e.rec.budget = Some(crate::config::Budget {
+            max_cost_usd: Some(1.0),
+            max_tokens: Some(5000),
+        });
+        assert_eq!(next.spent_past(&e), None);
+        e.live.spent_before = (0.3, 10);
+        let why = next.spent_past(&e).expect("the tier's cap is spent");
+        assert!(
+            why.contains(&strong) && why.contains("max_cost_usd"),
+            "{why}"
+        );
+        e.live.spent_before = (0.1, 10);
+        record_move(&mut e, next, "checks still fail".into(), 1);
+        let caps = e.rec.budget.expect("caps");
+        assert_eq!(caps.max_cost_usd, Some(0.25), "tightened to the tier's");
+        assert_eq!(caps.max_tokens, Some(5000), "the task's own kept");
+        assert_eq!(e.rec.tier.as_deref(), Some(strong.as_str()));
+    }
+
     #[test]
     fn a_provider_outage_tries_the_fallbacks_then_the_stronger_tier_each_once() {
         let c = config();
