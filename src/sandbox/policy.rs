@@ -331,6 +331,61 @@ mod tests {
         );
     }
 
+    /// The user's paths: `~/` under the home, absolute as given, anything else (or `~/` with
+    /// no home) left out; the user's variables join the allowed ones once.
+    #[test]
+    fn the_users_paths_and_names_are_taken_as_written() {
+        let settings = SandboxConfig {
+            hide: vec!["~/secrets".into(), "/srv/keys".into(), "relative/x".into()],
+            caches: vec!["~/.gradle".into()],
+            env: vec!["GOFLAGS".into(), "PATH".into()],
+            network: true,
+            ..SandboxConfig::default()
+        };
+        let home = Path::new("/home/u");
+        let p = Policy::from_settings(&settings, PathBuf::from("/usr/bin/bwrap"), Some(home), &[]);
+        assert!(p.hide.contains(&home.join("secrets")));
+        assert!(p.hide.contains(&PathBuf::from("/srv/keys")));
+        assert!(!p.hide.iter().any(|h| h.ends_with("relative/x")));
+        assert!(p.caches.contains(&home.join(".gradle")));
+        assert_eq!(p.env.iter().filter(|n| *n == "PATH").count(), 1);
+        assert!(p.env.contains(&"GOFLAGS".to_string()));
+        assert!(p.network);
+        let homeless = Policy::from_settings(&settings, PathBuf::from("/usr/bin/bwrap"), None, &[]);
+        assert!(!homeless.hide.iter().any(|h| h.ends_with("secrets")));
+        assert!(homeless.caches.is_empty());
+        // With the network on, no network namespace, and name resolution's stub stays.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = homeless.bwrap_args(dir.path(), dir.path());
+        assert!(!args.iter().any(|a| a == "--unshare-net"));
+        assert!(args.iter().any(|a| a == "/run/systemd/resolve"));
+    }
+
+    #[test]
+    fn a_hidden_file_is_an_empty_one_and_a_cache_inside_a_hidden_path_is_not_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join(".cargo/registry")).expect("cargo");
+        std::fs::write(home.join(".netrc"), "machine x password y").expect("netrc");
+        let settings = SandboxConfig {
+            hide: vec!["~/.cargo".into()],
+            ..SandboxConfig::default()
+        };
+        let p = Policy::from_settings(&settings, PathBuf::from("/usr/bin/bwrap"), Some(&home), &[]);
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).expect("root");
+        let args = p.bwrap_args(&root, &root);
+        let netrc = home.join(".netrc").canonicalize().expect("netrc");
+        assert!(args
+            .windows(3)
+            .any(|w| w[0] == "--ro-bind" && w[1] == "/dev/null" && Path::new(&w[2]) == netrc));
+        let cargo = home.join(".cargo").canonicalize().expect("cargo");
+        assert!(
+            !args.iter().any(|a| Path::new(a) == cargo.join("registry")),
+            "{args:?}"
+        );
+    }
+
     #[test]
     fn the_deepest_registered_root_holding_the_directory_is_chosen() {
         let dir = tempfile::tempdir().expect("tempdir");

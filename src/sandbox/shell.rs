@@ -162,5 +162,15 @@ mod tests {
             run(args(&[&empty.to_string_lossy(), "-c", "true"])),
             refused
         );
+        // A root that holds this directory, but a sandbox that cannot be started: refused, not
+        // run unconfined.
+        let mut placed = policy;
+        placed.roots = vec![std::env::current_dir().expect("cwd")];
+        let no_bwrap = dir.path().join("no-bwrap.json");
+        std::fs::write(&no_bwrap, serde_json::to_vec(&placed).expect("json")).expect("write");
+        assert_eq!(
+            run(args(&[&no_bwrap.to_string_lossy(), "-c", "true"])),
+            refused
+        );
     }
 }
