@@ -195,15 +195,16 @@ fn sandbox_check(config: &Config) -> Check {
         " Tasks on the attached server (opencode.url) run unconfined: the gateway did not start \
          it, so it cannot give it its shell; their checks still run confined."
     });
+    // Workers the user let run unconfined; the others are confined there, or refused (their
+    // own lines say whether bubblewrap runs there).
     let remote: Vec<String> = crate::workers::from_config(config)
         .into_iter()
-        .filter(|w| w.remote.is_some())
+        .filter(|w| w.remote.is_some() && w.sandbox == crate::config::SandboxMode::Off)
         .map(|w| w.name)
         .collect();
     let on_workers = (!remote.is_empty()).then(|| {
         format!(
-            " Tasks on workers ({}) run unconfined there: the gateway does not confine a \
-             worker's agents yet.",
+            " Tasks on workers {} run unconfined there (workers.<name>.sandbox: off).",
             remote.join(", ")
         )
     });
@@ -230,8 +231,8 @@ fn sandbox_check(config: &Config) -> Check {
                     "leave opencode.url unset to let the gateway start (and confine) its OpenCode",
                 ),
                 (None, Some(_)) => check.fix(
-                    "place tasks whose agents you would not let run as the worker's user on \
-                     `local` (the `worker` argument)",
+                    "remove `sandbox: off` from those workers' entries (with bubblewrap \
+                     installed there) to confine their agents",
                 ),
                 (None, None) => check,
             }
@@ -284,6 +285,8 @@ async fn worker_providers(config: &Config, worker: &crate::workers::Worker) -> C
         &worker.name,
         remote,
         &remote.root,
+        // Only its providers are asked for: no agent runs, so no shell is needed.
+        None,
         config.timeouts.server_start.get(),
     )
     .await;
@@ -364,11 +367,16 @@ fn reachability_check(r: crate::workers::WorkerReport) -> Option<Check> {
     }
     let opencode = health.opencode.as_deref().unwrap_or_default();
     let detail = format!(
-        "{} over ssh in {} ms: {}, opencode {opencode}, root writable, {} slots",
+        "{} over ssh in {} ms: {}, opencode {opencode}, root writable, {} slots, {}",
         r.place,
         health.took_ms,
         health.git.as_deref().unwrap_or_default(),
-        r.max_tasks
+        r.max_tasks,
+        if health.confined {
+            "agents confined (bubblewrap there)"
+        } else {
+            "agents unconfined (workers.<name>.sandbox: off)"
+        }
     );
     Some(if opencode == OPENCODE_API_VERSION {
         Check::new(name, Status::Ok, detail)

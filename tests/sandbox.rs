@@ -17,28 +17,12 @@ mod support;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::git::{git, init_repo};
 use support::rig::Rig;
 use support::{FakeLlm, OpenCodeEnv};
 
 const PLANTED: &str = "PLANTED-SECRET";
-
-/// What the model was told each of the session's tool calls returned (the `tool` messages of
-/// its last request), joined.
-fn tool_outputs(rig: &Rig, session: &str) -> String {
-    let requests = rig.requests_for(session);
-    let last = requests.last().expect("the session called the model");
-    last.messages
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| match &m["content"] {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n----\n")
-}
 
 /// The real toolchain homes, so the honest task's `cargo` works under the isolated `$HOME`.
 fn toolchain_env() -> Vec<(String, String)> {
@@ -176,7 +160,7 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
         "the named check's command ran: {honest}"
     );
     assert_eq!(honest["confined"], true, "{honest}");
-    let honest_out = tool_outputs(&rig, &honest_session);
+    let honest_out = rig.tool_outputs(&honest_session);
     assert!(honest_out.contains("test result: ok"), "{honest_out}");
     assert_eq!(
         std::fs::read_to_string(Path::new(&sibling).join("result.txt")).expect("result.txt"),
@@ -189,7 +173,7 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
         done["checks"]["status"], "passed",
         "its own work was kept: {done}"
     );
-    let out = tool_outputs(&rig, &session);
+    let out = rig.tool_outputs(&session);
     for leaked in [
         PLANTED,
         "CONNECTED",
@@ -392,7 +376,7 @@ async fn a_task_in_a_subdirectory_writes_only_there_and_cannot_commit() {
     let session = started["session_id"].as_str().expect("session").to_string();
     let done = rig.finish(&id).await;
     assert_eq!(done["confined"], true, "{done}");
-    let out = tool_outputs(&rig, &session);
+    let out = rig.tool_outputs(&session);
     assert_eq!(
         std::fs::read_to_string(sub.join("inside.txt")).expect("inside.txt"),
         "inside\n"

@@ -195,7 +195,7 @@ fn doctor_checks_each_worker() {
     let user = format!(
         "tiers:\n  - name: fast\n    handles: small things\n    models: [fake/fake-model]\n  - name: rare\n    handles: nothing\n    models: [nowhere/absent-model]\nworkers:\n{}{}",
         entry(&ready, &key, &there.display().to_string(), &ready.root.display().to_string(), 2),
-        entry(&gone, &key, &bin, "/tmp", 2),
+        entry(&gone, &key, &bin, "/tmp", 2) + "    sandbox: off\n",
     );
     let out = run_with(
         &env,
@@ -222,6 +222,7 @@ fn doctor_checks_each_worker() {
         "{text}"
     );
     assert!(ok.contains("2 slots"), "{text}");
+    assert!(ok.contains("agents confined (bubblewrap there)"), "{text}");
     // Its own OpenCode was started there for the check: it offers the fake models, which serve
     // tier fast and not tier rare.
     let providers = line("ready providers");
@@ -231,15 +232,16 @@ fn doctor_checks_each_worker() {
     assert!(down.starts_with("FAIL"), "{text}");
     assert!(down.contains("ssh cannot reach gone"), "{text}");
     assert!(text.contains("ssh -o BatchMode=yes gone true"), "{text}");
-    // Workers' agents are not confined yet: the sandbox line says so, naming them.
+    // The user let one worker's agents run unconfined: the sandbox line says so, naming it
+    // alone (the other's are confined there).
     let sandbox = text
         .lines()
         .find(|l| l.contains(" sandbox:"))
         .unwrap_or_else(|| panic!("no sandbox line:\n{text}"));
     assert!(
         sandbox.starts_with("warn")
-            && sandbox.contains("gone, ready")
-            && sandbox.contains("unconfined"),
+            && sandbox.contains("workers gone run unconfined")
+            && !sandbox.contains("ready"),
         "{text}"
     );
 }
@@ -405,31 +407,9 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The worker's own OpenCode setup: a wrapper script in its root that runs the pinned OpenCode
-/// with the worker's environment (its own home and providers: here the fake model at
-/// `fake_url`, and nothing that reaches past 127.0.0.1).
+/// The worker's own OpenCode setup ([`Sshd::opencode_setup`]).
 fn worker_opencode(worker: &Sshd, env: &OpenCodeEnv, fake_url: &str) -> std::path::PathBuf {
-    let wrapper = worker.root.join("opencode-here");
-    let mut script = String::from("#!/bin/sh\n");
-    for (k, v) in env.vars(fake_url) {
-        script.push_str(&format!("export {k}={}\n", sh_word(&v)));
-    }
-    script.push_str(&format!(
-        "exec {} \"$@\"\n",
-        sh_word(&opencode_bin().display().to_string())
-    ));
-    std::fs::write(&wrapper, script).expect("write the wrapper");
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    wrapper
-}
-
-/// `value` as one word for `sh`.
-fn sh_word(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "'\\''"))
+    worker.opencode_setup(env, fake_url)
 }
 
 /// **OpenCode on a worker, behind the session's forward.** Started over ssh on the worker's
@@ -457,10 +437,16 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
     std::fs::create_dir_all(&project).expect("project dir");
     let project_dir = project.display().to_string();
 
+    // Its bash tool's shell is the one given (here a stand-in file: the confining script is
+    // `workers::sandbox`'s), through OPENCODE_CONFIG_CONTENT, beside the worker's own settings.
+    let shell = worker.root.join("shell-stand-in");
+    std::fs::write(&shell, "#!/bin/sh\nexec /bin/sh \"$@\"\n").expect("the stand-in shell");
+    let shell = shell.display().to_string();
     let serve = RemoteServe::start(
         "w1",
         &remote,
         &project_dir,
+        Some(&shell),
         std::time::Duration::from_secs(60),
     )
     .await
@@ -512,6 +498,19 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
         .expect("a session");
     let id = session["id"].as_str().expect("session id");
     assert_eq!(session["directory"], project_dir.as_str(), "{session}");
+    let api = opencode_mcp::opencode::Api::new(
+        &serve.url,
+        Some(&serve.password),
+        std::time::Duration::from_secs(30),
+    )
+    .expect("client");
+    assert_eq!(
+        api.configured_shell(&project_dir)
+            .await
+            .expect("its config"),
+        Some(shell.clone()),
+        "OpenCode there runs commands with the shell given"
+    );
     let prompted = http
         .post(format!("{}/session/{id}/prompt_async?{q}", serve.url))
         .basic_auth("opencode", Some(&serve.password))
@@ -561,7 +560,7 @@ async fn opencode_that_cannot_start_on_a_worker_says_why() {
         root: root.clone(),
     };
     let within = std::time::Duration::from_secs(30);
-    let err = RemoteServe::start("w1", &remote, &root, within)
+    let err = RemoteServe::start("w1", &remote, &root, None, within)
         .await
         .expect_err("no OpenCode there");
     let said = err.to_string();
@@ -579,10 +578,27 @@ async fn opencode_that_cannot_start_on_a_worker_says_why() {
     let blocked = worker.root.join("a-file");
     std::fs::write(&blocked, "not a directory").expect("write");
     let unusable = blocked.join("root").display().to_string();
-    let err = RemoteServe::start("w1", &missing, &unusable, within)
+    let err = RemoteServe::start("w1", &missing, &unusable, None, within)
         .await
         .expect_err("no usable directory there");
     assert!(err.to_string().contains("did not start"), "{err}");
+    // A confining shell that is not there: OpenCode would fall back to plain bash, so it is
+    // not started; one that is no plain absolute path is refused before ssh.
+    let gone_shell = worker.root.join("no-such-shell").display().to_string();
+    let err = RemoteServe::start("w1", &missing, &root, Some(&gone_shell), within)
+        .await
+        .expect_err("no confining shell there");
+    assert!(
+        err.to_string().contains("confining shell") && err.to_string().contains("is missing"),
+        "{err}"
+    );
+    let err = RemoteServe::start("w1", &missing, &root, Some("shell\"x"), within)
+        .await
+        .expect_err("not a plain absolute path");
+    assert!(
+        err.to_string().contains("not a plain absolute path"),
+        "{err}"
+    );
 
     let mut gone = Sshd::start("w2", &key);
     gone.stop();
@@ -590,7 +606,7 @@ async fn opencode_that_cannot_start_on_a_worker_says_why() {
         ssh: Ssh::new("w2", Some(&config)),
         ..missing
     };
-    let err = RemoteServe::start("w2", &unreachable, &root, within)
+    let err = RemoteServe::start("w2", &unreachable, &root, None, within)
         .await
         .expect_err("an unreachable worker");
     assert!(err.to_string().contains("ssh could not reach w2"), "{err}");
@@ -894,8 +910,8 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
         .lines()
         .find(|l| l.contains(spilled["task_id"].as_str().unwrap_or("?")))
         .unwrap_or_default();
-    // Workers' agents are not confined yet: the list says so, and a local task's line does not.
-    assert!(spilled_line.ends_with("[on w1] [unconfined]"), "{tasks}");
+    // Agents on the worker run confined there, as here: neither line says otherwise.
+    assert!(spilled_line.ends_with("[on w1]"), "{tasks}");
     let local_line = tasks
         .lines()
         .find(|l| l.contains(local["task_id"].as_str().unwrap_or("?")))
@@ -1381,5 +1397,153 @@ async fn a_remote_task_whose_worker_went_with_the_gateway_fails_worker_lost() {
     assert!(
         error.contains("WorkerLost") && error.contains("`w1`"),
         "{error}"
+    );
+}
+
+/// **A hostile agent on a worker stays in its worktree there**, with no sandbox setting
+/// anywhere: confinement is the default on a worker too (its bubblewrap, through the confining
+/// shell the gateway writes there). The agent, and then its check, try to write the worker
+/// user's home and the worker's root, read a planted key, print the environment (OpenCode's
+/// password there), kill the worker's OpenCode, rewrite their worktree's `.git` and put a hook
+/// into the bare repository there (through bash and through OpenCode's own write tool), and
+/// work in a sibling task's worktree and in the root through `workdir`. Each fails with a
+/// message the agent can read; an honest task beside it writes its file and passes its check;
+/// both are reported confined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_agent_on_a_worker_stays_in_its_worktree() {
+    use serde_json::json;
+    const PLANTED: &str = "PLANTED-SECRET";
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        repo: _repo,
+        user_file: _,
+        root,
+        rig,
+    } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 2).await;
+    // The worker's OpenCode runs with a home of its own (its wrapper sets it), its checks
+    // with the ssh login's: a key is planted in each, and each reads its own `~`.
+    let home = _worker_env.home_dir();
+    for h in [&home, &_worker.home] {
+        std::fs::create_dir_all(h.join(".ssh")).expect("the worker's ~/.ssh");
+        std::fs::write(h.join(".ssh/id_ed25519"), format!("{PLANTED}-ssh")).expect("plant");
+    }
+
+    let honest = rig
+        .start_task_with(json!({
+            "prompt": "[[bash:echo honest > result.txt]]",
+            "worker": "w1",
+            "checks": ["grep -q honest result.txt"],
+        }))
+        .await;
+    let honest_id = honest["task_id"].as_str().expect("id").to_string();
+    let sibling = honest["workspace"]["path"]
+        .as_str()
+        .expect("the honest task's worktree there")
+        .to_string();
+    let honest = rig.finish(&honest_id).await;
+    assert_eq!(honest["status"], "completed", "{honest}");
+    assert_eq!(honest["checks"]["status"], "passed", "{honest}");
+    assert_eq!(honest["confined"], true, "{honest}");
+
+    let bare = std::fs::read_dir(root.join("repos"))
+        .expect("the worker's bare repositories")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "git"))
+        .expect("the bare repository of the origin");
+    let servers = reaper.servers();
+    let opencode_pid = *servers.first().expect("the worker's OpenCode runs");
+    let attacks = [
+        format!("[[bash:echo x > {}/owned]]", home.display()),
+        format!("[[bash:echo x > {}/owned-root]]", root.display()),
+        "[[bash:cat ~/.ssh/id_ed25519]]".to_string(),
+        "[[bash:env]]".to_string(),
+        format!("[[bash:kill -9 {opencode_pid}]]"),
+        format!(
+            "[[bash:echo 'echo pwned' > {}/hooks/pre-commit]]",
+            bare.display()
+        ),
+        "[[bash:echo 'gitdir: /elsewhere' > .git]]".to_string(),
+        format!("[[write:{}/hooks/post-commit:echo pwned]]", bare.display()),
+        "[[write:.git:gitdir /elsewhere]]".to_string(),
+        format!("[[bashin:{sibling}:touch from-attacker]]"),
+        format!("[[bashin:{}:touch from-attacker]]", root.display()),
+        "[[bash:echo mine > mine.txt]]".to_string(),
+    ];
+    let check = format!(
+        "cat ~/.ssh/id_ed25519; env; echo x > {h}/owned-by-check; \
+         echo pwned > {b}/hooks/pre-push; kill -9 {opencode_pid}; test -f mine.txt",
+        h = home.display(),
+        b = bare.display(),
+    );
+    let hostile = rig
+        .start_task_with(json!({
+            "prompt": format!("attack {}", attacks.join(" ")),
+            "worker": "w1",
+            "checks": [check],
+        }))
+        .await;
+    let hostile_id = hostile["task_id"].as_str().expect("id").to_string();
+    let session = hostile["session_id"].as_str().expect("session").to_string();
+    let worktree = std::path::PathBuf::from(hostile["workspace"]["path"].as_str().expect("path"));
+    let pointer = read(&worktree.join(".git"));
+    let done = rig.finish(&hostile_id).await;
+
+    assert_eq!(done["confined"], true, "{done}");
+    assert_eq!(
+        done["checks"]["status"], "passed",
+        "its own work was kept: {done}"
+    );
+    let out = rig.tool_outputs(&session);
+    for leaked in [
+        PLANTED,
+        "OPENCODE_SERVER_PASSWORD",
+        "OPENCODE_CONFIG_CONTENT",
+    ] {
+        assert!(!out.contains(leaked), "{leaked} reached the agent:\n{out}");
+    }
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(out.contains("No such process"), "{out}");
+    assert!(
+        out.contains("opencode-mcp sandbox:"),
+        "a failed command says it ran confined: {out}"
+    );
+    assert!(
+        out.contains("rule which prevents you"),
+        "OpenCode's own tools and a workdir outside are refused: {out}"
+    );
+    let check_out = done["checks"]["last"][0]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(check_out.contains("Read-only file system"), "{check_out}");
+    assert!(check_out.contains("No such process"), "{check_out}");
+    for leaked in [PLANTED, "OPENCODE_SERVER_PASSWORD"] {
+        assert!(!check_out.contains(leaked), "{check_out}");
+    }
+    for path in [
+        home.join("owned"),
+        home.join("owned-by-check"),
+        root.join("owned-root"),
+        root.join("from-attacker"),
+        bare.join("hooks/pre-commit"),
+        bare.join("hooks/post-commit"),
+        bare.join("hooks/pre-push"),
+        std::path::Path::new(&sibling).join("from-attacker"),
+    ] {
+        assert!(!path.exists(), "the agent wrote {}", path.display());
+    }
+    assert_eq!(
+        read(&worktree.join(".git")),
+        pointer,
+        "the .git pointer was rewritten"
+    );
+    assert_eq!(read(&worktree.join("mine.txt")), "mine\n");
+    assert!(
+        support::procs::stat(opencode_pid).is_some_and(|p| p.is_live()),
+        "the worker's OpenCode still runs"
     );
 }

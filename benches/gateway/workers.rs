@@ -257,27 +257,6 @@ pub struct FanoutTimes {
     pub start_local: Vec<f64>,
 }
 
-/// A worker's own OpenCode setup: a wrapper in its root running the pinned OpenCode with the
-/// worker's environment (its own home and provider: the fake model).
-fn worker_opencode(worker: &Sshd, env: &OpenCodeEnv, fake_url: &str) -> Result<String, BoxError> {
-    let word = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
-    let mut script = String::from("#!/bin/sh\n");
-    for (k, v) in env.vars(fake_url) {
-        script.push_str(&format!("export {k}={}\n", word(&v)));
-    }
-    script.push_str(&format!(
-        "exec {} \"$@\"\n",
-        word(&opencode_bin().display().to_string())
-    ));
-    let wrapper = worker.root.join("opencode-here");
-    std::fs::write(&wrapper, script)?;
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
-    Ok(wrapper.display().to_string())
-}
-
 /// **A fan-out of `tasks` across three workers against the same tasks on one**, through the
 /// real gateway: three real `sshd` workers on 127.0.0.1, each with `slots` slots and its own
 /// OpenCode (started by the gateway on first use, before the clock), the queue on; each task's
@@ -313,7 +292,10 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
     for name in names {
         let worker = Sshd::start(name, &key);
         let home = OpenCodeEnv::new();
-        let wrapper = worker_opencode(&worker, &home, &fake.url())?;
+        let wrapper = worker
+            .opencode_setup(&home, &fake.url())
+            .display()
+            .to_string();
         file.push_str(&format!(
             "  {name}:\n    ssh: {name}\n    ssh_config: {}\n    max_tasks: {slots}\n    opencode: {wrapper}\n    root: {}\n",
             key.config_file().display(),

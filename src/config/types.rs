@@ -220,7 +220,7 @@ pub const WORKER_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,31}$";
 pub const LOCAL_WORKER: &str = "local";
 
 /// One machine tasks may run on (`workers.<name>`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// The `ssh` destination: a `Host` of your `~/.ssh/config` or `user@host`. Connections use
@@ -253,6 +253,11 @@ pub struct WorkerConfig {
     /// to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<Vec<String>>,
+    /// Whether its agents' commands and checks run confined there (bubblewrap on the worker,
+    /// the rules of `sandbox`). Unset: as `sandbox.mode`. With `on`, a worker where bubblewrap
+    /// cannot run takes no task; `off` lets its agents run as its ssh user. Not for `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
 }
 
 /// The defaults of `opencode_start_task`'s `isolation` and `base`.

@@ -71,7 +71,44 @@ pub(crate) fn validate(config: &Config) -> Vec<Issue> {
     report(config, &mut issues);
     workers(config, &mut issues);
     checks(config, &mut issues);
+    sandbox(config, &mut issues);
     issues.0
+}
+
+/// Sandbox: paths absolute or `~/...`, variables by their names. They reach the `bwrap` line
+/// here and the confining script a worker runs (as quoted words), so nothing else is taken.
+fn sandbox(config: &Config, issues: &mut Issues) {
+    let s = &config.sandbox;
+    for (field, paths) in [("hide", &s.hide), ("caches", &s.caches)] {
+        for path in paths {
+            let rooted = path.starts_with('/') || path.starts_with("~/");
+            if !rooted || path.chars().any(char::is_control) {
+                issues.push(
+                    format!("sandbox.{field}"),
+                    format!(
+                        "expected absolute paths or `~/...`, found {}",
+                        super::printable(path)
+                    ),
+                );
+            }
+        }
+    }
+    for name in &s.env {
+        let mut chars = name.chars();
+        let ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            issues.push(
+                "sandbox.env",
+                format!(
+                    "expected names of environment variables (letters, digits and `_`), found {}",
+                    super::printable(name)
+                ),
+            );
+        }
+    }
 }
 
 /// Checks: the fix prompt must render (MiniJinja syntax, with the values a fix round gives it);
@@ -180,6 +217,13 @@ fn workers(config: &Config, issues: &mut Issues) {
                 issues.push(
                     key("tiers"),
                     "expected only `max_tasks` for `local` (this machine takes every tier)",
+                );
+            }
+            if w.sandbox.is_some() {
+                issues.push(
+                    key("sandbox"),
+                    "expected only `max_tasks` for `local` (this machine's confinement is \
+                     `sandbox.mode`)",
                 );
             }
             if w.lost_after.is_some() {
@@ -906,6 +950,26 @@ mod tests {
         }
     }
 
+    /// Sandbox paths must be rooted and variables named: both reach a `bwrap` line and a
+    /// worker's script.
+    #[test]
+    fn sandbox_settings() {
+        let issues = |yaml: &str| {
+            let mut config = crate::gateway::test_config();
+            config.sandbox = yaml_serde::from_str(yaml).expect("sandbox yaml");
+            let mut found = Issues(Vec::new());
+            sandbox(&config, &mut found);
+            found.0.into_iter().map(|i| i.key).collect::<Vec<_>>()
+        };
+        assert!(issues("hide: [~/x, /y]\ncaches: [~/.gradle]\nenv: [GOFLAGS, _X1]\n").is_empty());
+        assert_eq!(issues("hide: [relative]\n"), ["sandbox.hide"]);
+        assert_eq!(issues("caches: [\"~x\"]\n"), ["sandbox.caches"]);
+        assert_eq!(
+            issues("env: [\"A B\", 9X]\n"),
+            ["sandbox.env", "sandbox.env"]
+        );
+    }
+
     /// Each way a worker entry can be wrong is named by its key; a good one passes.
     #[test]
     fn worker_entries() {
@@ -919,6 +983,11 @@ mod tests {
         assert!(issues("box:\n  ssh: me@box\n  max_tasks: 2\n").is_empty());
         assert!(issues("local:\n  max_tasks: 2\n").is_empty());
         assert_eq!(issues("local:\n  ssh: me@box\n"), ["workers.local.ssh"]);
+        assert_eq!(
+            issues("local:\n  sandbox: off\n"),
+            ["workers.local.sandbox"]
+        );
+        assert!(issues("box:\n  ssh: box\n  max_tasks: 1\n  sandbox: off\n").is_empty());
         assert_eq!(issues("box:\n  max_tasks: 2\n"), ["workers.box.ssh"]);
         assert_eq!(issues("box:\n  ssh: box\n"), ["workers.box.max_tasks"]);
         assert!(issues("box:\n  ssh: box\n  max_tasks: 1\n  tiers: [fast]\n").is_empty());

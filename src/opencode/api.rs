@@ -413,6 +413,32 @@ impl Api {
         })
     }
 
+    /// `GET /config?directory=`: the `shell` the server's instance for `directory` runs its
+    /// bash tool with (`None`: its default). Decoded by hand: only this field is needed, and
+    /// the typed config (hundreds of fields, none unknown allowed) would break on any newer one.
+    /// A confined task starts only when this is the confining shell: a wrapper around OpenCode
+    /// (the user's `opencode.command`, a worker's `opencode`) that replaces
+    /// `OPENCODE_CONFIG_CONTENT` would otherwise leave its agents on plain `bash`, silently.
+    pub async fn configured_shell(&self, directory: &str) -> Result<Option<String>, OpencodeError> {
+        const OPERATION: &str = "GET /config";
+        let response = self
+            .http
+            .get(format!("{}/config", self.base_url))
+            .query(&[("directory", directory)])
+            .send()
+            .await
+            .map_err(|e| OpencodeError::from_reqwest(OPERATION, &e))?;
+        let value = OpencodeError::json_body(OPERATION, response).await?;
+        match value.get("shell") {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(OpencodeError::Decode {
+                operation: OPERATION.into(),
+                detail: format!("`shell` is not a string: {other}"),
+            }),
+        }
+    }
+
     /// The messages of the turn opened by `user_message_id`, oldest first, starting with ours
     /// (or, if the session does not hold it, the whole session read within the page bound, so the
     /// caller can tell that it is missing).

@@ -26,6 +26,7 @@ use super::process::{ManagedProcess, SpawnRequest};
 use crate::config::Config;
 use crate::ids;
 use crate::sandbox::{Confinement, Decision, ServerSandbox};
+use crate::workers::sandbox::WorkerShell;
 
 /// What `start_server` reports.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -77,6 +78,9 @@ pub struct Server {
     /// What confines its agents' commands (a managed server on this machine with the sandbox
     /// on); `None` leaves them unconfined, for the reason in `confinement`.
     pub sandbox: Option<Arc<ServerSandbox>>,
+    /// A worker's OpenCode with its tasks confined there: the script it runs commands through
+    /// (written again before every turn).
+    pub worker_shell: Option<Arc<WorkerShell>>,
     /// Whether tasks on this server run confined, and why not.
     pub confinement: Confinement,
 }
@@ -258,6 +262,7 @@ impl ServerPool {
             credentials,
             worker: None,
             sandbox,
+            worker_shell: None,
             confinement,
         });
         let (tx, rx) = mpsc::unbounded_channel();
@@ -278,6 +283,7 @@ impl ServerPool {
         url: &str,
         password: &str,
         directory: &str,
+        shell: Result<Arc<WorkerShell>, String>,
     ) -> Result<Started, OpencodeError> {
         let api = Api::new(url, Some(password), self.config.timeouts.request.get())?;
         let version = api.health().await?;
@@ -294,9 +300,11 @@ impl ServerPool {
             credentials,
             worker: Some(worker.to_string()),
             sandbox: None,
-            confinement: Confinement::Unconfined(format!(
-                "it runs on worker {worker}, whose agents the gateway does not confine yet"
-            )),
+            confinement: match &shell {
+                Ok(_) => Confinement::Confined,
+                Err(why) => Confinement::Unconfined(why.clone()),
+            },
+            worker_shell: shell.ok(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_pump(api, tx, server.stop.clone()));

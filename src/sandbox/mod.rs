@@ -87,18 +87,8 @@ pub fn decide(settings: &SandboxConfig, state_dir: &Path) -> Decision {
         }
     };
     let mut private = vec![state_dir.to_path_buf()];
-    // OpenCode's own data and config directories beside ours (`<base>/opencode`).
-    for (var, rel) in [
-        ("XDG_DATA_HOME", ".local/share"),
-        ("XDG_CONFIG_HOME", ".config"),
-    ] {
-        if let Some(base) = crate::config::xdg_dir(var, rel)
-            .as_deref()
-            .and_then(Path::parent)
-        {
-            private.push(base.join("opencode"));
-        }
-    }
+    private.extend(opencode_dir("XDG_DATA_HOME", ".local/share"));
+    private.extend(opencode_dir("XDG_CONFIG_HOME", ".config"));
     let home = std::env::var_os("HOME").map(PathBuf::from);
     Decision::Confine(Policy::from_settings(
         settings,
@@ -116,7 +106,10 @@ pub fn decide(settings: &SandboxConfig, state_dir: &Path) -> Decision {
 /// `.git` (a hook or a config there would run as the user). Measured on 1.18.33: the last
 /// matching rule wins and the session's come last; `*` matches across `/`; an edit's path is
 /// relative to the git root, so both `.git/...` and `<dir>/.git/...` are named.
-pub fn session_rules() -> Vec<crate::opencode::ForcedRule> {
+///
+/// `opencode_data`: OpenCode's data directory where the server runs ([`opencode_dir`] here, the
+/// worker's own there).
+pub fn session_rules(opencode_data: Option<&Path>) -> Vec<crate::opencode::ForcedRule> {
     use crate::opencode::ForcedRule;
     let deny = |permission, pattern: &str| ForcedRule {
         permission,
@@ -124,19 +117,26 @@ pub fn session_rules() -> Vec<crate::opencode::ForcedRule> {
         allow: false,
     };
     let mut rules = vec![deny("external_directory", "*")];
-    if let Some(data) = crate::config::xdg_dir("XDG_DATA_HOME", ".local/share") {
-        if let Some(base) = data.parent() {
-            rules.push(ForcedRule {
-                permission: "external_directory",
-                pattern: format!("{}/*", base.join("opencode/tool-output").display()),
-                allow: true,
-            });
-        }
+    if let Some(data) = opencode_data {
+        rules.push(ForcedRule {
+            permission: "external_directory",
+            pattern: format!("{}/*", data.join("tool-output").display()),
+            allow: true,
+        });
     }
     for pattern in [".git", ".git/*", "*/.git", "*/.git/*"] {
         rules.push(deny("edit", pattern));
     }
     rules
+}
+
+/// OpenCode's own directory of this machine under an XDG base (`$XDG_DATA_HOME/opencode`, or
+/// `~/.local/share/opencode` for `("XDG_DATA_HOME", ".local/share")`), beside the gateway's.
+pub fn opencode_dir(var: &str, default_in_home: &str) -> Option<PathBuf> {
+    crate::config::xdg_dir(var, default_in_home)
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|base| base.join("opencode"))
 }
 
 /// What the agent reads when the sandbox stopped something, and what would allow it.
@@ -169,8 +169,14 @@ mod tests {
 
     #[test]
     fn session_rules_deny_outside_and_every_git_dir_last() {
-        let rules = session_rules();
+        let rules = session_rules(Some(Path::new("/home/u/.local/share/opencode")));
         assert_eq!(rules[0].permission, "external_directory");
+        assert!(rules[1].allow);
+        assert_eq!(
+            rules[1].pattern,
+            "/home/u/.local/share/opencode/tool-output/*"
+        );
+        assert_eq!(session_rules(None).len(), 5);
         assert!(!rules[0].allow);
         let edits: Vec<&str> = rules
             .iter()

@@ -157,6 +157,7 @@ pub(super) mod fixtures {
             credentials: None,
             worker: None,
             sandbox: None,
+            worker_shell: None,
             confinement: crate::sandbox::Confinement::Unconfined("a test server".into()),
         }
     }

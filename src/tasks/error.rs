@@ -4,6 +4,7 @@ use crate::error::{Coded, ErrorCode};
 use crate::git::GitError;
 use crate::opencode::OpencodeError;
 use crate::workers::repo::RepoError;
+use crate::workers::sandbox::SandboxError;
 use crate::workers::serve::ServeError;
 use crate::workers::ssh::SshError;
 
@@ -62,9 +63,9 @@ impl Coded for TaskError {
             TaskError::Opencode(e) => e.code(),
             TaskError::Git(e) => git(e),
             TaskError::Worker(RepoError::Git(e)) => git(e),
-            TaskError::Worker(RepoError::Ssh(e)) | TaskError::WorkerServe(ServeError::Ssh(e)) => {
-                ssh(e)
-            }
+            TaskError::Worker(RepoError::Ssh(e))
+            | TaskError::WorkerServe(ServeError::Ssh(e))
+            | TaskError::WorkerServe(ServeError::Sandbox(SandboxError::Ssh(e))) => ssh(e),
             TaskError::Worker(RepoError::OnWorker { .. }) => ErrorCode::Internal,
             TaskError::WorkerServe(_) => ErrorCode::OpencodeUnavailable,
         }

@@ -54,7 +54,7 @@ pub(super) async fn open_turn(
         .workspace
         .as_ref()
         .map_or(entry.rec.directory.as_str(), |w| w.path.as_str());
-    super::service::admit(server, root)?;
+    super::service::admit(server, root).await?;
     let room = match follows {
         Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,

@@ -23,6 +23,7 @@ use super::tracker;
 use crate::config::{Isolation, LOCAL_WORKER};
 use crate::git::{self, Base};
 use crate::opencode::Server;
+use crate::workers::sandbox::{self, WorkerShell};
 use crate::workers::serve::{RemoteServe, Saved, ServeError};
 use crate::workers::{self, repo, Remote};
 
@@ -108,8 +109,25 @@ impl TaskService {
                 ),
             }));
         }
-        let within = self.config().timeouts.server_start.get();
-        let serve = match RemoteServe::start(&w.name, &w.remote, &w.remote.root, within).await {
+        let config = self.config();
+        let within = config.timeouts.server_start.get();
+        // The confining shell goes there first: OpenCode is started with it as its shell. A
+        // worker that cannot confine (and whose user did not let it run unconfined) starts
+        // nothing.
+        let shell = match sandbox::prepare(&w.name, &w.remote, &config).await {
+            Ok(sandbox::Prepared::Confined(shell)) => Ok(Arc::new(shell)),
+            Ok(sandbox::Prepared::Unconfined(why)) => Err(why),
+            Err(e) => {
+                if let sandbox::SandboxError::Ssh(_) = &e {
+                    WorkerServes::mark_down(&self.workers.down, &w.name, e.to_string());
+                }
+                return Err(ServeError::from(e).into());
+            }
+        };
+        let shell_path = shell.as_ref().ok().map(|s| s.path.as_str());
+        let started =
+            RemoteServe::start(&w.name, &w.remote, &w.remote.root, shell_path, within).await;
+        let serve = match started {
             Ok(serve) => serve,
             Err(e) => {
                 WorkerServes::mark_down(&self.workers.down, &w.name, e.to_string());
@@ -117,7 +135,7 @@ impl TaskService {
             }
         };
         WorkerServes::mark_up(&self.workers.down, &w.name);
-        match self.take_in(w, serve, &mut link).await {
+        match self.take_in(w, serve, &mut link, shell).await {
             Ok(server) => Ok(server),
             Err((serve, e)) => {
                 serve.stop(&w.remote).await;
@@ -134,10 +152,17 @@ impl TaskService {
         w: &Named,
         serve: RemoteServe,
         link: &mut Option<Link>,
+        shell: Result<Arc<WorkerShell>, String>,
     ) -> Result<Arc<Server>, (RemoteServe, crate::opencode::OpencodeError)> {
         let started = match self
             .pool
-            .adopt_worker(&w.name, &serve.url, &serve.password, &serve.directory)
+            .adopt_worker(
+                &w.name,
+                &serve.url,
+                &serve.password,
+                &serve.directory,
+                shell,
+            )
             .await
         {
             Ok(started) => started,
@@ -211,11 +236,33 @@ impl TaskService {
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
             .map_err(|e| lost(format!("{} ({e})", path.display())))?;
-        let within = self.config().timeouts.server_start.get();
+        let config = self.config();
+        let within = config.timeouts.server_start.get();
         let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within, None).await?;
+        // Its shell was fixed when it started: its tasks are confined if it has the script
+        // (written there again now), and reported unconfined if it was started without one.
+        let shell = match (
+            &saved.shell,
+            sandbox::prepare(&w.name, &w.remote, &config).await,
+        ) {
+            (Some(had), Ok(sandbox::Prepared::Confined(shell))) if *had == shell.path => {
+                Ok(Arc::new(shell))
+            }
+            (Some(had), Ok(sandbox::Prepared::Confined(shell))) => Err(format!(
+                "its OpenCode on worker {} runs commands through {had}, not {}",
+                w.name, shell.path
+            )),
+            (None, Ok(sandbox::Prepared::Confined(_))) => Err(format!(
+                "its OpenCode on worker {} was started unconfined, before confinement was on \
+                 for the worker",
+                w.name
+            )),
+            (_, Ok(sandbox::Prepared::Unconfined(why))) => Err(why),
+            (_, Err(e)) => Err(e.to_string()),
+        };
         // Not that OpenCode (its password is refused): nothing of ours to stop there.
         let server = self
-            .take_in(w, serve, &mut link)
+            .take_in(w, serve, &mut link, shell)
             .await
             .map_err(|(_, e)| lost(e.to_string()))?;
         if owner != std::process::id() {

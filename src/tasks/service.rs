@@ -718,18 +718,12 @@ impl TaskService {
         let root = workspace
             .as_ref()
             .map_or(directory.as_str(), |(w, _)| w.path.as_str());
-        if let Err(e) = admit(&server, root) {
+        if let Err(e) = admit(&server, root).await {
             self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
                 .await;
             return Err(e);
         }
-        let forced = if self.config().sandbox.mode == crate::config::SandboxMode::On
-            && server.worker.is_none()
-        {
-            crate::sandbox::session_rules()
-        } else {
-            Vec::new()
-        };
+        let forced = forced_rules(&self.config(), &server);
         let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
             Err(e) => {
@@ -1096,15 +1090,63 @@ pub fn default_title(prompt: &str) -> String {
 /// Registers a task's `root` with its server's sandbox (and puts the confining shell back in
 /// place if it went missing), before each turn: a task is never run unconfined on a server
 /// that confines.
-pub(super) fn admit(server: &Server, root: &str) -> Result<(), TaskError> {
-    let Some(sandbox) = &server.sandbox else {
+pub(super) async fn admit(server: &Server, root: &str) -> Result<(), TaskError> {
+    let refuse = |why: String| TaskError::Opencode(crate::opencode::OpencodeError::Start(why));
+    let expected = if let Some(shell) = &server.worker_shell {
+        shell
+            .ensure()
+            .await
+            .map_err(crate::workers::serve::ServeError::from)?;
+        shell.path.clone()
+    } else if let Some(sandbox) = &server.sandbox {
+        sandbox.admit(Path::new(root)).map_err(|e| {
+            refuse(format!(
+                "cannot confine the task to {root}: the sandbox's files could not be written ({e})"
+            ))
+        })?;
+        sandbox.shell().display().to_string()
+    } else {
         return Ok(());
     };
-    sandbox.admit(Path::new(root)).map_err(|e| {
-        TaskError::Opencode(crate::opencode::OpencodeError::Start(format!(
-            "cannot confine the task to {root}: the sandbox's files could not be written ({e})"
-        )))
-    })
+    // OpenCode falls back to plain `bash` without a word: the task starts only once its
+    // instance is seen to run commands through the confining shell.
+    let shell = server.api.configured_shell(root).await?;
+    if shell.as_deref() != Some(expected.as_str()) {
+        let place = server
+            .worker
+            .as_deref()
+            .map_or_else(|| "here".to_string(), |w| format!("on worker {w}"));
+        return Err(refuse(format!(
+            "the task would not run confined: OpenCode {place} runs its agents' commands with \
+             {} instead of the confining shell {expected}, so its command or environment \
+             replaces the OPENCODE_CONFIG_CONTENT the gateway gives it (a wrapper script?). \
+             Fix: put that OpenCode's own settings in its config file \
+             (~/.config/opencode/opencode.json) instead, or turn confinement off in your own \
+             delegation.yaml",
+            shell.as_deref().unwrap_or("its default shell"),
+        )));
+    }
+    Ok(())
+}
+
+/// The permission rules a new session on `server` gets ([`crate::sandbox::session_rules`]):
+/// on this machine while `sandbox.mode` is on (an attached server too: its commands are not
+/// confined, but its edits are still held), on a worker while its tasks run confined.
+fn forced_rules(
+    config: &crate::config::Config,
+    server: &Server,
+) -> Vec<crate::opencode::ForcedRule> {
+    match (&server.worker, &server.worker_shell) {
+        (None, _) if config.sandbox.mode == crate::config::SandboxMode::On => {
+            crate::sandbox::session_rules(
+                crate::sandbox::opencode_dir("XDG_DATA_HOME", ".local/share").as_deref(),
+            )
+        }
+        (Some(_), Some(shell)) => {
+            crate::sandbox::session_rules(shell.opencode_data.as_deref().map(Path::new))
+        }
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 
 pub mod probe;
 pub mod repo;
+pub mod sandbox;
 pub mod serve;
 pub mod ssh;
 
@@ -38,6 +39,8 @@ pub struct Worker {
     pub tiers: Option<Vec<String>>,
     /// How it is reached; `None` for this machine.
     pub remote: Option<Remote>,
+    /// Whether its tasks run confined ([`sandbox::mode`]).
+    pub sandbox: crate::config::SandboxMode,
 }
 
 /// A worker reached over `ssh`.
@@ -64,6 +67,7 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
         max_tasks: local_slots,
         tiers: None,
         remote: None,
+        sandbox: config.sandbox.mode,
     }];
     for (name, w) in &config.workers {
         let (Some(destination), false) = (w.ssh.as_deref(), name == LOCAL_WORKER) else {
@@ -81,6 +85,7 @@ pub fn from_config(config: &Config) -> Vec<Worker> {
                     .unwrap_or_else(|| DEFAULT_OPENCODE.to_string()),
                 root: w.root.clone().unwrap_or_else(|| DEFAULT_ROOT.to_string()),
             }),
+            sandbox: sandbox::mode(config, name),
         });
     }
     out
@@ -183,9 +188,10 @@ pub fn text(reports: &[WorkerReport]) -> String {
         let state = match &r.health {
             None => "ready".to_string(),
             Some(h) if h.ready() => format!(
-                "ready ({}, opencode {}, {} ms)",
+                "ready ({}, opencode {}, {}, {} ms)",
                 h.git.as_deref().unwrap_or_default(),
                 h.opencode.as_deref().unwrap_or_default(),
+                if h.confined { "confined" } else { "unconfined" },
                 h.took_ms
             ),
             Some(h) if !h.reachable => "unreachable".to_string(),

@@ -36,14 +36,27 @@ pub struct Health {
     pub opencode: Option<String>,
     /// Whether the root directory exists (or could be made) and can be written.
     pub root_writable: bool,
+    /// Whether bubblewrap runs there: `ok <path>`, `missing`, or `broken <why>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bwrap: Option<String>,
+    /// Whether its tasks would run confined: the user's file wants it and bubblewrap runs.
+    pub confined: bool,
+    /// The user's file wants its tasks confined, and bubblewrap does not run there.
+    #[serde(skip)]
+    unconfinable: bool,
     /// The round trip, in milliseconds.
     pub took_ms: u64,
 }
 
 impl Health {
-    /// Ready for tasks: reachable, git and OpenCode run there, and the root can be written.
+    /// Ready for tasks: reachable, git and OpenCode run there, the root can be written, and its
+    /// tasks can run as the user's file wants them (confined, unless it says otherwise).
     pub fn ready(&self) -> bool {
-        self.reachable && self.git.is_some() && self.opencode.is_some() && self.root_writable
+        self.reachable
+            && self.git.is_some()
+            && self.opencode.is_some()
+            && self.root_writable
+            && !self.unconfinable
     }
 
     /// The problems found, each with what to do about it; empty when ready.
@@ -82,6 +95,27 @@ impl Health {
                 ),
             ));
         }
+        if self.unconfinable {
+            out.push((
+                format!(
+                    "its tasks run confined (workers.{}.sandbox / sandbox.mode), but bubblewrap {}",
+                    worker.name,
+                    match self.bwrap.as_deref() {
+                        Some(b) if b.starts_with("broken") => format!(
+                            "does not run there ({})",
+                            b.trim_start_matches("broken").trim()
+                        ),
+                        _ => "is not installed there".to_string(),
+                    }
+                ),
+                format!(
+                    "install bubblewrap on {destination} (`apt-get install bubblewrap`; \
+                     unprivileged user namespaces allowed), or set `workers.{}.sandbox: off` in \
+                     your own delegation.yaml to let its agents run unconfined as its ssh user",
+                    worker.name
+                ),
+            ));
+        }
         if !self.root_writable {
             out.push((
                 format!("its root directory {} cannot be written", remote.root),
@@ -105,12 +139,16 @@ pub async fn probe(worker: &Worker) -> Health {
         git: None,
         opencode: None,
         root_writable: true,
+        bwrap: None,
+        confined: false,
+        unconfinable: false,
         took_ms: 0,
     };
     let Some(remote) = worker.remote.as_ref() else {
         return health;
     };
-    let argv = ["sh", "-c", SCRIPT, "sh", &remote.opencode, &remote.root];
+    let script = format!("{SCRIPT}\n{}", super::sandbox::PROBE);
+    let argv = ["sh", "-c", &script, "sh", &remote.opencode, &remote.root];
     match remote.ssh.run(&argv, None, PROBE_LIMIT).await {
         Ok(out) => {
             for line in out.stdout.lines() {
@@ -123,9 +161,14 @@ pub async fn probe(worker: &Worker) -> Health {
                     "git" => health.git = found,
                     "opencode" => health.opencode = found.map(|v| version_of(&v)),
                     "root" => health.root_writable = value == "writable",
+                    "bwrap" => health.bwrap = found.map(|v| v.chars().take(400).collect()),
                     _ => {}
                 }
             }
+            let runs = health.bwrap.as_deref().is_some_and(|b| b.starts_with("ok"));
+            let wanted = worker.sandbox == crate::config::SandboxMode::On;
+            health.confined = wanted && runs;
+            health.unconfinable = wanted && !runs;
         }
         Err(e) => {
             health.reachable = false;

@@ -25,10 +25,16 @@ use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
 /// the OpenCode command, `$2` the port, `$3` the directory it serves from (made when missing:
-/// the worker's root on first use). It prints its pid (kept by `exec`) and that directory made
-/// absolute before OpenCode's own lines.
+/// the worker's root on first use), `$4` the confining shell ([`super::sandbox`]; empty when
+/// the worker's tasks run unconfined), which becomes OpenCode's `shell` through
+/// `OPENCODE_CONFIG_CONTENT` (replacing any the worker's login sets: a worker's own OpenCode
+/// settings belong in its config files). It prints its pid (kept by `exec`) and that directory
+/// made absolute before OpenCode's own lines.
 const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
                      export OPENCODE_SERVER_PASSWORD; mkdir -p -- \"$3\" && cd -- \"$3\" || exit 98; \
+                     if [ -n \"$4\" ]; then [ -f \"$4\" ] || exit 95; \
+                     OPENCODE_CONFIG_CONTENT=\"{\\\"shell\\\":\\\"$4\\\"}\"; \
+                     export OPENCODE_CONFIG_CONTENT; fi; \
                      echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 
@@ -49,6 +55,9 @@ const PORT_ATTEMPTS: usize = 3;
 pub enum ServeError {
     #[error(transparent)]
     Ssh(#[from] SshError),
+    /// Its tasks were to run confined, and cannot.
+    #[error(transparent)]
+    Sandbox(#[from] super::sandbox::SandboxError),
     #[error("OpenCode on worker {worker} did not start: {detail}")]
     Failed { worker: String, detail: String },
     #[error("cannot make a password for OpenCode on worker {0}: no randomness")]
@@ -70,6 +79,9 @@ pub struct Saved {
     pub directory: String,
     /// The gateway that started (or last reached) it.
     pub gateway_pid: u32,
+    /// Its confining shell there (`None`: it was started unconfined).
+    #[serde(default)]
+    pub shell: Option<String>,
 }
 
 impl std::fmt::Debug for Saved {
@@ -81,6 +93,7 @@ impl std::fmt::Debug for Saved {
             .field("remote_pid", &self.remote_pid)
             .field("directory", &self.directory)
             .field("gateway_pid", &self.gateway_pid)
+            .field("shell", &self.shell)
             .finish_non_exhaustive()
     }
 }
@@ -98,23 +111,42 @@ pub struct RemoteServe {
     pub remote_pid: u32,
     /// The directory it serves from, absolute (as the API's `directory` wants it).
     pub directory: String,
+    /// Its confining shell there, if it has one.
+    pub shell: Option<String>,
     session: Child,
 }
 
 impl RemoteServe {
-    /// Starts OpenCode on `remote`, serving from `directory` there, within `within`.
+    /// Starts OpenCode on `remote`, serving from `directory` there, within `within`, with
+    /// `shell` (an absolute path there, [`super::sandbox::is_plain_absolute`]) as the shell of
+    /// its bash tool when given.
     pub async fn start(
         worker: &str,
         remote: &Remote,
         directory: &str,
+        shell: Option<&str>,
         within: Duration,
     ) -> Result<Self, ServeError> {
+        if let Some(shell) = shell.filter(|s| !super::sandbox::is_plain_absolute(s)) {
+            return Err(ServeError::Failed {
+                worker: worker.to_string(),
+                detail: format!("its confining shell `{shell}` is not a plain absolute path"),
+            });
+        }
         let password =
             crate::ids::secret().map_err(|_| ServeError::NoSecret(worker.to_string()))?;
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let remote_port = random_port();
-            match Self::start_on(worker, remote, directory, &password, remote_port, within).await {
+            let attempt = Self::start_on(
+                worker,
+                remote,
+                (directory, shell),
+                &password,
+                remote_port,
+                within,
+            );
+            match attempt.await {
                 Ok(serve) => return Ok(serve),
                 Err(Attempt::PortTaken(detail)) => last = detail,
                 Err(Attempt::Failed(e)) => return Err(e),
@@ -129,7 +161,7 @@ impl RemoteServe {
     async fn start_on(
         worker: &str,
         remote: &Remote,
-        directory: &str,
+        (directory, shell): (&str, Option<&str>),
         password: &str,
         remote_port: u16,
         within: Duration,
@@ -143,7 +175,17 @@ impl RemoteServe {
         let local_port =
             crate::opencode::free_port("127.0.0.1").map_err(|e| failed(e.to_string()))?;
         let port = remote_port.to_string();
-        let argv = ["sh", "-c", SERVE, "sh", &remote.opencode, &port, directory];
+        let shell_arg = shell.unwrap_or_default();
+        let argv = [
+            "sh",
+            "-c",
+            SERVE,
+            "sh",
+            &remote.opencode,
+            &port,
+            directory,
+            shell_arg,
+        ];
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{remote_port}");
         let mut cmd = remote
             .ssh
@@ -206,6 +248,11 @@ impl RemoteServe {
                         detail: stderr,
                     })));
                 }
+                if status == Some(95) {
+                    return Err(failed(format!(
+                        "its confining shell {shell_arg} is missing there"
+                    )));
+                }
                 // OpenCode names a port it cannot bind only as a `ServeError`.
                 if said.contains("ServeError") || said.contains("EADDRINUSE") {
                     return Err(Attempt::PortTaken(said));
@@ -250,6 +297,7 @@ impl RemoteServe {
             remote_port,
             remote_pid: pid,
             directory: served,
+            shell: shell.map(str::to_string),
             session,
         })
     }
@@ -268,6 +316,7 @@ impl RemoteServe {
             password: self.password.clone(),
             directory: self.directory.clone(),
             gateway_pid: std::process::id(),
+            shell: self.shell.clone(),
         }
     }
 
@@ -353,6 +402,7 @@ impl RemoteServe {
             remote_port: saved.remote_port,
             remote_pid: saved.remote_pid,
             directory: saved.directory.clone(),
+            shell: saved.shell.clone(),
             session,
         })
     }
@@ -440,6 +490,7 @@ mod tests {
             password: "hunter2-not-for-logs".into(),
             directory: "/srv/mcp".into(),
             gateway_pid: 99,
+            shell: Some("/srv/mcp/sandbox/shell".into()),
         };
         let printed = format!("{saved:?}");
         assert!(!printed.contains("hunter2"), "{printed}");

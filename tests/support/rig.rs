@@ -250,6 +250,22 @@ impl Rig {
             .count()
     }
 
+    /// What the model was told each of the session's tool calls returned (the `tool`
+    /// messages of its last request), joined.
+    pub fn tool_outputs(&self, session_id: &str) -> String {
+        let requests = self.requests_for(session_id);
+        let last = requests.last().expect("the session called the model");
+        last.messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| match &m["content"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+
     /// Chat requests the fake received for one OpenCode session.
     pub fn requests_for(&self, session_id: &str) -> Vec<RecordedRequest> {
         self.fake

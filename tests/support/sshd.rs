@@ -80,9 +80,11 @@ impl Sshd {
                 panic!("sshd needs /run/sshd (run the tests as root, or create it): {e}")
             });
         }
+        // Not in /tmp: a confined command there has a private /tmp, and the worker's root and
+        // home must be in its sight for the tests to prove anything.
         let dir = tempfile::Builder::new()
             .prefix(&format!("test-worker-{name}-"))
-            .tempdir()
+            .tempdir_in(super::isolation::test_tmp())
             .expect("temp dir for the worker");
         let home = dir.path().join("home");
         let root = dir.path().join("root");
@@ -152,6 +154,46 @@ impl Sshd {
         )
         .expect("write client config");
         sshd
+    }
+
+    /// The worker's own OpenCode setup: a wrapper in its root that runs the pinned OpenCode
+    /// with the worker's environment (its own home; here the fake model at `fake_url` as its
+    /// provider, and nothing that reaches past 127.0.0.1). Its settings go in its own config
+    /// file, as a worker's user keeps them: the gateway gives OpenCode there its confining
+    /// shell through `OPENCODE_CONFIG_CONTENT`, which a wrapper setting its own would replace
+    /// (and the gateway would then refuse to start confined tasks there).
+    pub fn opencode_setup(&self, env: &super::OpenCodeEnv, fake_url: &str) -> PathBuf {
+        let word = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
+        let vars = env.vars(fake_url);
+        let var = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{name} is one of the isolated OpenCode's variables"))
+        };
+        let config_dir = Path::new(&var("XDG_CONFIG_HOME")).join("opencode");
+        std::fs::create_dir_all(&config_dir).expect("the worker's OpenCode config dir");
+        std::fs::write(
+            config_dir.join("opencode.json"),
+            var("OPENCODE_CONFIG_CONTENT"),
+        )
+        .expect("the worker's OpenCode config");
+        let mut script = String::from("#!/bin/sh\n");
+        for (k, v) in vars.iter().filter(|(k, _)| k != "OPENCODE_CONFIG_CONTENT") {
+            script.push_str(&format!("export {k}={}\n", word(v)));
+        }
+        script.push_str(&format!(
+            "exec {} \"$@\"\n",
+            word(&super::opencode_bin::opencode_bin().display().to_string())
+        ));
+        let wrapper = self.root.join("opencode-here");
+        std::fs::write(&wrapper, script).expect("write the wrapper");
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        wrapper
     }
 
     /// Waits (bounded) until the server accepts connections.

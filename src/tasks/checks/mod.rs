@@ -189,7 +189,9 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
                 results.push(CheckResult::not_run(command, format!("not run: {why}")));
                 continue;
             }
-            (Some((_, Some(r))), _) => Place::Remote(r),
+            (Some((_, Some(r))), _) => {
+                Place::Remote(r, server.worker_shell.as_ref().map(|s| s.path.as_str()))
+            }
             (Some((name, None)), _) => {
                 results.push(CheckResult::not_run(
                     command,

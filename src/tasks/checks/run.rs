@@ -42,8 +42,10 @@ pub enum Place<'a> {
     /// This machine: confined by this policy (to the task's root), or, with `None`, unconfined
     /// (the user's `sandbox.mode: off`).
     Local(Option<&'a crate::sandbox::Policy>),
-    /// A remote worker, reached with its `ssh`.
-    Remote(&'a Remote),
+    /// A remote worker, reached with its `ssh`; confined by its confining shell there (the
+    /// path of [`crate::workers::sandbox`]'s script), or, with `None`, unconfined (the user's
+    /// file turned confinement off for it).
+    Remote(&'a Remote, Option<&'a str>),
 }
 
 /// Runs `command` in the task's directory and reports how it ended. `wanted` is asked while it
@@ -80,8 +82,8 @@ pub async fn run(
     }
     let (mut cmd, limit) = match place {
         Place::Local(policy) => (local(policy, rec, command, password_env), timeout),
-        Place::Remote(remote) => (
-            remote_command(remote, rec, command, timeout),
+        Place::Remote(remote, shell) => (
+            remote_command(remote, shell, rec, command, timeout),
             timeout + REMOTE_GRACE,
         ),
     };
@@ -149,7 +151,7 @@ pub async fn run(
         (_, Some(why)) => result.error = Some(why),
         (Some(s), None) => {
             result.exit = s.code();
-            let remote_timeout = matches!(place, Place::Remote(_))
+            let remote_timeout = matches!(place, Place::Remote(..))
                 && s.code() == Some(TIMEOUT_STATUS)
                 && started.elapsed() >= timeout;
             if remote_timeout {
@@ -158,7 +160,7 @@ pub async fn run(
             } else if s.code().is_none() {
                 result.error = Some(signal_words(&s));
             }
-            if matches!(place, Place::Remote(_)) && s.code() == Some(255) {
+            if matches!(place, Place::Remote(..)) && s.code() == Some(255) {
                 result.error = Some("the worker could not be reached over ssh".into());
                 result.not_run = true;
             }
@@ -227,19 +229,22 @@ fn local(
 }
 
 /// The same on a worker: `cd` to the task's directory there, then the command under the
-/// worker's `timeout` when it has one.
+/// worker's `timeout` when it has one, through its confining shell when it has one (which
+/// finds the task's worktree from that directory, as for the agent's commands).
 fn remote_command(
     remote: &Remote,
+    shell: Option<&str>,
     rec: &TaskRecord,
     command: &str,
     timeout: Duration,
 ) -> tokio::process::Command {
     use crate::workers::ssh::quote;
     let secs = timeout.as_secs().max(1);
+    let shell = quote(shell.unwrap_or("sh"));
     let script = format!(
         "exec 2>&1; cd -- {dir} || exit 125; \
-         if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {secs} sh -c {cmd}; fi; \
-         exec sh -c {cmd}",
+         if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {secs} {shell} -c {cmd}; fi; \
+         exec {shell} -c {cmd}",
         dir = quote(&rec.directory),
         cmd = quote(command),
     );
