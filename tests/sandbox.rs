@@ -391,3 +391,56 @@ async fn a_task_in_a_subdirectory_writes_only_there_and_cannot_commit() {
         "the agent committed: {out}"
     );
 }
+
+/// **A tier the user lets run unconfined.** The user's own file sets `sandbox: off` on one
+/// tier: that task's commands and its check run as the user (their writes outside the worktree
+/// land), and it is reported unconfined naming the tier. A task of another tier on the same
+/// OpenCode, at the same time, stays confined, and so does its check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_the_user_lets_run_unconfined_runs_so_and_no_other() {
+    let env = OpenCodeEnv::new();
+    let work = env.work_dir();
+    init_repo(&work, &[("README", "x\n")]);
+    let home = env.home_dir();
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(
+        &user_file,
+        "checks:\n  from_calls: true\ntiers:\n  - name: loose\n    handles: trusted chores\n    \
+         sandbox: off\n  - name: tight\n    handles: everything else\n",
+    )
+    .expect("the user's file");
+    let config = user_file.display().to_string();
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_CONFIG", config.as_str())],
+    )
+    .await;
+    let start = |tier: &str, name: &str| {
+        json!({
+            "prompt": format!("[[bash:echo x > {}/{name}]]", home.display()),
+            "tier": tier,
+            "isolation": "worktree",
+            "checks": [format!("echo y > {}/{name}-by-check", home.display())],
+        })
+    };
+    let loose = rig.start_task_with(start("loose", "opened")).await;
+    let tight = rig.start_task_with(start("tight", "closed")).await;
+    let loose = rig.finish(loose["task_id"].as_str().expect("id")).await;
+    let tight = rig.finish(tight["task_id"].as_str().expect("id")).await;
+
+    assert_eq!(loose["confined"], false, "{loose}");
+    let why = loose["unconfined"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("tier loose") && why.contains("sandbox: off"),
+        "{loose}"
+    );
+    assert!(home.join("opened").exists(), "{loose}");
+    assert_eq!(loose["checks"]["status"], "passed", "{loose}");
+    assert!(home.join("opened-by-check").exists(), "{loose}");
+
+    assert_eq!(tight["confined"], true, "{tight}");
+    assert!(!home.join("closed").exists(), "{tight}");
+    assert_eq!(tight["checks"]["status"], "failed", "{tight}");
+    assert!(!home.join("closed-by-check").exists(), "{tight}");
+}

@@ -65,6 +65,9 @@ const WHERE: &str = "a repository's delegation.yaml may not fix, out of the host
 const FREE: &str = "the surface a repository tunes";
 const CHECKS: &str = "a check is a command the gateway runs: a repository's delegation.yaml may \
                       declare checks only where your own file sets `checks.from_repository: true`";
+/// A tier's opt-out of the sandbox: withheld from a repository's file even on a tier of its
+/// own (the rest of which is the repository's to fill in).
+const TIER_SANDBOX: &str = "tiers.*.sandbox";
 /// The key that lets a repository's file declare checks.
 pub const CHECKS_FROM_REPOSITORY: &str = "checks.from_repository";
 const RANKS_PERMISSION: &[&str] = &["allow", "ask", "deny"];
@@ -124,6 +127,12 @@ pub const POLICY: &[Policy] = &[
         pattern: CHECKS_FROM_REPOSITORY,
         rule: Rule::Withheld,
         why: CHECKS,
+    },
+    Policy {
+        pattern: TIER_SANDBOX,
+        rule: Rule::Withheld,
+        why: "a repository's delegation.yaml may not loosen or change the sandbox its own \
+              agents run in",
     },
     Policy {
         pattern: "tiers.*.checks",
@@ -586,15 +595,16 @@ fn filter_tiers(tiers: &mut [Value], below: &Below, out: &mut Vec<(String, Strin
             continue;
         };
         let Some(mine) = user_tiers.iter().find(|b| b.name == name) else {
-            // A tier of the repository's own: its to fill in, except what runs.
+            // A tier of the repository's own: its to fill in, except what runs and how it is
+            // confined.
             let conditional = POLICY
                 .iter()
-                .filter(|p| matches!(p.rule, Rule::AllowedBy(_)));
+                .filter(|p| matches!(p.rule, Rule::AllowedBy(_)) || p.pattern == TIER_SANDBOX);
             for p in conditional {
                 let Some(field) = p.pattern.strip_prefix("tiers.*.") else {
                     continue;
                 };
-                if !allowed(p.rule, below) {
+                if p.pattern == TIER_SANDBOX || !allowed(p.rule, below) {
                     if let Some(given) = fields.remove(field) {
                         out.push((format!("tiers.{name}.{field}"), show(&given)));
                     }
@@ -1032,6 +1042,7 @@ mod tests {
             checks: vec!["cargo test".into()],
             escalate_to: None,
             fallback_models: Vec::new(),
+            sandbox: None,
         };
         let yaml = "checks: {from_repository: true, max_rounds: 9}\ntiers:\n  - {name: fast, handles: x, checks: [rm -rf /], escalate_to: new}\n  - {name: new, handles: x, checks: [curl evil]}\ntools:\n  t: {action: start_task, checks: [curl evil]}\n";
         let run_with = |allowed: bool| {
@@ -1092,9 +1103,10 @@ mod tests {
             checks: Vec::new(),
             escalate_to: None,
             fallback_models: Vec::new(),
+            sandbox: None,
         };
         let mut d = dict(
-            "tiers:\n  - name: fast\n    handles: anything\n    models: [p/opus]\n    variant: high\n    max_tokens: 5000\n  - name: new\n    handles: x\n    models: [p/opus]\n    max_cost_usd: 50\n",
+            "tiers:\n  - name: fast\n    handles: anything\n    models: [p/opus]\n    variant: high\n    max_tokens: 5000\n    sandbox: off\n  - name: new\n    handles: x\n    models: [p/opus]\n    max_cost_usd: 50\n    sandbox: off\n",
         );
         let mut keys: Vec<String> = filter(
             &mut d,
@@ -1107,7 +1119,16 @@ mod tests {
         .map(|(k, _)| k)
         .collect();
         keys.sort();
-        assert_eq!(keys, ["tiers.fast.models", "tiers.fast.variant"]);
+        // Neither the user's tier nor the repository's own may run unconfined on its word.
+        assert_eq!(
+            keys,
+            [
+                "tiers.fast.models",
+                "tiers.fast.sandbox",
+                "tiers.fast.variant",
+                "tiers.new.sandbox"
+            ]
+        );
         let Some(Value::Array(_, tiers)) = d.get("tiers") else {
             panic!("tiers stay a list");
         };
@@ -1130,6 +1151,7 @@ mod tests {
         );
         assert_eq!(fast["handles"].as_str(), Some("anything"), "free");
         let new = tiers[1].as_dict().expect("a map");
+        assert!(fast.get("sandbox").is_none() && new.get("sandbox").is_none());
         assert_eq!(
             num(&new["max_cost_usd"]),
             Some(50.0),

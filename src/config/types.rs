@@ -814,6 +814,11 @@ pub struct Tier {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(regex(pattern = MODEL_ID_PATTERN)))]
     pub fallback_models: Vec<String>,
+    /// `off`: this tier's tasks run unconfined (their commands and checks as you, see
+    /// `sandbox`), here and on workers, while `sandbox.mode` is on. `on` (the default) follows
+    /// `sandbox.mode`. Only your own file can set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
 }
 
 impl Tier {

@@ -130,6 +130,22 @@ pub fn session_rules(opencode_data: Option<&Path>) -> Vec<crate::opencode::Force
     rules
 }
 
+/// Why a task of `tier` runs unconfined on a server that confines, when the user's file says
+/// so for that tier (`tiers[].sandbox: off`); `None` when it runs confined.
+pub fn tier_opt_out(config: &crate::config::Config, tier: Option<&str>) -> Option<String> {
+    let tier = tier?;
+    config
+        .tiers
+        .iter()
+        .find(|t| t.name == tier && t.sandbox == Some(SandboxMode::Off))
+        .map(|t| {
+            format!(
+                "tier {} runs unconfined (its `sandbox: off` in your delegation.yaml)",
+                t.name
+            )
+        })
+}
+
 /// OpenCode's own directory of this machine under an XDG base (`$XDG_DATA_HOME/opencode`, or
 /// `~/.local/share/opencode` for `("XDG_DATA_HOME", ".local/share")`), beside the gateway's.
 pub fn opencode_dir(var: &str, default_in_home: &str) -> Option<PathBuf> {

@@ -88,6 +88,10 @@ pub struct Policy {
     /// The task roots a command may run in (the server's file; checks pass their root).
     #[serde(default)]
     pub roots: Vec<PathBuf>,
+    /// Of `roots`, those whose commands run unconfined: tasks of a tier the user's file lets
+    /// run so (`tiers[].sandbox: off`).
+    #[serde(default)]
+    pub open_roots: Vec<PathBuf>,
 }
 
 impl Policy {
@@ -125,6 +129,7 @@ impl Policy {
             caches,
             env,
             roots: Vec::new(),
+            open_roots: Vec::new(),
         }
     }
 

@@ -62,14 +62,25 @@ impl ServerSandbox {
     /// last and at most [`MAX_ROOTS`] of them (a root that is gone is dropped), so a server
     /// that runs for weeks keeps a small file: a task's root is registered again before each of
     /// its turns, so only roots of turns long over leave.
-    pub fn admit(&self, root: &Path) -> std::io::Result<()> {
+    ///
+    /// `open`: the task's commands run unconfined (its tier's `sandbox: off`), as its own turn
+    /// says each time.
+    pub fn admit(&self, root: &Path, open: bool) -> std::io::Result<()> {
         let root = root.canonicalize()?;
         let mut policy = self.lock();
-        if policy.roots.last() != Some(&root) {
+        let was_open = policy.open_roots.contains(&root);
+        if policy.roots.last() != Some(&root) || was_open != open {
             policy.roots.retain(|r| *r != root && r.is_dir());
-            policy.roots.push(root);
+            policy.roots.push(root.clone());
             let over = policy.roots.len().saturating_sub(MAX_ROOTS);
             policy.roots.drain(..over);
+            let Policy {
+                roots, open_roots, ..
+            } = &mut *policy;
+            open_roots.retain(|r| *r != root && roots.contains(r));
+            if open {
+                open_roots.push(root);
+            }
             self.write_policy(&policy)?;
         }
         drop(policy);
@@ -150,8 +161,8 @@ mod tests {
             "{script}"
         );
         std::fs::remove_file(sandbox.shell()).expect("remove");
-        sandbox.admit(&root).expect("admit");
-        sandbox.admit(&root).expect("admit again");
+        sandbox.admit(&root, false).expect("admit");
+        sandbox.admit(&root, false).expect("admit again");
         assert_eq!(
             std::fs::read_to_string(sandbox.shell()).expect("script"),
             script
@@ -164,15 +175,22 @@ mod tests {
         // Most recent last, bounded, gone ones dropped.
         let other = dir.path().join("other");
         std::fs::create_dir_all(&other).expect("other");
-        sandbox.admit(&other).expect("admit other");
-        sandbox.admit(&root).expect("admit root again");
+        sandbox.admit(&other, false).expect("admit other");
+        sandbox.admit(&root, false).expect("admit root again");
         let canon = |p: &Path| p.canonicalize().expect("canon");
         assert_eq!(sandbox.policy().roots, vec![canon(&other), canon(&root)]);
+        // A turn of a tier the user lets run unconfined opens its root; its next confined
+        // turn closes it again.
+        sandbox.admit(&other, true).expect("admit open");
+        assert_eq!(sandbox.policy().open_roots, vec![canon(&other)]);
+        assert_eq!(sandbox.policy().roots, vec![canon(&root), canon(&other)]);
+        sandbox.admit(&other, false).expect("admit closed");
+        assert!(sandbox.policy().open_roots.is_empty());
         std::fs::remove_dir(&other).expect("remove");
         for i in 0..MAX_ROOTS + 3 {
             let d = dir.path().join(format!("r{i}"));
             std::fs::create_dir_all(&d).expect("dir");
-            sandbox.admit(&d).expect("admit");
+            sandbox.admit(&d, false).expect("admit");
         }
         let roots = sandbox.policy().roots;
         assert_eq!(roots.len(), MAX_ROOTS);

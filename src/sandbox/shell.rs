@@ -68,6 +68,16 @@ fn run(args: Vec<OsString>) -> ExitCode {
     } else {
         "/bin/sh"
     };
+    if policy.open_roots.contains(&root) {
+        // The user's file lets this task's tier run unconfined: the command runs as OpenCode
+        // would run it without the gateway.
+        use std::os::unix::process::CommandExt;
+        let err = std::process::Command::new(shell)
+            .arg("-c")
+            .arg(command)
+            .exec();
+        return refuse(&format!("`{shell}` could not be started ({err})"));
+    }
     let mut cmd = policy.command(
         &root,
         &cwd,

@@ -54,7 +54,8 @@ pub(super) async fn open_turn(
         .workspace
         .as_ref()
         .map_or(entry.rec.directory.as_str(), |w| w.path.as_str());
-    super::service::admit(server, root).await?;
+    let opt_out = crate::sandbox::tier_opt_out(&config, entry.rec.tier.as_deref());
+    let confinement = super::service::admit(server, root, opt_out).await?;
     let room = match follows {
         Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,
@@ -89,7 +90,7 @@ pub(super) async fn open_turn(
             }
             let previous = e.clone();
             prepare(e);
-            e.rec.confinement = Some(server.confinement.clone());
+            e.rec.confinement = Some(confinement.clone());
             let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
             match follows {
                 Follows::Finished => e.begin_turn(message_id.clone(), agent.clone(), model.clone()),

@@ -718,11 +718,15 @@ impl TaskService {
         let root = workspace
             .as_ref()
             .map_or(directory.as_str(), |(w, _)| w.path.as_str());
-        if let Err(e) = admit(&server, root).await {
-            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
-                .await;
-            return Err(e);
-        }
+        let opt_out = crate::sandbox::tier_opt_out(&self.config(), req.tier.as_deref());
+        let confinement = match admit(&server, root, opt_out).await {
+            Ok(confinement) => confinement,
+            Err(e) => {
+                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                    .await;
+                return Err(e);
+            }
+        };
         let forced = forced_rules(&self.config(), &server);
         let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
@@ -742,7 +746,7 @@ impl TaskService {
         );
         rec.server_url = server.api.base_url().to_string();
         rec.managed = server.process.is_some();
-        rec.confinement = Some(server.confinement.clone());
+        rec.confinement = Some(confinement);
         rec.idempotency = idempotency;
         rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
         rec.tier = req.tier.clone();
@@ -1090,23 +1094,32 @@ pub fn default_title(prompt: &str) -> String {
 /// Registers a task's `root` with its server's sandbox (and puts the confining shell back in
 /// place if it went missing), before each turn: a task is never run unconfined on a server
 /// that confines.
-pub(super) async fn admit(server: &Server, root: &str) -> Result<(), TaskError> {
+///
+/// `opt_out`: why this turn runs unconfined on a server that confines (its tier's
+/// `sandbox: off`, [`crate::sandbox::tier_opt_out`]). Returns what the task's record says of
+/// its confinement for the turn.
+pub(super) async fn admit(
+    server: &Server,
+    root: &str,
+    opt_out: Option<String>,
+) -> Result<crate::sandbox::Confinement, TaskError> {
     let refuse = |why: String| TaskError::Opencode(crate::opencode::OpencodeError::Start(why));
+    let open = opt_out.is_some();
     let expected = if let Some(shell) = &server.worker_shell {
         shell
-            .ensure()
+            .ensure(root, open)
             .await
             .map_err(crate::workers::serve::ServeError::from)?;
         shell.path.clone()
     } else if let Some(sandbox) = &server.sandbox {
-        sandbox.admit(Path::new(root)).map_err(|e| {
+        sandbox.admit(Path::new(root), open).map_err(|e| {
             refuse(format!(
                 "cannot confine the task to {root}: the sandbox's files could not be written ({e})"
             ))
         })?;
         sandbox.shell().display().to_string()
     } else {
-        return Ok(());
+        return Ok(server.confinement.clone());
     };
     // OpenCode falls back to plain `bash` without a word: the task starts only once its
     // instance is seen to run commands through the confining shell.
@@ -1126,7 +1139,10 @@ pub(super) async fn admit(server: &Server, root: &str) -> Result<(), TaskError> 
             shell.as_deref().unwrap_or("its default shell"),
         )));
     }
-    Ok(())
+    Ok(match opt_out {
+        Some(why) => crate::sandbox::Confinement::Unconfined(why),
+        None => server.confinement.clone(),
+    })
 }
 
 /// The permission rules a new session on `server` gets ([`crate::sandbox::session_rules`]):

@@ -49,8 +49,11 @@ fi"#
 }
 
 /// The fixed script that installs the confining shell: the script's text on stdin; `$1` the
-/// worker's root (made when missing), `$2` `probe` to also try bubblewrap there. It prints the
-/// script's absolute path, OpenCode's data directory there, and what the probe found.
+/// worker's root (made when missing), `$2` `probe` to also try bubblewrap there, `$3` a task
+/// whose turn opens (its worktree's name) and `$4` `open` when that task runs unconfined (its
+/// tier's `sandbox: off`: a marker `sandbox/open/<task>` the script reads; no task can write
+/// there). It prints the script's absolute path, OpenCode's data directory there, and what the
+/// probe found.
 const INSTALL: &str = concat!(
     r#"umask 077
 mkdir -p -- "$1/sandbox" && cd -- "$1" || exit 98
@@ -59,6 +62,11 @@ case $d in *[\"\\]*|*[![:print:]]*) echo "unsafe-root"; exit 93;; esac
 cat > sandbox/shell.new && chmod 700 sandbox/shell.new && mv -f sandbox/shell.new sandbox/shell || exit 94
 echo "shell=$d/sandbox/shell"
 echo "data=${XDG_DATA_HOME:-$HOME/.local/share}/opencode"
+if [ -n "$3" ]; then
+  case $3 in *[!A-Za-z0-9_-]*|-*) exit 92;; esac
+  mkdir -p sandbox/open || exit 94
+  if [ "$4" = open ]; then : > "sandbox/open/$3" || exit 94; else rm -f -- "sandbox/open/$3"; fi
+fi
 [ "$2" = probe ] || exit 0
 "#,
     bwrap_probe!()
@@ -106,11 +114,19 @@ pub struct WorkerShell {
 }
 
 impl WorkerShell {
-    /// Writes the script there again (before every turn): a removed or changed one is back.
-    pub async fn ensure(&self) -> Result<(), SandboxError> {
-        install(&self.worker, &self.remote, &self.script, false)
-            .await
-            .map(|_| ())
+    /// Writes the script there again before a turn of the task whose worktree there is
+    /// `worktree` (a removed or changed script is back), and marks that task's commands
+    /// unconfined or not (`open`).
+    pub async fn ensure(&self, worktree: &str, open: bool) -> Result<(), SandboxError> {
+        let task = worktree.rsplit('/').next().unwrap_or_default();
+        install(
+            &self.worker,
+            &self.remote,
+            &self.script,
+            Turn::Of(task, open),
+        )
+        .await
+        .map(|_| ())
     }
 }
 
@@ -137,7 +153,7 @@ pub async fn prepare(
         )));
     }
     let script = script(worker, &config.sandbox);
-    let found = install(worker, remote, &script, true).await?;
+    let found = install(worker, remote, &script, Turn::Probe).await?;
     match found.bwrap.as_deref() {
         Some(b) if b.starts_with("ok") => {}
         Some("missing") | None => {
@@ -165,6 +181,12 @@ pub async fn prepare(
     }))
 }
 
+/// What an install is for: the first one, which probes bubblewrap, or a task's turn.
+enum Turn<'a> {
+    Probe,
+    Of(&'a str, bool),
+}
+
 /// What [`INSTALL`] reported.
 struct Installed {
     shell: String,
@@ -176,20 +198,17 @@ async fn install(
     worker: &str,
     remote: &Remote,
     script: &str,
-    probe: bool,
+    turn: Turn<'_>,
 ) -> Result<Installed, SandboxError> {
     let failed = |detail: String| SandboxError::Install {
         worker: worker.to_string(),
         detail,
     };
-    let argv = [
-        "sh",
-        "-c",
-        INSTALL,
-        "sh",
-        &remote.root,
-        if probe { "probe" } else { "" },
-    ];
+    let (probe, task, open) = match turn {
+        Turn::Probe => ("probe", "", ""),
+        Turn::Of(task, open) => ("", task, if open { "open" } else { "" }),
+    };
+    let argv = ["sh", "-c", INSTALL, "sh", &remote.root, probe, task, open];
     let out = remote
         .ssh
         .run(&argv, Some(script.as_bytes()), INSTALL_LIMIT)
@@ -310,6 +329,11 @@ case $here/ in
 esac
 rest=${{here#"$top"/worktrees/}}
 task=$top/worktrees/${{rest%%/*}}
+sh=/bin/sh
+[ -x /bin/bash ] && sh=/bin/bash
+# A task of a tier the user's file lets run unconfined (the gateway's marker, out of any
+# task's reach): the command runs as OpenCode would run it without the gateway.
+[ -f "$top/sandbox/open/${{rest%%/*}}" ] && exec "$sh" -c "$cmd"
 bw=$(command -v bwrap) || refuse "bubblewrap (bwrap) is not installed on this worker"
 set -- --die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup-try{net} --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
 for c in {caches}; do
@@ -349,8 +373,6 @@ for n in {env}; do
   eval "v=\$$n"
   set -- "$@" --setenv "$n" "$v"
 done
-sh=/bin/sh
-[ -x /bin/bash ] && sh=/bin/bash
 set -- "$@" --setenv TMPDIR /tmp --chdir "$here" -- "$sh" -c "$cmd"
 "$bw" "$@"
 s=$?
@@ -485,6 +507,14 @@ mod tests {
         let (status, out) = run(&t1, &["touch", "x"]);
         assert_eq!(status, Some(126), "{out}");
         assert!(out.contains("-c <command>"), "{out}");
+
+        // The gateway's marker for a task of a tier the user lets run unconfined.
+        std::fs::create_dir_all(top.join("sandbox/open")).expect("marker dir");
+        std::fs::write(top.join("sandbox/open/t1"), "").expect("marker");
+        let opened = format!("echo x > {}/opened", home.display());
+        let (status, out) = run(&t1, &["-c", &opened]);
+        assert_eq!(status, Some(0), "{out}");
+        assert!(home.join("opened").exists());
     }
 
     fn which_bwrap() -> Option<std::path::PathBuf> {

@@ -165,8 +165,11 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
             .is_some_and(|e| e.is_checking(turn))
     };
     // Local checks run in the sandbox the task's agent runs in: the server's, or (for a server
-    // the gateway attached to, which it cannot confine) one made for the check alone.
+    // the gateway attached to, which it cannot confine) one made for the check alone; a task of
+    // a tier the user's file lets run unconfined runs its checks unconfined too.
+    let opt_out = crate::sandbox::tier_opt_out(&config, entry.rec.tier.as_deref()).is_some();
     let local = match &server.sandbox {
+        _ if opt_out => Ok(None),
         Some(sandbox) => Ok(Some(sandbox.policy())),
         None => {
             let state = ctx
@@ -190,7 +193,8 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
                 continue;
             }
             (Some((_, Some(r))), _) => {
-                Place::Remote(r, server.worker_shell.as_ref().map(|s| s.path.as_str()))
+                let shell = server.worker_shell.as_ref().filter(|_| !opt_out);
+                Place::Remote(r, shell.map(|s| s.path.as_str()))
             }
             (Some((name, None)), _) => {
                 results.push(CheckResult::not_run(
