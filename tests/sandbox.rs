@@ -444,3 +444,46 @@ async fn a_tier_the_user_lets_run_unconfined_runs_so_and_no_other() {
     assert_eq!(tight["checks"]["status"], "failed", "{tight}");
     assert!(!home.join("closed-by-check").exists(), "{tight}");
 }
+
+/// **A subagent is held like its parent.** The hostile agent hands the work to a subagent (a
+/// child session, which the gateway did not create): the child's own write tool and its bash try
+/// to write outside the worktree and into the worktree's `.git`, and fail the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagent_stays_in_its_parents_worktree() {
+    let env = OpenCodeEnv::new();
+    let work = env.work_dir();
+    init_repo(&work, &[("README", "x\n")]);
+    let home = env.home_dir();
+    let rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
+    let child = [
+        format!("{{{{write:{}/owned-by-child:x}}}}", home.display()),
+        "{{write:.git:gitdir /elsewhere}}".to_string(),
+        format!(
+            "{{{{bash:echo x > {}/owned-by-child-bash}}}}",
+            home.display()
+        ),
+        "{{write:child.txt:mine}}".to_string(),
+    ];
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!("delegate [[task:general:{}]]", child.join(" ")),
+            "isolation": "worktree",
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("id").to_string();
+    let worktree = PathBuf::from(started["workspace"]["path"].as_str().expect("worktree"));
+    let pointer = std::fs::read_to_string(worktree.join(".git")).expect("pointer");
+    let done = rig.finish(&id).await;
+    assert_eq!(done["confined"], true, "{done}");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("child.txt")).expect("the child's own file"),
+        "mine"
+    );
+    assert!(!home.join("owned-by-child").exists(), "{done}");
+    assert!(!home.join("owned-by-child-bash").exists(), "{done}");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join(".git")).expect("pointer"),
+        pointer,
+        "the child rewrote the .git pointer"
+    );
+}
