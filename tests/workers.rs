@@ -1547,3 +1547,121 @@ async fn a_hostile_agent_on_a_worker_stays_in_its_worktree() {
         "the worker's OpenCode still runs"
     );
 }
+
+/// **A hostile worker neither hangs nor floods the gateway.** The stand-in's login does the
+/// hostile part before every command, as a worker's `~/.ssh/rc` or profile could: first it
+/// prints bytes that are not UTF-8 and then says nothing more; then it prints 50 MB. Each time
+/// a start on that worker fails within its bound, naming the worker and the step, while the
+/// task list answers within 3 s and a local task starts and completes; the gateway's memory
+/// stays small. Once the worker behaves, a task runs there again (no lock was left held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_worker_neither_hangs_nor_floods_the_gateway() {
+    use serde_json::json;
+    use std::time::{Duration, Instant};
+
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let key = SshKey::new();
+    let mode = env.root().join("worker-mode");
+    let login = env.root().join("hostile-login.sh");
+    std::fs::write(
+        &login,
+        format!(
+            "#!/bin/sh\ncase \"$(cat '{}' 2>/dev/null)\" in\n  silent) printf '\\377\\376'; \
+             exec sleep 120;;\n  flood) head -c 50000000 /dev/zero;;\nesac\n\
+             exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"\n",
+            mode.display()
+        ),
+    )
+    .expect("the hostile login");
+    std::fs::set_permissions(&login, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let worker = Sshd::start_with("w1", &key, Some(&login));
+    let worker_env = OpenCodeEnv::new();
+    let _reaper = ReapHome(worker_env.home_dir());
+    let wrapper = worker_opencode(&worker, &worker_env, &fake.url());
+    let repo = env.work_dir();
+    support::git::init_repo(&repo, &[("app.txt", "one\n")]);
+    let user_file = env.root().join("user-delegation.yaml");
+    let root = worker.root.join("mcp");
+    std::fs::write(
+        &user_file,
+        format!(
+            "timeouts:\n  server_start: 20s\nworkers:\n{}",
+            entry(
+                &worker,
+                &key,
+                &wrapper.display().to_string(),
+                &root.display().to_string(),
+                2
+            )
+        ),
+    )
+    .expect("the user's file");
+    let config = user_file.display().to_string();
+    let rig =
+        support::rig::Rig::start_in(fake, env, &[("OPENCODE_MCP_CONFIG", config.as_str())]).await;
+    let gateway = rig.client.pid().expect("gateway pid");
+
+    for (hostile, said) in [
+        ("silent", "did not finish within"),
+        ("flood", "printed more than"),
+    ] {
+        std::fs::write(&mode, hostile).expect("the worker's mode");
+        let remote = async {
+            let started = Instant::now();
+            let (code, message) = rig
+                .err(
+                    "opencode_start_task",
+                    json!({ "server_id": "default", "prompt": "x", "worker": "w1" }),
+                )
+                .await;
+            (started.elapsed(), code, message)
+        };
+        let meanwhile = async {
+            let mut slowest = Duration::ZERO;
+            let local = rig.start_task("[[bash:echo here > here.txt]]").await;
+            for _ in 0..3 {
+                let asked = Instant::now();
+                rig.ok("opencode_list_tasks", json!({})).await;
+                slowest = slowest.max(asked.elapsed());
+            }
+            let done = rig.finish(local["task_id"].as_str().expect("id")).await;
+            (slowest, done)
+        };
+        let ((took, code, message), (slowest, local)) = tokio::join!(remote, meanwhile);
+        assert!(
+            took < Duration::from_secs(90),
+            "{hostile}: {took:?} {message}"
+        );
+        assert_eq!(code, "opencode_unavailable", "{hostile}: {message}");
+        assert!(
+            message.contains("w1") && message.contains("confining shell") && message.contains(said),
+            "{hostile}: {message}"
+        );
+        assert!(
+            slowest < Duration::from_secs(3),
+            "{hostile}: list took {slowest:?}"
+        );
+        assert_eq!(local["status"], "completed", "{hostile}: {local}");
+        let status = std::fs::read_to_string(format!("/proc/{gateway}/status")).expect("status");
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmHWM");
+        assert!(
+            peak_kib < 200 * 1024,
+            "{hostile}: the gateway peaked at {peak_kib} KiB"
+        );
+    }
+
+    // The worker behaves again: a task runs there.
+    std::fs::write(&mode, "fine").expect("the worker's mode");
+    let task = rig
+        .start_task_with(json!({ "prompt": "[[bash:echo there > there.txt]]", "worker": "w1" }))
+        .await;
+    let done = rig.finish(task["task_id"].as_str().expect("id")).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["confined"], true, "{done}");
+}

@@ -50,7 +50,7 @@ impl Coded for TaskError {
         // A worker ssh cannot reach is as unavailable as an OpenCode that cannot be reached.
         let ssh = |e: &SshError| match e {
             SshError::NoClient(_) => ErrorCode::Internal,
-            SshError::Unreachable { .. } | SshError::TimedOut { .. } => {
+            SshError::Unreachable { .. } | SshError::TimedOut { .. } | SshError::TooMuch { .. } => {
                 ErrorCode::OpencodeUnavailable
             }
         };
@@ -65,7 +65,9 @@ impl Coded for TaskError {
             TaskError::Worker(RepoError::Git(e)) => git(e),
             TaskError::Worker(RepoError::Ssh(e))
             | TaskError::WorkerServe(ServeError::Ssh(e))
-            | TaskError::WorkerServe(ServeError::Sandbox(SandboxError::Ssh(e))) => ssh(e),
+            | TaskError::WorkerServe(ServeError::Sandbox(SandboxError::Ssh {
+                source: e, ..
+            })) => ssh(e),
             TaskError::Worker(RepoError::OnWorker { .. }) => ErrorCode::Internal,
             TaskError::WorkerServe(_) => ErrorCode::OpencodeUnavailable,
         }

@@ -114,11 +114,11 @@ impl TaskService {
         // The confining shell goes there first: OpenCode is started with it as its shell. A
         // worker that cannot confine (and whose user did not let it run unconfined) starts
         // nothing.
-        let shell = match sandbox::prepare(&w.name, &w.remote, &config).await {
+        let shell = match sandbox::prepare(&w.name, &w.remote, &config, within).await {
             Ok(sandbox::Prepared::Confined(shell)) => Ok(Arc::new(shell)),
             Ok(sandbox::Prepared::Unconfined(why)) => Err(why),
             Err(e) => {
-                if let sandbox::SandboxError::Ssh(_) = &e {
+                if let sandbox::SandboxError::Ssh { .. } = &e {
                     WorkerServes::mark_down(&self.workers.down, &w.name, e.to_string());
                 }
                 return Err(ServeError::from(e).into());
@@ -243,7 +243,7 @@ impl TaskService {
         // (written there again now), and reported unconfined if it was started without one.
         let shell = match (
             &saved.shell,
-            sandbox::prepare(&w.name, &w.remote, &config).await,
+            sandbox::prepare(&w.name, &w.remote, &config, within).await,
         ) {
             (Some(had), Ok(sandbox::Prepared::Confined(shell))) if *had == shell.path => {
                 Ok(Arc::new(shell))

@@ -155,8 +155,11 @@ pub async fn probe(worker: &Worker) -> Health {
                 let Some((key, value)) = line.split_once('=') else {
                     continue;
                 };
-                let value = value.trim();
-                let found = (!value.is_empty()).then(|| value.to_string());
+                // What the worker prints reaches the user's terminal: no control character
+                // (escape sequences) gets through, and no line runs on.
+                let value: String = value.trim().chars().take(200).collect();
+                let value = crate::config::printable(&value).into_owned();
+                let found = (!value.is_empty()).then(|| value.clone());
                 match key {
                     "git" => health.git = found,
                     "opencode" => health.opencode = found.map(|v| version_of(&v)),

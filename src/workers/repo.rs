@@ -98,7 +98,9 @@ pub async fn push(
         worker,
         remote,
         "init",
-        &git_argv(&["init", "--bare", "--quiet", &placed.bare]),
+        // `--shared=0600`: what git's transport writes into it later (a push) is the user's
+        // alone too, whatever umask the worker's login gives `git-receive-pack`.
+        &git_argv(&["init", "--bare", "--quiet", "--shared=0600", &placed.bare]),
     )
     .await?;
     let refspec = format!("{base}:{BASE_REF_PREFIX}{task}");
@@ -254,7 +256,11 @@ async fn on_worker(
     step: &'static str,
     argv: &[&str],
 ) -> Result<String, RepoError> {
-    let out = remote.ssh.run(argv, None, STEP_LIMIT).await?;
+    // What the gateway makes there (the root, bare repositories, worktrees) is the ssh user's
+    // alone, as local worktrees are, whatever the worker's umask.
+    let mut private = vec!["sh", "-c", "umask 077 && exec \"$@\"", "sh"];
+    private.extend_from_slice(argv);
+    let out = remote.ssh.run(&private, None, STEP_LIMIT).await?;
     if out.status != 0 {
         return Err(RepoError::OnWorker {
             worker: worker.to_string(),

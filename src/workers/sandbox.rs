@@ -33,8 +33,9 @@ use crate::sandbox::policy::{CACHES_IN_HOME, ENV_ALLOWED, HIDDEN_ELSEWHERE, HIDD
 /// Where the script lives, relative to the worker's root.
 pub const SHELL_IN_ROOT: &str = "sandbox/shell";
 
-/// How long writing the script (and probing bubblewrap) there may take.
-const INSTALL_LIMIT: Duration = Duration::from_secs(60);
+/// How long writing the script there before a turn may take (the first time, with the probe,
+/// is held to the server's start timeout).
+const INSTALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// Whether bubblewrap runs there, as one `bwrap=` line: `ok <path>`, `missing`, or `broken
 /// <what it said>` (no user namespaces, say).
@@ -87,8 +88,13 @@ pub enum Prepared {
 /// What installing the shell can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error(transparent)]
-    Ssh(#[from] SshError),
+    /// Reaching the worker to install it failed (the worker, the step and ssh's account).
+    #[error("worker {worker}, writing its confining shell: {source}")]
+    Ssh {
+        worker: String,
+        #[source]
+        source: SshError,
+    },
     /// Confinement is on for the worker, but cannot work there.
     #[error(
         "worker {worker} cannot confine its agents: {why}. Fix: install bubblewrap there \
@@ -119,11 +125,13 @@ impl WorkerShell {
     /// unconfined or not (`open`).
     pub async fn ensure(&self, worktree: &str, open: bool) -> Result<(), SandboxError> {
         let task = worktree.rsplit('/').next().unwrap_or_default();
+        let turn = Turn::Of(task, open);
         install(
             &self.worker,
             &self.remote,
             &self.script,
-            Turn::Of(task, open),
+            turn,
+            INSTALL_LIMIT,
         )
         .await
         .map(|_| ())
@@ -140,11 +148,12 @@ pub fn mode(config: &Config, name: &str) -> SandboxMode {
 }
 
 /// Makes the worker ready for confined tasks, or says why its tasks run unconfined: installs
-/// the script and checks that bubblewrap runs there.
+/// the script and checks that bubblewrap runs there, within `within`.
 pub async fn prepare(
     worker: &str,
     remote: &Remote,
     config: &Config,
+    within: Duration,
 ) -> Result<Prepared, SandboxError> {
     if mode(config, worker) == SandboxMode::Off {
         return Ok(Prepared::Unconfined(format!(
@@ -153,7 +162,7 @@ pub async fn prepare(
         )));
     }
     let script = script(worker, &config.sandbox);
-    let found = install(worker, remote, &script, Turn::Probe).await?;
+    let found = install(worker, remote, &script, Turn::Probe, within).await?;
     match found.bwrap.as_deref() {
         Some(b) if b.starts_with("ok") => {}
         Some("missing") | None => {
@@ -199,6 +208,7 @@ async fn install(
     remote: &Remote,
     script: &str,
     turn: Turn<'_>,
+    within: Duration,
 ) -> Result<Installed, SandboxError> {
     let failed = |detail: String| SandboxError::Install {
         worker: worker.to_string(),
@@ -211,8 +221,12 @@ async fn install(
     let argv = ["sh", "-c", INSTALL, "sh", &remote.root, probe, task, open];
     let out = remote
         .ssh
-        .run(&argv, Some(script.as_bytes()), INSTALL_LIMIT)
-        .await?;
+        .run(&argv, Some(script.as_bytes()), within)
+        .await
+        .map_err(|source| SandboxError::Ssh {
+            worker: worker.to_string(),
+            source,
+        })?;
     let mut shell = None;
     let mut data = None;
     let mut bwrap = None;

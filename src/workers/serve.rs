@@ -17,10 +17,10 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::Child;
 
-use super::ssh::{SshError, FORWARDING};
+use super::ssh::{read_line_capped, read_tail, SshError, FORWARDING, LINE_LIMIT};
 use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
@@ -30,7 +30,7 @@ use super::Remote;
 /// `OPENCODE_CONFIG_CONTENT` (replacing any the worker's login sets: a worker's own OpenCode
 /// settings belong in its config files). It prints its pid (kept by `exec`) and that directory
 /// made absolute before OpenCode's own lines.
-const SERVE: &str = "IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
+const SERVE: &str = "umask 077; IFS= read -r p || exit 97; OPENCODE_SERVER_PASSWORD=$p; \
                      export OPENCODE_SERVER_PASSWORD; mkdir -p -- \"$3\" && cd -- \"$3\" || exit 98; \
                      if [ -n \"$4\" ]; then [ -f \"$4\" ] || exit 95; \
                      OPENCODE_CONFIG_CONTENT=\"{\\\"shell\\\":\\\"$4\\\"}\"; \
@@ -49,6 +49,37 @@ const GONE: i32 = 96;
 
 /// Ports tried on the worker before giving up.
 const PORT_ATTEMPTS: usize = 3;
+
+/// How long a session that failed may take to end once killed, and its stderr to be read.
+const END_WAIT: Duration = Duration::from_secs(5);
+
+/// The end of a session's stderr kept for an error.
+const STDERR_KEPT: usize = 2_000;
+
+/// Options of every forwarding session: a forward that cannot be bound here ends the session
+/// (another local process on the port would otherwise receive the password and the prompts).
+const FORWARD_STRICT: &[&str] = &["-o", "ExitOnForwardFailure=yes"];
+
+/// Ends a session that failed: killed, waited for a bounded time, and what it said on stderr.
+async fn end_session(
+    session: &mut Child,
+    stderr: tokio::task::JoinHandle<String>,
+) -> (Option<i32>, String) {
+    let status = match tokio::time::timeout(END_WAIT, session.wait()).await {
+        Ok(Ok(status)) => status.code(),
+        _ => {
+            let _ = session.start_kill();
+            let _ = tokio::time::timeout(END_WAIT, session.wait()).await;
+            None
+        }
+    };
+    let said = tokio::time::timeout(END_WAIT, stderr)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    (status, crate::config::printable(said.trim()).into_owned())
+}
 
 /// What starting OpenCode on a worker can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -187,9 +218,10 @@ impl RemoteServe {
             shell_arg,
         ];
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{remote_port}");
-        let mut cmd = remote
-            .ssh
-            .command_with(&[FORWARDING, &["-L", &forward]].concat(), &argv);
+        let mut cmd = remote.ssh.command_with(
+            &[FORWARDING, FORWARD_STRICT, &["-L", &forward]].concat(),
+            &argv,
+        );
         cmd.stdin(Stdio::piped());
         let mut session = cmd
             .spawn()
@@ -202,15 +234,18 @@ impl RemoteServe {
                 tracing::debug!(worker, error = %e, "the serve session took no password");
             }
         }
-        let Some(stdout) = session.stdout.take() else {
+        let (Some(stdout), Some(stderr)) = (session.stdout.take(), session.stderr.take()) else {
             return Err(failed("no output from the session".into()));
         };
-        let mut lines = BufReader::new(stdout).lines();
+        // What the worker prints is read as hostile: any bytes, bounded lines, stderr drained
+        // (a full pipe would stall ssh) and only its end kept.
+        let stderr = tokio::spawn(read_tail(stderr, STDERR_KEPT));
+        let mut lines = BufReader::new(stdout);
         let mut seen: Vec<String> = Vec::new();
         let mut pid = 0;
         let mut served = String::new();
         let ready = tokio::time::timeout(within, async {
-            while let Ok(Some(line)) = lines.next_line().await {
+            while let Some(line) = read_line_capped(&mut lines, LINE_LIMIT).await {
                 if let Some(p) = line.strip_prefix("opencode-mcp-pid=") {
                     pid = p.trim().parse().unwrap_or(0);
                     continue;
@@ -223,23 +258,22 @@ impl RemoteServe {
                     return true;
                 }
                 if seen.len() < 20 {
-                    seen.push(line);
+                    seen.push(line.chars().take(500).collect());
                 }
             }
             false
         })
         .await;
-        let said = seen.join("\n");
+        let said = crate::config::printable_lines(&seen.join("\n")).into_owned();
         match ready {
             Ok(true) => {}
             Ok(false) => {
-                let (status, stderr) = match session.wait_with_output().await {
-                    Ok(out) => (
-                        out.status.code(),
-                        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                    ),
-                    Err(_) => (None, String::new()),
-                };
+                let (status, stderr) = end_session(&mut session, stderr).await;
+                // A forward that could not be bound here (`ExitOnForwardFailure`): another
+                // local process took the port; try another.
+                if stderr.contains("forwarding failed") || stderr.contains("cannot listen") {
+                    return Err(Attempt::PortTaken(stderr));
+                }
                 // 255 is ssh's own failure (no connection, no login); a command that ran
                 // passes its own status through.
                 if status == Some(super::ssh::SSH_FAILED) {
@@ -265,8 +299,14 @@ impl RemoteServe {
             }
             Err(_) => {
                 let _ = session.start_kill();
+                let (_, stderr) = end_session(&mut session, stderr).await;
                 return Err(failed(format!(
-                    "no `listening on` line within {within:?}: {said}"
+                    "no `listening on` line within {within:?}: {said}{}",
+                    if stderr.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (ssh said: {stderr})")
+                    }
                 )));
             }
         }
@@ -286,7 +326,9 @@ impl RemoteServe {
             )));
         }
         // OpenCode's further output is not read: keep the pipe drained so it never blocks.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        tokio::spawn(
+            async move { while read_line_capped(&mut lines, LINE_LIMIT).await.is_some() {} },
+        );
         let url = format!("http://127.0.0.1:{local_port}");
         wait_forwarded(local_port, within)
             .await
@@ -343,23 +385,20 @@ impl RemoteServe {
         };
         let pid = saved.remote_pid.to_string();
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{}", saved.remote_port);
-        let extra = [
-            FORWARDING,
-            &["-o", "ExitOnForwardFailure=yes", "-L", &forward],
-        ]
-        .concat();
+        let extra = [FORWARDING, FORWARD_STRICT, &["-L", &forward]].concat();
         let argv = ["sh", "-c", WATCH, "sh", &pid];
         let mut session = remote
             .ssh
             .command_with(&extra, &argv)
             .spawn()
             .map_err(|e| ServeError::Ssh(SshError::NoClient(e)))?;
-        let Some(stdout) = session.stdout.take() else {
+        let (Some(stdout), Some(stderr)) = (session.stdout.take(), session.stderr.take()) else {
             return Err(failed("no output from the session".into()));
         };
-        let mut lines = BufReader::new(stdout).lines();
+        let stderr = tokio::spawn(read_tail(stderr, STDERR_KEPT));
+        let mut lines = BufReader::new(stdout);
         let attached = tokio::time::timeout(within, async {
-            while let Ok(Some(line)) = lines.next_line().await {
+            while let Some(line) = read_line_capped(&mut lines, LINE_LIMIT).await {
                 if line == "opencode-mcp-attached" {
                     return true;
                 }
@@ -370,11 +409,7 @@ impl RemoteServe {
         match attached {
             Ok(true) => {}
             Ok(false) => {
-                let out = session.wait_with_output().await.ok();
-                let status = out.as_ref().and_then(|o| o.status.code());
-                let stderr = out
-                    .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
-                    .unwrap_or_default();
+                let (status, stderr) = end_session(&mut session, stderr).await;
                 return Err(match status {
                     Some(super::ssh::SSH_FAILED) => ServeError::Ssh(SshError::Unreachable {
                         destination: remote.ssh.destination().to_string(),
@@ -389,10 +424,13 @@ impl RemoteServe {
             }
             Err(_) => {
                 let _ = session.start_kill();
+                let _ = end_session(&mut session, stderr).await;
                 return Err(failed(format!("no answer within {within:?}")));
             }
         }
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        tokio::spawn(
+            async move { while read_line_capped(&mut lines, LINE_LIMIT).await.is_some() {} },
+        );
         wait_forwarded(local_port, within)
             .await
             .map_err(|detail| failed(format!("the forward to it did not open: {detail}")))?;
@@ -437,7 +475,7 @@ impl RemoteServe {
                 .await;
         }
         let _ = self.session.start_kill();
-        let _ = self.session.wait().await;
+        let _ = tokio::time::timeout(END_WAIT, self.session.wait()).await;
     }
 
     /// Whether the serve session (and so the forward) still runs.

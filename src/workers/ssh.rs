@@ -60,6 +60,14 @@ pub(super) const SSH_FAILED: i32 = 255;
 /// The most of a command's stderr kept in an error.
 const STDERR_KEPT: usize = 2_000;
 
+/// The most a fixed command's stdout may print: the gateway's own commands print a few lines,
+/// so more is a worker gone wrong (or hostile: its login files run before every command), and
+/// the command is stopped rather than read into memory.
+pub const STDOUT_LIMIT: usize = 1 << 20;
+
+/// The longest line kept of what a worker prints line by line (longer ones are cut).
+pub const LINE_LIMIT: usize = 64 << 10;
+
 /// What running a command on a worker can come to, short of its own success.
 #[derive(Debug, thiserror::Error)]
 pub enum SshError {
@@ -67,11 +75,22 @@ pub enum SshError {
     NoClient(std::io::Error),
     #[error("ssh could not reach {destination}: {detail}")]
     Unreachable { destination: String, detail: String },
-    #[error("`{command}` on {destination} did not finish within {after:?}")]
+    #[error(
+        "`{command}` on {destination} did not finish within {after:?}{}",
+        said(stderr)
+    )]
     TimedOut {
         destination: String,
         command: String,
         after: Duration,
+        /// The end of what it printed on stderr meanwhile.
+        stderr: String,
+    },
+    #[error("`{command}` on {destination} printed more than {limit} bytes and was stopped")]
+    TooMuch {
+        destination: String,
+        command: String,
+        limit: usize,
     },
 }
 
@@ -147,33 +166,69 @@ impl Ssh {
 
     /// Runs `argv` on the worker, with `input` on its stdin, for at most `within`. A command
     /// that ran is an [`Output`] whatever its status; not getting there is an [`SshError`].
+    ///
+    /// What comes back is read as hostile (the worker's login files run before every
+    /// command): any bytes are taken (as lossy UTF-8), stdout is kept up to [`STDOUT_LIMIT`]
+    /// (past it the command is stopped), stderr's end up to [`STDERR_KEPT`], and `within`
+    /// bounds the whole, input and output included: on expiry ssh is killed.
     pub async fn run(
         &self,
         argv: &[&str],
         input: Option<&[u8]>,
         within: Duration,
     ) -> Result<Output, SshError> {
+        let command = argv.first().copied().unwrap_or_default().to_string();
         let mut cmd = self.command(argv);
         if input.is_some() {
             cmd.stdin(Stdio::piped());
         }
         let mut child = cmd.spawn().map_err(SshError::NoClient)?;
-        if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-            // A command that exits without reading its input is not an error of ours.
-            let _ = stdin.write_all(bytes).await;
-        }
-        let out = match tokio::time::timeout(within, child.wait_with_output()).await {
-            Ok(out) => out.map_err(SshError::NoClient)?,
+        let stdin = child.stdin.take();
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(SshError::NoClient(std::io::Error::other("no pipes to ssh")));
+        };
+        let errors = tokio::spawn(read_tail(stderr, STDERR_KEPT));
+        let work = async {
+            if let (Some(bytes), Some(mut stdin)) = (input, stdin) {
+                // A command that exits without reading its input is not an error of ours.
+                let _ = stdin.write_all(bytes).await;
+            }
+            let (out, full) = read_capped(stdout, STDOUT_LIMIT).await;
+            if full {
+                let _ = child.start_kill();
+            }
+            (out, full, child.wait().await)
+        };
+        let ran = tokio::time::timeout(within, work).await;
+        let said_on_stderr = async {
+            tokio::time::timeout(Duration::from_secs(2), errors)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default()
+        };
+        let (stdout, full, status) = match ran {
+            Ok(ran) => ran,
             Err(_) => {
+                // `child` is dropped here, and ssh with it (`kill_on_drop`).
                 return Err(SshError::TimedOut {
                     destination: self.destination.clone(),
-                    command: argv.first().copied().unwrap_or_default().to_string(),
+                    command,
                     after: within,
-                })
+                    stderr: said_on_stderr.await,
+                });
             }
         };
-        let stderr = tail(&String::from_utf8_lossy(&out.stderr), STDERR_KEPT);
-        let status = out.status.code().unwrap_or(SSH_FAILED);
+        if full {
+            return Err(SshError::TooMuch {
+                destination: self.destination.clone(),
+                command,
+                limit: STDOUT_LIMIT,
+            });
+        }
+        let status = status.map_err(SshError::NoClient)?;
+        let stderr = said_on_stderr.await;
+        let status = status.code().unwrap_or(SSH_FAILED);
         if status == SSH_FAILED {
             return Err(SshError::Unreachable {
                 destination: self.destination.clone(),
@@ -185,7 +240,7 @@ impl Ssh {
         }
         Ok(Output {
             status,
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr,
         })
     }
@@ -241,9 +296,23 @@ fn control_dir() -> Option<&'static std::path::Path> {
             if shown.len() > 60 || shown.contains('%') || shown.chars().any(char::is_whitespace) {
                 return None;
             }
-            if let Err(e) = crate::private_files::create_dir(&dir) {
-                tracing::debug!(dir = %shown, error = %e, "no directory for ssh control sockets");
-                return None;
+            // Looked at without following a link before anything is made or changed: in a
+            // shared /tmp another user may have planted a link (or a directory) by that name,
+            // and nothing of theirs is touched.
+            match std::fs::symlink_metadata(&dir) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    use std::os::unix::fs::DirBuilderExt;
+                    let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+                    if let Err(e) = made {
+                        tracing::debug!(dir = %shown, error = %e, "no directory for ssh control sockets");
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(dir = %shown, error = %e, "no directory for ssh control sockets");
+                    return None;
+                }
             }
             let meta = std::fs::symlink_metadata(&dir).ok()?;
             let private = meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0;
@@ -280,18 +349,124 @@ pub fn quote(arg: &str) -> String {
     out
 }
 
-/// The last `max` bytes of `text`, on a character boundary.
-fn tail(text: &str, max: usize) -> String {
-    let mut start = text.len().saturating_sub(max);
-    while !text.is_char_boundary(start) {
-        start += 1;
+/// ` (it said: ...)` for an error, when `stderr` holds something.
+fn said(stderr: &str) -> String {
+    match stderr.trim() {
+        "" => String::new(),
+        s => format!(" (it said: {})", crate::config::printable(s)),
     }
-    text[start..].to_string()
+}
+
+/// Reads `from` to its end, keeping at most `max` bytes; `true` when there was more (it stops
+/// reading then, so a writer that does not stop is not read on).
+pub(crate) async fn read_capped(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    max: usize,
+) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return (out, false),
+            Ok(n) if out.len() + n > max => {
+                out.extend_from_slice(&chunk[..max - out.len()]);
+                return (out, true);
+            }
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Reads `from` to its end and keeps the last `max` bytes of it, as text (any bytes taken).
+pub(crate) async fn read_tail(mut from: impl tokio::io::AsyncRead + Unpin, max: usize) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
+    let mut chunk = [0u8; 8192];
+    while let Ok(n @ 1..) = from.read(&mut chunk).await {
+        kept.extend(&chunk[..n]);
+        let over = kept.len().saturating_sub(max);
+        kept.drain(..over);
+    }
+    let bytes: Vec<u8> = kept.into();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The next line of `from` (without its end), as text whatever its bytes, at most `max` bytes
+/// of it kept (the rest of a longer line is read and dropped); `None` at the end.
+pub(crate) async fn read_line_capped(
+    from: &mut (impl tokio::io::AsyncBufRead + Unpin),
+    max: usize,
+) -> Option<String> {
+    use tokio::io::AsyncBufReadExt;
+    let mut line = Vec::new();
+    let mut any = false;
+    loop {
+        let buf = match from.fill_buf().await {
+            Ok(buf) if !buf.is_empty() => buf,
+            _ => return any.then(|| String::from_utf8_lossy(&line).into_owned()),
+        };
+        any = true;
+        let (taken, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let room = max.saturating_sub(line.len());
+        let body = if done {
+            &buf[..taken - 1]
+        } else {
+            &buf[..taken]
+        };
+        line.extend_from_slice(&body[..body.len().min(room)]);
+        from.consume(taken);
+        if done {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a worker prints is read within bounds, whatever its bytes: a capped read stops at
+    /// its cap and says so, a tail keeps the end, and lines are cut at their cap and taken
+    /// whatever bytes they hold (a byte that is not UTF-8 does not end the reading).
+    #[tokio::test]
+    async fn reads_from_a_worker_are_bounded_and_take_any_bytes() {
+        let big = vec![b'x'; 100_000];
+        let (kept, full) = read_capped(&big[..], 10_000).await;
+        assert_eq!((kept.len(), full), (10_000, true));
+        let (kept, full) = read_capped(&b"small"[..], 10_000).await;
+        assert_eq!((kept.as_slice(), full), (&b"small"[..], false));
+        let mut text = vec![b'a'; 50_000];
+        text.extend_from_slice(b"the end");
+        assert_eq!(read_tail(&text[..], 7).await, "the end");
+
+        let mut input: Vec<u8> = b"\xff\xfe bad bytes\n".to_vec();
+        input.extend(vec![b'y'; 200_000]);
+        input.extend_from_slice(b"\nlast\r\nno end");
+        let mut reader = tokio::io::BufReader::new(&input[..]);
+        let first = read_line_capped(&mut reader, 1_000).await.expect("a line");
+        assert!(
+            first.ends_with(" bad bytes") && first.contains('\u{fffd}'),
+            "{first:?}"
+        );
+        let long = read_line_capped(&mut reader, 1_000).await.expect("a line");
+        assert_eq!(long.len(), 1_000);
+        assert_eq!(
+            read_line_capped(&mut reader, 1_000).await.as_deref(),
+            Some("last")
+        );
+        assert_eq!(
+            read_line_capped(&mut reader, 1_000).await.as_deref(),
+            Some("no end")
+        );
+        assert_eq!(read_line_capped(&mut reader, 1_000).await, None);
+    }
 
     /// Whatever an argument holds, `sh` reads it back as exactly one word, unchanged.
     #[test]

@@ -68,6 +68,13 @@ pub struct Sshd {
 impl Sshd {
     /// Starts worker `name` and adds `Host <name>` to `key`'s client configuration.
     pub fn start(name: &str, key: &SshKey) -> Self {
+        Self::start_with(name, key, None)
+    }
+
+    /// The same, every session running `login` first (sshd's `ForceCommand`, with the
+    /// command asked for in `SSH_ORIGINAL_COMMAND`): what a worker's login files (`~/.ssh/rc`,
+    /// a profile) do before each command, here without touching any real user's files.
+    pub fn start_with(name: &str, key: &SshKey, login: Option<&Path>) -> Self {
         if !Path::new(SSHD).exists() {
             panic!(
                 "{SSHD} is missing; the worker tests run real OpenSSH servers: install them with \
@@ -105,7 +112,10 @@ impl Sshd {
                  KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
                  PermitRootLogin prohibit-password\nAllowAgentForwarding no\n\
                  AllowTcpForwarding local\nX11Forwarding no\nPermitTTY no\n\
-                 SetEnv HOME={home}\nLogLevel VERBOSE\n",
+                 SetEnv HOME={home}\nLogLevel VERBOSE\n{force}",
+                force = login
+                    .map(|l| format!("ForceCommand {}\n", l.display()))
+                    .unwrap_or_default(),
                 hk = host_key.display(),
                 pid = dir.path().join("sshd.pid").display(),
                 authorized = authorized.display(),
