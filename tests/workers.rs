@@ -323,6 +323,9 @@ async fn work_goes_to_a_worker_and_back_with_git() {
     let commit = repo::fetch_back("w1", &remote, &origin, &placed, "turn 1 of tsk_one")
         .await
         .expect("fetched back");
+    repo::keep_fetched(&origin, &placed, Some(&commit))
+        .await
+        .expect("kept in the task's ref");
     assert!(
         !marker.exists(),
         "the planted repository's filter never ran"
@@ -1664,4 +1667,30 @@ async fn a_hostile_worker_neither_hangs_nor_floods_the_gateway() {
     let done = rig.finish(task["task_id"].as_str().expect("id")).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["confined"], true, "{done}");
+
+    // The worker goes silent while a task's work is to be fetched back (at its turn's end):
+    // that fetch waits on the worker, and no other git work here waits on it.
+    let (gate, held) = rig.gate();
+    let slow = rig
+        .start_task_with(
+            json!({ "prompt": format!("{held} [[bash:echo later > later.txt]]"), "worker": "w1" }),
+        )
+        .await;
+    std::fs::write(&mode, "silent").expect("the worker's mode");
+    std::fs::write(&gate, "open").expect("open the gate");
+    let slow = rig.finish(slow["task_id"].as_str().expect("id")).await;
+    assert_eq!(slow["status"], "completed", "{slow}");
+    let started = Instant::now();
+    let local = rig
+        .start_task_with(
+            json!({ "prompt": "[[bash:echo local > local.txt]]", "isolation": "worktree" }),
+        )
+        .await;
+    let local = rig.finish(local["task_id"].as_str().expect("id")).await;
+    assert_eq!(local["status"], "completed", "{local}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "a local worktree task waited {:?} behind the silent worker",
+        started.elapsed()
+    );
 }

@@ -184,7 +184,8 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
             std::fs::write(there.join(f), format!("the agent wrote {f}\n"))?;
         }
         let t = Instant::now();
-        repo::fetch_back("bench", &remote, &origin, &placed, "turn 1").await?;
+        let commit = repo::fetch_back("bench", &remote, &origin, &placed, "turn 1").await?;
+        repo::keep_fetched(&origin, &placed, Some(&commit)).await?;
         git_in(
             &local,
             &[

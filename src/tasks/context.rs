@@ -39,6 +39,9 @@ pub struct TaskContext {
     pub worktrees: Option<std::path::PathBuf>,
     /// The service's lock for git writes: cleaning an expired task's worktree is one.
     pub git_lock: Arc<tokio::sync::RwLock<()>>,
+    /// One fetch of a remote task's work at a time, per task (`fetch.rs`): the gateway-wide
+    /// `git_lock` is not held across the network.
+    pub fetching: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Tasks with a completion check running, and whether another was asked for meanwhile.
     pub checks: Arc<Mutex<HashMap<String, bool>>>,
     /// Sessions with pending asks that belong to no task (someone else's work on the same
@@ -119,6 +122,7 @@ pub(super) mod fixtures {
             finished_ttl: Duration::from_secs(3600),
             worktrees: None,
             git_lock: Default::default(),
+            fetching: Default::default(),
             checks: Default::default(),
             foreign: Default::default(),
             config: crate::config::LiveConfig::new(Arc::new(crate::gateway::test_config())),

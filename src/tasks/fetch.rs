@@ -9,6 +9,8 @@
 //! never reads a state the worker has moved past. Fetches write a ref of the user's repository,
 //! so they take the gateway's git lock like every git write.
 
+use std::sync::Arc;
+
 use super::context::TaskContext;
 use super::error::TaskError;
 use super::record::WorkspaceRecord;
@@ -39,11 +41,35 @@ pub(super) fn placed(w: &WorkspaceRecord, bare: &str) -> repo::Placed {
 /// current turn's end; returns the task's workspace record as it is then. A task on this
 /// machine is returned as it is. A fetch while the turn still runs brings back the state so
 /// far, and the turn's end is fetched again.
+///
+/// The network steps (the commit there, the fetch into a ref of the task's own) run without the
+/// gateway-wide git lock, one at a time per task; the lock is taken only to move the fetched
+/// commit into the task's ref here. A worker that answers slowly holds up its own task's
+/// fetches, not every other task's git work.
 pub(super) async fn fetch_back(
     ctx: &TaskContext,
     task_id: &str,
 ) -> Result<Option<WorkspaceRecord>, TaskError> {
-    let _one_at_a_time = ctx.git_lock.write().await;
+    let mine = {
+        let mut fetching = ctx.fetching.lock().unwrap_or_else(|p| p.into_inner());
+        fetching.entry(task_id.to_string()).or_default().clone()
+    };
+    let result = {
+        let _one_per_task = mine.lock().await;
+        fetch_back_now(ctx, task_id).await
+    };
+    let mut fetching = ctx.fetching.lock().unwrap_or_else(|p| p.into_inner());
+    // The map's and this call's: nobody else waits on it.
+    if Arc::strong_count(&mine) <= 2 {
+        fetching.remove(task_id);
+    }
+    result
+}
+
+async fn fetch_back_now(
+    ctx: &TaskContext,
+    task_id: &str,
+) -> Result<Option<WorkspaceRecord>, TaskError> {
     let entry = ctx
         .registry
         .get(task_id)
@@ -60,14 +86,28 @@ pub(super) async fn fetch_back(
         return Ok(Some(w));
     }
     let remote = remote_of(&ctx.config.get(), &r.worker)?;
+    let origin = std::path::Path::new(&w.origin);
+    let placed = placed(&w, &r.bare);
     let commit = repo::fetch_back(
         &r.worker,
         &remote,
-        std::path::Path::new(&w.origin),
-        &placed(&w, &r.bare),
+        origin,
+        &placed,
         &format!("opencode-mcp: the work of task {task_id} (turn {turn})"),
     )
     .await?;
+    {
+        let _one_at_a_time = ctx.git_lock.write().await;
+        // Discarded meanwhile: its ref is gone and stays gone.
+        let discarded = ctx
+            .registry
+            .get(task_id)
+            .is_none_or(|e| e.rec.workspace.as_ref().is_none_or(|w| w.discarded));
+        repo::keep_fetched(origin, &placed, (!discarded).then_some(commit.as_str())).await?;
+        if discarded {
+            return Ok(None);
+        }
+    }
     tracing::debug!(task_id, turn, commit, worker = %r.worker, "fetched the task's work back");
     let updated = ctx
         .registry

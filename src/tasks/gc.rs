@@ -51,7 +51,8 @@ fn note_path(worktrees: &Path, task_id: &str) -> PathBuf {
 
 /// Cleans the worktrees of tasks whose records just expired: removed (worktree and branch) when
 /// everything in them was applied or there is nothing in them, else kept with a note. Runs one
-/// worktree at a time under `lock`, the gateway's lock for git writes.
+/// worktree at a time under `lock`, the gateway's lock for git writes, but for a remote task's:
+/// its steps cross the network, and it takes the lock only to move its fetched ref here.
 pub(super) async fn clean_expired(
     lock: &tokio::sync::RwLock<()>,
     worktrees: &Path,
@@ -59,13 +60,16 @@ pub(super) async fn clean_expired(
     config: &Config,
 ) {
     for e in expired {
-        let _one_at_a_time = lock.write().await;
         if continued_elsewhere(worktrees, &e) {
             tracing::info!(task = %e.task_id, "not cleaning the worktree of an expired task another gateway continued");
             continue;
         }
         if let Some(r) = &e.workspace.remote {
-            clean_remote(&e, r, config).await;
+            clean_remote(&e, r, config, lock).await;
+            continue;
+        }
+        let _one_at_a_time = lock.write().await;
+        if continued_elsewhere(worktrees, &e) {
             continue;
         }
         let w = &e.workspace;
@@ -108,7 +112,12 @@ pub(super) async fn clean_expired(
 /// (`refs/opencode-mcp/remote/<task>`) goes too, unless it holds work never applied: then it
 /// stays in the user's repository, named in the log, so nothing of the agent's work is lost
 /// while the worker is cleaned. A worker that cannot be reached keeps everything.
-async fn clean_remote(e: &Expired, r: &RemoteWorkspace, config: &Config) {
+async fn clean_remote(
+    e: &Expired,
+    r: &RemoteWorkspace,
+    config: &Config,
+    lock: &tokio::sync::RwLock<()>,
+) {
     let w = &e.workspace;
     let Some(remote) = workers::remote(config, &r.worker) else {
         tracing::warn!(task = %e.task_id, worker = %r.worker, "an expired task's worker is no longer declared; its worktree stays there");
@@ -122,7 +131,16 @@ async fn clean_remote(e: &Expired, r: &RemoteWorkspace, config: &Config) {
     };
     let origin = Path::new(&w.origin);
     let message = format!("opencode-mcp: the work of task {} (expired)", e.task_id);
-    let tip = match repo::fetch_back(&r.worker, &remote, origin, &placed, &message).await {
+    let fetched = match repo::fetch_back(&r.worker, &remote, origin, &placed, &message).await {
+        Ok(tip) => {
+            let _one_at_a_time = lock.write().await;
+            repo::keep_fetched(origin, &placed, Some(&tip))
+                .await
+                .map(|()| tip)
+        }
+        Err(err) => Err(err),
+    };
+    let tip = match fetched {
         Ok(tip) => tip,
         Err(err) => {
             tracing::warn!(task = %e.task_id, worker = %r.worker, error = %err, "cannot bring an expired task's work back from its worker; its worktree stays there");

@@ -200,6 +200,7 @@ impl TaskService {
         let tracker = TaskContext {
             worktrees: state_dir.as_deref().map(super::gc::worktrees_dir),
             git_lock: git_lock.clone(),
+            fetching: Default::default(),
             registry: registry.clone(),
             tail_chars: config.limits.progress_tail_chars as usize,
             max_result_chars: config.limits.max_result_chars as usize,

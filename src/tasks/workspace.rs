@@ -46,6 +46,9 @@ pub struct DiscardOutcome {
     pub workspace: Workspace,
 }
 
+/// The longest a read of a remote task's work (its result, its diff) waits on its worker.
+const VIEW_FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl TaskService {
     /// Where worktrees and the temporary indexes of snapshots go.
     pub(super) fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
@@ -296,16 +299,29 @@ impl TaskService {
     /// record as it is then), and the commit that holds that work (`None` before the first
     /// fetch). A running task's is what was last fetched.
     ///
-    /// A worker that cannot be reached (lost, say) leaves what was fetched before: that is
-    /// read, and the third value says why it may be older than the task's last turn.
+    /// A worker that cannot be reached (lost, say), or that does not answer within
+    /// [`VIEW_FETCH_WAIT`], leaves what was fetched before: that is read, and the third value
+    /// says why it may be older than the task's last turn. A read never waits longer on a
+    /// worker (the fetch after the turn goes on in the background).
     async fn fetched(
         &self,
         task_id: &str,
         w: &WorkspaceRecord,
     ) -> Result<(WorkspaceRecord, Option<String>, Option<String>), TaskError> {
         let settled = self.registry.get(task_id).is_some_and(|e| e.is_settled());
+        let fetch = async {
+            tokio::time::timeout(VIEW_FETCH_WAIT, fetch::fetch_back(&self.tracker, task_id))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TaskError::Conflict(format!(
+                        "its worker did not give the work back within {}s (it is still being \
+                         fetched; read again later)",
+                        VIEW_FETCH_WAIT.as_secs()
+                    )))
+                })
+        };
         let (w, stale) = match settled {
-            true => match fetch::fetch_back(&self.tracker, task_id).await {
+            true => match fetch.await {
                 Ok(now) => (now.unwrap_or_else(|| w.clone()), None),
                 Err(e) if w.remote.as_ref().is_some_and(|r| r.fetched.is_some()) => {
                     let note = format!(

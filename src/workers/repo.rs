@@ -31,8 +31,10 @@ use crate::git::{GitError, Repo, BRANCH_PREFIX, IDENTITY, OVERRIDES};
 /// checkout of its tree).
 const STEP_LIMIT: Duration = Duration::from_secs(600);
 
-/// The local ref a remote task's work is fetched into.
+/// The local ref a remote task's work is kept in.
 pub const REMOTE_REF_PREFIX: &str = "refs/opencode-mcp/remote/";
+/// The local ref a fetch of a remote task's work lands in first ([`keep_fetched`] moves it).
+const INCOMING_REF_PREFIX: &str = "refs/opencode-mcp/incoming/";
 /// The worker's ref holding a task's base.
 const BASE_REF_PREFIX: &str = "refs/opencode-mcp/base/";
 
@@ -156,7 +158,9 @@ pub async fn fetch_back(
     let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
     // The worktree's files are the agent's; `sh` runs in it so that `-- .` is the whole tree.
     on_worker(worker, remote, "commit", &in_dir(&placed.worktree, &refs)).await?;
-    let local = format!("{REMOTE_REF_PREFIX}{}", placed.task());
+    // Into a ref of the task's own first: no other git work here waits on the network (the
+    // caller moves it into place, [`keep_fetched`]).
+    let local = format!("{INCOMING_REF_PREFIX}{}", placed.task());
     let refspec = format!("+refs/heads/{}:{local}", placed.branch);
     // What comes back was written where the agent works: its objects are checked as they
     // arrive, and the commit is the one the fetch wrote here, never what the worker printed
@@ -194,6 +198,23 @@ pub async fn fetch_back(
         });
     }
     Ok(commit)
+}
+
+/// Moves what [`fetch_back`] brought into the task's ref here (`refs/opencode-mcp/remote/
+/// <task>`), or, with `None` (the task was discarded meanwhile), only drops it.
+pub async fn keep_fetched(
+    origin: &Path,
+    placed: &Placed,
+    commit: Option<&str>,
+) -> Result<(), RepoError> {
+    let repo = Repo::at(origin);
+    let incoming = format!("{INCOMING_REF_PREFIX}{}", placed.task());
+    if let Some(commit) = commit {
+        let local = format!("{REMOTE_REF_PREFIX}{}", placed.task());
+        repo.git(&["update-ref", &local, commit]).await?;
+    }
+    let _ = repo.git(&["update-ref", "-d", &incoming]).await;
+    Ok(())
 }
 
 /// A full object id in hex (SHA-1 or SHA-256), as `rev-parse` prints one.
