@@ -1694,3 +1694,68 @@ async fn a_hostile_worker_neither_hangs_nor_floods_the_gateway() {
         started.elapsed()
     );
 }
+
+/// **A cancel stops a remote check, and what it started.** Killing the local `ssh` stops
+/// nothing on the worker: the check's process group there is killed over ssh (its pid kept in a
+/// file of the gateway's there), and with it the sandbox it runs in. The check here starts a
+/// child in the background and waits on another; after the cancel, neither runs any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_remote_check_and_what_it_started() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper: _reaper,
+        repo: _repo,
+        user_file: _,
+        root: _root,
+        rig,
+    } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 1).await;
+    let task = rig
+        .start_task_with(json!({
+            "prompt": "[[bash:echo x > x.txt]]",
+            "worker": "w1",
+            "checks": ["touch check-started; sleep 4242 & sleep 4243"],
+        }))
+        .await;
+    let id = task["task_id"].as_str().expect("id").to_string();
+    let worktree = std::path::PathBuf::from(task["workspace"]["path"].as_str().expect("path"));
+    let started = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        worktree.join("check-started").exists().then_some(())
+    })
+    .await;
+    assert!(started.is_some(), "the check did not start on the worker");
+    let sleeping = || {
+        support::procs::all()
+            .into_iter()
+            .filter(|p| p.is_live())
+            .filter_map(|p| std::fs::read(format!("/proc/{}/cmdline", p.pid)).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.starts_with("sleep 424"))
+            .count()
+    };
+    let running = support::rig::poll_for(std::time::Duration::from_secs(30), || {
+        (sleeping() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        running.is_some(),
+        "the check's two sleeps run ({})",
+        sleeping()
+    );
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": id }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let gone = support::rig::poll_for(std::time::Duration::from_secs(30), || {
+        (sleeping() == 0).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "{} of the check's processes still run",
+        sleeping()
+    );
+}

@@ -184,6 +184,11 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
             }
         }
     };
+    // A check a gateway before this one left running there (it stopped mid-check) is stopped
+    // before the checks run again.
+    if let Some((_, Some(r))) = &remote {
+        run::stop_remote(r, &entry.rec).await;
+    }
     let mut results = Vec::with_capacity(state.commands.len());
     for command in &state.commands {
         let place = match (&remote, &local) {

@@ -137,11 +137,15 @@ pub async fn run(
         }
     };
     if status.is_none() {
-        // A local check leads its own process group: what it started goes with it.
-        if matches!(place, Place::Local(_)) {
-            if let Some(pid) = group {
-                crate::opencode::kill_group(pid, libc::SIGKILL);
+        // A local check leads its own process group: what it started goes with it. A remote
+        // one's group is killed there (killing ssh here stops nothing on the worker).
+        match place {
+            Place::Local(_) => {
+                if let Some(pid) = group {
+                    crate::opencode::kill_group(pid, libc::SIGKILL);
+                }
             }
+            Place::Remote(remote, _) => stop_remote(remote, rec).await,
         }
         let _ = child.kill().await;
     }
@@ -241,16 +245,66 @@ fn remote_command(
     use crate::workers::ssh::quote;
     let secs = timeout.as_secs().max(1);
     let shell = quote(shell.unwrap_or("sh"));
+    // The check runs in the background of this shell, its pid in a file of the gateway's
+    // there (`timeout` leads a process group of its own), so that a cancel, a timeout or the
+    // next gateway can stop it and what it started ([`stop_remote`]); the file goes when it
+    // ends.
+    let pidfile = quote(&remote_pidfile(rec));
     let script = format!(
         "exec 2>&1; cd -- {dir} || exit 125; \
-         if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {secs} {shell} -c {cmd}; fi; \
-         exec {shell} -c {cmd}",
+         if command -v timeout >/dev/null 2>&1; then timeout -k 5 {secs} {shell} -c {cmd} & \
+         else {shell} -c {cmd} & fi; \
+         p=$!; (umask 077; mkdir -p -- \"$(dirname -- {pidfile})\" && echo \"$p\" > {pidfile}); \
+         wait \"$p\"; s=$?; rm -f -- {pidfile}; exit \"$s\"",
         dir = quote(&rec.directory),
         cmd = quote(command),
     );
     let mut cmd = remote.ssh.command(&["sh", "-c", &script]);
     cmd.stderr(Stdio::null());
     cmd
+}
+
+/// Where the pid of a remote task's running check is kept on its worker:
+/// `<root>/checks/<task>.pid` (its worktree is `<root>/worktrees/<task>`).
+fn remote_pidfile(rec: &TaskRecord) -> String {
+    let worktree = rec
+        .workspace
+        .as_ref()
+        .map_or(rec.directory.as_str(), |w| w.path.as_str());
+    let root = std::path::Path::new(worktree)
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map_or_else(|| ".".to_string(), |p| p.display().to_string());
+    format!("{root}/checks/{}.pid", rec.id)
+}
+
+/// Stops the check of `rec` still running on its worker, and everything it started: its
+/// process group (or its process, where the worker has no `timeout`), only while that pid is
+/// still a `timeout` or a shell of ours (a pid may have been reused), TERM then KILL. A worker
+/// that cannot be reached is left alone (its own `timeout` ends the check). Where the worker
+/// confines its agents, the check's sandbox (its own pid namespace, `--die-with-parent`) goes
+/// with it; an unconfined check's `setsid` child escapes a process group.
+pub async fn stop_remote(remote: &Remote, rec: &TaskRecord) {
+    const STOP: &str = "p=$(cat -- \"$1\" 2>/dev/null) || exit 0; \
+                        case $p in ''|*[!0-9]*) exit 0;; esac; \
+                        if command -v ps >/dev/null 2>&1; then \
+                        case $(ps -o comm= -p \"$p\" 2>/dev/null) in \
+                        timeout|sh|bash|dash|shell) ;; *) rm -f -- \"$1\"; exit 0;; esac; fi; \
+                        kill -TERM -- \"-$p\" 2>/dev/null || kill -TERM \"$p\" 2>/dev/null; \
+                        sleep 1; kill -KILL -- \"-$p\" 2>/dev/null || kill -KILL \"$p\" 2>/dev/null; \
+                        rm -f -- \"$1\"";
+    let pidfile = remote_pidfile(rec);
+    let stopped = remote
+        .ssh
+        .run(
+            &["sh", "-c", STOP, "sh", &pidfile],
+            None,
+            Duration::from_secs(20),
+        )
+        .await;
+    if let Err(e) = stopped {
+        tracing::warn!(task = %rec.id, error = %e, "could not stop the task's check on its worker");
+    }
 }
 
 #[cfg(unix)]
