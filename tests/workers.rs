@@ -675,6 +675,17 @@ impl OneWorker {
         local_slots: Option<u32>,
         slots: u32,
     ) -> Self {
+        Self::start_with(files, prepare, local_slots, slots, "").await
+    }
+
+    /// [`Self::start`], with `more` (lines of YAML) added to the worker's entry.
+    async fn start_with(
+        files: &[(&str, &str)],
+        prepare: impl FnOnce(&std::path::Path),
+        local_slots: Option<u32>,
+        slots: u32,
+        more: &str,
+    ) -> Self {
         let fake = FakeLlm::start();
         let env = OpenCodeEnv::new();
         let key = SshKey::new();
@@ -701,7 +712,7 @@ impl OneWorker {
         // The tests pass checks of their own in calls, which only the user's file allows.
         std::fs::write(
             &user_file,
-            format!("checks:\n  from_calls: true\nworkers:\n{local}{w1}"),
+            format!("checks:\n  from_calls: true\nworkers:\n{local}{w1}{more}"),
         )
         .expect("the user's file");
         let config_var = user_file.display().to_string();
@@ -1758,4 +1769,81 @@ async fn a_cancel_stops_a_remote_check_and_what_it_started() {
         "{} of the check's processes still run",
         sleeping()
     );
+}
+
+/// **A lost period leaves no OpenCode behind.** The worker drops off the network (the
+/// gateway's connections to it cut, new ones unanswered) for longer than its `lost_after`,
+/// while its OpenCode runs on there: the running task fails `WorkerLost`. Once the worker
+/// answers again, the OpenCode of the lost period is stopped, and a new task runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_back_from_a_lost_period_keeps_no_opencode_from_it() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        repo: _repo,
+        user_file: _,
+        root: _root,
+        rig,
+    } = OneWorker::start_with(
+        &[("app.txt", "one\n")],
+        |_| {},
+        None,
+        2,
+        "    lost_after: 3s\n",
+    )
+    .await;
+    let (gate, held) = rig.gate();
+    let task = rig
+        .start_task_with(
+            json!({ "prompt": format!("{held} [[bash:echo x > x.txt]]"), "worker": "w1" }),
+        )
+        .await;
+    let id = task["task_id"].as_str().expect("id").to_string();
+    let lost_period = reaper.servers();
+    assert_eq!(
+        lost_period.len(),
+        1,
+        "one OpenCode runs there: {lost_period:?}"
+    );
+
+    // Off the network: nothing new is answered, and every connection of the gateway's to it
+    // (the forward, the shared one) is cut.
+    _worker.pause();
+    let clients: Vec<u32> = support::procs::all()
+        .into_iter()
+        .filter(|p| p.is_live() && p.comm == "ssh")
+        .filter(|p| {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
+            cmdline.split(|b| *b == 0).any(|a| a == b"w1")
+        })
+        .map(|p| p.pid)
+        .collect();
+    assert!(!clients.is_empty(), "the gateway's ssh to w1 runs");
+    for pid in clients {
+        drop(KillOnDrop(pid));
+    }
+    let lost = rig.finish(&id).await;
+    assert_eq!(lost["status"], "failed", "{lost}");
+    assert!(lost["error"].to_string().contains("WorkerLost"), "{lost}");
+    assert!(
+        support::procs::stat(lost_period[0]).is_some_and(|p| p.is_live()),
+        "the lost period's OpenCode runs on there while the worker is unreachable"
+    );
+
+    _worker.resume();
+    let stopped = support::rig::poll_for(std::time::Duration::from_secs(120), || {
+        (!support::procs::stat(lost_period[0]).is_some_and(|p| p.is_live())).then_some(())
+    })
+    .await;
+    assert!(stopped.is_some(), "the lost period's OpenCode still runs");
+    std::fs::write(&gate, "open").expect("open the gate");
+    let again = rig
+        .start_task_with(json!({ "prompt": "[[bash:echo y > y.txt]]", "worker": "w1" }))
+        .await;
+    let again = rig.finish(again["task_id"].as_str().expect("id")).await;
+    assert_eq!(again["status"], "completed", "{again}");
 }

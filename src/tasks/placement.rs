@@ -202,6 +202,7 @@ impl TaskService {
             registry: self.registry.clone(),
             lost_after: workers::lost_after(&config, &w.name),
             within: config.timeouts.server_start.get(),
+            saved_file: self.saved_path(&w.name, std::process::id()),
         };
         tokio::spawn(watch.run());
     }
@@ -302,8 +303,9 @@ impl TaskService {
                 .await
             {
                 Ok(_) => {
-                    RemoteServe::stop_saved(&remote, &saved).await;
-                    let _ = std::fs::remove_file(&path);
+                    if RemoteServe::stop_saved(&remote, &saved).await {
+                        let _ = std::fs::remove_file(&path);
+                    }
                     tracing::info!(worker = %saved.worker, pid = saved.remote_pid, "stopped a worker's OpenCode that a gateway now gone had left running");
                 }
                 Err(e) => {
@@ -465,9 +467,42 @@ struct Supervision {
     registry: Arc<super::registry::Registry>,
     lost_after: Duration,
     within: Duration,
+    /// This gateway's saved file for the worker's OpenCode (`None` without a state directory).
+    saved_file: Option<std::path::PathBuf>,
 }
 
+/// After a lost worker's last try: between attempts to reach it again to stop the OpenCode its
+/// lost period left there, doubling from the first, up to the last.
+const ORPHAN_BACKOFF: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(60));
+
 impl Supervision {
+    /// The OpenCode of a lost worker may well run on there, finishing turns nobody waits for
+    /// (no deadline, no caps): its saved file is set aside under a name of its own (so the
+    /// next OpenCode started there does not overwrite it, and a later gateway's sweep still
+    /// finds it), and it is stopped once the worker can be reached again.
+    fn orphan(&self, saved: Saved) {
+        let kept = self.saved_file.as_ref().and_then(|file| {
+            let lost = file.with_extension(format!("{}.lost.json", saved.remote_pid));
+            std::fs::rename(file, &lost).ok().map(|()| lost)
+        });
+        let remote = self.worker.remote.clone();
+        let name = self.worker.name.clone();
+        tokio::spawn(async move {
+            let (mut pause, longest) = ORPHAN_BACKOFF;
+            loop {
+                if RemoteServe::stop_saved(&remote, &saved).await {
+                    tracing::info!(worker = %name, pid = saved.remote_pid, "stopped the OpenCode a lost period left on the worker");
+                    if let Some(kept) = &kept {
+                        let _ = std::fs::remove_file(kept);
+                    }
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(longest);
+            }
+        });
+    }
+
     async fn run(self) {
         let mut tick = tokio::time::interval(SUPERVISE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -518,7 +553,9 @@ impl Supervision {
                     if link.as_ref().is_some_and(|l| l.server_id == self.server.id) {
                         *link = None;
                     }
+                    drop(link);
                     self.server.stop.cancel();
+                    self.orphan(saved);
                     return;
                 }
                 // The server was stopped meanwhile.

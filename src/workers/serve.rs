@@ -446,23 +446,27 @@ impl RemoteServe {
     }
 
     /// Stops an OpenCode known only from what was saved of it (a killed gateway's, that no
-    /// task needs any more): SIGTERM to its pid there, only while that pid is still a process
-    /// serving on its port (a pid may have been reused since).
-    pub async fn stop_saved(remote: &Remote, saved: &Saved) {
+    /// task needs any more; one left running through a lost period): SIGTERM to its pid
+    /// there, only while that pid is still a process serving on its port (a pid may have been
+    /// reused since). Its sessions end with it. `false` when the worker could not be reached
+    /// (nothing was done).
+    pub async fn stop_saved(remote: &Remote, saved: &Saved) -> bool {
         const STOP: &str = "case \"$(ps -o args= -p \"$1\" 2>/dev/null)\" in \
                             *\"--port $2\"*) kill \"$1\";; esac";
-        if saved.remote_pid > 1 {
-            let pid = saved.remote_pid.to_string();
-            let port = saved.remote_port.to_string();
-            let _ = remote
-                .ssh
-                .run(
-                    &["sh", "-c", STOP, "sh", &pid, &port],
-                    None,
-                    Duration::from_secs(10),
-                )
-                .await;
+        if saved.remote_pid <= 1 {
+            return true;
         }
+        let pid = saved.remote_pid.to_string();
+        let port = saved.remote_port.to_string();
+        remote
+            .ssh
+            .run(
+                &["sh", "-c", STOP, "sh", &pid, &port],
+                None,
+                Duration::from_secs(10),
+            )
+            .await
+            .is_ok()
     }
 
     /// Stops OpenCode there (SIGTERM to its pid over a new connection, then the session ends).

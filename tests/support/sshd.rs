@@ -223,6 +223,26 @@ impl Sshd {
         }
     }
 
+    /// Stops answering new connections (the listener is stopped with SIGSTOP: a connection is
+    /// taken by the kernel and then nothing is said), as a machine gone off the network would;
+    /// sessions already open and what they started run on. [`Self::resume`] undoes it.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Answers again after [`Self::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.as_ref().map(Child::id).expect("sshd runs");
+        let pid = libc::pid_t::try_from(pid).expect("a pid");
+        // SAFETY: kill(2) on this test's own sshd child.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "signal sshd");
+    }
+
     /// What sshd logged.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
