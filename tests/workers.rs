@@ -530,6 +530,26 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
     })
     .await;
 
+    // Another process here holds the port a forward to it would take: the forward is refused
+    // (`ExitOnForwardFailure`), never left to the squatter, which would receive the password
+    // and the prompts.
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("a squatter");
+    squatter.set_nonblocking(true).expect("nonblocking");
+    let taken = squatter.local_addr().expect("addr").port();
+    let refused = RemoteServe::reattach(
+        "w1",
+        &remote,
+        &serve.saved("w1"),
+        std::time::Duration::from_secs(30),
+        Some(taken),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a forward from a port another process holds"
+    );
+    assert!(squatter.accept().is_err(), "the squatter was reached");
+
     let pid = serve.remote_pid;
     assert!(pid > 1, "the worker's OpenCode pid is known");
     let url = serve.url.clone();
@@ -1468,6 +1488,20 @@ async fn a_hostile_agent_on_a_worker_stays_in_its_worktree() {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "git"))
         .expect("the bare repository of the origin");
+    // What the gateway made there is the ssh user's alone, whatever the worker's umask.
+    for made in [
+        root.clone(),
+        root.join("repos"),
+        bare.clone(),
+        bare.join("objects"),
+        std::path::PathBuf::from(&sibling),
+        root.join("sandbox"),
+    ] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&made).expect("stat").permissions(),
+        );
+        assert_eq!(mode & 0o077, 0, "{} is {:o}", made.display(), mode & 0o777);
+    }
     let servers = reaper.servers();
     let opencode_pid = *servers.first().expect("the worker's OpenCode runs");
     let attacks = [

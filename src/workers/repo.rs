@@ -15,9 +15,15 @@
 //! no hooks, no fsmonitor, no external diff, no credential helper, ...), given as
 //! `GIT_CONFIG_*` variables. The worktree is reached through the paths the gateway chose
 //! (`GIT_DIR`, `GIT_WORK_TREE`), never through its `.git` file, which the agent can rewrite,
-//! and attributes come from the task's base commit (`GIT_ATTR_SOURCE`): what the agent wrote
-//! chooses nothing git runs. Locally, git's ssh transport runs the same `ssh` as every other
-//! call ([`super::ssh::Ssh::git_ssh_command`]).
+//! and attributes come from the task's base commit (`GIT_ATTR_SOURCE`): nothing the agent
+//! wrote in its worktree chooses what git runs. What that holds on the worker depends on its
+//! confinement: a confined agent ([`super::sandbox`]) cannot write the bare repository (it is
+//! read-only in its sandbox), but an unconfined one (`workers.<name>.sandbox: off`) runs as the
+//! ssh user and can rewrite the bare repository's `config` and `info/attributes`, which git
+//! there obeys (`git add -A` would run a filter it names). That reaches nothing beyond the
+//! worker: what comes back is fetched as objects (`fetch.fsckObjects`) into the gateway's own
+//! ref here. Locally, git's ssh transport runs the same `ssh` as every other call
+//! ([`super::ssh::Ssh::git_ssh_command`]).
 
 use std::ffi::OsStr;
 use std::path::Path;
