@@ -173,35 +173,17 @@ async fn a_hostile_agent_and_its_check_stay_in_their_worktree_while_an_honest_ta
         done["checks"]["status"], "passed",
         "its own work was kept: {done}"
     );
-    let out = rig.tool_outputs(&session);
-    for leaked in [
-        PLANTED,
-        "CONNECTED",
-        "OPENCODE_SERVER_PASSWORD",
-        "OPENCODE_CONFIG_CONTENT",
-        "PLANTED_PROVIDER_KEY",
-    ] {
-        assert!(!out.contains(leaked), "{leaked} reached the agent:\n{out}");
-    }
-    assert!(out.contains("Read-only file system"), "{out}");
-    assert!(out.contains("No such process"), "{out}");
-    assert!(
-        out.contains("opencode-mcp sandbox:"),
-        "a failed command says it ran confined: {out}"
+    support::held::agent_was_held(
+        &rig.tool_outputs(&session),
+        &[
+            PLANTED,
+            "CONNECTED",
+            "OPENCODE_SERVER_PASSWORD",
+            "OPENCODE_CONFIG_CONTENT",
+            "PLANTED_PROVIDER_KEY",
+        ],
     );
-    assert!(
-        out.contains("rule which prevents you"),
-        "OpenCode's own tools and a workdir outside are refused: {out}"
-    );
-    let check_out = done["checks"]["last"][0]["output"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(check_out.contains("Read-only file system"), "{check_out}");
-    assert!(check_out.contains("No such process"), "{check_out}");
-    assert!(!check_out.contains(PLANTED), "{check_out}");
-    assert!(!check_out.contains("PLANTED_PROVIDER_KEY"), "{check_out}");
-    assert!(!check_out.contains("CONNECTED"), "{check_out}");
+    support::held::check_was_held(&done, &[PLANTED, "PLANTED_PROVIDER_KEY", "CONNECTED"]);
 
     for path in [
         home.join("owned"),

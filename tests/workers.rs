@@ -1545,33 +1545,15 @@ async fn a_hostile_agent_on_a_worker_stays_in_its_worktree() {
         done["checks"]["status"], "passed",
         "its own work was kept: {done}"
     );
-    let out = rig.tool_outputs(&session);
-    for leaked in [
-        PLANTED,
-        "OPENCODE_SERVER_PASSWORD",
-        "OPENCODE_CONFIG_CONTENT",
-    ] {
-        assert!(!out.contains(leaked), "{leaked} reached the agent:\n{out}");
-    }
-    assert!(out.contains("Read-only file system"), "{out}");
-    assert!(out.contains("No such process"), "{out}");
-    assert!(
-        out.contains("opencode-mcp sandbox:"),
-        "a failed command says it ran confined: {out}"
+    support::held::agent_was_held(
+        &rig.tool_outputs(&session),
+        &[
+            PLANTED,
+            "OPENCODE_SERVER_PASSWORD",
+            "OPENCODE_CONFIG_CONTENT",
+        ],
     );
-    assert!(
-        out.contains("rule which prevents you"),
-        "OpenCode's own tools and a workdir outside are refused: {out}"
-    );
-    let check_out = done["checks"]["last"][0]["output"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(check_out.contains("Read-only file system"), "{check_out}");
-    assert!(check_out.contains("No such process"), "{check_out}");
-    for leaked in [PLANTED, "OPENCODE_SERVER_PASSWORD"] {
-        assert!(!check_out.contains(leaked), "{check_out}");
-    }
+    support::held::check_was_held(&done, &[PLANTED, "OPENCODE_SERVER_PASSWORD"]);
     for path in [
         home.join("owned"),
         home.join("owned-by-check"),

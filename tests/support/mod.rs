@@ -23,6 +23,7 @@ pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod fake_responses;
 pub mod git;
+pub mod held;
 pub mod http;
 pub mod isolation;
 pub mod mcp;
