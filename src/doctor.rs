@@ -375,7 +375,7 @@ fn reachability_check(r: crate::workers::WorkerReport) -> Option<Check> {
         if health.confined {
             "agents confined (bubblewrap there)"
         } else {
-            "agents unconfined (workers.<name>.sandbox: off)"
+            "agents unconfined (its sandbox is off in your delegation.yaml)"
         }
     );
     Some(if opencode == OPENCODE_API_VERSION {

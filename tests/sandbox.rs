@@ -469,3 +469,95 @@ async fn a_subagent_stays_in_its_parents_worktree() {
         "the child rewrote the .git pointer"
     );
 }
+
+/// **The whole path as a user without privileges.** CI runs as root, users do not: here the
+/// gateway, its OpenCode and so every agent command and check run as `nobody` (through
+/// `setpriv`), with a home, a repository and a state directory of that user's. A worktree
+/// task's agent writes its own file and fails to write its user's home (writable to that user,
+/// so only the sandbox stops it); its check does the same; the task is reported confined. As a
+/// user without privileges already, the test runs the same path as that user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprivileged_user_gets_the_same_confinement_end_to_end() {
+    let env = OpenCodeEnv::new();
+    let work = env.work_dir();
+    init_repo(&work, &[("README", "x\n")]);
+    let home = env.home_dir();
+    // SAFETY: geteuid only reads the process's credentials.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let bin = env.root().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    if as_root {
+        let chown = std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(env.root())
+            .status()
+            .expect("chown");
+        assert!(chown.success());
+        let _ = std::process::Command::new("chmod")
+            .arg("o+x")
+            .arg(support::isolation::test_tmp())
+            .status();
+    }
+    // Binaries the user can reach (the build's may lie under a directory only root may enter):
+    // linked in, or copied where a link cannot be made.
+    let reachable = |from: &Path, name: &str| {
+        // The file itself: a link to a link (npm's `.bin`) would dangle.
+        let from = from.canonicalize().expect("a binary");
+        let to = bin.join(name);
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).expect("copy a binary");
+        }
+        to
+    };
+    let gateway = reachable(
+        Path::new(env!("CARGO_BIN_EXE_opencode-mcp")),
+        "opencode-mcp",
+    );
+    let opencode = reachable(&support::opencode_bin::opencode_bin(), "opencode");
+    let opencode_var = opencode.display().to_string();
+    let rig = Rig::start_launched(
+        FakeLlm::start(),
+        env,
+        &[
+            ("OPENCODE_MCP_OPENCODE__COMMAND", opencode_var.as_str()),
+            ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
+        ],
+        |launch| match as_root {
+            true => launch
+                .bin("setpriv")
+                .arg("--reuid=65534")
+                .arg("--regid=65534")
+                .arg("--clear-groups")
+                .arg(&gateway),
+            false => launch.bin(&gateway),
+        },
+    )
+    .await;
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!(
+                "[[bash:echo mine > mine.txt]] [[bash:echo x > {}/owned; id -u]]",
+                home.display()
+            ),
+            "isolation": "worktree",
+            "checks": [format!("echo x > {}/owned-by-check; test -f mine.txt", home.display())],
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("id").to_string();
+    let session = started["session_id"].as_str().expect("session").to_string();
+    let worktree = PathBuf::from(started["workspace"]["path"].as_str().expect("worktree"));
+    let done = rig.finish(&id).await;
+    let out = rig.tool_outputs(&session);
+    assert_eq!(done["confined"], true, "{done}");
+    assert_eq!(done["checks"]["status"], "passed", "{done}");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("mine.txt")).expect("its own file"),
+        "mine\n"
+    );
+    assert!(out.contains("Read-only file system"), "{out}");
+    if as_root {
+        assert!(out.contains("65534"), "the agent ran as nobody: {out}");
+    }
+    assert!(!home.join("owned").exists(), "{out}");
+    assert!(!home.join("owned-by-check").exists(), "{done}");
+}

@@ -227,7 +227,9 @@ impl Ssh {
             });
         }
         let status = status.map_err(SshError::NoClient)?;
-        let stderr = said_on_stderr.await;
+        // It reaches error messages, hosts' logs and the user's terminal: no control
+        // character of the worker's gets through but line ends.
+        let stderr = crate::config::printable_lines(&said_on_stderr.await).into_owned();
         let status = status.code().unwrap_or(SSH_FAILED);
         if status == SSH_FAILED {
             return Err(SshError::Unreachable {
