@@ -1785,6 +1785,28 @@ async fn a_cancel_stops_a_remote_check_and_what_it_started() {
         "{} of the check's processes still run",
         sleeping()
     );
+    // The result shows the check the cancel stopped, saying so (once the check's run has
+    // wound up: the cancel answers at once).
+    let mut result = Value::Null;
+    for _ in 0..300 {
+        result = rig
+            .ok("opencode_get_task_result", json!({ "task_id": id }))
+            .await;
+        if result["checks"]["last"].is_array() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let last = &result["checks"]["last"];
+    assert_eq!(last.as_array().map(Vec::len), Some(1), "{result}");
+    assert_eq!(
+        last[0]["command"], "touch check-started; sleep 4242 & sleep 4243",
+        "{result}"
+    );
+    assert_eq!(
+        last[0]["error"], "stopped: the task was cancelled",
+        "{result}"
+    );
 }
 
 /// **A lost period leaves no OpenCode behind.** The worker drops off the network (the

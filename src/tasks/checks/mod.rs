@@ -138,6 +138,29 @@ pub fn wants_checks(e: &TaskEntry) -> bool {
         .is_some_and(|c| !c.commands.is_empty())
 }
 
+/// Records the checks of turn `turn` a cancel or a deadline stopped: those that ran, and the one
+/// it stopped with its `error` naming what stopped it (the task's end, as it stands now). The
+/// verdict stays unset: they never finished.
+fn keep_stopped(ctx: &TaskContext, task_id: &str, turn: u32, mut results: Vec<CheckResult>) {
+    ctx.registry.update(task_id, |e| {
+        if e.rec.turn != turn {
+            return;
+        }
+        let why = match (e.rec.status, e.rec.error.as_ref()) {
+            (TaskStatus::Cancelled, _) => "stopped: the task was cancelled".to_string(),
+            (_, Some(error)) => format!("stopped: {}", error.message),
+            _ => "stopped: the task moved on".to_string(),
+        };
+        if let Some(stopped) = results.last_mut().filter(|r| !r.ok && r.exit.is_none()) {
+            stopped.error = Some(why);
+        }
+        if let Some(c) = e.rec.checks.as_mut() {
+            c.last = results;
+            c.last_turn = Some(turn);
+        }
+    });
+}
+
 /// Runs the checks of the held turn `turn` and finishes the task or opens a fix round. The
 /// caller holds the turn (`Phase::Checking`).
 pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
@@ -219,8 +242,11 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
             wanted,
         )
         .await;
-        // A cancel or deadline that claimed the turn meanwhile ends the run.
+        // A cancel or deadline that claimed the turn meanwhile ends the run; what ran is kept,
+        // the stopped command with why it was stopped.
         if !wanted() {
+            results.push(result);
+            keep_stopped(ctx, task_id, turn, results);
             return;
         }
         results.push(result);
