@@ -884,3 +884,25 @@ async fn checks_under_way_are_run_again_after_a_restart() {
         "no model call after the restart"
     );
 }
+
+/// **Cancelled is on disk before it is said.** A task cancelled while it runs, its gateway
+/// SIGKILLed the moment the cancel answers: the next gateway reports it cancelled, not
+/// interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_on_disk_before_it_answers() {
+    let mut rig = Rig::start(&[]).await;
+    let running = id(&rig.start_task("cancel me [[slow:30000]]").await);
+    rig.fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("cancel me")
+        })
+        .await;
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": running }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let st = rig.status(&running).await;
+    assert_eq!(st["status"], "cancelled", "{st}");
+}

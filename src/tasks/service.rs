@@ -1037,11 +1037,13 @@ impl TaskService {
     }
 
     /// Aborts the turn (and rejects every permission it, or one of its subagents, waits on);
-    /// idempotent on finished tasks.
+    /// idempotent on finished tasks. A task is reported cancelled only once its record says so
+    /// on disk (a gateway killed right after must not bring it back running).
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.own_entry(task_id)?;
         if entry.rec.status.is_terminal() {
+            self.durable().await;
             return self.snapshot(task_id, false);
         }
         if entry.rec.status == TaskStatus::Queued {
@@ -1061,7 +1063,11 @@ impl TaskService {
         if let Some(turn) = finished {
             outcome::spawn_outcome(&self.tracker, &server, task_id.to_string(), turn);
         }
-        self.snapshot(task_id, false)
+        let snapshot = self.snapshot(task_id, false)?;
+        if snapshot.status.is_terminal() {
+            self.durable().await;
+        }
+        Ok(snapshot)
     }
 
     /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
