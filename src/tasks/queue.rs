@@ -143,7 +143,14 @@ impl TaskService {
                 full.insert(kind);
                 continue;
             };
-            if !self.starting.claim(&id) {
+            // Still queued, checked under the claim's lock: a cancel that came after the read
+            // above wins, and the task is not started.
+            let still_queued = || {
+                self.registry
+                    .get(&id)
+                    .is_some_and(|e| e.rec.status == TaskStatus::Queued)
+            };
+            if !self.starting.claim_if(&id, still_queued) {
                 continue;
             }
             let this = self.clone();
@@ -194,18 +201,20 @@ impl TaskService {
     /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts
     /// (the answer waits for the record on disk, so a restart cannot start it after all).
     pub(super) async fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
-        if self.starting.holds(id) {
+        let cancelled = self.starting.unless_starting(id, || {
+            self.registry.update(id, |e| {
+                if e.rec.status == TaskStatus::Queued {
+                    let turn = e.rec.turn;
+                    e.finish(Claim::Gone(turn), TaskStatus::Cancelled, None);
+                    e.rec.queued = None;
+                }
+            });
+        });
+        if !cancelled {
             return Err(TaskError::Conflict(format!(
                 "task {id} is leaving the queue and starting right now; cancel it again"
             )));
         }
-        self.registry.update(id, |e| {
-            if e.rec.status == TaskStatus::Queued {
-                let turn = e.rec.turn;
-                e.finish(Claim::Gone(turn), TaskStatus::Cancelled, None);
-                e.rec.queued = None;
-            }
-        });
         if let Some(store) = self.registry.store() {
             if let Err(e) = store.flush(QUEUED_DURABLE).await {
                 tracing::warn!(task_id = id, error = %e, "a cancelled queued task's record may not be on disk yet");
