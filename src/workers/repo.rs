@@ -249,13 +249,28 @@ pub async fn discard_there(
     remote: &Remote,
     placed: &Placed,
 ) -> Result<(), RepoError> {
-    // `$1` bare repository, `$2` worktree, `$3` branch, `$4` base ref. Each step may find its
-    // part gone already; the prune forgets a worktree whose directory was removed by hand.
+    // `$1` bare repository, `$2` worktree, `$3` branch, `$4` base ref, `$5` and `$6` the task's
+    // files of the gateway's there (its unconfined marker, its running check's pid). Each step
+    // may find its part gone already; the prune forgets a worktree whose directory was removed
+    // by hand.
     const CLEAN: &str = "git -C \"$1\" worktree remove --force \"$2\" 2>/dev/null; \
                          rm -rf -- \"$2\"; git -C \"$1\" worktree prune; \
                          git -C \"$1\" branch -D \"$3\" >/dev/null 2>&1; \
-                         git -C \"$1\" update-ref -d \"$4\" 2>/dev/null; exit 0";
+                         git -C \"$1\" update-ref -d \"$4\" 2>/dev/null; \
+                         rm -f -- \"$5\" \"$6\"; exit 0";
     let base_ref = format!("{BASE_REF_PREFIX}{}", placed.task());
+    let root = placed
+        .worktree
+        .strip_suffix(&format!("/worktrees/{}", placed.task()))
+        .unwrap_or_default();
+    let (marker, pidfile) = if root.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (
+            format!("{root}/sandbox/open/{}", placed.task()),
+            format!("{root}/checks/{}.pid", placed.task()),
+        )
+    };
     let mut argv: Vec<String> = vec!["env".into()];
     argv.extend(config_env());
     argv.extend(
@@ -268,6 +283,8 @@ pub async fn discard_there(
             &placed.worktree,
             &placed.branch,
             &base_ref,
+            &marker,
+            &pidfile,
         ]
         .map(String::from),
     );
