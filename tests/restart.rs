@@ -843,8 +843,9 @@ async fn checks_under_way_are_run_again_after_a_restart() {
     // In the task's directory: the check runs confined, writing only there.
     let runs = rig.env.work_dir().join("check-runs");
     let gate = rig.env.work_dir().join("check-gate");
+    // A run that cannot record itself fails (its output then says why).
     let check = format!(
-        "echo run >> {runs}; test -f {gate} || sleep 10; test -f {gate}",
+        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
         runs = runs.display(),
         gate = gate.display()
     );
@@ -877,7 +878,7 @@ async fn checks_under_way_are_run_again_after_a_restart() {
     assert_eq!(r["checks"]["status"], "passed", "{r}");
     assert_eq!(r["checks"]["rounds"], 0, "{r}");
     let ran = std::fs::read_to_string(&runs).unwrap_or_default();
-    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?}");
+    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?} {r}");
     assert_eq!(
         rig.model_calls(&session),
         1,
