@@ -94,12 +94,7 @@ fn sandbox(config: &Config, issues: &mut Issues) {
         }
     }
     for name in &s.env {
-        let mut chars = name.chars();
-        let ok = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !ok {
+        if !crate::workers::sandbox::is_name(name) {
             issues.push(
                 "sandbox.env",
                 format!(

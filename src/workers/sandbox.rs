@@ -281,8 +281,8 @@ fn path_word(path: &str) -> Option<String> {
     }
 }
 
-/// A shell variable's name.
-fn is_name(name: &str) -> bool {
+/// A shell variable's name (what `sandbox.env` accepts, `config::validate`).
+pub fn is_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::Child;
 
-use super::ssh::{read_line_capped, read_tail, SshError, FORWARDING, LINE_LIMIT};
+use super::ssh::{read_line_capped, read_tail, SshError, FORWARDING, LINE_LIMIT, STDERR_KEPT};
 use super::Remote;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
@@ -52,9 +52,6 @@ const PORT_ATTEMPTS: usize = 3;
 
 /// How long a session that failed may take to end once killed, and its stderr to be read.
 const END_WAIT: Duration = Duration::from_secs(5);
-
-/// The end of a session's stderr kept for an error.
-const STDERR_KEPT: usize = 2_000;
 
 /// Options of every forwarding session: a forward that cannot be bound here ends the session
 /// (another local process on the port would otherwise receive the password and the prompts).

@@ -58,7 +58,7 @@ pub const FORWARDING: &[&str] = &["-o", "ControlMaster=no", "-o", "ControlPath=n
 pub(super) const SSH_FAILED: i32 = 255;
 
 /// The most of a command's stderr kept in an error.
-const STDERR_KEPT: usize = 2_000;
+pub(super) const STDERR_KEPT: usize = 2_000;
 
 /// The most a fixed command's stdout may print: the gateway's own commands print a few lines,
 /// so more is a worker gone wrong (or hostile: its login files run before every command), and
