@@ -1885,3 +1885,159 @@ async fn a_worker_back_from_a_lost_period_keeps_no_opencode_from_it() {
     let again = rig.finish(again["task_id"].as_str().expect("id")).await;
     assert_eq!(again["status"], "completed", "{again}");
 }
+
+/// **Every end of a remote turn brings its work back.** Tasks on a worker end each in its own
+/// way: completed, stopped at its deadline, stopped by a token cap, cancelled, and failed by its
+/// checks. After each end the gateway fetches the turn's work into its own ref here, without a
+/// call asking for it. Then the worker goes away for good, and each task's diff still shows
+/// what its last turn wrote. (The deadline and the cap used to end a turn without that fetch.
+/// Their work then stayed on a worker that could vanish.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_end_of_a_remote_turn_brings_its_work_back() {
+    use serde_json::json;
+    use support::rig::TASK_TIMEOUT_MS;
+
+    let OneWorker {
+        _key,
+        mut _worker,
+        _worker_env,
+        reaper: _reaper,
+        repo,
+        user_file: _,
+        root: _root,
+        rig,
+    } = OneWorker::start_with(
+        &[("app.txt", "one\n")],
+        |_| {},
+        None,
+        6,
+        "timeouts:\n  task: 25s\n",
+    )
+    .await;
+    let (_gate, held) = rig.gate();
+    let start = |name: &'static str, extra: serde_json::Value| {
+        let rig = &rig;
+        async move {
+            let mut args = json!({ "worker": "w1" });
+            if let (Some(args), Some(extra)) = (args.as_object_mut(), extra.as_object()) {
+                args.extend(extra.clone());
+            }
+            let s = rig.start_task_with(args).await;
+            let id = s["task_id"].as_str().expect("task_id").to_string();
+            let path = std::path::PathBuf::from(s["workspace"]["path"].as_str().expect("path"));
+            (name, id, path)
+        }
+    };
+    let tasks = vec![
+        start(
+            "completed",
+            json!({ "prompt": "[[write:completed.txt:done\\n]]" }),
+        )
+        .await,
+        start(
+            "deadline",
+            json!({ "prompt": "[[write:deadline.txt:late\\n]] [[bash:sleep 300]]" }),
+        )
+        .await,
+        start(
+            "budget",
+            json!({
+                "prompt": "[[usage:5000]] [[write:budget.txt:dear\\n]] [[bash:echo 1]] [[bash:echo 2]] [[bash:echo 3]]",
+                "budget": { "max_tokens": 8000 },
+            }),
+        )
+        .await,
+        start(
+            "cancelled",
+            json!({ "prompt": format!("[[write:cancelled.txt:stopped\\n]] {held}") }),
+        )
+        .await,
+        start(
+            "checks",
+            json!({ "prompt": "[[write:checks.txt:checked\\n]]", "checks": ["exit 3"] }),
+        )
+        .await,
+    ];
+    let (_, cancelled, cancelled_path) = &tasks[3];
+    let wrote = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        cancelled_path.join("cancelled.txt").exists().then_some(())
+    })
+    .await;
+    assert!(wrote.is_some(), "the task to cancel never wrote its file");
+    let c = rig
+        .ok("opencode_cancel_task", json!({ "task_id": cancelled }))
+        .await;
+    assert_eq!(c["status"], "cancelled", "{c}");
+    // Their ends are watched with status alone: a wait, a result or a diff would fetch the work
+    // themselves, and the fetch each end makes by itself is what is under test.
+    let mut ended: Vec<(String, String)> = Vec::new();
+    for (name, id, _) in &tasks {
+        let gave_up = std::time::Instant::now() + std::time::Duration::from_millis(TASK_TIMEOUT_MS);
+        let (mut last, mut done) = (Value::Null, None);
+        while done.is_none() && std::time::Instant::now() < gave_up {
+            last = rig.status(id).await;
+            let over = !matches!(
+                last["status"].as_str(),
+                Some("pending" | "queued" | "running" | "waiting_permission")
+            );
+            if over {
+                done = Some(());
+            } else {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        assert!(done.is_some(), "the {name} task never ended: {last}");
+        ended.push((
+            last["status"].as_str().unwrap_or_default().to_string(),
+            last["error"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ));
+    }
+    assert_eq!(
+        ended,
+        [
+            ("completed", ""),
+            ("timed_out", "TaskTimeout"),
+            ("failed", "BudgetExceeded"),
+            ("cancelled", ""),
+            ("failed", "ChecksFailed"),
+        ]
+        .map(|(s, e)| (s.to_string(), e.to_string())),
+    );
+    // Each end fetched its turn's work here, by itself.
+    for (name, id, _) in &tasks {
+        let file = format!("refs/opencode-mcp/remote/{id}:{name}.txt");
+        let fetched = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+            Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["cat-file", "-e", &file])
+                .status()
+                .ok()
+                .filter(|s| s.success())
+        })
+        .await;
+        assert!(
+            fetched.is_some(),
+            "the {name} task's work was not fetched back after its turn ended\n{}",
+            rig.client.stderr()
+        );
+    }
+    // The worker goes away for good.
+    _worker.stop();
+    for (name, id, _) in &tasks {
+        let diff = rig
+            .ok(
+                "opencode_get_task_result",
+                json!({ "task_id": id, "view": "diff" }),
+            )
+            .await;
+        let text = diff["text"].as_str().unwrap_or_default();
+        assert!(
+            text.contains(&format!("{name}.txt")),
+            "the {name} task's diff without its worker: {diff}"
+        );
+    }
+}

@@ -51,7 +51,7 @@ async fn deadline_passed(
     if let Some(ended) =
         completion::check_completion(ctx, server, task_id, Idle::No, Some(turn)).await
     {
-        outcome::read_files(ctx, server, task_id, ended, Attempts::Patient).await;
+        outcome::after_turn(ctx, server, task_id, ended, Attempts::Patient).await;
         return;
     }
     let error = ErrorInfo {
@@ -74,8 +74,7 @@ async fn deadline_passed(
     )
     .await
     {
-        outcome::read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
-        outcome::read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+        outcome::after_turn(ctx, server, task_id, turn, Attempts::Patient).await;
     }
 }
 

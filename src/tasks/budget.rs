@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::context::TaskContext;
 use super::model::TaskStatus;
-use super::outcome::{read_files, read_outcome, Attempts};
+use super::outcome::{after_turn, Attempts};
 use super::turn::ReplySeen;
 use crate::opencode::events::Event;
 use crate::opencode::{ErrorInfo, Server};
@@ -136,7 +136,6 @@ pub(super) async fn stop_over_budget(
     )
     .await;
     if let Ok(Some(turn)) = stopped {
-        read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
-        read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+        after_turn(ctx, server, task_id, turn, Attempts::Patient).await;
     }
 }

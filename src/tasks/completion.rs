@@ -11,7 +11,7 @@ use super::context::TaskContext;
 use super::entry::Claim;
 use super::hold::{self, Hold};
 use super::model::TaskStatus;
-use super::outcome::{read_files, read_turn, Attempts};
+use super::outcome::{after_turn, read_turn, Attempts};
 use super::turn::session_deleted;
 use super::turn::{self, Idle, TurnState};
 
@@ -51,7 +51,7 @@ pub fn spawn_check(
             // right after the one that started this check) is that path's to read: reading it
             // here too doubled the gateway's requests at a fan-out's busiest moment.
             if let Some(turn) = check_completion(&ctx, &server, &task_id, idle, for_turn).await {
-                read_files(&ctx, &server, &task_id, turn, Attempts::Patient).await;
+                after_turn(&ctx, &server, &task_id, turn, Attempts::Patient).await;
             }
             let mut checks = ctx.checks.lock().unwrap_or_else(|p| p.into_inner());
             match checks.get_mut(&task_id) {
@@ -119,7 +119,9 @@ pub async fn check_completion(
                 let error = session_deleted(&e.rec.session_id);
                 e.finish(Claim::Gone(entry.rec.turn), TaskStatus::Failed, Some(error));
             });
-            // Gone with its session: there are no files to read.
+            // Gone with its session: one read says so. A remote task's work is still on its
+            // worker, and is brought back.
+            after_turn(ctx, server, task_id, entry.rec.turn, Attempts::Once).await;
             return None;
         }
         Err(e) => {

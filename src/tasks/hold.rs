@@ -80,6 +80,6 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
         .get(task_id)
         .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
     {
-        outcome::after_turn(ctx, server, task_id, turn).await;
+        outcome::after_turn(ctx, server, task_id, turn, outcome::Attempts::Patient).await;
     }
 }

@@ -23,15 +23,25 @@ pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
 pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
     let ctx = ctx.clone();
     let server = server.clone();
-    tokio::spawn(async move { after_turn(&ctx, &server, &task_id, turn).await });
+    tokio::spawn(async move { after_turn(&ctx, &server, &task_id, turn, Attempts::Patient).await });
 }
 
-/// What follows the end of a turn, off the waiters' path: its outcome (if not read yet), then
-/// its changed files (a record that has them answers for them after a restart too), then, for a
-/// remote task, its work back from its worker (see `fetch.rs`).
-pub(super) async fn after_turn(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
-    read_outcome(ctx, server, task_id, turn, Attempts::Patient).await;
-    read_files(ctx, server, task_id, turn, Attempts::Patient).await;
+/// What follows every end of a turn, whoever ended it (its events, a completion check, a
+/// cancel, the deadline, a cap, a hold's settle, a deleted session), off the waiters' path:
+/// its outcome (if not read yet), then its changed files (a record that has them answers for
+/// them after a restart too), then, for a remote task, its work back from its worker (see
+/// `fetch.rs`), so that turn's work stays readable here once the worker is gone. This is the
+/// one way out of a turn: an end that skipped it left a remote task's last work on a worker
+/// that could vanish.
+pub(super) async fn after_turn(
+    ctx: &TaskContext,
+    server: &Arc<Server>,
+    task_id: &str,
+    turn: u32,
+    attempts: Attempts,
+) {
+    read_outcome(ctx, server, task_id, turn, attempts).await;
+    read_files(ctx, server, task_id, turn, attempts).await;
     super::fetch::after_turn(ctx, task_id).await;
 }
 

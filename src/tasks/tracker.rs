@@ -28,7 +28,7 @@ use super::asks::sweep_permissions;
 use super::budget::{note_spending, over_budget, reconcile_spend, stop_over_budget, OverBudget};
 use super::completion::{spawn_check, spawn_settle};
 use super::context::TaskContext;
-use super::outcome::{read_outcome, spawn_outcome, Attempts};
+use super::outcome::{after_turn, spawn_outcome, Attempts};
 
 use super::entry::{Claim, Phase};
 use super::hold::{self, Hold};
@@ -251,7 +251,9 @@ fn apply(ctx: &TaskContext, server: &Arc<Server>, event: Event) {
                 if let Some(e) = ctx.registry.get(&id) {
                     let _ = server.api.abort(&e.rec.directory, &e.rec.session_id).await;
                 }
-                read_outcome(&ctx, &server, &id, turn, Attempts::Once).await;
+                // Its session is gone, so one read says so; a remote task's work is still on
+                // its worker, and is brought back.
+                after_turn(&ctx, &server, &id, turn, Attempts::Once).await;
             });
         }
     }
