@@ -2014,6 +2014,7 @@ async fn every_end_of_a_remote_turn_brings_its_work_back() {
                 .arg("-C")
                 .arg(&repo)
                 .args(["cat-file", "-e", &file])
+                .stderr(Stdio::null())
                 .status()
                 .ok()
                 .filter(|s| s.success())

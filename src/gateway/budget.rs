@@ -215,6 +215,7 @@ mod tests {
         TaskResult {
             task_id: "tsk_a".into(),
             status: TaskStatus::Completed,
+            phase: None,
             text: text.into(),
             truncated: false,
             total_chars: text.chars().count() as u64,
@@ -361,6 +362,7 @@ mod tests {
     fn snapshot(id: &str) -> TaskSnapshot {
         TaskSnapshot {
             queue_position: None,
+            phase: None,
             task_id: id.into(),
             status: TaskStatus::Completed,
             title: format!("task {id}"),

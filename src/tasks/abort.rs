@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::asks;
 use super::completion;
 use super::context::TaskContext;
-use super::entry::Claim;
+use super::lifecycle::entry::Claim;
 use super::model::TaskStatus;
 use super::outcome;
 use super::outcome::Attempts;

@@ -36,7 +36,7 @@ pub(super) async fn sweep_permissions(ctx: &TaskContext, server: &Server, direct
         }
     }
     // Recorded before this list was read, and not in it: answered while the stream was down.
-    let stale = |e: &super::entry::TaskEntry| -> Vec<String> {
+    let stale = |e: &super::lifecycle::entry::TaskEntry| -> Vec<String> {
         e.rec
             .permissions
             .iter()

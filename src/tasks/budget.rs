@@ -73,7 +73,11 @@ pub(super) async fn reconcile_spend(ctx: &TaskContext, server: &Arc<Server>, tas
 
 /// Notes what an assistant message of the turn (the task's own, or a subagent's) reports it
 /// has spent so far.
-pub(super) fn note_spending(e: &mut super::entry::TaskEntry, event: &Event, child: bool) {
+pub(super) fn note_spending(
+    e: &mut super::lifecycle::entry::TaskEntry,
+    event: &Event,
+    child: bool,
+) {
     if let Event::MessageUpdated {
         message_id,
         role,
@@ -97,7 +101,7 @@ pub(super) struct OverBudget {
 }
 
 /// The open turn has spent past one of its task's caps.
-pub(super) fn over_budget(e: &super::entry::TaskEntry) -> Option<OverBudget> {
+pub(super) fn over_budget(e: &super::lifecycle::entry::TaskEntry) -> Option<OverBudget> {
     let budget = e.rec.budget.as_ref().filter(|_| e.is_open())?;
     let (cost, tokens) = e.budget_spend();
     let why = budget.passed_by(cost, tokens)?;

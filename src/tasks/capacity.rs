@@ -18,7 +18,7 @@
 //! remote worker with the most free slots (the first named of equals), so work spreads over the
 //! workers by what each can take.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::error::TaskError;
@@ -183,83 +183,6 @@ impl Slots {
 impl Drop for Slots {
     fn drop(&mut self) {
         self.capacity.release(&self.worker);
-    }
-}
-
-/// Queued tasks being started now (their records still say `queued` until the start has
-/// replaced them), so that no two passes start one twice.
-#[derive(Default)]
-pub(super) struct Starting {
-    ids: Mutex<HashSet<String>>,
-    /// Held while the queue's length is checked and a task added, so the bound holds.
-    pub(super) adding: Mutex<()>,
-}
-
-impl Starting {
-    /// Claims `id` for starting only while `still` says it may start (its record is still
-    /// queued), both under one lock: a cancel made through [`Self::unless_starting`] either
-    /// came first (and `still` sees it) or finds the claim and is refused; never both.
-    pub(super) fn claim_if(&self, id: &str, still: impl FnOnce() -> bool) -> bool {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if ids.contains(id) || !still() {
-            return false;
-        }
-        ids.insert(id.to_string())
-    }
-
-    /// Runs `cancel` unless `id` is being started, under the lock [`Self::claim_if`] takes;
-    /// `false` when it was being started (nothing was run).
-    pub(super) fn unless_starting(&self, id: &str, cancel: impl FnOnce()) -> bool {
-        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if ids.contains(id) {
-            return false;
-        }
-        cancel();
-        drop(ids);
-        true
-    }
-
-    pub(super) fn release(&self, id: &str) {
-        self.ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-    }
-
-    pub(super) fn holds(&self, id: &str) -> bool {
-        self.ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(id)
-    }
-}
-
-#[cfg(test)]
-mod starting_tests {
-    use super::Starting;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// The interleaving a queue and a cancel can take: the drainer has read the task as
-    /// queued, then the cancel lands before its claim. The claim sees the cancel and the task
-    /// is not started; the other way round, the cancel is refused and the task starts.
-    #[test]
-    fn a_cancel_between_the_read_and_the_claim_wins_and_the_start_is_dropped() {
-        let starting = Starting::default();
-        let queued = AtomicBool::new(true);
-        // The drainer read `queued == true` here; the cancel lands now.
-        assert!(starting.unless_starting("t1", || queued.store(false, Ordering::SeqCst)));
-        assert!(!starting.claim_if("t1", || queued.load(Ordering::SeqCst)));
-        assert!(!starting.holds("t1"));
-
-        let queued = AtomicBool::new(true);
-        assert!(starting.claim_if("t2", || queued.load(Ordering::SeqCst)));
-        assert!(!starting.unless_starting("t2", || queued.store(false, Ordering::SeqCst)));
-        assert!(
-            queued.load(Ordering::SeqCst),
-            "the cancel ran while the task was starting"
-        );
-        starting.release("t2");
-        assert!(starting.unless_starting("t2", || queued.store(false, Ordering::SeqCst)));
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::context::TaskContext;
-use super::entry::Claim;
 use super::hold::{self, Hold};
+use super::lifecycle::entry::Claim;
 use super::model::TaskStatus;
 use super::outcome::{after_turn, read_turn, Attempts};
 use super::turn::session_deleted;
@@ -211,7 +211,7 @@ pub(super) enum Ended {
 /// Counts this check if it confirmed the session idle with the turn's newest step unfinished
 /// (the same step as the checks before it); any other finding starts the count over.
 pub(super) fn note_unfinished(
-    live: &mut super::entry::Live,
+    live: &mut super::lifecycle::entry::Live,
     turn: &TurnState,
     idle: Idle,
 ) -> turn::Unfinished {
@@ -244,7 +244,7 @@ pub(super) fn spawn_settle(ctx: &TaskContext, server: &Arc<Server>, task_id: Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::lifecycle::entry::TaskEntry;
     use crate::tasks::turn::TurnState;
     /// A check that panics leaves no entry behind, so the task can be checked again.
     #[tokio::test]

@@ -109,7 +109,7 @@ pub(super) mod fixtures {
 
     use super::TaskContext;
     use crate::opencode::{Api, Server};
-    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::lifecycle::entry::TaskEntry;
     use crate::tasks::registry::Registry;
 
     /// A context over `registry` with small limits; its deadlines do nothing when they pass.

@@ -14,10 +14,10 @@
 use std::sync::Arc;
 
 use super::context::TaskContext;
-use super::entry::{Claim, TaskEntry};
 use super::follow::{open_turn, Follows};
+use super::lifecycle::entry::{Claim, TaskEntry};
+use super::lifecycle::record::TaskRecord;
 use super::model::{Escalation, TaskStatus};
-use super::record::TaskRecord;
 use crate::config::Config;
 use crate::opencode::{ErrorInfo, Server};
 
@@ -157,7 +157,6 @@ async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Optio
 /// Records the move of the task to `next` as the turn after `turn` opens (called under the
 /// registry lock by the turn's `prepare`, so a turn that cannot be sent leaves no record of it).
 pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
-    e.live.outage = None;
     e.rec.escalations.push(Escalation {
         from: e.rec.tier.clone().unwrap_or_default(),
         to: next.tier.clone(),
@@ -203,19 +202,18 @@ fn carry_on_prompt(error: &ErrorInfo) -> String {
     )
 }
 
-/// Moves the task whose turn `turn` failed with a provider outage (held, its error in
-/// `Live::outage`) to the next model, or ends it failed with that error when there is none
+/// Moves the task whose turn `turn` failed with a provider outage (held, its error saved with
+/// the hold) to the next model, or ends it failed with that error when there is none
 /// (or its caps are reached, or the next turn could not be sent).
 pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     let Some(entry) = ctx.registry.get(task_id).filter(|e| e.is_checking(turn)) else {
         return;
     };
-    let Some(error) = entry.live.outage.clone() else {
+    let Some(error) = entry.rec.outage().cloned() else {
         return;
     };
     let config = ctx.config.get();
     let fail = |e: &mut TaskEntry, error: ErrorInfo| {
-        e.live.outage = None;
         e.finish(Claim::Checked(turn), TaskStatus::Failed, Some(error));
     };
     if entry.caps_reached().is_some() {
@@ -313,13 +311,13 @@ mod tests {
             max_tokens: Some(5000),
         });
         assert_eq!(next.spent_past(&e), None);
-        e.live.spent_before = (0.3, 10);
+        e.rec.spent_before = (0.3, 10);
         let why = next.spent_past(&e).expect("the tier's cap is spent");
         assert!(
             why.contains(&strong) && why.contains("max_cost_usd"),
             "{why}"
         );
-        e.live.spent_before = (0.1, 10);
+        e.rec.spent_before = (0.1, 10);
         record_move(&mut e, next, "checks still fail".into(), 1);
         let caps = e.rec.budget.expect("caps");
         assert_eq!(caps.max_cost_usd, Some(0.25), "tightened to the tier's");
@@ -428,15 +426,15 @@ mod tests {
                 "capped {capped}"
             );
             assert_eq!(
-                registry.get("tsk_a").map(|e| e.rec.status),
+                registry.get("tsk_a").map(|e| e.rec.status()),
                 Some(TaskStatus::Running),
                 "held, not failed"
             );
             crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
             let e = registry.get("tsk_a").expect("task");
-            assert_eq!(e.rec.status, TaskStatus::Failed, "capped {capped}");
+            assert_eq!(e.rec.status(), TaskStatus::Failed, "capped {capped}");
             assert_eq!(e.rec.error.as_ref(), Some(&outage), "capped {capped}");
-            assert!(e.rec.escalations.is_empty() && e.live.outage.is_none());
+            assert!(e.rec.escalations.is_empty() && e.rec.outage().is_none());
         }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::context::TaskContext;
 use super::error::TaskError;
-use super::record::WorkspaceRecord;
+use super::lifecycle::record::WorkspaceRecord;
 use crate::config::Config;
 use crate::workers::{self, repo, Remote};
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::context::TaskContext;
-use super::entry::TaskEntry;
 use super::error::TaskError;
+use super::lifecycle::entry::TaskEntry;
 use super::spend;
 use crate::ids;
 use crate::opencode::{RunOn, Server};
@@ -79,7 +79,7 @@ pub(super) async fn open_turn(
                 return Err(TaskError::Conflict(format!(
                     "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
                     e.rec.id,
-                    e.rec.status.as_str()
+                    e.rec.status().as_str()
                 )));
             }
             if e.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
@@ -92,11 +92,18 @@ pub(super) async fn open_turn(
             prepare(e);
             e.rec.confinement = Some(confinement.clone());
             let message_id = ids::message_id_after(e.rec.newest_message_id.as_deref());
-            match follows {
+            let opened = match follows {
                 Follows::Finished => e.begin_turn(message_id.clone(), agent.clone(), model.clone()),
-                Follows::Correction => {
-                    e.begin_correction(message_id.clone(), agent.clone(), model.clone())
-                }
+                Follows::Correction => e.begin_correction(
+                    expected_turn,
+                    message_id.clone(),
+                    agent.clone(),
+                    model.clone(),
+                ),
+            };
+            if let Err(refused) = opened {
+                *e = previous;
+                return Err(TaskError::Conflict(format!("task {task_id}: {refused}")));
             }
             Ok((previous, message_id, e.rec.turn, e.rec.variant.clone()))
         })

@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::lifecycle::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
 use super::model::TaskStatus;
-use super::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
 use super::registry::Expired;
 use super::store::{read_stored, Stored};
 use crate::config::Config;
@@ -333,7 +333,7 @@ async fn inspect(state_dir: &Path, dir: &Path, task_id: String) -> GcWorktree {
         Stored::Record(r) => {
             g.owner = Owner::Task;
             g.title = Some(r.title.clone());
-            g.status = Some(r.status);
+            g.status = Some(r.status());
             r.workspace
         }
         Stored::Unreadable(why) => {
@@ -483,7 +483,7 @@ async fn remove_one(g: &GcWorktree) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::record::TaskRecord;
+    use crate::tasks::lifecycle::record::TaskRecord;
     use crate::tasks::store::Store;
 
     /// An expired task's worktree is not cleaned when its record on disk holds a newer turn

@@ -1,13 +1,14 @@
 //! A completed turn held for the gateway's own verdict before any waiter sees it: a structured
 //! answer checked against its schema (`structured`), then the task's checks (`checks`). While
-//! held, the task is reported `running` (the entry's `Phase::Checking`); `structured.checking`
+//! held, the task is reported `running` (the phases `held_schema`, `held_checks`, `held_outage`); `structured.checking`
 //! and `checks.checking` are the phase's durable twins, so a restarted gateway reads the turn
 //! again and holds it again.
 
 use std::sync::Arc;
 
 use super::context::TaskContext;
-use super::entry::TaskEntry;
+use super::lifecycle::entry::TaskEntry;
+use super::lifecycle::phase::{Held, Phase};
 use super::model::TaskStatus;
 use super::{checks, escalation, outcome, structured};
 use crate::config::Config;
@@ -41,11 +42,17 @@ pub fn hold(
     if !verify && !outage {
         return Hold::No;
     }
-    if !e.claim_check() {
+    let what = if outage {
+        Held::Outage
+    } else if e.rec.structured.is_some() {
+        Held::Schema
+    } else {
+        Held::Checks
+    };
+    if !e.hold(what, outage.then(|| error.cloned()).flatten()) {
         return Hold::Already;
     }
     if outage {
-        e.live.outage = error.cloned();
         return Hold::Held(turn);
     }
     if let Some(s) = e.rec.structured.as_mut() {
@@ -64,21 +71,24 @@ pub fn hold(
 /// deadline.
 pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
     let (outage, structured) = match ctx.registry.get(task_id) {
-        Some(e) => (e.live.outage.is_some(), e.rec.structured.is_some()),
+        Some(e) => (e.phase() == Phase::HeldOutage, e.rec.structured.is_some()),
         None => return,
     };
     if outage {
         escalation::settle_outage(ctx, server, task_id, turn).await;
     } else if !structured || structured::check_held(ctx, server, task_id, turn).await {
+        // The answer passed its schema (or there is none): the hold moves on to the checks.
+        ctx.registry
+            .update(task_id, |e| e.hold_next(turn, Held::Checks));
         checks::settle(ctx, server, task_id, turn).await;
     }
-    ctx.registry.update(task_id, |e| e.release_check(turn));
+    ctx.registry.update(task_id, |e| e.release_hold(turn));
     // The task ended at this turn: what follows any turn's end (its files, a remote task's
     // work brought back), as for a turn that was never held.
     if ctx
         .registry
         .get(task_id)
-        .is_some_and(|e| e.rec.turn == turn && e.rec.status.is_terminal())
+        .is_some_and(|e| e.rec.turn == turn && e.rec.status().is_terminal())
     {
         outcome::after_turn(ctx, server, task_id, turn, outcome::Attempts::Patient).await;
     }

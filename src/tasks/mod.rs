@@ -4,9 +4,12 @@
 //! - `model` (the shapes status, wait and result report; also the tools' output schemas),
 //!   `turn` (pure: a task's turn and the one rule for "it is over, and this is its answer"),
 //!   `stream` (a turn's messages assembled from the events).
-//! - `record` (the durable record, with a structured task's and a checked task's state, and the
-//!   spend per tier it moved from), `entry` (a task's record and
-//!   live state, moved only by named phase transitions, with the turn's spend so far).
+//! - `lifecycle/`: the one state word and what it moves. `phase` (where a task stands: queued,
+//!   starting, open, held for its schema, checks or an outage, aborting, finished; the status
+//!   hosts read is derived from it), `record` (the durable record, the phase saved in it, with a
+//!   structured task's and a checked task's state, and the spend per tier it moved from),
+//!   `entry` (a task's record and live state, moved only by named transitions, each naming the
+//!   phases it moves from and the statuses it may end in). No other room can write a status.
 //! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
 //!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
 //!   memory under one lock, the change signal, eviction and expiry), `capacity`
@@ -51,7 +54,6 @@ mod capacity;
 mod checks;
 mod completion;
 mod context;
-mod entry;
 mod error;
 mod escalation;
 mod fetch;
@@ -60,13 +62,13 @@ pub mod gc;
 mod hold;
 mod housekeeping;
 mod ledger;
+mod lifecycle;
 mod links;
 mod model;
 mod outcome;
 mod owner;
 mod placement;
 mod queue;
-mod record;
 mod registry;
 mod resolve;
 mod restore;
@@ -85,9 +87,9 @@ mod workspace;
 
 pub use capacity::Slots;
 pub use error::TaskError;
+pub use lifecycle::record::{epoch_ms, GroupMember, TaskRecord};
 pub use model::*;
 pub use owner::alive as gateway_alive;
-pub use record::{epoch_ms, GroupMember, TaskRecord};
 pub use resolve::{check_variant, resolve_tier, AgentCatalog, TierResolution};
 pub use service::*;
 pub use store::{default_state_dir, read_stored, read_summaries, Stored};

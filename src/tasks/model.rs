@@ -133,6 +133,10 @@ pub struct StructuredAttempt {
 pub struct TaskSnapshot {
     pub task_id: String,
     pub status: TaskStatus,
+    /// Set when the status alone does not say where the task stands: `starting`, `aborting`,
+    /// or `held_schema`, `held_checks`, `held_outage` (its answer is being checked or moved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     /// A queued task's place in the queue (1: it starts next).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<u32>,
@@ -264,6 +268,10 @@ pub struct TaskResult {
     pub task_id: String,
     /// The same status `get_task_status` reports.
     pub status: TaskStatus,
+    /// Set when the status alone does not say where the task stands: `starting`, `aborting`,
+    /// or `held_schema`, `held_checks`, `held_outage` (its answer is being checked or moved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     /// The final text of the turn from `offset`: as much as fits in one result for this host
     /// (at most `limits.result_page_chars` characters).
     pub text: String,

@@ -112,7 +112,7 @@ pub async fn read_outcome(
 /// [`turn::derive`], keeping at most `max_chars` of its text.
 pub(super) async fn read_turn(
     server: &Server,
-    rec: &super::record::TaskRecord,
+    rec: &super::lifecycle::record::TaskRecord,
     max_chars: usize,
 ) -> Result<TurnState, crate::opencode::OpencodeError> {
     let messages = server
@@ -127,13 +127,13 @@ pub(super) async fn read_turn(
 pub(super) async fn read_turn_once(
     ctx: &TaskContext,
     server: &Server,
-    rec: &super::record::TaskRecord,
+    rec: &super::lifecycle::record::TaskRecord,
 ) -> Result<TurnState, (String, bool)> {
     let state = read_turn(server, rec, ctx.max_result_chars)
         .await
         .map_err(|e| (e.to_string(), e.http_status() == Some(404)))?;
     // A structured turn held for its check completed, like a `completed` one.
-    let completed = rec.status == TaskStatus::Completed || rec.is_held();
+    let completed = rec.status() == TaskStatus::Completed || rec.is_held();
     if state.user_message_seen && (state.finished || !completed) {
         Ok(state)
     } else {
@@ -283,7 +283,7 @@ pub(super) const EMPTY_DIFF_LATE: [Duration; 3] = [
 
 /// Why a turn in a directory OpenCode keeps no snapshots of has no list of changed files, with
 /// the files its editing tools named (their titles are the paths), as a hint of what it wrote.
-pub(super) fn untracked_files(rec: &super::record::TaskRecord) -> String {
+pub(super) fn untracked_files(rec: &super::lifecycle::record::TaskRecord) -> String {
     const NAMED: usize = 20;
     let mut named: Vec<&str> = editing_calls(rec.outcome.as_ref())
         .filter_map(|t| t.title.as_deref())
@@ -376,8 +376,8 @@ mod tests {
     use super::*;
     use crate::opencode::FileChange;
     use crate::tasks::context::fixtures::{context, registry_with, unreachable_server};
-    use crate::tasks::entry::Claim;
-    use crate::tasks::entry::TaskEntry;
+    use crate::tasks::lifecycle::entry::Claim;
+    use crate::tasks::lifecycle::entry::TaskEntry;
     use crate::tasks::model::TaskStatus;
     use crate::tasks::registry::Registry;
     use crate::tasks::turn::TurnState;
@@ -473,7 +473,7 @@ mod tests {
                     messages_capped: capped,
                     ..TurnState::default()
                 });
-                e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+                e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
             })
         };
         let server = unreachable_server();
@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(read(finished(vec![bash], false)).await, (None, true));
         assert_eq!(read(finished(vec![], true)).await, (None, true));
         let unknown = registry_with(|e| {
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
         });
         assert_eq!(read(unknown).await, (None, true));
     }
@@ -504,7 +504,7 @@ mod tests {
     #[tokio::test]
     async fn an_outcome_that_cannot_be_read_is_said_not_left_empty() {
         let registry = registry_with(|e| {
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
         });
         let ctx = context(registry.clone());
         read_outcome(&ctx, &unreachable_server(), "tsk_a", 1, Attempts::Once).await;

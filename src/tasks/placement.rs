@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use super::error::TaskError;
 use super::fetch::{self, remote_of};
+use super::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
 use super::links::{Down, Link, WorkerServes};
-use super::record::{RemoteWorkspace, WorkspaceRecord};
 use super::service::TaskService;
 use super::tracker;
 use crate::config::{Isolation, LOCAL_WORKER};
@@ -544,7 +544,7 @@ impl Supervision {
                     let failed = tracker::fail_server_tasks(
                         &self.registry,
                         &self.server.id,
-                        super::record::WORKER_LOST,
+                        super::lifecycle::record::WORKER_LOST,
                         &message,
                     );
                     tracing::warn!(worker = %name, tasks = failed.len(), %why, "worker lost; its unfinished tasks failed");

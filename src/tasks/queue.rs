@@ -17,10 +17,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::entry::{Claim, TaskEntry};
 use super::error::TaskError;
+use super::lifecycle::entry::{Claim, TaskEntry};
+use super::lifecycle::phase::Phase;
+use super::lifecycle::record::{start_failed, TaskRecord};
 use super::model::{TaskSnapshot, TaskStatus};
-use super::record::{start_failed, TaskRecord};
 use super::service::{default_title, StartTask, TaskService};
 
 /// The drainer's pace: at least this long between passes, at most this long without one.
@@ -48,11 +49,7 @@ impl TaskService {
         }
         let task_id = crate::ids::task_id();
         {
-            let _one_at_a_time = self
-                .starting
-                .adding
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let _one_at_a_time = self.enqueueing.lock().unwrap_or_else(|p| p.into_inner());
             let queued = self.registry.queued().len();
             if queued >= bound {
                 return Err(TaskError::LimitExceeded(format!(
@@ -75,12 +72,11 @@ impl TaskService {
                 directory,
                 title,
             );
-            rec.status = TaskStatus::Queued;
             rec.queued = Some(request);
             rec.idempotency = idempotency;
             rec.group = req.group.clone();
             rec.tier = req.tier.clone();
-            self.registry.insert(TaskEntry::new(rec));
+            self.registry.insert(TaskEntry::queued(rec));
         }
         if let Some(store) = self.registry.store() {
             if let Err(e) = store.flush(QUEUED_DURABLE).await {
@@ -98,9 +94,6 @@ impl TaskService {
         // per kind of request, not one per task).
         let mut full: HashSet<(Option<String>, bool, Option<String>)> = HashSet::new();
         for id in self.registry.queued() {
-            if self.starting.holds(&id) {
-                continue;
-            }
             let Some(entry) = self.registry.get(&id) else {
                 continue;
             };
@@ -143,14 +136,11 @@ impl TaskService {
                 full.insert(kind);
                 continue;
             };
-            // Still queued, checked under the claim's lock: a cancel that came after the read
-            // above wins, and the task is not started.
-            let still_queued = || {
-                self.registry
-                    .get(&id)
-                    .is_some_and(|e| e.rec.status == TaskStatus::Queued)
-            };
-            if !self.starting.claim_if(&id, still_queued) {
+            // Queued to starting is one move under the registry's lock: a cancel that came
+            // after the read above wins, and the task is not started; one that comes after
+            // this finds it starting.
+            let claimed = self.registry.update(&id, |e| e.claim_start().is_ok());
+            if claimed != Some(true) {
                 continue;
             }
             let this = self.clone();
@@ -161,7 +151,6 @@ impl TaskService {
                     tracing::warn!(task_id = %id, error = %e, "a queued task could not start");
                     this.fail_queued(&id, e.to_string());
                 }
-                this.starting.release(&id);
             });
         }
     }
@@ -184,33 +173,31 @@ impl TaskService {
     }
 
     /// Ends queued task `id` `failed` (`StartFailed`, with `why`), unless it started or ended
-    /// meanwhile.
+    /// meanwhile: in the queue, or in the start it was claimed for.
     fn fail_queued(&self, id: &str, why: String) {
         self.registry.update(id, |e| {
-            if e.rec.status == TaskStatus::Queued {
-                let turn = e.rec.turn;
-                e.finish(
-                    Claim::Gone(turn),
-                    TaskStatus::Failed,
-                    Some(start_failed(&why)),
-                );
-            }
+            let claim = match e.phase() {
+                Phase::Queued => Claim::Queued,
+                Phase::Starting => Claim::Gone(e.rec.turn),
+                _ => return,
+            };
+            e.finish(claim, TaskStatus::Failed, Some(start_failed(&why)));
         });
     }
 
     /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts
     /// (the answer waits for the record on disk, so a restart cannot start it after all).
     pub(super) async fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
-        let cancelled = self.starting.unless_starting(id, || {
-            self.registry.update(id, |e| {
-                if e.rec.status == TaskStatus::Queued {
-                    let turn = e.rec.turn;
-                    e.finish(Claim::Gone(turn), TaskStatus::Cancelled, None);
-                    e.rec.queued = None;
-                }
-            });
+        // One move under the registry's lock, like the drainer's claim: whichever comes first
+        // wins, never both.
+        let cancelled = self.registry.update(id, |e| {
+            let left = e.finish(Claim::Queued, TaskStatus::Cancelled, None);
+            if left {
+                e.rec.queued = None;
+            }
+            left || e.rec.status().is_terminal()
         });
-        if !cancelled {
+        if cancelled != Some(true) {
             return Err(TaskError::Conflict(format!(
                 "task {id} is leaving the queue and starting right now; cancel it again"
             )));

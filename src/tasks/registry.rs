@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::entry::{observable, turn_spend, TaskEntry};
 use super::ledger::Ledger;
+use super::lifecycle::entry::{observable, turn_spend, TaskEntry};
+use super::lifecycle::record::{GroupMember, TaskRecord, WorkspaceRecord};
 use super::model::{TaskSnapshot, TaskStatus};
-use super::record::{GroupMember, TaskRecord, WorkspaceRecord};
 use super::store::{Durability, Store};
 use super::usage::TaskSummary;
 
@@ -110,7 +110,7 @@ impl Tables {
         let mut queued: Vec<(u64, &str)> = self
             .tasks
             .values()
-            .filter(|e| e.rec.status == TaskStatus::Queued)
+            .filter(|e| e.rec.status() == TaskStatus::Queued)
             .map(|e| (e.rec.turn_started_ms, e.rec.id.as_str()))
             .collect();
         queued.sort_unstable();
@@ -161,7 +161,7 @@ impl Expired {
             task_id: rec.id.clone(),
             turn: rec.turn,
             title: rec.title.clone(),
-            status: rec.status,
+            status: rec.status(),
             workspace: w.clone(),
         })
     }
@@ -342,7 +342,7 @@ impl Registry {
     /// not held in memory.
     fn on_disk(&self, task_id: &str) -> Option<OnDisk> {
         let rec = self.store.as_ref()?.load(task_id)?;
-        if rec.status.is_terminal() {
+        if rec.status().is_terminal() {
             let mut entry = TaskEntry::from_record(rec);
             entry.live.last_used = Instant::now();
             return Some(OnDisk::Finished(entry));
@@ -392,7 +392,7 @@ impl Registry {
         self.lock()
             .tasks
             .values()
-            .filter(|e| !e.rec.status.is_terminal())
+            .filter(|e| !e.rec.status().is_terminal())
             .count()
     }
 
@@ -401,7 +401,7 @@ impl Registry {
     pub fn live_by_worker(&self) -> std::collections::HashMap<String, usize> {
         let mut counts = std::collections::HashMap::new();
         for e in self.lock().tasks.values() {
-            if !e.rec.status.is_terminal() && e.rec.status != TaskStatus::Queued {
+            if !e.rec.status().is_terminal() && e.rec.status() != TaskStatus::Queued {
                 *counts.entry(e.rec.worker().to_string()).or_default() += 1;
             }
         }
@@ -494,7 +494,7 @@ impl Registry {
         ids.iter()
             .filter(|id| {
                 t.tasks.get(*id).is_some_and(|e| {
-                    !e.rec.status.is_terminal()
+                    !e.rec.status().is_terminal()
                         && e.rec
                             .permissions
                             .iter()
@@ -559,7 +559,7 @@ impl Registry {
             match t.tasks.get(id).map(|e| &**e).or_else(|| views.get(id)) {
                 Some(e) => {
                     let mut snapshot = e.snapshot(include_progress, stall);
-                    if e.rec.status == TaskStatus::Queued {
+                    if e.rec.status() == TaskStatus::Queued {
                         let order = queue.get_or_insert_with(|| t.queue_order());
                         snapshot.queue_position =
                             order.iter().position(|q| *q == id).map(|p| p as u32 + 1);
@@ -587,7 +587,7 @@ impl Registry {
         let mut gone = Vec::new();
         for id in ids {
             match t.tasks.get(id).map(|e| &**e).or_else(|| views.get(id)) {
-                Some(e) => finished += usize::from(e.rec.status.is_terminal()),
+                Some(e) => finished += usize::from(e.rec.status().is_terminal()),
                 None => gone.push(id.clone()),
             }
         }
@@ -761,9 +761,9 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::opencode::PermissionAsk;
-    use crate::tasks::entry::Claim;
-    use crate::tasks::entry::Phase;
-    use crate::tasks::record::GroupMember;
+    use crate::tasks::lifecycle::entry::Claim;
+    use crate::tasks::lifecycle::phase::{Held, Phase};
+    use crate::tasks::lifecycle::record::GroupMember;
     use tokio_util::sync::CancellationToken;
 
     fn entry(id: &str) -> TaskEntry {
@@ -839,7 +839,9 @@ mod tests {
             !rx.has_changed().unwrap_or(true),
             "a streamed token wakes no one"
         );
-        r.update("a", |e| e.rec.status = TaskStatus::Running);
+        r.update("a", |e| {
+            e.started();
+        });
         assert!(rx.has_changed().unwrap_or(false));
     }
 
@@ -859,10 +861,10 @@ mod tests {
     fn stalled_is_not_said_of_a_task_waiting_for_a_person() {
         let mut e = entry("a");
         e.live.last_event = Instant::now() - Duration::from_secs(10);
-        e.rec.status = TaskStatus::Running;
+        e.started();
         let stall = Duration::from_secs(1);
         assert!(e.snapshot(true, stall).progress.expect("progress").stalled);
-        e.rec.status = TaskStatus::WaitingPermission;
+        e.ask_permission(ask("per_1", "ses_a"));
         assert!(!e.snapshot(true, stall).progress.expect("progress").stalled);
     }
 
@@ -874,12 +876,12 @@ mod tests {
         let mut e = entry("a");
         assert_eq!(e.phase(), Phase::Open);
         assert!(!e.claim_abort(2), "another turn");
-        assert!(e.claim_check());
-        assert!(!e.claim_check(), "one check per turn");
+        assert!(e.hold(Held::Checks, None));
+        assert!(!e.hold(Held::Checks, None), "one check per turn");
         assert!(e.claim_abort(1), "an abort may claim a turn being checked");
         assert!(!e.claim_abort(1), "a second abort is a no-op");
-        assert!(!e.claim_check() && !e.is_checking(1));
-        e.release_check(1);
+        assert!(!e.hold(Held::Checks, None) && !e.is_checking(1));
+        e.release_hold(1);
         assert_eq!(
             e.phase(),
             Phase::Aborting,
@@ -892,17 +894,22 @@ mod tests {
             "a refused abort leaves the turn open"
         );
         e.ask_permission(ask("per_1", "ses_a"));
-        assert_eq!(e.rec.status, TaskStatus::WaitingPermission);
+        assert_eq!(e.rec.status(), TaskStatus::WaitingPermission);
         assert!(e.claim_abort(1));
         e.finish(Claim::Gone(e.rec.turn), TaskStatus::Cancelled, None);
         assert!(e.is_settled());
-        assert!(!e.claim_abort(1) && !e.claim_check());
-        e.begin_turn("msg_2".into(), None, None);
+        assert!(!e.claim_abort(1) && !e.hold(Held::Checks, None));
+        e.begin_turn("msg_2".into(), None, None)
+            .expect("a finished task opens a turn");
         assert!(e.is_open() && !e.claim_abort(1) && e.claim_abort(2));
-        // A task read back from disk is finished or open: a claim died with its gateway.
+        // A task read back from disk is in the phase it was saved in; adopted, an abort under
+        // way died with its gateway, and the turn is open again.
         let mut on_disk = e.rec.clone();
-        assert!(TaskEntry::from_record(on_disk.clone()).is_open());
-        on_disk.finish(TaskStatus::Completed, None);
+        let mut adopted = TaskEntry::from_record(on_disk.clone());
+        assert_eq!(adopted.phase(), Phase::Aborting);
+        adopted.adopt();
+        assert!(adopted.is_open());
+        on_disk.finish_for_test(TaskStatus::Completed, None);
         assert!(TaskEntry::from_record(on_disk).is_settled());
     }
 
@@ -922,17 +929,18 @@ mod tests {
         assert!(!e.finish(Claim::Open(1), TaskStatus::Completed, None));
         assert!(e.finish(Claim::Aborted(1), TaskStatus::Cancelled, None));
         assert_eq!(
-            (e.rec.status, e.phase()),
+            (e.rec.status(), e.phase()),
             (TaskStatus::Cancelled, Phase::Finished)
         );
         assert!(
             !e.finish(Claim::Gone(1), TaskStatus::Failed, None),
             "ended once"
         );
-        e.begin_turn("msg_2".into(), None, None);
-        assert!(e.claim_check());
+        e.begin_turn("msg_2".into(), None, None)
+            .expect("a finished task opens a turn");
+        assert!(e.hold(Held::Checks, None));
         assert_eq!(
-            e.rec.status,
+            e.rec.status(),
             TaskStatus::Running,
             "a held answer runs until checked"
         );
@@ -955,11 +963,15 @@ mod tests {
         };
         let mut e = entry("a");
         let first = armed(&mut e);
-        e.begin_turn("msg_2".into(), None, None);
-        assert!(first.is_cancelled(), "a new turn ends the old turn's timer");
+        assert!(e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None));
+        assert!(first.is_cancelled(), "a finished turn ends its timer");
         let second = armed(&mut e);
-        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
-        assert!(second.is_cancelled(), "a finished turn ends its timer");
+        e.begin_turn("msg_2".into(), None, None)
+            .expect("a finished task opens a turn");
+        assert!(
+            second.is_cancelled(),
+            "a new turn ends the old turn's timer"
+        );
         let r = Registry::default();
         let mut running = entry("b");
         let third = armed(&mut running);
@@ -973,7 +985,7 @@ mod tests {
         let r = Registry::default();
         r.insert(entry("running"));
         let mut done = entry("done");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         let hour = Duration::from_secs(3600);
         assert_eq!(r.flushed_evict(hour, hour).left_memory, 0);
@@ -992,7 +1004,7 @@ mod tests {
     fn eviction_counts_from_last_use_and_an_update_reads_through() {
         let (r, store, _dir) = stored();
         let mut done = entry("done");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         // Finished an hour ago (as a record written by an earlier gateway says).
         let hour = Duration::from_secs(3600);
         done.rec.finished_ms = Some(done.rec.finished_ms.unwrap_or_default() - 3_600_000);
@@ -1021,7 +1033,7 @@ mod tests {
     fn no_update_is_lost_to_a_concurrent_eviction() {
         let (r, store, _dir) = stored();
         let mut done = entry("done");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         store.submit(done.rec.clone());
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1127,7 +1139,7 @@ mod tests {
     fn a_task_read_back_counts_nothing_again() {
         let (r, store, _dir) = stored();
         let mut old = entry("old");
-        old.finish(Claim::Gone(old.rec.turn), TaskStatus::Completed, None);
+        old.finish(Claim::Open(old.rec.turn), TaskStatus::Completed, None);
         old.rec.outcome = Some(crate::tasks::turn::TurnState {
             cost: 2.0,
             ..Default::default()
@@ -1151,15 +1163,28 @@ mod tests {
         };
         let mut e = entry("s");
         e.live.spending.note("msg_a", 0.25, &tokens);
-        e.begin_correction("msg_2".into(), None, None);
+        assert!(e.hold(Held::Schema, None));
+        e.begin_correction(1, "msg_2".into(), None, None)
+            .expect("a held turn opens a correction");
         assert_eq!(e.rec.turn, 2);
         e.live.spending.note("msg_b", 0.125, &tokens);
         assert_eq!(e.budget_spend(), (0.375, 200));
         assert_eq!(turn_spend(&e), 0.125, "the ledger counts each round once");
-        e.begin_correction("msg_3".into(), None, None);
+        assert!(
+            e.begin_correction(2, "msg_3".into(), None, None).is_err(),
+            "an open turn is not corrected"
+        );
+        assert!(e.hold(Held::Checks, None));
+        e.begin_correction(2, "msg_3".into(), None, None)
+            .expect("a held turn opens a correction");
         assert_eq!(e.budget_spend(), (0.375, 200));
-        e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
-        e.begin_turn("msg_4".into(), None, None);
+        // What the earlier rounds spent is in the record: a gateway that adopts the task after
+        // a restart still counts it.
+        let adopted = TaskEntry::from_record(e.rec.clone());
+        assert_eq!(adopted.budget_spend(), (0.375, 200));
+        e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
+        e.begin_turn("msg_4".into(), None, None)
+            .expect("a finished task opens a turn");
         assert_eq!(
             e.budget_spend(),
             (0.0, 0),
@@ -1185,10 +1210,10 @@ mod tests {
     fn only_a_task_whose_record_is_on_disk_leaves_memory() {
         let (r, store, _dir) = stored();
         let mut lost = entry("bad/id");
-        lost.finish(Claim::Gone(lost.rec.turn), TaskStatus::Completed, None);
+        lost.finish(Claim::Open(lost.rec.turn), TaskStatus::Completed, None);
         r.insert(lost);
         let mut kept = entry("good");
-        kept.finish(Claim::Gone(kept.rec.turn), TaskStatus::Completed, None);
+        kept.finish(Claim::Open(kept.rec.turn), TaskStatus::Completed, None);
         r.insert(kept);
         let _ = store.flush_blocking(Duration::from_secs(10));
         assert_eq!(store.durability("bad/id"), Durability::Unsaved);
@@ -1228,13 +1253,13 @@ mod tests {
         let hour = Duration::from_secs(3600);
         for (id, leave_memory_first) in [("left", true), ("held", false)] {
             let mut done = entry(id);
-            done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+            done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
             r.insert(done.clone());
             if leave_memory_first {
                 assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
             }
             let mut continued = done.rec.clone();
-            continued.begin_turn("msg_2".into(), None, None);
+            continued.begin_turn_for_test("msg_2".into(), None, None);
             store.submit(continued);
             store
                 .flush_blocking(Duration::from_secs(10))
@@ -1252,7 +1277,7 @@ mod tests {
         }
         // A record that still holds the expired turn is deleted.
         let mut done = entry("own");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         r.flushed_evict(Duration::ZERO, Duration::ZERO);
         store
@@ -1280,7 +1305,7 @@ mod tests {
         ] {
             let mut e = entry(id);
             e.rec.workspace = w;
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
             r.insert(e);
         }
         let hour = Duration::from_secs(3600);
@@ -1313,7 +1338,7 @@ mod tests {
                 index,
             });
             if finished {
-                e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+                e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
             }
             r.insert(e);
         }
@@ -1342,7 +1367,7 @@ mod tests {
     fn records_that_left_memory_expire_in_a_sweep_dated_by_their_finish() {
         let (r, store, dir) = stored();
         let mut done = entry("done");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         let finished_ms = done.rec.finished_ms.expect("finished");
         r.insert(done);
         let hour = Duration::from_secs(3600);
@@ -1355,7 +1380,7 @@ mod tests {
             .and_then(|m| m.modified())
             .expect("the record's date");
         assert_eq!(
-            super::super::record::epoch_ms(dated),
+            super::super::lifecycle::record::epoch_ms(dated),
             finished_ms,
             "a finished record is dated by its finish"
         );
@@ -1402,7 +1427,7 @@ mod tests {
         let (r, store, dir) = stored();
         let hour = Duration::from_secs(3600);
         let mut early = entry("early");
-        early.finish(Claim::Gone(early.rec.turn), TaskStatus::Completed, None);
+        early.finish(Claim::Open(early.rec.turn), TaskStatus::Completed, None);
         r.insert(early);
         store
             .flush_blocking(Duration::from_secs(10))
@@ -1440,15 +1465,15 @@ mod tests {
         // `a` streamed more (a subagent's steps) than its own session's cost read later.
         r.update("a", |e| e.live.spending.note("msg_child", 0.3, &tokens));
         r.update("a", |e| {
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
             e.rec.outcome = Some(read(0.25));
         });
         r.update("b", |e| {
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
             e.rec.outcome = Some(read(0.5));
         });
         r.update("free", |e| {
-            e.finish(Claim::Gone(e.rec.turn), TaskStatus::Completed, None);
+            e.finish(Claim::Open(e.rec.turn), TaskStatus::Completed, None);
         });
         assert!((r.spent_today() - 0.8).abs() < 1e-9, "{}", r.spent_today());
         let hour = Duration::from_secs(3600);
@@ -1458,7 +1483,8 @@ mod tests {
         assert!((r.spent_today() - 0.8).abs() < 1e-9, "read back");
         // A follow-up's turn adds its own spend; the first turn still counts.
         r.update("b", |e| {
-            e.begin_turn("msg_2".into(), None, None);
+            e.begin_turn("msg_2".into(), None, None)
+                .expect("a finished task opens a turn");
             e.live.spending.note("msg_3", 0.125, &tokens);
         });
         assert!(
@@ -1482,7 +1508,7 @@ mod tests {
         let store = Store::open(&dir).expect("open");
         let r = Registry::new(Some(store.clone()));
         let mut done = entry("done");
-        done.finish(Claim::Gone(done.rec.turn), TaskStatus::Completed, None);
+        done.finish(Claim::Open(done.rec.turn), TaskStatus::Completed, None);
         r.insert(done);
         r.insert(entry("live"));
         let hour = Duration::from_secs(3600);
@@ -1493,7 +1519,7 @@ mod tests {
         assert_eq!(r.finished_count(&both), Ok(1));
         assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);
         let back = r.get("done").expect("read back from disk");
-        assert_eq!(back.rec.status, TaskStatus::Completed);
+        assert_eq!(back.rec.status(), TaskStatus::Completed);
         assert!(r.snapshots(&["done".into()], false, hour).is_ok());
         // Past the TTL it is gone for good, whether in memory or only on disk.
         assert_eq!(r.flushed_evict(Duration::ZERO, hour).left_memory, 1);

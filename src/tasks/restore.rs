@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use super::budget;
 use super::completion;
-use super::entry::{Claim, TaskEntry};
 use super::housekeeping;
+use super::lifecycle::entry::{Claim, TaskEntry};
+use super::lifecycle::phase::Phase;
+use super::lifecycle::record::{interrupted, worker_lost, TaskRecord};
 use super::model::TaskStatus;
-use super::record::{interrupted, worker_lost, TaskRecord};
 use super::service::TaskService;
 use super::turn::Idle;
 
@@ -39,7 +40,7 @@ struct Resting {
     id: String,
     idempotency: Option<(String, u64)>,
     /// Its fan-out group, which still counts it among its members.
-    group: Option<super::record::GroupMember>,
+    group: Option<super::lifecycle::record::GroupMember>,
     /// Its finish (epoch ms), when its record is due to expire from.
     finished_ms: u64,
     /// Its turn, and what it spent toward its finishing day (see [`day_spend`]).
@@ -53,7 +54,7 @@ impl Loaded {
     /// machine's boot, which would keep yesterday's tasks in memory on a machine booted since.
     fn sort(record: TaskRecord, now: u64, memory_ttl: Duration, disk_ttl: Duration) -> Self {
         let age = match record.finished_ms {
-            Some(at) if record.status.is_terminal() => {
+            Some(at) if record.status().is_terminal() => {
                 Duration::from_millis(now.saturating_sub(at))
             }
             _ => return Self::Whole(Box::new(record)),
@@ -78,7 +79,7 @@ impl Loaded {
 fn day_spend(record: &TaskRecord, now: u64) -> f64 {
     const DAY_MS: u64 = 86_400_000;
     let today = now / DAY_MS;
-    if !record.status.is_terminal() || record.finished_ms.unwrap_or_default() / DAY_MS != today {
+    if !record.status().is_terminal() || record.finished_ms.unwrap_or_default() / DAY_MS != today {
         return 0.0;
     }
     let turn = record.outcome.as_ref().map_or(0.0, |o| o.cost);
@@ -122,7 +123,7 @@ impl TaskService {
             after.await;
             let (memory_ttl, disk_ttl) = (this.tracker.memory_ttl, this.tracker.finished_ttl);
             let loaded = tokio::task::spawn_blocking(move || {
-                let now = super::record::epoch_ms(std::time::SystemTime::now());
+                let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
                 store.load_each(|record| Loaded::sort(record, now, memory_ttl, disk_ttl))
             })
             .await;
@@ -189,8 +190,8 @@ impl TaskService {
             if let Some((key, fingerprint)) = record.idempotency.clone() {
                 self.bind_key(key, fingerprint, record.id.clone());
             }
-            if record.status.is_terminal() {
-                let now = super::record::epoch_ms(std::time::SystemTime::now());
+            if record.status().is_terminal() {
+                let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
                 self.registry
                     .note_spend(&record.id, record.turn, day_spend(&record, now));
                 self.registry.restore(TaskEntry::from_record(record));
@@ -223,15 +224,17 @@ impl TaskService {
     /// on a managed server, which died with its gateway, or on a server no longer configured,
     /// it is finished `failed` (`Interrupted`).
     fn take_unfinished(&self, record: TaskRecord, attach_url: Option<&str>) -> Option<Adopt> {
-        // A queued task never started: it stays in the queue, this gateway's now.
-        if record.status == TaskStatus::Queued {
-            self.registry.insert(TaskEntry::from_record(record));
-            return None;
-        }
         let attached_here = !record.managed && attach_url == Some(record.server_url.as_str());
         let on_worker = (record.worker() != crate::config::LOCAL_WORKER)
             .then(|| (record.worker().to_string(), record.owner_pid));
         let mut entry = TaskEntry::from_record(record);
+        entry.adopt();
+        // A queued task never started (or its start from the queue died with its gateway): it
+        // stays in the queue, this gateway's now.
+        if entry.phase() == Phase::Queued {
+            self.registry.insert(entry);
+            return None;
+        }
         if let Some((worker, owner)) = on_worker {
             let id = entry.rec.id.clone();
             self.registry.insert(entry);
@@ -437,7 +440,7 @@ impl TaskService {
             let Some(record) = store.load(&id) else {
                 continue;
             };
-            if record.status.is_terminal() {
+            if record.status().is_terminal() {
                 self.registry.restore(TaskEntry::from_record(record));
                 continue;
             }
@@ -453,7 +456,7 @@ impl TaskService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::record::epoch_ms;
+    use crate::tasks::lifecycle::record::epoch_ms;
     use crate::tasks::turn::TurnState;
 
     const DAY_MS: u64 = 24 * 60 * 60 * 1000;
@@ -469,8 +472,8 @@ mod tests {
         );
         r.server_url = "http://127.0.0.1:1".into();
         r.managed = true;
-        r.begin_turn("msg_1".into(), None, None);
-        r.finish(TaskStatus::Completed, None);
+        r.begin_turn_for_test("msg_1".into(), None, None);
+        r.finish_for_test(TaskStatus::Completed, None);
         r.finished_ms = Some(now - ago);
         r.outcome = Some(TurnState {
             text: format!("answer of {id}"),
@@ -495,7 +498,7 @@ mod tests {
         assert!(on_disk(finished("c", now, 86_399_000, 0.0, None)));
         assert!(!on_disk(finished("d", now, 86_400_000, 0.0, None)));
         let mut running = finished("e", now, 700_000, 0.0, None);
-        running.status = TaskStatus::Running;
+        running.set_status_for_test(TaskStatus::Running);
         assert!(!on_disk(running));
         let Loaded::OnDisk(rest) = Loaded::sort(
             finished("f", now, 700_000, 0.5, Some("k")),

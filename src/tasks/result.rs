@@ -40,7 +40,7 @@ impl TaskService {
     pub async fn result_with(&self, task_id: &str, files: Files) -> Result<TaskResult, TaskError> {
         self.restored().await;
         let mut entry = self.entry(task_id)?;
-        let finished = entry.rec.status.is_terminal();
+        let finished = entry.rec.status().is_terminal();
         let known = self.pool.get(&entry.rec.server_id);
         // Never read, nor tried: a read that failed recorded why.
         let unread = (entry.rec.outcome.is_none() && entry.rec.outcome_error.is_none())
@@ -154,7 +154,8 @@ impl TaskService {
         let round_over = structured.filter(|_| finished);
         Ok(TaskResult {
             task_id: entry.rec.id.clone(),
-            status: entry.rec.status,
+            status: entry.rec.status(),
+            phase: entry.phase().shown().map(str::to_string),
             text: outcome.text.clone(),
             truncated: false,
             total_chars: total,

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use super::capacity::{Place, Slots};
 use super::context::TaskContext;
-use super::entry::{Claim, TaskEntry};
 use super::error::TaskError;
 use super::follow::{open_turn, Follows};
+use super::lifecycle::entry::{Claim, TaskEntry};
+use super::lifecycle::phase::Phase;
+use super::lifecycle::record::StructuredState;
+use super::lifecycle::record::{GroupMember, TaskRecord};
 use super::model::{TaskSnapshot, TaskStatus};
 use super::outcome;
-use super::record::StructuredState;
-use super::record::{GroupMember, TaskRecord};
 use super::registry::Registry;
 use super::resolve::{self, AgentCatalog, Choice};
 use super::spend;
@@ -170,7 +171,8 @@ pub struct TaskService {
     /// The remote workers' OpenCode servers, started on first use (`placement.rs`).
     pub(super) workers: super::links::WorkerServes,
     /// Queued tasks being started now (`queue.rs`).
-    pub(super) starting: super::capacity::Starting,
+    /// Held while the queue's length is checked and a task added, so `limits.queue` holds.
+    pub(super) enqueueing: std::sync::Mutex<()>,
 }
 
 impl TaskService {
@@ -230,9 +232,9 @@ impl TaskService {
             state_dir,
             git_lock,
             config: live,
-            started_ms: super::record::epoch_ms(std::time::SystemTime::now()),
+            started_ms: super::lifecycle::record::epoch_ms(std::time::SystemTime::now()),
             workers: Default::default(),
-            starting: Default::default(),
+            enqueueing: Default::default(),
         }
     }
 
@@ -389,7 +391,7 @@ impl TaskService {
                 "task {task_id} is run by another gateway (pid {pid}) sharing this state \
                  directory; it is {}. Ask again once it finishes, or once that gateway exits \
                  (this one then takes the task over)",
-                entry.rec.status.as_str()
+                entry.rec.status().as_str()
             ))),
         }
     }
@@ -434,7 +436,7 @@ impl TaskService {
             .ok_or_else(|| TaskError::UnknownServer(server_id.to_string()))?;
         let live = self
             .registry
-            .ids_where(|e| e.rec.server_id == server.id && !e.rec.status.is_terminal());
+            .ids_where(|e| e.rec.server_id == server.id && !e.rec.status().is_terminal());
         let message = if server.process.is_some() {
             format!(
                 "the OpenCode server {} was stopped by opencode_stop_server",
@@ -490,7 +492,7 @@ impl TaskService {
     async fn flush_outcomes(&self, server: &Arc<Server>, files: bool, bound: Duration) {
         let pending = self.registry.ids_where(|e| {
             e.rec.server_id == server.id
-                && e.rec.status.is_terminal()
+                && e.rec.status().is_terminal()
                 && ((e.rec.outcome.is_none() && e.rec.outcome_error.is_none())
                     || (files && e.rec.files_changed.is_none()))
         });
@@ -756,13 +758,19 @@ impl TaskService {
         rec.price = price.map(|p| (model.clone().unwrap_or_default(), p));
         rec.group = req.group.clone();
         rec.structured = req.output_schema.clone().map(StructuredState::new);
-        rec.checks = (!checks.is_empty()).then(|| super::record::ChecksState::new(checks));
+        rec.checks =
+            (!checks.is_empty()).then(|| super::lifecycle::record::ChecksState::new(checks));
         let prompt = match &req.output_schema {
             Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
             None => req.prompt.clone(),
         };
         let mut entry = TaskEntry::new(rec);
-        entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone());
+        if let Err(refused) = entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone())
+        {
+            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                .await;
+            return Err(TaskError::Conflict(format!("task {task_id}: {refused}")));
+        }
         // Registered before the prompt goes out, so no event of this turn can be missed.
         self.registry.insert(entry);
         drop(room);
@@ -784,7 +792,7 @@ impl TaskService {
             // A task that was queued keeps its id: it ends failed (by the queue) rather than
             // vanishing.
             if from_queue {
-                let error = super::record::start_failed(&e);
+                let error = super::lifecycle::record::start_failed(&e);
                 self.registry.update(&task_id, |entry| {
                     let turn = entry.rec.turn;
                     entry.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error));
@@ -812,7 +820,7 @@ impl TaskService {
             TaskError::Conflict(format!(
                 "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
                 e.rec.id,
-                e.rec.status.as_str()
+                e.rec.status().as_str()
             ))
         };
         if !entry.is_settled() {
@@ -896,7 +904,8 @@ impl TaskService {
                 match e.rec.checks.as_mut() {
                     Some(c) => c.restart(&more_checks),
                     None if !more_checks.is_empty() => {
-                        e.rec.checks = Some(super::record::ChecksState::new(more_checks));
+                        e.rec.checks =
+                            Some(super::lifecycle::record::ChecksState::new(more_checks));
                     }
                     None => {}
                 }
@@ -919,11 +928,11 @@ impl TaskService {
         self.restored().await;
         let entry = self.own_entry(task_id)?;
         let pending = &entry.rec.permissions;
-        if pending.is_empty() || entry.rec.status != TaskStatus::WaitingPermission {
+        if pending.is_empty() || entry.rec.status() != TaskStatus::WaitingPermission {
             return Err(TaskError::Conflict(format!(
                 "task {} is not waiting for a permission (status {})",
                 entry.rec.id,
-                entry.rec.status.as_str()
+                entry.rec.status().as_str()
             )));
         }
         let listed = || {
@@ -1042,11 +1051,11 @@ impl TaskService {
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.own_entry(task_id)?;
-        if entry.rec.status.is_terminal() {
+        if entry.rec.status().is_terminal() {
             self.durable().await;
             return self.snapshot(task_id, false);
         }
-        if entry.rec.status == TaskStatus::Queued {
+        if matches!(entry.phase(), Phase::Queued | Phase::Starting) {
             return self.cancel_queued(task_id).await;
         }
         let server = self.server(&entry.rec.server_id)?;
@@ -1211,8 +1220,8 @@ mod tests {
             "/w".into(),
             "theirs".into(),
         );
-        rec.begin_turn("msg_1".into(), None, None);
-        rec.status = TaskStatus::Running;
+        rec.begin_turn_for_test("msg_1".into(), None, None);
+        rec.set_status_for_test(TaskStatus::Running);
         rec.owner_pid = 1;
         store.submit(rec.clone());
         store
@@ -1220,7 +1229,7 @@ mod tests {
             .expect("written");
         let seen = service.entry("tsk_theirs").expect("read from its record");
         assert_eq!(seen.live.foreign, Some(1));
-        assert_eq!(seen.rec.status, TaskStatus::Running);
+        assert_eq!(seen.rec.status(), TaskStatus::Running);
         let refused = service.own_entry("tsk_theirs").expect_err("refused");
         assert!(
             refused.to_string().contains("another gateway (pid 1)"),
@@ -1230,7 +1239,7 @@ mod tests {
             service.snapshot("tsk_theirs", false).map(|s| s.status).ok(),
             Some(TaskStatus::Running)
         );
-        rec.finish(TaskStatus::Completed, None);
+        rec.finish_for_test(TaskStatus::Completed, None);
         store.submit(rec);
         store
             .flush_blocking(std::time::Duration::from_secs(10))

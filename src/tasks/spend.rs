@@ -93,7 +93,7 @@ pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(
     if spent < cap {
         return Ok(());
     }
-    let now = super::record::epoch_ms(std::time::SystemTime::now());
+    let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
     let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
     Err(TaskError::BudgetExceeded(format!(
         "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \
@@ -107,7 +107,7 @@ pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(
 mod tests {
     use super::*;
     use crate::opencode::Tokens;
-    use crate::tasks::entry::Spending;
+    use crate::tasks::lifecycle::entry::Spending;
 
     fn config(limit: Option<f64>, tier: Option<f64>) -> Config {
         let mut c = crate::gateway::test_config();

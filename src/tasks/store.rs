@@ -51,9 +51,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::lifecycle::record::{TaskRecord, VERSION};
 use super::model::TaskStatus;
 use super::owner::OwnerLock;
-use super::record::{TaskRecord, VERSION};
 use super::usage::TaskSummary;
 
 /// How long the gateway waits at exit for queued records to reach the disk. Writes take well
@@ -107,7 +107,7 @@ impl Op {
     /// A save in the middle of a turn: it may wait for the next change (see the module notes).
     fn may_wait(&self) -> bool {
         matches!(self, Op::Save(record) if matches!(
-            record.status,
+            record.status(),
             TaskStatus::Running | TaskStatus::WaitingPermission
         ))
     }
@@ -774,7 +774,7 @@ fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result
 fn finished_at(record: &TaskRecord) -> Option<SystemTime> {
     record
         .finished_ms
-        .filter(|_| record.status.is_terminal())
+        .filter(|_| record.status().is_terminal())
         .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
 }
 
@@ -810,8 +810,8 @@ mod tests {
         );
         r.server_url = "http://127.0.0.1:1".into();
         r.managed = true;
-        r.begin_turn("msg_1".into(), Some("build".into()), None);
-        r.finish(TaskStatus::Completed, None);
+        r.begin_turn_for_test("msg_1".into(), Some("build".into()), None);
+        r.finish_for_test(TaskStatus::Completed, None);
         r.outcome = Some(TurnState {
             text: "done".into(),
             finished: true,
@@ -912,7 +912,7 @@ mod tests {
         );
         assert_eq!(store.load("tsk_abc"), Some(stored));
         let back = all[0].clone();
-        assert_eq!(back.status, TaskStatus::Completed);
+        assert_eq!(back.status(), TaskStatus::Completed);
         assert_eq!(back.outcome.map(|o| o.text).as_deref(), Some("done"));
         assert!(back.finished_ms.is_some());
         store.submit_remove("tsk_abc");
@@ -1010,7 +1010,7 @@ mod tests {
         let state = TempState::new();
         let store = Store::open(&state.0).expect("open");
         let registry = Arc::new(Registry::new(Some(store.clone())));
-        registry.insert(super::super::entry::TaskEntry::new(completed()));
+        registry.insert(super::super::lifecycle::entry::TaskEntry::new(completed()));
         store.flush_blocking(FLUSH).expect("flush");
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = watch_file(state.0.join("tasks/tsk_abc.json"), stop.clone());
@@ -1084,7 +1084,7 @@ mod tests {
 
     fn mid_turn(id: &str, turn: u32) -> TaskRecord {
         let mut r = record(id, turn);
-        r.status = TaskStatus::Running;
+        r.set_status_for_test(TaskStatus::Running);
         r.finished_ms = None;
         r
     }

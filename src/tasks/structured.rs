@@ -28,8 +28,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::context::TaskContext;
-use super::entry::{Claim, TaskEntry};
 use super::follow::{open_turn, Follows};
+use super::lifecycle::entry::{Claim, TaskEntry};
 use super::model::{StructuredAttempt, TaskStatus};
 use super::outcome;
 use super::outcome::Attempts;
@@ -497,8 +497,8 @@ pub(super) async fn check_held(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::entry::Claim;
     use crate::tasks::hold::{settle, Hold};
+    use crate::tasks::lifecycle::entry::Claim;
 
     /// Holds a completed turn, as the tracker does.
     fn hold(e: &mut TaskEntry) -> Hold {
@@ -509,7 +509,7 @@ mod tests {
             &crate::gateway::test_config(),
         )
     }
-    use crate::tasks::record::StructuredState;
+    use crate::tasks::lifecycle::record::StructuredState;
     use serde_json::json;
 
     fn person() -> Value {
@@ -605,13 +605,13 @@ mod tests {
 
     #[test]
     fn a_completed_turn_is_held_once_and_released_by_finishing() {
-        use crate::tasks::record::TaskRecord;
+        use crate::tasks::lifecycle::record::TaskRecord;
         let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         assert_eq!(hold(&mut e), Hold::No, "not a structured task");
         e.rec.structured = Some(StructuredState::new(person()));
         assert_eq!(hold(&mut e), Hold::Held(1));
         assert_eq!(
-            e.rec.status,
+            e.rec.status(),
             TaskStatus::Running,
             "not finished while checked"
         );
@@ -638,7 +638,8 @@ mod tests {
         outcome.cost = 0.5;
         e.rec.outcome = Some(outcome);
         assert_eq!(hold(&mut e), Hold::Held(1));
-        e.begin_correction("msg_2".into(), None, None);
+        e.begin_correction(1, "msg_2".into(), None, None)
+            .expect("a held turn opens a correction");
         let s = e.rec.structured.as_ref().expect("state");
         assert_eq!(s.checking, None);
         assert_eq!((e.rec.earlier.tokens.input, e.rec.earlier.cost), (100, 0.5));
@@ -712,7 +713,7 @@ mod tests {
     #[tokio::test]
     async fn a_check_that_gave_way_to_a_failed_abort_lets_the_turn_be_held_again() {
         let registry = crate::tasks::context::fixtures::registry_with(|e| {
-            e.rec.structured = Some(crate::tasks::record::StructuredState::new(
+            e.rec.structured = Some(crate::tasks::lifecycle::record::StructuredState::new(
                 serde_json::json!({ "type": "object" }),
             ));
             e.rec.outcome = Some(crate::tasks::turn::TurnState {
@@ -729,7 +730,7 @@ mod tests {
         assert_eq!(registry.update("tsk_a", hold), Some(Hold::Held(1)));
         settle(&ctx, &server, "tsk_a", 1).await;
         let e = registry.get("tsk_a").expect("task");
-        assert_eq!(e.rec.status, TaskStatus::Completed);
+        assert_eq!(e.rec.status(), TaskStatus::Completed);
         assert_eq!(
             e.rec.structured.and_then(|s| s.value),
             Some(serde_json::json!({}))

@@ -30,8 +30,9 @@ use super::completion::{spawn_check, spawn_settle};
 use super::context::TaskContext;
 use super::outcome::{after_turn, spawn_outcome, Attempts};
 
-use super::entry::{Claim, Phase};
 use super::hold::{self, Hold};
+use super::lifecycle::entry::Claim;
+use super::lifecycle::phase::Phase;
 use super::model::{RetryInfo, TaskStatus};
 use super::registry::Registry;
 use super::turn::{self, session_deleted, Idle, ReplySeen};
@@ -149,7 +150,7 @@ fn spawn_reconcile(ctx: &TaskContext, server: &Arc<Server>, all: bool) {
 }
 
 pub(super) fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
-    registry.ids_where(|e| e.rec.server_id == server_id && !e.rec.status.is_terminal())
+    registry.ids_where(|e| e.rec.server_id == server_id && !e.rec.status().is_terminal())
 }
 
 /// Marks every unfinished task of a server as failed (server died or was stopped).
@@ -219,7 +220,7 @@ fn apply(ctx: &TaskContext, server: &Arc<Server>, event: Event) {
             // Spend counts also after the turn ended for us: an abort OpenCode did not confirm
             // at once may leave a step running, and what it costs is spent all the same.
             note_spending(e, &event, owner.child);
-            if e.rec.status.is_terminal() {
+            if e.rec.status().is_terminal() {
                 return Then::Nothing;
             }
             let then = if owner.child {
@@ -260,7 +261,7 @@ fn apply(ctx: &TaskContext, server: &Arc<Server>, event: Event) {
 }
 
 /// A subagent's event: its asks are the task's, its tools show as the task's progress.
-fn apply_child(ctx: &TaskContext, e: &mut super::entry::TaskEntry, event: &Event) {
+fn apply_child(ctx: &TaskContext, e: &mut super::lifecycle::entry::TaskEntry, event: &Event) {
     match event {
         Event::PermissionAsked(ask) => e.ask_permission(ask.clone()),
         Event::PermissionReplied { request_id, .. } => e.permission_answered(request_id),
@@ -275,7 +276,12 @@ fn apply_child(ctx: &TaskContext, e: &mut super::entry::TaskEntry, event: &Event
     }
 }
 
-fn track_tool(e: &mut super::entry::TaskEntry, tool: &str, status: &str, title: &Option<String>) {
+fn track_tool(
+    e: &mut super::lifecycle::entry::TaskEntry,
+    tool: &str,
+    status: &str,
+    title: &Option<String>,
+) {
     match status {
         "pending" | "running" => e.live.current_tool = Some((tool.to_string(), title.clone())),
         _ => {
@@ -286,7 +292,7 @@ fn track_tool(e: &mut super::entry::TaskEntry, tool: &str, status: &str, title: 
 }
 
 /// An event of the task's own session.
-fn apply_own(ctx: &TaskContext, e: &mut super::entry::TaskEntry, event: &Event) -> Then {
+fn apply_own(ctx: &TaskContext, e: &mut super::lifecycle::entry::TaskEntry, event: &Event) -> Then {
     let mut then = Then::Nothing;
     if e.is_open() {
         e.live.streamed.apply(&e.rec.user_message_id, event);
@@ -416,7 +422,9 @@ mod tests {
     use crate::tasks::context::fixtures::{context, registry_with};
     #[test]
     fn a_subagents_ask_is_its_parents_and_only_until_answered() {
-        let registry = registry_with(|e| e.rec.status = TaskStatus::Running);
+        let registry = registry_with(|e| {
+            e.started();
+        });
         registry.adopt_child("ses_a", "ses_child");
         let ctx = context(registry.clone());
         let ask = PermissionAsk {
@@ -431,7 +439,7 @@ mod tests {
             apply_child(&ctx, e, &Event::PermissionAsked(ask.clone()))
         });
         let asked = registry.get("tsk_a").expect("task");
-        assert_eq!(asked.rec.status, TaskStatus::WaitingPermission);
+        assert_eq!(asked.rec.status(), TaskStatus::WaitingPermission);
         assert_eq!(
             asked
                 .rec
@@ -452,7 +460,7 @@ mod tests {
             )
         });
         assert_eq!(
-            registry.get("tsk_a").map(|e| e.rec.status),
+            registry.get("tsk_a").map(|e| e.rec.status()),
             Some(TaskStatus::Running)
         );
     }

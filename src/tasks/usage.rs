@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::lifecycle::record::{requested_if_other, Segment, Spent, TaskRecord};
 use super::model::TaskStatus;
-use super::record::{requested_if_other, Segment, Spent, TaskRecord};
 use crate::config::ReferencePrice;
 use crate::opencode::{Price, Tokens};
 
@@ -42,6 +42,8 @@ pub const DEFAULT_MODEL: &str = "(server default)";
 pub struct TaskSummary {
     pub id: String,
     pub status: TaskStatus,
+    /// Where it stands when the status alone does not say (see `TaskLine::phase`).
+    pub phase: Option<String>,
     pub tier: Option<String>,
     /// The model the task asked for (`None`: the server's default).
     pub model: Option<String>,
@@ -80,7 +82,8 @@ impl From<&TaskRecord> for TaskSummary {
     fn from(r: &TaskRecord) -> Self {
         Self {
             id: r.id.clone(),
-            status: r.status,
+            status: r.status(),
+            phase: r.phase().shown().map(str::to_string),
             tier: r.tier.clone(),
             model: r.model.clone(),
             title: r.title.clone(),
@@ -374,6 +377,10 @@ fn row(name: &str, u: &Usage) -> String {
 pub struct TaskLine {
     pub task_id: String,
     pub status: TaskStatus,
+    /// Where it stands, when the status alone does not say: `starting`, `held_schema`,
+    /// `held_checks`, `held_outage`, `aborting`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
     /// The model of the latest turn (as reported, else as asked for); absent: the server's
@@ -425,6 +432,7 @@ pub fn list(
         .map(|r| TaskLine {
             task_id: r.id.clone(),
             status: r.status,
+            phase: r.phase.clone(),
             tier: r.tier.clone(),
             model: r.ran_on().map(str::to_string),
             model_requested: requested_if_other(r.model.as_deref(), r.answered()),
@@ -445,11 +453,13 @@ pub fn list_text(lines: &[TaskLine]) -> String {
         "task", "status", "tier", "model", "age", "duration", "title"
     );
     for l in lines {
-        let status = if l.gateway_gone {
-            format!("{} (gone)", l.status.as_str())
-        } else {
-            l.status.as_str().to_string()
-        };
+        let mut status = l.status.as_str().to_string();
+        if let Some(phase) = &l.phase {
+            status = format!("{status}: {phase}");
+        }
+        if l.gateway_gone {
+            status.push_str(" (gone)");
+        }
         let model = match &l.model_requested {
             Some(asked) => format!(
                 "{} (asked {asked})",
@@ -540,7 +550,7 @@ mod tests {
         );
         r.tier = tier.map(str::to_string);
         r.model = Some(model.to_string());
-        r.status = status;
+        r.set_status_for_test(status);
         r.created_ms = Some(started);
         r.turn_started_ms = started;
         r.finished_ms = finished;

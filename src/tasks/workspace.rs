@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::entry::TaskEntry;
 use super::error::TaskError;
 use super::fetch;
+use super::lifecycle::entry::TaskEntry;
+use super::lifecycle::record::WorkspaceRecord;
 use super::model::{ResultView, TaskResult, Workspace};
-use super::record::WorkspaceRecord;
 use super::service::TaskService;
 use crate::git::{self, Base, DiffFile};
 
@@ -346,7 +346,7 @@ impl TaskService {
             return Err(TaskError::Conflict(format!(
                 "task {task_id} is still {}: its agent may still be writing; wait for it \
                  (opencode_wait_for_task) or cancel it before you {what} it",
-                entry.rec.status.as_str()
+                entry.rec.status().as_str()
             )));
         }
         Ok(entry)

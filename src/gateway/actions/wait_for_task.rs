@@ -430,6 +430,7 @@ mod tests {
     fn snapshot(id: &str, status: TaskStatus, tool: Option<(&str, &str)>) -> TaskSnapshot {
         TaskSnapshot {
             queue_position: None,
+            phase: None,
             task_id: id.into(),
             status,
             server_id: Some("srv_1".into()),

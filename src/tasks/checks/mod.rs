@@ -31,11 +31,11 @@ use run::{run, Place};
 use std::sync::Arc;
 
 use super::context::TaskContext;
-use super::entry::{Claim, TaskEntry};
 use super::follow::{open_turn, Follows};
+use super::lifecycle::entry::{Claim, TaskEntry};
+use super::lifecycle::record::ChecksState;
 use super::model::{CheckResult, TaskStatus};
 use super::outcome::{self, Attempts};
-use super::record::ChecksState;
 use crate::config::{Config, FixFailure};
 use crate::opencode::{ErrorInfo, Server};
 
@@ -146,7 +146,7 @@ fn keep_stopped(ctx: &TaskContext, task_id: &str, turn: u32, mut results: Vec<Ch
         if e.rec.turn != turn {
             return;
         }
-        let why = match (e.rec.status, e.rec.error.as_ref()) {
+        let why = match (e.rec.status(), e.rec.error.as_ref()) {
             (TaskStatus::Cancelled, _) => "stopped: the task was cancelled".to_string(),
             (_, Some(error)) => format!("stopped: {}", error.message),
             _ => "stopped: the task moved on".to_string(),
@@ -457,8 +457,8 @@ fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::lifecycle::record::TaskRecord;
     use crate::tasks::model::{ChecksStatus, Escalation, SNAPSHOT_OUTPUT_CHARS};
-    use crate::tasks::record::TaskRecord;
 
     fn config() -> Config {
         let mut c = crate::gateway::test_config();
@@ -635,7 +635,7 @@ mod tests {
     async fn passing_checks_complete_the_task_and_failing_ones_without_rounds_fail_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let e = settle_with(&["true", "echo fine"], dir.path(), |_| {}).await;
-        assert_eq!(e.rec.status, TaskStatus::Completed);
+        assert_eq!(e.rec.status(), TaskStatus::Completed);
         let c = e.rec.checks.as_ref().expect("checks");
         assert_eq!((c.passed, c.last.len(), c.checking), (Some(true), 2, None));
 
@@ -643,7 +643,7 @@ mod tests {
             c.checks.max_rounds = 0
         })
         .await;
-        assert_eq!(e.rec.status, TaskStatus::Failed);
+        assert_eq!(e.rec.status(), TaskStatus::Failed);
         let error = e.rec.error.as_ref().expect("error");
         assert_eq!(error.name, CHECKS_FAILED);
         assert!(error.message.contains("exit status 3"), "{}", error.message);
@@ -655,13 +655,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         // Rounds left, but OpenCode is out of reach: the round is not sent, and the task says so.
         let e = settle_with(&["exit 1"], dir.path(), |_| {}).await;
-        assert_eq!(e.rec.status, TaskStatus::Failed);
+        assert_eq!(e.rec.status(), TaskStatus::Failed);
         let message = &e.rec.error.as_ref().expect("error").message;
         assert!(message.contains("could not be sent"), "{message}");
         // A directory that is gone: the check never ran, and no round is tried.
         let gone = dir.path().join("gone");
         let e = settle_with(&["true"], &gone, |_| {}).await;
-        assert_eq!(e.rec.status, TaskStatus::Failed);
+        assert_eq!(e.rec.status(), TaskStatus::Failed);
         let message = &e.rec.error.as_ref().expect("error").message;
         assert!(message.contains("could not run"), "{message}");
         assert!(e.rec.checks.as_ref().is_some_and(|c| c.last[0].not_run));
@@ -691,7 +691,7 @@ mod tests {
             crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
             registry.get("tsk_a").expect("task")
         };
-        assert_eq!(e.rec.status, TaskStatus::Failed);
+        assert_eq!(e.rec.status(), TaskStatus::Failed);
         let message = &e.rec.error.as_ref().expect("error").message;
         assert!(message.contains("escalation to tier"), "{message}");
         assert!(e.rec.escalations.is_empty());

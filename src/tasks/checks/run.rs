@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 
 use super::CheckResult;
-use crate::tasks::record::TaskRecord;
+use crate::tasks::lifecycle::record::TaskRecord;
 use crate::workers::Remote;
 
 /// How often a running check looks whether its task still wants it (a cancel ends it).

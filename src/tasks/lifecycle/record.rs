@@ -12,11 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use serde_json::Value;
 
-use super::model::{
+use super::super::model::{
     CheckResult, ChecksStatus, ChecksView, StructuredAttempt, TaskStatus, Workspace,
 };
-use super::turn::TurnState;
+use super::super::turn::TurnState;
+use super::phase::Phase;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
+
+fn is_nothing_spent(spent: &(f64, u64)) -> bool {
+    spent.0 == 0.0 && spent.1 == 0
+}
 
 /// Format version of a record.
 pub const VERSION: u32 = 1;
@@ -56,7 +61,22 @@ pub struct TaskRecord {
     /// Epoch milliseconds.
     pub turn_started_ms: u64,
     pub finished_ms: Option<u64>,
-    pub status: TaskStatus,
+    /// What hosts read; derived from `phase` by the lifecycle's transitions, the only writers
+    /// (see [`TaskRecord::status`]). Saved so that older gateways and the task list read it.
+    status: TaskStatus,
+    /// Where the task stands (see [`Phase`]). Absent in records written before phases were
+    /// saved: [`TaskRecord::phase`] derives it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    phase: Option<Phase>,
+    /// The provider failure a turn held for another model ([`Phase::HeldOutage`]) is held with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outage: Option<ErrorInfo>,
+    /// What the earlier rounds of this host turn spent, USD and tokens (a structured answer's
+    /// corrections and the checks' fix rounds are turns of their own, but one request of the
+    /// host): the caps hold for the host's turn as a whole. Saved, so a restart between rounds
+    /// still counts them.
+    #[serde(default, skip_serializing_if = "is_nothing_spent")]
+    pub(in crate::tasks) spent_before: (f64, u64),
     /// A queued task's start request (`service::StartTask`, as JSON), until it starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<serde_json::Value>,
@@ -116,7 +136,7 @@ pub struct TaskRecord {
     /// Each move of the task to another model: a tier's fallback model after a provider error,
     /// or its `escalate_to` tier after failing checks or a provider error (oldest first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub escalations: Vec<super::model::Escalation>,
+    pub escalations: Vec<super::super::model::Escalation>,
     /// What the task spent on each tier and model it left (one per escalation, in order), so
     /// the usage report counts each model's share under its own tier and model; the rest of
     /// `earlier` and the current turn are the current tier's.
@@ -360,6 +380,9 @@ impl TaskRecord {
             turn_started_ms: epoch_ms(SystemTime::now()),
             finished_ms: None,
             status: TaskStatus::Pending,
+            phase: Some(Phase::Starting),
+            outage: None,
+            spent_before: (0.0, 0),
             queued: None,
             error: None,
             permissions: Vec::new(),
@@ -384,9 +407,54 @@ impl TaskRecord {
         }
     }
 
+    /// What hosts read of where the task stands.
+    pub fn status(&self) -> TaskStatus {
+        self.status
+    }
+
+    /// Where the task stands.
+    pub fn phase(&self) -> Phase {
+        self.phase.unwrap_or_else(|| {
+            let schema = self
+                .structured
+                .as_ref()
+                .is_some_and(|s| s.checking.is_some());
+            let checks = self.checks.as_ref().is_some_and(|c| c.checking.is_some());
+            Phase::of_older_record(self.status, schema, checks)
+        })
+    }
+
+    /// The provider failure the turn is held with on its way to another model.
+    pub fn outage(&self) -> Option<&ErrorInfo> {
+        self.outage.as_ref()
+    }
+
+    /// Moves the task to `phase`, its status with it: the phase's own status, else `open`
+    /// (the open or aborting turn's status as it was, `pending` for a turn that just began;
+    /// for [`Phase::Finished`], the status it ended with, set by [`Self::finish`]).
+    pub(in crate::tasks::lifecycle) fn set_phase(&mut self, phase: Phase, open: TaskStatus) {
+        self.phase = Some(phase);
+        if phase != Phase::HeldOutage {
+            self.outage = None;
+        }
+        self.status = phase.fixed_status().unwrap_or(open);
+    }
+
+    /// Holds the turn for another model, with the provider failure it is held with.
+    pub(in crate::tasks::lifecycle) fn hold_outage(&mut self, error: Option<ErrorInfo>) {
+        self.set_phase(Phase::HeldOutage, TaskStatus::Running);
+        self.outage = error;
+    }
+
+    /// The open turn's status moves within `open` (`pending`, `running`, `waiting_permission`).
+    pub(in crate::tasks::lifecycle) fn set_open_status(&mut self, status: TaskStatus) {
+        debug_assert!(matches!(self.phase(), Phase::Open | Phase::Aborting));
+        self.status = status;
+    }
+
     /// Opens a new turn: everything about the previous one is cleared, but what it spent is
     /// added to [`TaskRecord::earlier`].
-    pub fn begin_turn(
+    pub(in crate::tasks::lifecycle) fn begin_turn(
         &mut self,
         user_message_id: String,
         agent: Option<String>,
@@ -408,7 +476,7 @@ impl TaskRecord {
         self.model = model;
         self.turn_started_ms = now;
         self.finished_ms = None;
-        self.status = TaskStatus::Pending;
+        self.set_phase(Phase::Open, TaskStatus::Pending);
         self.error = None;
         self.permissions.clear();
         self.outcome = None;
@@ -418,8 +486,13 @@ impl TaskRecord {
     }
 
     /// Ends the turn with a terminal status.
-    pub fn finish(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
-        self.status = status;
+    pub(in crate::tasks::lifecycle) fn finish(
+        &mut self,
+        status: TaskStatus,
+        error: Option<ErrorInfo>,
+    ) {
+        debug_assert!(status.is_terminal());
+        self.set_phase(Phase::Finished, status);
         self.error = error;
         self.permissions.clear();
         self.finished_ms = Some(epoch_ms(SystemTime::now()));
@@ -566,7 +639,7 @@ impl StructuredState {
 
     /// Records the check of `attempt.turn` (replacing an earlier check of the same turn, which a
     /// restart can repeat).
-    pub(super) fn record(&mut self, attempt: StructuredAttempt) {
+    pub(in crate::tasks) fn record(&mut self, attempt: StructuredAttempt) {
         self.attempts.retain(|a| a.turn != attempt.turn);
         self.attempts.push(attempt);
     }
@@ -637,6 +710,30 @@ pub fn start_failed(why: impl std::fmt::Display) -> ErrorInfo {
         retryable: None,
         name: "StartFailed".into(),
         message: format!("the queued task could not start: {why}"),
+    }
+}
+
+/// For the tests of other rooms, which build records in a given state: the transitions they
+/// would otherwise reach through a running gateway.
+#[cfg(test)]
+impl TaskRecord {
+    pub fn begin_turn_for_test(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+    ) {
+        self.begin_turn(user_message_id, agent, model);
+    }
+
+    pub fn finish_for_test(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
+        self.finish(status, error);
+    }
+
+    /// The record as the lifecycle would have left it with `status`.
+    pub fn set_status_for_test(&mut self, status: TaskStatus) {
+        let phase = Phase::of_older_record(status, false, false);
+        self.set_phase(phase, status);
     }
 }
 

@@ -1,8 +1,8 @@
 //! A task's entry: its durable record and its live state, moved only by named transitions.
 //!
-//! [`Phase`] is where the current turn stands in the gateway's hands (open, being checked,
-//! being aborted, finished); the transitions ([`TaskEntry::claim_abort`],
-//! [`TaskEntry::claim_check`], [`TaskEntry::finish`], ...) are the only way it moves, each from
+//! The phase (see `phase.rs`) is saved in the record; the transitions here
+//! ([`TaskEntry::claim_start`], [`TaskEntry::begin_turn`], [`TaskEntry::hold`],
+//! [`TaskEntry::claim_abort`], [`TaskEntry::finish`], ...) are the only way it moves, each from
 //! the phases it names, so two deciders (an idle event and an abort, say) cannot both end a
 //! turn. Everything else the gateway knows of a running turn and does not keep on disk
 //! (progress, streamed text, spend, pending asks' times) is [`Live`]. The registry holds the
@@ -13,43 +13,13 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
+use super::super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
+use super::super::stream::StreamedTurn;
+use super::super::turn::ReplySeen;
+use super::phase::{Held, Phase, Refused};
 use super::record::TaskRecord;
-use super::stream::StreamedTurn;
-use super::turn::ReplySeen;
 use crate::opencode::Tokens;
 use crate::opencode::{ErrorInfo, PermissionAsk};
-
-/// Where a task's current turn stands in the gateway's hands. It changes only under the
-/// registry lock, through the claims on [`TaskEntry`] ([`TaskEntry::claim_abort`],
-/// [`TaskEntry::claim_check`], ...), each of which names the phase it moves from: so two actors
-/// (an event verdict, a completion check, a structured check, a cancel, the deadline,
-/// `stop_server`, a continue) can never both act on one turn, whatever order their awaits end in.
-///
-/// ```text
-///          claim_check             finish
-///   Open ─────────────────▶ Checking ──────────▶ Finished ──begin_turn──▶ Open
-///    ▲ ▲ ◀── release_check ──┘ │ claim_abort        ▲
-///    │ └───── abort_refused ── Aborting ◀───────────┼──── claim_abort ── Open
-///    │                            └───── finish ────┘
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// The turn runs in OpenCode (`status` pending, running or waiting_permission): its events
-    /// and completion checks decide it.
-    Open,
-    /// The turn's answer is in and is being checked against the task's output schema
-    /// (`structured::settle`). `structured.checking` is its durable twin: a gateway that
-    /// restarts meanwhile reads the turn again and checks the answer again.
-    Checking,
-    /// A cancel, the deadline or `stop_server` claimed the turn and is aborting it: nothing
-    /// else decides it meanwhile. If OpenCode refuses the abort (a cancel), the turn is open
-    /// again, even if it was being checked: that check gave up when the abort claimed the
-    /// turn, and the next completion check claims it for a new one.
-    Aborting,
-    /// The turn is over: `status` is terminal.
-    Finished,
-}
 
 /// What a move to [`Phase::Finished`] claims the turn from ([`TaskEntry::finish`]): every end
 /// of a turn names the phase and turn it holds, so two deciders (an idle event and an abort,
@@ -62,9 +32,26 @@ pub enum Claim {
     Checked(u32),
     /// An abort, which holds the turn.
     Aborted(u32),
+    /// The queue, which holds a task not started yet.
+    Queued,
     /// The turn is gone whoever holds it: its session was deleted, its server died, or the
     /// gateway that ran it exited.
     Gone(u32),
+}
+
+impl Claim {
+    /// The statuses a turn held by this claim may end in: a verdict completes or fails a turn;
+    /// an abort cancels it, times it out or fails it (a cap, `stop_server`); the queue
+    /// cancels or fails a task that never started; a turn that is gone fails, or is cancelled.
+    pub fn may_end_in(self, status: TaskStatus) -> bool {
+        use TaskStatus::*;
+        match self {
+            Claim::Open(_) | Claim::Checked(_) => matches!(status, Completed | Failed),
+            Claim::Aborted(_) => matches!(status, Cancelled | TimedOut | Failed),
+            Claim::Queued => matches!(status, Cancelled | Failed),
+            Claim::Gone(_) => matches!(status, Failed | Cancelled),
+        }
+    }
 }
 
 /// What the gateway knows about a task's current turn that is not worth saving: progress fed by
@@ -77,8 +64,6 @@ pub struct Live {
     /// has been finished *and* unused for the memory TTL, so one just read back from disk for a
     /// follow-up, an apply or a discard stays while that operation runs.
     pub last_used: Instant,
-    /// Where the turn stands (see [`Phase`]); change it only through the claims.
-    phase: Phase,
     /// Cancels the turn's `timeouts.task` timer (`abort.rs`): the timer task goes when the turn
     /// ends, instead of sleeping out the whole deadline (30 minutes by default) for every turn
     /// that ended long before, which made memory grow with history at a steady rate.
@@ -91,24 +76,17 @@ pub struct Live {
     pub streamed: StreamedTurn,
     /// What the turn has spent so far, from the stream (see `spend.rs`).
     pub spending: Spending,
-    /// What the earlier rounds of this host turn spent (a structured answer's automatic
-    /// corrections are turns of their own, but one request of the host): the caps hold for the
-    /// host's turn as a whole, so `structured_retries` does not multiply them.
-    pub spent_before: (f64, u64),
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
     pub steps: u32,
     pub tools_run: u32,
     pub retry: Option<RetryInfo>,
-    /// The provider error a failed turn is held with while the gateway moves the task to
-    /// another model (`escalation.rs`).
-    pub outage: Option<ErrorInfo>,
     pub last_event: Instant,
     /// What is known of each pending ask (by id) beyond the record. Not saved: after a restart
     /// an ask is news again.
     pub asks: HashMap<String, AskSeen>,
     /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
-    /// id, how many checks, since when (see [`super::turn::abandoned`]).
+    /// id, how many checks, since when (see [`super::super::turn::abandoned`]).
     pub unfinished: Option<(String, u32, Instant)>,
     /// Set on a view of another live gateway's unfinished task read from its record (see
     /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.
@@ -128,7 +106,7 @@ pub struct AskSeen {
 }
 
 impl AskSeen {
-    pub(super) fn now() -> Self {
+    pub(in crate::tasks) fn now() -> Self {
         Self {
             since: Instant::now(),
             shown: false,
@@ -137,24 +115,21 @@ impl AskSeen {
 }
 
 impl Live {
-    pub(super) fn new(turn_started: Instant) -> Self {
+    pub(in crate::tasks) fn new(turn_started: Instant) -> Self {
         Self {
             turn_started,
             finished_at: None,
             last_used: Instant::now(),
-            phase: Phase::Open,
             deadline: None,
             session_error: None,
             latest_reply: None,
             streamed: StreamedTurn::default(),
             spending: Spending::default(),
-            spent_before: (0.0, 0),
             current_tool: None,
             text_tail: String::new(),
             steps: 0,
             tools_run: 0,
             retry: None,
-            outage: None,
             last_event: Instant::now(),
             asks: HashMap::new(),
             unfinished: None,
@@ -180,19 +155,22 @@ impl TaskEntry {
         }
     }
 
-    /// A task read back from the store. Not yet used by anyone: a finished one is as old as
-    /// its finish (a call that reads it back marks it used).
+    /// A task queued for a slot (`limits.queue`), its start request kept in its record.
+    pub fn queued(mut rec: TaskRecord) -> Self {
+        rec.set_phase(Phase::Queued, TaskStatus::Queued);
+        Self::new(rec)
+    }
+
+    /// A task read back from the store, in the phase it was saved in (a view of another live
+    /// gateway's task shows where that gateway has it). Not yet used by anyone: a finished one
+    /// is as old as its finish (a call that reads it back marks it used).
     pub fn from_record(rec: TaskRecord) -> Self {
         let mut live = Live::new(TaskRecord::instant_at(rec.turn_started_ms));
         live.finished_at = rec.finished_ms.map(TaskRecord::instant_at);
         if let Some(finished) = live.finished_at {
             live.last_used = finished;
         }
-        // A turn read back is finished or open: a check or abort under way died with the
-        // gateway that ran it, and is claimed again by whoever runs it now.
-        if rec.status.is_terminal() {
-            live.phase = Phase::Finished;
-        } else {
+        if !rec.status().is_terminal() {
             // What the stream showed of the turn went with the gateway that saw it: its answer
             // and its spend so far are read over HTTP.
             live.streamed.mark_gap();
@@ -212,26 +190,71 @@ impl TaskEntry {
         entry
     }
 
-    /// Opens a new turn: the record's and the progress of the previous one are cleared.
+    /// This gateway takes over a task whose gateway is gone. A hold or an abort under way died
+    /// with that gateway: the turn is open again, and is claimed again by whoever decides it
+    /// now (a held answer is held again by the next completion check, whose record still says
+    /// what was being checked). A start under way from the queue goes back to the queue (its
+    /// request is still in the record).
+    pub fn adopt(&mut self) {
+        match self.rec.phase() {
+            Phase::HeldSchema | Phase::HeldChecks | Phase::HeldOutage => {
+                self.rec.set_phase(Phase::Open, TaskStatus::Running)
+            }
+            Phase::Aborting => {
+                let status = self.rec.status();
+                self.rec.set_phase(Phase::Open, status)
+            }
+            Phase::Starting if self.rec.queued.is_some() => {
+                self.rec.set_phase(Phase::Queued, TaskStatus::Queued)
+            }
+            Phase::Queued | Phase::Starting | Phase::Open | Phase::Finished => {}
+        }
+    }
+
+    /// Opens a new turn, from a task being started or a finished turn (a host's follow-up):
+    /// the record's and the progress of the previous one are cleared, and the caps start over.
     pub fn begin_turn(
         &mut self,
         user_message_id: String,
         agent: Option<String>,
         model: Option<String>,
-    ) {
+    ) -> Result<(), Refused> {
+        self.refuse_unless(
+            matches!(self.rec.phase(), Phase::Starting | Phase::Finished),
+            "begin_turn",
+        )?;
+        self.open(user_message_id, agent, model);
+        self.rec.spent_before = (0.0, 0);
+        Ok(())
+    }
+
+    fn open(&mut self, user_message_id: String, agent: Option<String>, model: Option<String>) {
         self.rec.begin_turn(user_message_id, agent, model);
         self.stop_deadline();
         self.live = Live::new(Instant::now());
     }
 
-    /// Opens the next round of the same host turn (a structured answer's correction): a new
-    /// turn, whose caps count what the earlier rounds spent.
+    fn refuse_unless(&self, allowed: bool, transition: &'static str) -> Result<(), Refused> {
+        if allowed {
+            return Ok(());
+        }
+        Err(Refused {
+            from: self.rec.phase(),
+            transition,
+        })
+    }
+
+    /// Opens the next round of the same host turn (a structured answer's correction, a checks'
+    /// fix round), from turn `turn` held: a new turn, whose caps count what the earlier rounds
+    /// spent.
     pub fn begin_correction(
         &mut self,
+        turn: u32,
         user_message_id: String,
         agent: Option<String>,
         model: Option<String>,
-    ) {
+    ) -> Result<(), Refused> {
+        self.refuse_unless(self.is_checking(turn), "begin_correction")?;
         // The checked answer is done with, and its turn joins the round's earlier turns (whose
         // changed files the round reports).
         if let Some(s) = self.rec.structured.as_mut() {
@@ -243,14 +266,15 @@ impl TaskEntry {
             c.fixed_messages.push(self.rec.user_message_id.clone());
         }
         let before = self.budget_spend();
-        self.begin_turn(user_message_id, agent, model);
-        self.live.spent_before = before;
+        self.open(user_message_id, agent, model);
+        self.rec.spent_before = before;
+        Ok(())
     }
 
     /// What the host's turn has spent against its caps: this round and the earlier ones.
     pub fn budget_spend(&self) -> (f64, u64) {
         let (usd, tokens) = self.live.spending.total();
-        let (usd_before, tokens_before) = self.live.spent_before;
+        let (usd_before, tokens_before) = self.rec.spent_before;
         (usd + usd_before, tokens.saturating_add(tokens_before))
     }
 
@@ -274,81 +298,105 @@ impl TaskEntry {
         }
     }
 
-    /// Where the turn stands.
+    /// Where the task stands.
     pub fn phase(&self) -> Phase {
-        self.live.phase
+        self.rec.phase()
     }
 
     /// The turn runs in OpenCode, and only its events and completion checks decide it.
     pub fn is_open(&self) -> bool {
-        self.live.phase == Phase::Open
+        self.phase() == Phase::Open
     }
 
     /// The turn is over and nothing acts on it any more: it may be continued, applied or
     /// discarded.
     pub fn is_settled(&self) -> bool {
-        self.live.phase == Phase::Finished
+        self.phase() == Phase::Finished
     }
 
-    /// Claims turn `turn` for an abort, from open or checking; `false` when the task is on
+    /// Claims queued task for its start: from queued only, so a cancel that came first wins
+    /// and a task is never started twice. Run under the registry's lock, like every move.
+    pub fn claim_start(&mut self) -> Result<(), Refused> {
+        self.refuse_unless(self.phase() == Phase::Queued, "claim_start")?;
+        self.rec.set_phase(Phase::Starting, TaskStatus::Pending);
+        Ok(())
+    }
+
+    /// Claims turn `turn` for an abort, from open or held; `false` when the task is on
     /// another turn, finished, or already being aborted (a second abort is a no-op).
     pub fn claim_abort(&mut self, turn: u32) -> bool {
-        let claimable = matches!(self.live.phase, Phase::Open | Phase::Checking);
+        let phase = self.phase();
+        let claimable = phase == Phase::Open || phase.is_held();
         if !claimable || self.rec.turn != turn {
             return false;
         }
-        self.live.phase = Phase::Aborting;
+        let status = self.rec.status();
+        self.rec.set_phase(Phase::Aborting, status);
         true
     }
 
     /// Turn `turn` is claimed by an abort.
     pub fn is_aborting(&self, turn: u32) -> bool {
-        self.rec.turn == turn && self.live.phase == Phase::Aborting
+        self.rec.turn == turn && self.phase() == Phase::Aborting
     }
 
-    /// OpenCode refused the abort of turn `turn`: it runs on, open.
+    /// OpenCode refused the abort of turn `turn`: it runs on, open (a check that held it gave
+    /// up when the abort claimed the turn; the next completion check holds it again).
     pub fn abort_refused(&mut self, turn: u32) {
         if self.is_aborting(turn) {
-            self.live.phase = Phase::Open;
+            let status = self.rec.status();
+            self.rec.set_phase(Phase::Open, status);
         }
     }
 
-    /// Claims the open turn for the check of its structured answer; `false` when it is not
-    /// open (a check already runs, an abort claimed it, or it is over).
-    pub fn claim_check(&mut self) -> bool {
-        if self.live.phase != Phase::Open {
+    /// Holds the open turn for the gateway's own verdict (`what`: its structured answer, its
+    /// checks, or another model after a provider failure, with `outage` the failure); `false`
+    /// when it is not open (a hold already runs, an abort claimed it, or it is over). The task
+    /// reads as running meanwhile (an ask pending at the turn's end no longer holds it).
+    pub fn hold(&mut self, what: Held, outage: Option<ErrorInfo>) -> bool {
+        if !self.is_open() {
             return false;
         }
-        self.live.phase = Phase::Checking;
-        // Its answer is being checked: the task runs on until the check ends it (an ask
-        // pending at the turn's end no longer holds it).
-        self.rec.status = TaskStatus::Running;
+        match what {
+            Held::Outage => self.rec.hold_outage(outage),
+            _ => self.rec.set_phase(what.into(), TaskStatus::Running),
+        }
         true
     }
 
-    /// Turn `turn` is being checked (not aborted, finished or followed by another turn).
-    pub fn is_checking(&self, turn: u32) -> bool {
-        self.rec.turn == turn && self.live.phase == Phase::Checking
+    /// The hold of turn `turn` moves on to `what` (a structured answer that passed its
+    /// schema goes on to the checks); `false` when the turn is no longer held.
+    pub fn hold_next(&mut self, turn: u32, what: Held) -> bool {
+        if !self.is_checking(turn) || what == Held::Outage {
+            return false;
+        }
+        self.rec.set_phase(what.into(), TaskStatus::Running);
+        true
     }
 
-    /// The check of turn `turn` ended without finishing it or opening a correction (an abort
+    /// Turn `turn` is held (not aborted, finished or followed by another turn).
+    pub fn is_checking(&self, turn: u32) -> bool {
+        self.rec.turn == turn && self.phase().is_held()
+    }
+
+    /// The hold of turn `turn` ended without finishing it or opening a correction (an abort
     /// claimed the turn meanwhile and was refused): the turn is open again, so the next
-    /// completion check claims it for a check of its own.
-    pub fn release_check(&mut self, turn: u32) {
+    /// completion check holds it again.
+    pub fn release_hold(&mut self, turn: u32) {
         if self.is_checking(turn) {
-            self.live.phase = Phase::Open;
+            self.rec.set_phase(Phase::Open, TaskStatus::Running);
         }
     }
 
     /// A permission ask of the task (or of one of its subagents) is pending: the task waits for
     /// it, beside any other ask still pending (two subagents may ask at once; each is answered
-    /// by its own id). A turn that is not open (over, being checked or aborted), or an ask it
+    /// by its own id). A turn that is not open (over, held or aborted), or an ask it
     /// already holds, is left as it is.
     pub fn ask_permission(&mut self, ask: PermissionAsk) {
         if !self.is_open() || self.rec.permissions.iter().any(|p| p.id == ask.id) {
             return;
         }
-        self.rec.status = TaskStatus::WaitingPermission;
+        self.rec.set_open_status(TaskStatus::WaitingPermission);
         self.live.asks.insert(ask.id.clone(), AskSeen::now());
         self.rec.permissions.push(ask);
     }
@@ -358,23 +406,25 @@ impl TaskEntry {
     pub fn permission_answered(&mut self, request_id: &str) {
         self.rec.permissions.retain(|p| p.id != request_id);
         self.live.asks.remove(request_id);
-        if self.rec.permissions.is_empty() && self.rec.status == TaskStatus::WaitingPermission {
-            self.rec.status = TaskStatus::Running;
+        if self.rec.permissions.is_empty() && self.rec.status() == TaskStatus::WaitingPermission {
+            self.rec.set_open_status(TaskStatus::Running);
         }
     }
 
-    /// Ends the turn with a terminal status, if `claim` holds it: the one move to
-    /// [`Phase::Finished`], and the one place a terminal status is written. Returns whether it
-    /// ended the turn; a claim that does not hold (another decider ended or claimed the turn
-    /// first, or a later turn began) changes nothing.
+    /// Ends the turn with a terminal status, if `claim` holds it and may end in `status`: the
+    /// one move to [`Phase::Finished`], and the one place a terminal status is written.
+    /// Returns whether it ended the turn; a claim that does not hold (another decider ended or
+    /// claimed the turn first, or a later turn began) changes nothing.
     pub fn finish(&mut self, claim: Claim, status: TaskStatus, error: Option<ErrorInfo>) -> bool {
+        let phase = self.phase();
         let held = match claim {
-            Claim::Open(turn) => self.live.phase == Phase::Open && self.rec.turn == turn,
+            Claim::Open(turn) => phase == Phase::Open && self.rec.turn == turn,
             Claim::Checked(turn) => self.is_checking(turn),
             Claim::Aborted(turn) => self.is_aborting(turn),
-            Claim::Gone(turn) => self.live.phase != Phase::Finished && self.rec.turn == turn,
+            Claim::Queued => phase == Phase::Queued,
+            Claim::Gone(turn) => phase != Phase::Finished && self.rec.turn == turn,
         };
-        if !held || !status.is_terminal() {
+        if !held || !claim.may_end_in(status) {
             return false;
         }
         self.rec.finish(status, error);
@@ -383,7 +433,6 @@ impl TaskEntry {
         self.live.retry = None;
         // The answer is in the record now (or is read over HTTP): the streamed copy goes.
         self.live.streamed = StreamedTurn::default();
-        self.live.phase = Phase::Finished;
         self.stop_deadline();
         self.live.finished_at = Some(Instant::now());
         true
@@ -392,9 +441,9 @@ impl TaskEntry {
     /// The turn's first sign of work (the session busy or retrying, a reply): `pending` becomes
     /// `running`. Returns whether it did.
     pub fn started(&mut self) -> bool {
-        let moved = self.is_open() && self.rec.status == TaskStatus::Pending;
+        let moved = self.is_open() && self.rec.status() == TaskStatus::Pending;
         if moved {
-            self.rec.status = TaskStatus::Running;
+            self.rec.set_open_status(TaskStatus::Running);
         }
         moved
     }
@@ -462,8 +511,8 @@ impl TaskEntry {
                 tokens,
                 last_event_ms_ago: since_event.as_millis() as u64,
                 // A task waiting for a person's answer is quiet by design, not stalled.
-                stalled: !r.status.is_terminal()
-                    && r.status != TaskStatus::WaitingPermission
+                stalled: !r.status().is_terminal()
+                    && r.status() != TaskStatus::WaitingPermission
                     && since_event > stall,
                 retry: self.live.retry.clone(),
                 spent_usd: r.budget.map(|_| self.budget_spend().0),
@@ -472,11 +521,12 @@ impl TaskEntry {
             }
         });
         // A structured task's value and errors are the finished round's only.
-        let structured = r.structured.as_ref().filter(|_| r.status.is_terminal());
+        let structured = r.structured.as_ref().filter(|_| r.status().is_terminal());
         TaskSnapshot {
             queue_position: None,
             task_id: r.id.clone(),
-            status: r.status,
+            status: r.status(),
+            phase: r.phase().shown().map(str::to_string),
             title: r.title.clone(),
             elapsed_ms: self.duration().as_millis() as u64,
             error: r.error.clone(),
@@ -494,7 +544,7 @@ impl TaskEntry {
             checks: r
                 .checks
                 .as_ref()
-                .map(|c| c.view(r.status.is_terminal(), r.turn).brief()),
+                .map(|c| c.view(r.status().is_terminal(), r.turn).brief()),
             escalations: r.escalations.clone(),
             confined: r.confinement.as_ref().map(|c| c.is_confined()),
             unconfined: r
@@ -513,12 +563,12 @@ impl TaskEntry {
             tokens: r
                 .outcome
                 .as_ref()
-                .filter(|_| r.status.is_terminal())
+                .filter(|_| r.status().is_terminal())
                 .map(|o| o.tokens),
             cost: r
                 .outcome
                 .as_ref()
-                .filter(|_| r.status.is_terminal())
+                .filter(|_| r.status().is_terminal())
                 .map(|o| o.cost),
             turn_started_ms: r.turn_started_ms,
             updated_ms: r.finished_ms.unwrap_or_else(|| {
@@ -547,23 +597,23 @@ impl TaskEntry {
 
 /// What the task's current turn has spent so far: as streamed (its session and its
 /// subagents'), or, if more, as read over HTTP once it ended.
-pub(super) fn turn_spend(e: &TaskEntry) -> f64 {
+pub(in crate::tasks) fn turn_spend(e: &TaskEntry) -> f64 {
     let streamed = e.live.spending.total().0;
     let read = e.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
     streamed.max(read)
 }
 
 /// What a waiter can observe (a change wakes them).
-pub(super) fn observable(e: &TaskEntry) -> impl PartialEq {
+pub(in crate::tasks) fn observable(e: &TaskEntry) -> impl PartialEq {
     (
-        e.rec.status,
+        e.rec.status(),
         e.rec.turn,
         e.rec
             .permissions
             .iter()
             .map(|p| p.id.clone())
             .collect::<Vec<_>>(),
-        e.live.phase,
+        e.rec.phase(),
         // The turn's first reply (an abort waits for it: see `abort.rs`).
         e.live.latest_reply.is_some(),
     )
@@ -625,7 +675,108 @@ impl TaskEntry {
             "/w".into(),
             "t".into(),
         ));
-        e.begin_turn("msg_1".into(), None, None);
+        e.begin_turn("msg_1".into(), None, None)
+            .expect("a new task opens its first turn");
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(id: &str) -> TaskEntry {
+        let mut rec = TaskRecord::new(
+            id.into(),
+            String::new(),
+            String::new(),
+            "/w".into(),
+            "t".into(),
+        );
+        rec.queued = Some(serde_json::json!({ "prompt": "x" }));
+        TaskEntry::queued(rec)
+    }
+
+    /// The queue's race, forced both ways: the drainer read the task as queued, then a cancel
+    /// and the drainer's claim land in either order. Whichever comes first wins, never both: a
+    /// cancelled task is never started, and a starting one is not reported cancelled.
+    #[test]
+    fn a_cancel_and_the_queues_claim_never_both_win() {
+        let mut cancelled_first = queued("a");
+        assert_eq!(cancelled_first.rec.status(), TaskStatus::Queued);
+        assert!(cancelled_first.finish(Claim::Queued, TaskStatus::Cancelled, None));
+        let refused = cancelled_first
+            .claim_start()
+            .expect_err("a cancelled task never starts");
+        assert_eq!(refused.from, Phase::Finished);
+        assert_eq!(cancelled_first.rec.status(), TaskStatus::Cancelled);
+
+        let mut claimed_first = queued("b");
+        claimed_first
+            .claim_start()
+            .expect("a queued task is claimed");
+        assert!(!claimed_first.finish(Claim::Queued, TaskStatus::Cancelled, None));
+        assert!(claimed_first.claim_start().is_err(), "started once");
+        assert_eq!(
+            (claimed_first.rec.status(), claimed_first.phase()),
+            (TaskStatus::Pending, Phase::Starting),
+            "a starting task reads as pending"
+        );
+    }
+
+    /// Each claim ends a turn only in the statuses it may: a verdict completes or fails, an
+    /// abort cancels, times out or fails, the queue cancels or fails.
+    #[test]
+    fn each_claim_ends_only_in_its_own_statuses() {
+        let mut e = TaskEntry::in_first_turn("a", "ses_a");
+        assert!(!e.finish(Claim::Open(1), TaskStatus::Cancelled, None));
+        assert!(!e.finish(Claim::Open(1), TaskStatus::TimedOut, None));
+        assert!(
+            !e.finish(Claim::Queued, TaskStatus::Failed, None),
+            "not queued"
+        );
+        assert!(e.claim_abort(1));
+        assert!(!e.finish(Claim::Aborted(1), TaskStatus::Completed, None));
+        assert!(e.finish(Claim::Aborted(1), TaskStatus::TimedOut, None));
+        assert_eq!(e.phase(), Phase::Finished);
+    }
+
+    /// The phase is saved with the record, and read back as it was, holds included (a view of
+    /// another gateway's task shows it); a record from before phases were saved gets its phase
+    /// from its status and the checks it was running.
+    #[test]
+    fn the_phase_is_saved_and_older_records_get_one() {
+        let mut e = TaskEntry::in_first_turn("a", "ses_a");
+        e.rec.checks = Some(super::super::record::ChecksState::new(vec!["true".into()]));
+        assert!(e.hold(Held::Checks, None));
+        e.rec.checks.as_mut().expect("checks").checking = Some(1);
+        let saved = serde_json::to_value(&e.rec).expect("serialises");
+        assert_eq!(saved["phase"], "held_checks");
+        assert_eq!(saved["status"], "running");
+        let back: TaskRecord = serde_json::from_value(saved.clone()).expect("reads back");
+        assert_eq!(back.phase(), Phase::HeldChecks);
+
+        let mut older = saved;
+        older.as_object_mut().expect("object").remove("phase");
+        let back: TaskRecord = serde_json::from_value(older).expect("reads back");
+        assert_eq!(back.phase(), Phase::HeldChecks);
+
+        let outage = ErrorInfo {
+            provider_status: Some(503),
+            retryable: Some(true),
+            name: "APIError".into(),
+            message: "overloaded".into(),
+        };
+        let mut moving = TaskEntry::in_first_turn("b", "ses_b");
+        assert!(moving.hold(Held::Outage, Some(outage.clone())));
+        let back: TaskRecord =
+            serde_json::from_value(serde_json::to_value(&moving.rec).expect("json")).expect("back");
+        assert_eq!(
+            back.outage(),
+            Some(&outage),
+            "what is held is saved with the hold"
+        );
+        moving.release_hold(1);
+        assert_eq!(moving.rec.outage(), None, "and goes with it");
     }
 }
