@@ -388,3 +388,77 @@ async fn a_provider_outage_moves_the_task_to_a_fallback_model_or_a_stronger_tier
     assert_eq!(result["status"], "failed", "{result}");
     assert!(result.get("escalations").is_none(), "{result}");
 }
+
+/// **A held task says where it stands.** While a task's checks run, it reads `running` (as
+/// hosts expect) with `phase: held_checks` beside it, in status and in the task list of the CLI,
+/// which reads the saved record; once the checks passed, the phase is gone and the task is
+/// `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_held_for_its_checks_shows_that_phase() {
+    let env = OpenCodeEnv::new();
+    let config = env.home_dir().join("user-delegation.yaml");
+    std::fs::write(&config, "checks:\n  from_calls: true\n").expect("the user's file");
+    let config_var = config.display().to_string();
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_CONFIG", config_var.as_str())],
+    )
+    .await;
+    let gate = rig.env.root().join("checks-gate");
+    let check = format!("until test -f {}; do sleep 0.1; done", gate.display());
+    let (task, _) = start(&rig, json!({ "prompt": "held", "checks": [check] })).await;
+    let mut seen = Value::Null;
+    for _ in 0..600 {
+        seen = rig
+            .ok("opencode_get_task_status", json!({ "task_id": task }))
+            .await;
+        if seen["phase"] == "held_checks" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen["phase"], "held_checks", "{seen}");
+    assert_eq!(seen["status"], "running", "{seen}");
+
+    // The CLI reads the saved record, which the store writes just after the change.
+    let listed = |rig: &Rig| -> Value {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        cmd.args(["tasks", "--json"])
+            .current_dir(rig.env.work_dir())
+            .env_clear()
+            .envs(rig.env.vars(&rig.fake.url()));
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        let out = cmd.output().expect("the tasks command runs");
+        let all: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "tasks --json: {e}: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        all.as_array()
+            .and_then(|l| l.iter().find(|t| t["task_id"] == task.as_str()).cloned())
+            .unwrap_or_else(|| panic!("the task is listed: {all}"))
+    };
+    let mut line = Value::Null;
+    for _ in 0..50 {
+        line = listed(&rig);
+        if line["phase"] == "held_checks" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (&line["status"], &line["phase"]),
+        (&json!("running"), &json!("held_checks")),
+        "{line}"
+    );
+
+    std::fs::write(&gate, "open").expect("open the gate");
+    let done = rig.finish(&task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done.get("phase").is_none(), "{done}");
+}
