@@ -2042,3 +2042,128 @@ async fn every_end_of_a_remote_turn_brings_its_work_back() {
         );
     }
 }
+
+/// **Work outlives a host's reconnect.** A host's `/mcp` or update starts a new gateway and
+/// closes the old one's stdin while a task runs on a worker. The old gateway exits cleanly
+/// without stopping the worker's OpenCode (it used to, and the task ended `WorkerLost`); the new
+/// one takes the task over, and it ends `completed` with its work, on the same OpenCode, whose
+/// linger timer the new gateway stopped. Then, with no gateway back, a lingering OpenCode stops
+/// once `limits.linger` has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_task_runs_on_across_a_clean_reconnect() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        mut rig,
+        root,
+        ..
+    } = OneWorker::start_with(
+        &[("app.txt", "one\n")],
+        |_| {},
+        None,
+        3,
+        "limits:\n  linger: 20s\n",
+    )
+    .await;
+    let (gate, hold) = rig.gate();
+    async fn running_status(rig: &support::rig::Rig, id: String) -> Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut status = rig.status(&id).await;
+        while status["status"] != "running" && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            status = rig.status(&id).await;
+        }
+        status
+    }
+    let held = rig
+        .start_task_with(json!({
+            "prompt": format!("held {hold} [[write:held.txt:held\\n]]"),
+            "worker": "w1",
+        }))
+        .await;
+    let held = held["task_id"].as_str().expect("task_id").to_string();
+    let status = running_status(&rig, held.clone()).await;
+    assert_eq!(status["status"], "running", "{status}");
+    let running = reaper.servers();
+    assert_eq!(running.len(), 1, "the worker's OpenCode runs");
+
+    rig.reconnect().await;
+    assert_eq!(
+        reaper.servers(),
+        running,
+        "the worker's OpenCode outlived the clean exit"
+    );
+    let status = rig.status(&held).await;
+    assert!(
+        ["pending", "running"].contains(&status["status"].as_str().unwrap_or_default()),
+        "{status}\n{}",
+        rig.client.stderr()
+    );
+    std::fs::write(&gate, "open").expect("open the gate");
+    let result = rig.finish(&held).await;
+    assert_eq!(
+        result["status"],
+        "completed",
+        "{result}\n{}",
+        rig.client.stderr()
+    );
+    assert_eq!(
+        result["workspace"]["changes"][0]["file"], "held.txt",
+        "{result}"
+    );
+    assert_eq!(
+        reaper.servers(),
+        running,
+        "the same OpenCode finished the task"
+    );
+    assert!(
+        !root.join("linger.pid").exists(),
+        "the new gateway stopped the linger timer"
+    );
+
+    // No gateway comes back: the lingering OpenCode stops after `limits.linger`.
+    std::fs::remove_file(&gate).expect("close the gate");
+    // The new gateway has no server of the old one's: `default` starts one.
+    let again = rig
+        .ok(
+            "opencode_start_task",
+            json!({ "server_id": "default", "prompt": format!("again {hold}"), "worker": "w1" }),
+        )
+        .await;
+    let again = again["task_id"].as_str().expect("task_id").to_string();
+    let status = running_status(&rig, again).await;
+    assert_eq!(status["status"], "running", "{status}");
+    let client = rig.client;
+    let said = client.stderr_handle();
+    client.close().await.expect("the gateway exits cleanly");
+    assert_eq!(reaper.servers(), running, "it lingers for its task");
+    assert!(
+        root.join("linger.pid").exists(),
+        "no linger timer on the worker\n{}",
+        said()
+    );
+    let stopped = support::rig::poll_for(std::time::Duration::from_secs(90), || {
+        reaper.servers().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        stopped.is_some(),
+        "the worker's OpenCode still runs long after limits.linger: {:?}",
+        reaper
+            .servers()
+            .iter()
+            .map(|p| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                format!(
+                    "{p}: {} [{stat}]",
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                )
+            })
+            .collect::<Vec<_>>()
+    );
+}

@@ -213,6 +213,11 @@ pub const POLICY: &[Policy] = &[
         why: LIMIT,
     },
     Policy {
+        pattern: "limits.linger",
+        rule: Rule::OnlyLower,
+        why: LIMIT,
+    },
+    Policy {
         pattern: "limits.structured_retries",
         rule: Rule::OnlyLower,
         why: LIMIT,

@@ -404,6 +404,10 @@ pub struct Timeouts {
     pub check: HumanDuration,
 }
 
+fn linger_default() -> HumanDuration {
+    Duration::from_secs(600).into()
+}
+
 fn check_timeout_default() -> HumanDuration {
     Duration::from_secs(600).into()
 }
@@ -596,6 +600,12 @@ pub struct Limits {
     #[serde(default)]
     #[schemars(range(max = MAX_QUEUE))]
     pub queue: u32,
+    /// How long a worker's OpenCode keeps running its unfinished tasks after this gateway
+    /// exits cleanly (a host's reconnect or update ends the gateway): the next gateway on the
+    /// same state directory takes them over. Once it passes with no gateway back, OpenCode
+    /// there is stopped. 0: stop it at exit, as for a worker without unfinished tasks.
+    #[serde(default = "linger_default")]
+    pub linger: HumanDuration,
     /// How long a finished task stays answerable (its record is then deleted).
     pub finished_task_ttl: HumanDuration,
     /// How long a finished task stays in memory after it finished or was last used; then only

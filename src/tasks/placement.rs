@@ -438,15 +438,30 @@ impl TaskService {
     /// Stops every worker's OpenCode (shutdown), all at once and for a bounded time: one that
     /// cannot be reached in time is left to its ssh session's end.
     pub(super) async fn stop_worker_serves(&self) {
+        let linger = self.config().limits.linger.get();
         let stops = self
             .workers
             .all()
             .into_iter()
             .map(|(name, slot)| async move {
                 let taken = slot.lock().await.take();
-                if let Some(link) = taken {
+                let Some(link) = taken else {
+                    return;
+                };
+                // Its tasks outlive this gateway (a host's reconnect ends it): their OpenCode
+                // runs on for `limits.linger`, and the next gateway on this state directory
+                // takes them over from its saved file, as after a crash.
+                let running = self.registry.ids_where(|e| {
+                    e.rec.server_id == link.server_id && !e.rec.status().is_terminal()
+                });
+                if running.is_empty() || linger.is_zero() {
                     link.serve.stop(&link.remote).await;
                     self.forget_serve(&name);
+                    return;
+                }
+                match link.serve.linger(&link.remote, linger).await {
+                    Ok(()) => tracing::info!(worker = %name, tasks = running.len(), ?linger, "the worker's OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
+                    Err(e) => tracing::warn!(worker = %name, error = %e, "could not bound how long the worker's OpenCode runs on; it runs its tasks on until a gateway takes them over"),
                 }
             });
         if tokio::time::timeout(STOP_AT_SHUTDOWN, futures::future::join_all(stops))

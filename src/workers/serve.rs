@@ -38,11 +38,44 @@ const SERVE: &str = "umask 077; IFS= read -r p || exit 97; OPENCODE_SERVER_PASSW
                      echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 
+/// Stops the linger timer (see [`LINGER`]) whose pid is kept in the file `$f`, if there is one:
+/// a gateway reaches that OpenCode again, so it no longer lingers. The file is read as hostile
+/// (only digits are a pid).
+const STOP_TIMER: &str = "if [ -f \"$f\" ]; then t=$(head -c 32 \"$f\" 2>/dev/null); \
+                          case \"$t\" in ''|*[!0-9]*) ;; *) kill \"$t\" 2>/dev/null;; esac; \
+                          rm -f \"$f\"; fi";
+
 /// The fixed script a gateway that restarted reaches a worker's OpenCode again with: `$1` its
-/// pid there. It says whether that process still runs, then keeps the session (and so the
-/// forward) open exactly as long as it does.
-const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; echo opencode-mcp-attached; \
-                     while kill -0 \"$1\" 2>/dev/null; do sleep 5; done";
+/// pid there, `$2` its linger timer's file (see [`LINGER`]). It says whether that process still
+/// runs, stops the timer, then keeps the session (and so the forward) open exactly as long as
+/// the process runs.
+const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$2\"; STOP_TIMER; \
+                     echo opencode-mcp-attached; while kill -0 \"$1\" 2>/dev/null; do sleep 5; done";
+
+/// The fixed script that lets a worker's OpenCode run on after a clean exit of its gateway (a
+/// host's reconnect or update ends the gateway while tasks run there): `$1` its pid, `$2` the
+/// grace period in seconds, `$3` the file the timer's pid is kept in, `$4` the directory it
+/// serves from (the worker's root). A timer already there is stopped first. When the grace
+/// period passes with no gateway back ([`WATCH`] stops the timer), OpenCode gets SIGTERM, and
+/// 5 s later its whole process group SIGKILL: OpenCode's npm launcher runs the real server as
+/// its child, which a SIGKILL of the launcher alone would leave running (OpenCode leads its
+/// group: the serve session's shell `exec`s it, and sshd starts each session in a new one).
+/// Then the agents' commands it left are stopped: OpenCode starts each in a session of its
+/// own, through the confining shell under the root, which runs on once OpenCode is gone
+/// (measured: a command waiting on a file outlived it).
+const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"; STOP_TIMER; \
+                      nohup sh -c 'sleep \"$1\"; kill -TERM \"$2\" 2>/dev/null; sleep 5; \
+                      kill -KILL -\"$2\" 2>/dev/null; kill -KILL \"$2\" 2>/dev/null; \
+                      ps -eo pid=,args= | while read -r p a; do case \"$a\" in \
+                      *\" $3/sandbox/shell \"*) kill -KILL -\"$p\" 2>/dev/null; \
+                      kill -KILL \"$p\" 2>/dev/null;; esac; done' \
+                      linger \"$2\" \"$1\" \"$4\" </dev/null >/dev/null 2>&1 & echo $! > \"$f\"";
+
+/// The file on the worker that keeps the linger timer's pid, under the OpenCode's directory
+/// (the worker's root, made by the gateway and out of its agents' reach).
+fn timer_file(directory: &str) -> String {
+    format!("{}/linger.pid", directory.trim_end_matches('/'))
+}
 
 /// [`WATCH`]'s exit status when the process is gone.
 const GONE: i32 = 96;
@@ -383,7 +416,9 @@ impl RemoteServe {
         let pid = saved.remote_pid.to_string();
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{}", saved.remote_port);
         let extra = [FORWARDING, FORWARD_STRICT, &["-L", &forward]].concat();
-        let argv = ["sh", "-c", WATCH, "sh", &pid];
+        let watch = WATCH.replace("STOP_TIMER", STOP_TIMER);
+        let timer = timer_file(&saved.directory);
+        let argv = ["sh", "-c", &watch, "sh", &pid, &timer];
         let mut session = remote
             .ssh
             .command_with(&extra, &argv)
@@ -477,6 +512,38 @@ impl RemoteServe {
         }
         let _ = self.session.start_kill();
         let _ = tokio::time::timeout(END_WAIT, self.session.wait()).await;
+    }
+
+    /// Lets OpenCode there run on for `grace` after this gateway is gone (it exits cleanly while
+    /// tasks run there), then stop, unless a gateway reaches it again first: the session here
+    /// ends, OpenCode and its saved file stay.
+    pub async fn linger(mut self, remote: &Remote, grace: Duration) -> Result<(), SshError> {
+        let script = LINGER.replace("STOP_TIMER", STOP_TIMER);
+        let (pid, secs) = (
+            self.remote_pid.to_string(),
+            grace.as_secs().max(1).to_string(),
+        );
+        let timer = timer_file(&self.directory);
+        let out = remote
+            .ssh
+            .run(
+                &[
+                    "sh",
+                    "-c",
+                    &script,
+                    "sh",
+                    &pid,
+                    &secs,
+                    &timer,
+                    &self.directory,
+                ],
+                None,
+                Duration::from_secs(10),
+            )
+            .await;
+        let _ = self.session.start_kill();
+        let _ = tokio::time::timeout(END_WAIT, self.session.wait()).await;
+        out.map(|_| ())
     }
 
     /// Whether the serve session (and so the forward) still runs.

@@ -498,6 +498,12 @@ impl McpClient {
         snapshot(&self.stderr)
     }
 
+    /// What the gateway writes on stderr, read later (after [`Self::close`], say).
+    pub fn stderr_handle(&self) -> impl Fn() -> String {
+        let stderr = self.stderr.clone();
+        move || snapshot(&stderr)
+    }
+
     /// The progress notifications received so far.
     pub fn progress(&self) -> Vec<ProgressNotificationParam> {
         self.recorder

@@ -101,6 +101,15 @@ impl Rig {
         );
     }
 
+    /// A host's reconnect (Claude Code's `/mcp`, an update): a new gateway with the same
+    /// configuration and environment starts, and the old one's stdin closes, so it exits
+    /// cleanly (asserted) while the new one serves.
+    pub async fn reconnect(&mut self) {
+        let new = self.launch.connect().await.expect("the new gateway starts");
+        let old = std::mem::replace(&mut self.client, new);
+        old.close().await.expect("the old gateway exits cleanly");
+    }
+
     /// Launches a new gateway with the same configuration and environment (same state dir).
     pub async fn relaunch(&mut self) {
         self.client = self
