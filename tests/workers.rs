@@ -706,10 +706,23 @@ impl OneWorker {
         slots: u32,
         more: &str,
     ) -> Self {
+        Self::start_login(files, prepare, local_slots, slots, more, None).await
+    }
+
+    /// [`Self::start_with`], the worker's sessions run through `login` (sshd's
+    /// `ForceCommand`) when given.
+    async fn start_login(
+        files: &[(&str, &str)],
+        prepare: impl FnOnce(&std::path::Path),
+        local_slots: Option<u32>,
+        slots: u32,
+        more: &str,
+        login: Option<&std::path::Path>,
+    ) -> Self {
         let fake = FakeLlm::start();
         let env = OpenCodeEnv::new();
         let key = SshKey::new();
-        let worker = Sshd::start("w1", &key);
+        let worker = Sshd::start_with("w1", &key, login);
         // The worker's own OpenCode setup: a home of its own, its provider the fake model.
         let worker_env = OpenCodeEnv::new();
         let reaper = ReapHome(worker_env.home_dir());
@@ -2165,5 +2178,97 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
                 )
             })
             .collect::<Vec<_>>()
+    );
+}
+
+/// **A queued task waits out a short worker drop.** A task queued for worker `w1` (its one
+/// slot taken) is due to start while `w1` refuses every new session: its start fails, and the
+/// task goes back to the queue instead of failing, since the worker has been out of reach for
+/// less than its `lost_after`. Once the worker answers again, the task starts there and
+/// completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_task_waits_out_a_short_worker_drop() {
+    use serde_json::json;
+
+    // Every session on the worker (each command, through the shared connection too) runs
+    // through this login, which fails while the mode file says `down`, as a worker does
+    // whose sshd refuses.
+    let dir = support::isolation::test_tmp().join(format!("drop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mode = dir.join("mode");
+    let login = dir.join("login.sh");
+    std::fs::write(
+        &login,
+        format!(
+            "#!/bin/sh\n[ \"$(cat '{}' 2>/dev/null)\" = down ] && exit 255\n\
+             exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"\n",
+            mode.display()
+        ),
+    )
+    .expect("the login");
+    std::fs::set_permissions(&login, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper: _reaper,
+        rig,
+        ..
+    } = OneWorker::start_login(
+        &[("app.txt", "one\n")],
+        |_| {},
+        None,
+        1,
+        "limits:\n  queue: 5\n",
+        Some(&login),
+    )
+    .await;
+    let (gate, hold) = rig.gate();
+    let first = rig
+        .start_task_with(json!({ "prompt": format!("first {hold}"), "worker": "w1" }))
+        .await;
+    let first = first["task_id"].as_str().expect("task_id").to_string();
+    let queued = rig
+        .start_task_with(json!({ "prompt": "[[write:b.txt:b\\n]]", "worker": "w1" }))
+        .await;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let queued = queued["task_id"].as_str().expect("task_id").to_string();
+
+    // The worker stops answering; the first task ends, so the queued one is due to start.
+    std::fs::write(&mode, "down").expect("the worker's mode");
+    std::fs::write(&gate, "open").expect("open the gate");
+    let done = rig.finish(&first).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while std::time::Instant::now() < deadline {
+        let status = rig.status(&queued).await;
+        let now = status["status"].as_str().unwrap_or_default().to_string();
+        if seen.last() != Some(&now) {
+            seen.push(now.clone());
+        }
+        if now == "failed" || (now == "queued" && seen.len() >= 3) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen,
+        ["queued", "pending", "queued"],
+        "its start was tried while the worker was away, and it waits again\n{}",
+        rig.client.stderr()
+    );
+
+    std::fs::write(&mode, "up").expect("the worker's mode");
+    let w = rig.wait(&[&queued], "all", 150_000).await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let result = rig
+        .ok("opencode_get_task_result", json!({ "task_id": queued }))
+        .await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(
+        result["workspace"]["changes"][0]["file"], "b.txt",
+        "{result}"
     );
 }

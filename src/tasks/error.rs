@@ -35,6 +35,21 @@ pub enum TaskError {
     WorkerServe(#[from] ServeError),
 }
 
+impl TaskError {
+    /// A worker that ssh could not reach (refused, failed to connect, or silent past its
+    /// bound): a drop that may well pass, unlike a refusal of what was asked.
+    pub fn worker_unreachable(&self) -> bool {
+        match self {
+            TaskError::Worker(RepoError::Ssh(e))
+            | TaskError::WorkerServe(ServeError::Ssh(e))
+            | TaskError::WorkerServe(ServeError::Sandbox(SandboxError::Ssh {
+                source: e, ..
+            })) => matches!(e, SshError::Unreachable { .. } | SshError::TimedOut { .. }),
+            _ => false,
+        }
+    }
+}
+
 impl Coded for TaskError {
     fn code(&self) -> ErrorCode {
         let git = |e: &GitError| match e {

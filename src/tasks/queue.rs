@@ -21,6 +21,7 @@ use super::error::TaskError;
 use super::lifecycle::entry::{Claim, TaskEntry};
 use super::lifecycle::phase::Phase;
 use super::lifecycle::record::{start_failed, TaskRecord};
+use super::links::WorkerServes;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::service::{default_title, StartTask, TaskService};
 
@@ -113,6 +114,15 @@ impl TaskService {
                     continue;
                 }
             };
+            // Its worker dropped off a moment ago: it waits until the worker is tried again,
+            // rather than failing on a connection that is coming back.
+            if req
+                .worker
+                .as_deref()
+                .is_some_and(|w| self.workers.avoided(w))
+            {
+                continue;
+            }
             // Still full where it may run: it waits; one behind it may run elsewhere.
             let kind = (
                 req.worker.clone(),
@@ -145,14 +155,40 @@ impl TaskService {
             }
             let this = self.clone();
             let idempotency = entry.rec.idempotency.clone();
+            let worker = req.worker.clone();
             tokio::spawn(async move {
                 let started = this.start_queued(req, idempotency, slot, &id).await;
-                if let Err(e) = started {
-                    tracing::warn!(task_id = %id, error = %e, "a queued task could not start");
-                    this.fail_queued(&id, e.to_string());
+                let Err(e) = started else {
+                    // It answered: a drop noted before is over (a later one counts afresh).
+                    if let Some(w) = worker.as_deref() {
+                        WorkerServes::mark_up(&this.workers.down, w);
+                    }
+                    return;
+                };
+                // A worker out of reach for less than its `lost_after` is a drop the gateway
+                // rides out for running tasks: a queued one waits for it the same way.
+                if let Some(w) = worker.as_deref().filter(|_| e.worker_unreachable()) {
+                    WorkerServes::mark_down(&this.workers.down, w, e.to_string());
                 }
+                let briefly_down = worker.as_deref().is_some_and(|w| this.briefly_down(w));
+                if briefly_down
+                    && this.registry.update(&id, |e| e.back_to_queue().is_ok()) == Some(true)
+                {
+                    tracing::info!(task_id = %id, error = %e, "its worker is out of reach for now; the queued task waits for it");
+                    return;
+                }
+                tracing::warn!(task_id = %id, error = %e, "a queued task could not start");
+                this.fail_queued(&id, e.to_string());
             });
         }
+    }
+
+    /// Worker `w` is out of reach, and has been for less than its `lost_after`.
+    fn briefly_down(&self, w: &str) -> bool {
+        let lost_after = crate::workers::lost_after(&self.config(), w);
+        self.workers
+            .down_since(w)
+            .is_some_and(|d| d.since.elapsed() < lost_after)
     }
 
     /// Starts queued task `id` in room taken for it (on the server it was queued for, or the

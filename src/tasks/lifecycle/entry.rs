@@ -322,6 +322,17 @@ impl TaskEntry {
         Ok(())
     }
 
+    /// A start claimed from the queue could not reach its worker, which dropped off only
+    /// briefly: the task waits in the queue again (its request is still in its record).
+    pub fn back_to_queue(&mut self) -> Result<(), Refused> {
+        self.refuse_unless(
+            self.phase() == Phase::Starting && self.rec.queued.is_some(),
+            "back_to_queue",
+        )?;
+        self.rec.set_phase(Phase::Queued, TaskStatus::Queued);
+        Ok(())
+    }
+
     /// Claims turn `turn` for an abort, from open or held; `false` when the task is on
     /// another turn, finished, or already being aborted (a second abort is a no-op).
     pub fn claim_abort(&mut self, turn: u32) -> bool {
