@@ -157,6 +157,7 @@ async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Optio
 /// Records the move of the task to `next` as the turn after `turn` opens (called under the
 /// registry lock by the turn's `prepare`, so a turn that cannot be sent leaves no record of it).
 pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
+    e.rec.leaving = Some((e.rec.tier.clone(), e.rec.model.clone()));
     e.rec.escalations.push(Escalation {
         from: e.rec.tier.clone().unwrap_or_default(),
         to: next.tier.clone(),
@@ -169,22 +170,6 @@ pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn:
     e.rec.budget = (!caps.is_unlimited()).then_some(caps);
     e.rec.tier = Some(next.tier);
     e.rec.variant = next.variant;
-}
-
-/// Once the turn on the next model began (`turn`), closes the spend of the tier and model the
-/// task left (see `TaskRecord::close_segment`), for the usage report.
-pub(super) fn close_segment(
-    ctx: &TaskContext,
-    task_id: &str,
-    turn: u32,
-    tier: Option<String>,
-    model: Option<String>,
-) {
-    ctx.registry.update(task_id, |e| {
-        if e.rec.turn == turn {
-            e.rec.close_segment(tier, model);
-        }
-    });
 }
 
 /// The prompt of the turn that carries on after a provider error. It names the error's kind
@@ -249,7 +234,6 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
     );
     let prompt = carry_on_prompt(&error);
     let model = next.model.clone();
-    let left = (entry.rec.tier.clone(), entry.rec.model.clone());
     let opened = open_turn(
         ctx,
         server,
@@ -263,7 +247,7 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
     )
     .await;
     match opened {
-        Ok(new_turn) => close_segment(ctx, task_id, new_turn, left.0, left.1),
+        Ok(_) => {}
         Err(err) => {
             tracing::warn!(task_id, error = %err, "the turn on the next model could not be sent");
             ctx.registry.update(task_id, |e| {
@@ -323,6 +307,42 @@ mod tests {
         assert_eq!(caps.max_cost_usd, Some(0.25), "tightened to the tier's");
         assert_eq!(caps.max_tokens, Some(5000), "the task's own kept");
         assert_eq!(e.rec.tier.as_deref(), Some(strong.as_str()));
+    }
+
+    /// The segment of the tier and model a task leaves is closed by the opening of the turn on
+    /// the next one, in the same change: with what the left turn spent, and not at all when
+    /// that turn is never opened.
+    #[test]
+    fn the_segment_left_closes_as_the_next_turn_opens() {
+        use crate::tasks::lifecycle::phase::Held;
+        let c = config();
+        let next = NextModel {
+            tier: c.tiers[2].name.clone(),
+            model: Some("p/strong".into()),
+            variant: None,
+            caps: c.limits.budget(),
+        };
+        let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
+        e.rec.tier = Some(c.tiers[0].name.clone());
+        e.rec.model = Some("p/fast".into());
+        e.rec.outcome = Some(crate::tasks::turn::TurnState {
+            cost: 0.5,
+            ..Default::default()
+        });
+        assert!(e.hold(Held::Checks, None));
+        let before = e.clone();
+        record_move(&mut e, next, "checks still fail".into(), 1);
+        assert!(e.rec.segments.is_empty(), "not before the turn opens");
+        e.begin_correction(1, "msg_2".into(), None, Some("p/strong".into()))
+            .expect("a held turn opens a correction");
+        assert_eq!(e.rec.segments.len(), 1, "{:?}", e.rec.segments);
+        let s = &e.rec.segments[0];
+        assert_eq!(
+            (s.tier.as_deref(), s.model.as_deref(), s.spent.cost),
+            (Some(c.tiers[0].name.as_str()), Some("p/fast"), 0.5)
+        );
+        // A turn that could not be sent is undone whole: no segment is left behind.
+        assert!(before.rec.segments.is_empty() && before.rec.leaving.is_none());
     }
 
     #[test]

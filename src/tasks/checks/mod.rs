@@ -311,8 +311,6 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
     };
     // The round is counted, and a move recorded, as the turn opens: a round that cannot be
     // sent leaves neither behind.
-    let left = (entry.rec.tier.clone(), entry.rec.model.clone());
-    let moved = moving.is_some();
     let model = match &moving {
         Some(m) => m.model.clone(),
         None => entry.rec.model.clone(),
@@ -343,9 +341,6 @@ pub async fn settle(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn
     )
     .await;
     match result {
-        Ok(new_turn) if moved => {
-            super::escalation::close_segment(ctx, task_id, new_turn, left.0, left.1);
-        }
         Ok(_) => {}
         Err(err) => {
             tracing::warn!(task_id, error = %err, "the fix round could not be sent");

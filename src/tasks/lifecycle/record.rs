@@ -142,6 +142,12 @@ pub struct TaskRecord {
     /// `earlier` and the current turn are the current tier's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub segments: Vec<Segment>,
+    /// The tier and model the task is leaving, set by a move to another model just before the
+    /// turn on the new one opens: that opening closes their segment, in the same change, so a
+    /// turn that cannot be sent (its change undone) leaves no segment, and no restart comes
+    /// between the two.
+    #[serde(skip)]
+    pub leaving: Option<(Option<String>, Option<String>)>,
     /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,7 +290,7 @@ pub struct Segment {
 impl TaskRecord {
     /// Closes the spend of the tier and model the task just left (`tier`, `model`), once the
     /// turn on the next one began: what `earlier` holds beyond the segments closed before.
-    pub fn close_segment(&mut self, tier: Option<String>, model: Option<String>) {
+    fn close_segment(&mut self, tier: Option<String>, model: Option<String>) {
         let before = self
             .segments
             .iter()
@@ -400,6 +406,7 @@ impl TaskRecord {
             escalations: Vec::new(),
             confinement: None,
             segments: Vec::new(),
+            leaving: None,
             budget: None,
             variant: None,
             price: None,
@@ -468,6 +475,9 @@ impl TaskRecord {
             }
             let end = self.finished_ms.unwrap_or(now);
             self.earlier.wall_ms += end.saturating_sub(self.turn_started_ms);
+        }
+        if let Some((tier, model)) = self.leaving.take() {
+            self.close_segment(tier, model);
         }
         self.turn += 1;
         self.note_message_id(&user_message_id);
