@@ -907,3 +907,55 @@ async fn a_cancel_is_on_disk_before_it_answers() {
     let st = rig.status(&running).await;
     assert_eq!(st["status"], "cancelled", "{st}");
 }
+
+/// **A fan-out group is whole while another gateway runs it.** A host's reconnect starts the
+/// new gateway while the old one still runs the group's tasks. The new gateway answers for
+/// another live gateway's tasks from their records, and a wait on the group id used to be
+/// `not_found` there: those records were never joined to their group.
+///
+/// Proves: the second gateway's wait on the group names both running members, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_group_is_whole_in_a_second_gateway() {
+    let rig = Rig::start(&[]).await;
+    let (gate, held) = rig.gate();
+    let out = rig
+        .ok(
+            "opencode_fan_out",
+            json!({
+                "server_id": rig.server_id(),
+                "prompt": format!("wait for the gate {held}"),
+                "models": ["fake/fake-model", "fake/fake-strong"]
+            }),
+        )
+        .await;
+    let group = out["group_id"].as_str().expect("group_id").to_string();
+    let members: Vec<String> = out["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["task_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(members.len(), 2, "{out}");
+
+    let second = rig.launch.connect().await.expect("a second gateway starts");
+    let seen = second
+        .call_ok(
+            "opencode_wait_for_task",
+            json!({ "task_ids": [group], "timeout_ms": 0 }),
+        )
+        .await
+        .expect("the second gateway knows the group");
+    let listed: Vec<&str> = seen["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["task_id"].as_str())
+        .collect();
+    assert_eq!(listed, members, "{seen}");
+    assert_eq!(seen["done"], false, "{seen}");
+    second.close().await.expect("close");
+
+    std::fs::write(&gate, "open").expect("open the gate");
+    let w = rig.wait(&[&group], "all", TASK_TIMEOUT_MS).await;
+    assert_eq!(w["done"], true, "{w}");
+}

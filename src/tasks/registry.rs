@@ -278,6 +278,12 @@ impl Registry {
         }
     }
 
+    /// Makes `task_id` (another live gateway's task, answered for from its record) a member of
+    /// its fan-out group here, so a wait on the group finds every member.
+    pub fn join_group(&self, task_id: &str, g: &GroupMember) {
+        self.lock().join_group(task_id, g);
+    }
+
     /// Turn `turn` of `task_id` spent `usd` (a record read back at a restore, whose spend the
     /// day's ledger may not hold yet: written before the ledger existed).
     pub fn note_spend(&self, task_id: &str, turn: u32, usd: f64) {

@@ -201,7 +201,10 @@ impl TaskService {
             if record.owner_pid != std::process::id() && owner_alive(record.owner_pid) {
                 // Another gateway's live work, or a gateway still shutting down while this one
                 // starts (a host's reconnect): answered for from its record meanwhile, and
-                // taken over once that gateway is gone.
+                // taken over once that gateway is gone. Its fan-out group is whole here too.
+                if let Some(g) = &record.group {
+                    self.registry.join_group(&record.id, g);
+                }
                 foreign.push((record.id, record.owner_pid));
                 continue;
             }
