@@ -1105,8 +1105,6 @@ async fn a_task_placed_on_a_worker_runs_there_and_its_work_comes_back() {
 /// work fetched back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_task_survives_a_gateway_restart() {
-    use serde_json::json;
-
     let OneWorker {
         _key,
         _worker,
@@ -1115,24 +1113,7 @@ async fn a_remote_task_survives_a_gateway_restart() {
         mut rig,
         ..
     } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 3).await;
-    let (gate, hold) = rig.gate();
-    let held = rig
-        .start_task_with(json!({
-            "prompt": format!("held {hold} [[write:held.txt:held\\n]]"),
-            "worker": "w1",
-        }))
-        .await;
-    let held = held["task_id"].as_str().expect("task_id").to_string();
-    // Under way there (its agent in its shell) before the gateway goes.
-    let mut status = rig.status(&held).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while status["status"] != "running" && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        status = rig.status(&held).await;
-    }
-    assert_eq!(status["status"], "running", "{status}");
-    let running = reaper.servers();
-    assert!(!running.is_empty(), "the worker's OpenCode runs");
+    let (gate, held, running) = HeldOnWorker::start(&rig, &reaper).await;
 
     // Killed outright: the worker's OpenCode goes on, and so does the held task.
     rig.kill_gateway().await;
@@ -1142,30 +1123,79 @@ async fn a_remote_task_survives_a_gateway_restart() {
         "the worker's OpenCode outlived the gateway"
     );
     rig.relaunch().await;
-    // Adopted, not interrupted (its last recorded state may be the one before `running`).
-    let status = rig.status(&held).await;
-    assert!(
-        ["pending", "running"].contains(&status["status"].as_str().unwrap_or_default()),
-        "{status}\n{}",
-        rig.client.stderr()
-    );
-    std::fs::write(&gate, "open").expect("open the gate");
-    let result = rig.finish(&held).await;
-    assert_eq!(
-        result["status"],
-        "completed",
-        "{result}\n{}",
-        rig.client.stderr()
-    );
-    assert_eq!(
-        result["workspace"]["changes"][0]["file"], "held.txt",
-        "{result}"
-    );
-    assert_eq!(
-        reaper.servers(),
-        running,
-        "the same OpenCode finished the task: none was started again"
-    );
+    HeldOnWorker::finishes_there(&rig, &reaper, &held, &gate, &running).await;
+}
+
+/// A task held on worker `w1` (its agent in its shell, waiting on a gate), under way there
+/// before the gateway goes: what the restart and reconnect tests carry across.
+struct HeldOnWorker;
+
+impl HeldOnWorker {
+    /// Starts it; its gate, its id, and the worker's OpenCode running it.
+    async fn start(
+        rig: &support::rig::Rig,
+        reaper: &ReapHome,
+    ) -> (std::path::PathBuf, String, Vec<u32>) {
+        let (gate, hold) = rig.gate();
+        let held = rig
+            .start_task_with(serde_json::json!({
+                "prompt": format!("held {hold} [[write:held.txt:held\\n]]"),
+                "worker": "w1",
+            }))
+            .await;
+        let held = held["task_id"].as_str().expect("task_id").to_string();
+        let status = Self::running(rig, &held).await;
+        assert_eq!(status["status"], "running", "{status}");
+        let running = reaper.servers();
+        assert_eq!(running.len(), 1, "the worker's OpenCode runs");
+        (gate, held, running)
+    }
+
+    /// Its status once `running` (or after a minute).
+    async fn running(rig: &support::rig::Rig, id: &str) -> Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut status = rig.status(id).await;
+        while status["status"] != "running" && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            status = rig.status(id).await;
+        }
+        status
+    }
+
+    /// In the gateway now serving, adopted (not interrupted; its last recorded state may be
+    /// the one before `running`), it completes with its work, on the same OpenCode: none was
+    /// started again.
+    async fn finishes_there(
+        rig: &support::rig::Rig,
+        reaper: &ReapHome,
+        held: &str,
+        gate: &std::path::Path,
+        running: &[u32],
+    ) {
+        let status = rig.status(held).await;
+        assert!(
+            ["pending", "running"].contains(&status["status"].as_str().unwrap_or_default()),
+            "{status}\n{}",
+            rig.client.stderr()
+        );
+        std::fs::write(gate, "open").expect("open the gate");
+        let result = rig.finish(held).await;
+        assert_eq!(
+            result["status"],
+            "completed",
+            "{result}\n{}",
+            rig.client.stderr()
+        );
+        assert_eq!(
+            result["workspace"]["changes"][0]["file"], "held.txt",
+            "{result}"
+        );
+        assert_eq!(
+            reaper.servers(),
+            running,
+            "the same OpenCode finished the task"
+        );
+    }
 }
 
 /// **Remote tasks expire cleanly.** Once the records expire, the worker is cleaned of every
@@ -2082,57 +2112,14 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
         "limits:\n  linger: 20s\n",
     )
     .await;
-    let (gate, hold) = rig.gate();
-    async fn running_status(rig: &support::rig::Rig, id: String) -> Value {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let mut status = rig.status(&id).await;
-        while status["status"] != "running" && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            status = rig.status(&id).await;
-        }
-        status
-    }
-    let held = rig
-        .start_task_with(json!({
-            "prompt": format!("held {hold} [[write:held.txt:held\\n]]"),
-            "worker": "w1",
-        }))
-        .await;
-    let held = held["task_id"].as_str().expect("task_id").to_string();
-    let status = running_status(&rig, held.clone()).await;
-    assert_eq!(status["status"], "running", "{status}");
-    let running = reaper.servers();
-    assert_eq!(running.len(), 1, "the worker's OpenCode runs");
-
+    let (gate, held, running) = HeldOnWorker::start(&rig, &reaper).await;
     rig.reconnect().await;
     assert_eq!(
         reaper.servers(),
         running,
         "the worker's OpenCode outlived the clean exit"
     );
-    let status = rig.status(&held).await;
-    assert!(
-        ["pending", "running"].contains(&status["status"].as_str().unwrap_or_default()),
-        "{status}\n{}",
-        rig.client.stderr()
-    );
-    std::fs::write(&gate, "open").expect("open the gate");
-    let result = rig.finish(&held).await;
-    assert_eq!(
-        result["status"],
-        "completed",
-        "{result}\n{}",
-        rig.client.stderr()
-    );
-    assert_eq!(
-        result["workspace"]["changes"][0]["file"], "held.txt",
-        "{result}"
-    );
-    assert_eq!(
-        reaper.servers(),
-        running,
-        "the same OpenCode finished the task"
-    );
+    HeldOnWorker::finishes_there(&rig, &reaper, &held, &gate, &running).await;
     assert!(
         !root.join("linger.pid").exists(),
         "the new gateway stopped the linger timer"
@@ -2140,6 +2127,7 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
 
     // No gateway comes back: the lingering OpenCode stops after `limits.linger`.
     std::fs::remove_file(&gate).expect("close the gate");
+    let (_, hold) = rig.gate();
     // The new gateway has no server of the old one's: `default` starts one.
     let again = rig
         .ok(
@@ -2148,7 +2136,7 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
         )
         .await;
     let again = again["task_id"].as_str().expect("task_id").to_string();
-    let status = running_status(&rig, again).await;
+    let status = HeldOnWorker::running(&rig, &again).await;
     assert_eq!(status["status"], "running", "{status}");
     let client = rig.client;
     let said = client.stderr_handle();

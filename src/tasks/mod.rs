@@ -13,7 +13,7 @@
 //! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
 //!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
 //!   memory under one lock, the change signal, eviction and expiry), `capacity`
-//!   (slots per worker, taken at the check; which queued tasks are being started), `spend` (a
+//!   (slots per worker, taken at the check), `spend` (a
 //!   task's caps and the day's cap), `links` (the workers' OpenCode servers in use, and the
 //!   workers found out of reach).
 //!

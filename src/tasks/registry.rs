@@ -402,12 +402,14 @@ impl Registry {
             .count()
     }
 
-    /// Tasks in memory that hold a slot (started and not finished: not queued), by the worker
-    /// they run on.
+    /// Tasks in memory that hold a slot (started and not finished), by the worker they run on.
+    /// A queued task holds none, nor does one being started from the queue: the room its start
+    /// took is counted apart ([`super::capacity`]) until it is registered as started.
     pub fn live_by_worker(&self) -> std::collections::HashMap<String, usize> {
+        use super::lifecycle::phase::Phase;
         let mut counts = std::collections::HashMap::new();
         for e in self.lock().tasks.values() {
-            if !e.rec.status().is_terminal() && e.rec.status() != TaskStatus::Queued {
+            if !matches!(e.phase(), Phase::Queued | Phase::Starting | Phase::Finished) {
                 *counts.entry(e.rec.worker().to_string()).or_default() += 1;
             }
         }
@@ -872,6 +874,27 @@ mod tests {
         assert!(e.snapshot(true, stall).progress.expect("progress").stalled);
         e.ask_permission(ask("per_1", "ses_a"));
         assert!(!e.snapshot(true, stall).progress.expect("progress").stalled);
+    }
+
+    /// A task queued, or being started from the queue, holds no slot of its own (the room its
+    /// start took is counted apart); once started it does, on its worker.
+    #[test]
+    fn only_started_tasks_hold_a_slot() {
+        let r = Registry::default();
+        let mut rec = TaskRecord::new(
+            "q".into(),
+            String::new(),
+            String::new(),
+            "/w".into(),
+            "t".into(),
+        );
+        rec.queued = Some(serde_json::json!({}));
+        r.insert(TaskEntry::queued(rec));
+        assert!(r.live_by_worker().is_empty());
+        assert_eq!(r.update("q", |e| e.claim_start().is_ok()), Some(true));
+        assert!(r.live_by_worker().is_empty(), "starting");
+        r.insert(entry("a"));
+        assert_eq!(r.live_by_worker().get("local"), Some(&1));
     }
 
     /// Each claim moves only from the phase it names and only on the turn it names: a second
