@@ -38,38 +38,41 @@ const SERVE: &str = "umask 077; IFS= read -r p || exit 97; OPENCODE_SERVER_PASSW
                      echo \"opencode-mcp-pid=$$\"; echo \"opencode-mcp-dir=$(pwd)\"; \
                      exec \"$1\" serve --hostname 127.0.0.1 --port \"$2\" 2>&1";
 
-/// Stops the linger timer (see [`LINGER`]) whose pid is kept in the file `$f`, if there is one:
-/// a gateway reaches that OpenCode again, so it no longer lingers. The file is read as hostile
-/// (only digits are a pid).
-const STOP_TIMER: &str = "if [ -f \"$f\" ]; then t=$(head -c 32 \"$f\" 2>/dev/null); \
-                          case \"$t\" in ''|*[!0-9]*) ;; *) kill \"$t\" 2>/dev/null;; esac; \
-                          rm -f \"$f\"; fi";
-
 /// The fixed script a gateway that restarted reaches a worker's OpenCode again with: `$1` its
 /// pid there, `$2` its linger timer's file (see [`LINGER`]). It says whether that process still
-/// runs, stops the timer, then keeps the session (and so the forward) open exactly as long as
-/// the process runs.
-const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$2\"; STOP_TIMER; \
+/// runs, stops the timer (by removing its file: the timer ends within a second once its file no
+/// longer names it), then keeps the session (and so the forward) open exactly as long as the
+/// process runs.
+const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; rm -f \"$2\"; \
                      echo opencode-mcp-attached; while kill -0 \"$1\" 2>/dev/null; do sleep 5; done";
 
 /// The fixed script that lets a worker's OpenCode run on after a clean exit of its gateway (a
 /// host's reconnect or update ends the gateway while tasks run there): `$1` its pid, `$2` the
-/// grace period in seconds, `$3` the file the timer's pid is kept in, `$4` the directory it
-/// serves from (the worker's root). A timer already there is stopped first. When the grace
-/// period passes with no gateway back ([`WATCH`] stops the timer), OpenCode gets SIGTERM, and
-/// 5 s later its whole process group SIGKILL: OpenCode's npm launcher runs the real server as
-/// its child, which a SIGKILL of the launcher alone would leave running (OpenCode leads its
-/// group: the serve session's shell `exec`s it, and sshd starts each session in a new one).
-/// Then the agents' commands it left are stopped: OpenCode starts each in a session of its
-/// own, through the confining shell under the root, which runs on once OpenCode is gone
-/// (measured: a command waiting on a file outlived it).
-const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"; STOP_TIMER; \
-                      nohup sh -c 'sleep \"$1\"; kill -TERM \"$2\" 2>/dev/null; sleep 5; \
-                      kill -KILL -\"$2\" 2>/dev/null; kill -KILL \"$2\" 2>/dev/null; \
-                      ps -eo pid=,args= | while read -r p a; do case \"$a\" in \
-                      *\" $3/sandbox/shell \"*) kill -KILL -\"$p\" 2>/dev/null; \
-                      kill -KILL \"$p\" 2>/dev/null;; esac; done' \
-                      linger \"$2\" \"$1\" \"$4\" </dev/null >/dev/null 2>&1 & echo $! > \"$f\"";
+/// grace period in seconds, `$3` the timer's file, `$4` the directory it serves from (the
+/// worker's root). A timer already there is stopped first (its file removed).
+///
+/// The timer checks every second that OpenCode still runs and that its file still names it; it
+/// ends as soon as either is no longer so, and never signals a pid it has not just seen alive
+/// (a pid reused after OpenCode ended must not be hit: on a busy machine pids come round within
+/// seconds). When the grace period passes, OpenCode gets SIGTERM, and, if still there 5 s later,
+/// its whole process group SIGKILL: OpenCode's npm launcher runs the real server as its child,
+/// which a SIGKILL of the launcher alone leaves running (OpenCode leads its group: the serve
+/// session's shell `exec`s it, and sshd starts each session in a new one). Then the agents'
+/// commands it left are stopped: OpenCode starts each in a session of its own, through the
+/// confining shell under the root, which runs on once OpenCode is gone (measured: a command
+/// waiting on a file outlived it).
+const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"; rm -f \"$f\"; \
+    nohup sh -c 'i=0; \
+      while sleep 1 && kill -0 \"$2\" 2>/dev/null && [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ]; do \
+        i=$((i + 1)); [ \"$i\" -ge \"$1\" ] || continue; rm -f \"$3\"; \
+        kill -TERM \"$2\" 2>/dev/null; j=0; \
+        while [ \"$j\" -lt 5 ] && kill -0 \"$2\" 2>/dev/null; do sleep 1; j=$((j + 1)); done; \
+        if kill -0 \"$2\" 2>/dev/null; then kill -KILL -\"$2\" 2>/dev/null; kill -KILL \"$2\" 2>/dev/null; fi; \
+        ps -eo pid=,args= | while read -r p a; do case \"$a\" in \
+          *\" $4/sandbox/shell \"*) kill -KILL -\"$p\" 2>/dev/null; kill -KILL \"$p\" 2>/dev/null;; \
+        esac; done; exit 0; \
+      done; [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ] && rm -f \"$3\"' \
+    linger \"$2\" \"$1\" \"$f\" \"$4\" </dev/null >/dev/null 2>&1 & echo $! > \"$f\"";
 
 /// The file on the worker that keeps the linger timer's pid, under the OpenCode's directory
 /// (the worker's root, made by the gateway and out of its agents' reach).
@@ -416,9 +419,8 @@ impl RemoteServe {
         let pid = saved.remote_pid.to_string();
         let forward = format!("127.0.0.1:{local_port}:127.0.0.1:{}", saved.remote_port);
         let extra = [FORWARDING, FORWARD_STRICT, &["-L", &forward]].concat();
-        let watch = WATCH.replace("STOP_TIMER", STOP_TIMER);
         let timer = timer_file(&saved.directory);
-        let argv = ["sh", "-c", &watch, "sh", &pid, &timer];
+        let argv = ["sh", "-c", WATCH, "sh", &pid, &timer];
         let mut session = remote
             .ssh
             .command_with(&extra, &argv)
@@ -518,7 +520,6 @@ impl RemoteServe {
     /// tasks run there), then stop, unless a gateway reaches it again first: the session here
     /// ends, OpenCode and its saved file stay.
     pub async fn linger(mut self, remote: &Remote, grace: Duration) -> Result<(), SshError> {
-        let script = LINGER.replace("STOP_TIMER", STOP_TIMER);
         let (pid, secs) = (
             self.remote_pid.to_string(),
             grace.as_secs().max(1).to_string(),
@@ -530,7 +531,7 @@ impl RemoteServe {
                 &[
                     "sh",
                     "-c",
-                    &script,
+                    LINGER,
                     "sh",
                     &pid,
                     &secs,
