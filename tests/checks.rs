@@ -423,22 +423,9 @@ async fn a_task_held_for_its_checks_shows_that_phase() {
 
     // The CLI reads the saved record, which the store writes just after the change.
     let listed = |rig: &Rig| -> Value {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
-        cmd.args(["tasks", "--json"])
-            .current_dir(rig.env.work_dir())
-            .env_clear()
-            .envs(rig.env.vars(&rig.fake.url()));
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        let out = cmd.output().expect("the tasks command runs");
-        let all: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "tasks --json: {e}: {}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        let (_, stdout, stderr) = rig.cli(&["tasks", "--json"], &[]);
+        let all: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("tasks --json: {e}: {stdout}\n{stderr}"));
         all.as_array()
             .and_then(|l| l.iter().find(|t| t["task_id"] == task.as_str()).cloned())
             .unwrap_or_else(|| panic!("the task is listed: {all}"))

@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use serde_json::{json, Value};
 use support::rig::Rig;
 
@@ -20,21 +18,10 @@ const PRICE_ENV: [(&str, &str); 2] = [
     ),
 ];
 
-/// Runs the gateway binary's subcommand `args` in the rig's environment; (ok, stdout, stderr).
+/// Runs the gateway binary's subcommand `args` in the rig's environment, with the prices set;
+/// (ok, stdout, stderr).
 fn cli(rig: &Rig, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
-    cmd.args(args).current_dir(rig.env.work_dir()).env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        cmd.env("PATH", path);
-    }
-    cmd.envs(rig.env.vars(&rig.fake.url()));
-    cmd.envs(PRICE_ENV);
-    let out = cmd.output().expect("the gateway binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    rig.cli(args, &PRICE_ENV)
 }
 
 fn u(v: &Value) -> u64 {

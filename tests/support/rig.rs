@@ -101,6 +101,24 @@ impl Rig {
         );
     }
 
+    /// Runs the gateway binary's subcommand `args` in this rig's environment (its state
+    /// directory, its configuration), with `extra` variables; (ok, stdout, stderr).
+    pub fn cli(&self, args: &[&str], extra: &[(&str, &str)]) -> (bool, String, String) {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        cmd.args(args).current_dir(self.env.work_dir()).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.envs(self.env.vars(&self.fake.url()));
+        cmd.envs(extra.iter().copied());
+        let out = cmd.output().expect("the gateway binary runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// A host's reconnect (Claude Code's `/mcp`, an update): a new gateway with the same
     /// configuration and environment starts, and the old one's stdin closes, so it exits
     /// cleanly (asserted) while the new one serves.
