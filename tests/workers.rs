@@ -1285,14 +1285,26 @@ async fn remote_tasks_expire_cleanly() {
 
 /// The gateway's own `ssh` processes forwarding to worker `name` (the sessions its OpenCode
 /// is reached through).
-fn forwards_to(name: &str) -> Vec<u32> {
+fn forwards_to(key: &SshKey, name: &str) -> Vec<u32> {
+    ssh_clients(key, name, true)
+}
+
+/// This test's live `ssh` clients to worker `name` (only its forwards with `forwards`): found
+/// by the client configuration the test's gateway passes with `-F` as well as by the name,
+/// since every test names its worker `w1` and their tests run side by side (a client of
+/// another test's gateway, once killed here, cut that test's worker off).
+fn ssh_clients(key: &SshKey, name: &str, forwards: bool) -> Vec<u32> {
+    let config = key.config_file().display().to_string();
     support::procs::all()
         .into_iter()
         .filter(|p| p.is_live() && p.comm == "ssh")
         .filter(|p| {
             let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.contains(&&b"-L"[..]) && args.contains(&name.as_bytes())
+            let ours = args
+                .windows(2)
+                .any(|w| w[0] == b"-F" && w[1] == config.as_bytes());
+            ours && args.contains(&name.as_bytes()) && (!forwards || args.contains(&&b"-L"[..]))
         })
         .map(|p| p.pid)
         .collect()
@@ -1367,7 +1379,7 @@ async fn a_dropped_worker_is_reached_again_and_a_gone_one_is_lost() {
     assert_eq!(before.len(), 1, "b1's OpenCode runs");
 
     // b1's connection drops; its OpenCode goes on.
-    let forwards = forwards_to("b1");
+    let forwards = forwards_to(&key, "b1");
     assert!(!forwards.is_empty(), "the gateway forwards to b1");
     for pid in forwards {
         drop(KillOnDrop(pid));
@@ -1861,7 +1873,7 @@ async fn a_worker_back_from_a_lost_period_keeps_no_opencode_from_it() {
     use serde_json::json;
 
     let OneWorker {
-        _key,
+        _key: key,
         _worker,
         _worker_env,
         reaper,
@@ -1894,15 +1906,7 @@ async fn a_worker_back_from_a_lost_period_keeps_no_opencode_from_it() {
     // Off the network: nothing new is answered, and every connection of the gateway's to it
     // (the forward, the shared one) is cut.
     _worker.pause();
-    let clients: Vec<u32> = support::procs::all()
-        .into_iter()
-        .filter(|p| p.is_live() && p.comm == "ssh")
-        .filter(|p| {
-            let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
-            cmdline.split(|b| *b == 0).any(|a| a == b"w1")
-        })
-        .map(|p| p.pid)
-        .collect();
+    let clients = ssh_clients(&key, "w1", false);
     assert!(!clients.is_empty(), "the gateway's ssh to w1 runs");
     for pid in clients {
         drop(KillOnDrop(pid));

@@ -74,6 +74,30 @@ const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"
       done; [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ] && rm -f \"$3\"' \
     linger \"$2\" \"$1\" \"$f\" \"$4\" </dev/null >/dev/null 2>&1 & echo $! > \"$f\"";
 
+/// SIGTERM to the OpenCode at `pid` on the worker, only while that pid is still a process
+/// serving on `port`: it may have ended on its own since (a hostile agent can kill it), and on
+/// a busy machine its pid soon belongs to another process of the user's. `false` when the
+/// worker could not be reached.
+async fn stop_serving(remote: &Remote, pid: u32, port: u16) -> bool {
+    // `ps` first; where it has no `-p` (busybox), the process's own command line.
+    const STOP: &str = "a=$(ps -o args= -p \"$1\" 2>/dev/null) || \
+                        a=$(tr '\\000' ' ' 2>/dev/null < \"/proc/$1/cmdline\"); \
+                        case \"$a\" in *\"--port $2\"*) kill \"$1\";; esac";
+    if pid <= 1 {
+        return true;
+    }
+    let (pid, port) = (pid.to_string(), port.to_string());
+    remote
+        .ssh
+        .run(
+            &["sh", "-c", STOP, "sh", &pid, &port],
+            None,
+            Duration::from_secs(10),
+        )
+        .await
+        .is_ok()
+}
+
 /// The file on the worker that keeps the linger timer's pid, under the OpenCode's directory
 /// (the worker's root, made by the gateway and out of its agents' reach).
 fn timer_file(directory: &str) -> String {
@@ -480,38 +504,15 @@ impl RemoteServe {
     }
 
     /// Stops an OpenCode known only from what was saved of it (a killed gateway's, that no
-    /// task needs any more; one left running through a lost period): SIGTERM to its pid
-    /// there, only while that pid is still a process serving on its port (a pid may have been
-    /// reused since). Its sessions end with it. `false` when the worker could not be reached
-    /// (nothing was done).
+    /// task needs any more; one left running through a lost period). Its sessions end with it.
+    /// `false` when the worker could not be reached (nothing was done).
     pub async fn stop_saved(remote: &Remote, saved: &Saved) -> bool {
-        const STOP: &str = "case \"$(ps -o args= -p \"$1\" 2>/dev/null)\" in \
-                            *\"--port $2\"*) kill \"$1\";; esac";
-        if saved.remote_pid <= 1 {
-            return true;
-        }
-        let pid = saved.remote_pid.to_string();
-        let port = saved.remote_port.to_string();
-        remote
-            .ssh
-            .run(
-                &["sh", "-c", STOP, "sh", &pid, &port],
-                None,
-                Duration::from_secs(10),
-            )
-            .await
-            .is_ok()
+        stop_serving(remote, saved.remote_pid, saved.remote_port).await
     }
 
-    /// Stops OpenCode there (SIGTERM to its pid over a new connection, then the session ends).
+    /// Stops OpenCode there (SIGTERM over a new connection), then the session ends.
     pub async fn stop(mut self, remote: &Remote) {
-        if self.remote_pid > 1 {
-            let pid = self.remote_pid.to_string();
-            let _ = remote
-                .ssh
-                .run(&["kill", &pid], None, Duration::from_secs(10))
-                .await;
-        }
+        stop_serving(remote, self.remote_pid, self.remote_port).await;
         let _ = self.session.start_kill();
         let _ = tokio::time::timeout(END_WAIT, self.session.wait()).await;
     }
