@@ -174,12 +174,12 @@ fn main() -> ExitCode {
                     eprintln!("configuration is valid");
                     // Kept worktrees are not a configuration error, but this is where a user looks.
                     if let Some(dir) = state_dir(&cfg) {
-                        let kept = opencode_mcp::tasks::gc::kept_count(&dir);
+                        let kept = opencode_mcp::tasks::store::gc::kept_count(&dir);
                         if kept > 0 {
                             eprintln!(
                             "{kept} worktree(s) of expired tasks kept with changes never applied \
                              (under {}): list them with `opencode-mcp gc`",
-                            opencode_mcp::tasks::gc::worktrees_dir(&dir).display()
+                            opencode_mcp::tasks::store::gc::worktrees_dir(&dir).display()
                         );
                         }
                     }
@@ -304,7 +304,10 @@ fn restore_sigpipe() {
 fn stored_records(
     sources: &Sources,
     who: &str,
-) -> Option<(config::Config, Vec<opencode_mcp::tasks::usage::TaskSummary>)> {
+) -> Option<(
+    config::Config,
+    Vec<opencode_mcp::tasks::spend::usage::TaskSummary>,
+)> {
     let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -344,7 +347,7 @@ fn print_json<T: serde::Serialize>(who: &str, value: &T) -> ExitCode {
 
 /// `usage`: the report goes to stdout (a table, or JSON with `--json`).
 fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
-    use opencode_mcp::tasks::{epoch_ms, usage};
+    use opencode_mcp::tasks::{epoch_ms, spend::usage};
     const WHO: &str = "opencode-mcp usage";
     let now = epoch_ms(std::time::SystemTime::now());
     let since_ms = match since.map(|s| s.trim().parse::<config::HumanDuration>()) {
@@ -370,7 +373,7 @@ fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
 
 /// `tasks`: the list goes to stdout (a table, or JSON with `--json`).
 fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
-    use opencode_mcp::tasks::{epoch_ms, usage, TaskStatus};
+    use opencode_mcp::tasks::{epoch_ms, spend::usage, TaskStatus};
     const WHO: &str = "opencode-mcp tasks";
     let status = match status {
         None => None,
@@ -464,7 +467,7 @@ fn state_dir(cfg: &config::Config) -> Option<PathBuf> {
 
 /// `gc`: the listing (and what was removed) goes to stdout; failures to run go to stderr.
 fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
-    use opencode_mcp::tasks::gc::{self, GcAction};
+    use opencode_mcp::tasks::store::gc::{self, GcAction};
     let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
         Err(e) => {

@@ -1619,7 +1619,7 @@ fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(name: &str, v: &
 fn unknown_fields_and_types_decode_as_before() {
     use opencode_mcp::opencode::client::types;
     use opencode_mcp::opencode::session_activity_from_json;
-    use opencode_mcp::tasks::turn::from_messages_json as turn_from_messages_json;
+    use opencode_mcp::tasks::lifecycle::turn::from_messages_json as turn_from_messages_json;
 
     // Responses decoded by the generated types: the same after extra fields at every level.
     macro_rules! same {

@@ -600,9 +600,10 @@ async fn the_turn_streamed_up_to_its_idle_frame_is_the_turn_read_over_http() {
             .and_then(|m| m["info"]["id"].as_str())
             .expect("our user message")
             .to_owned();
-        let read = opencode_mcp::tasks::turn::from_messages_json(&messages.to_string(), &user)
-            .expect("the messages decode");
-        let mut streamed = opencode_mcp::tasks::stream::StreamedTurn::default();
+        let read =
+            opencode_mcp::tasks::lifecycle::turn::from_messages_json(&messages.to_string(), &user)
+                .expect("the messages decode");
+        let mut streamed = opencode_mcp::tasks::lifecycle::stream::StreamedTurn::default();
         for e in &events.seen {
             let event = opencode_mcp::opencode::events::decode_event(&e.to_string());
             if event.session_id() == Some(s.as_str()) {

@@ -359,7 +359,7 @@ fn check(
         } else if key == "output_schema" {
             // Its schema says only "an object"; the rest is what a call checks, and a host
             // could not fix a schema it cannot see.
-            if let Err(problem) = crate::tasks::structured::check_schema(value) {
+            if let Err(problem) = crate::tasks::checks::structured::check_schema(value) {
                 issues.push(issue(format!("tools.{name}.{key}"), problem.to_string()));
             }
         }

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::registry::Registry;
 use crate::opencode::Server;
+use crate::tasks::store::registry::Registry;
 
 /// What runs when a turn's deadline passes: the task, its turn, and the `timeouts.task` the
 /// error message names.
@@ -51,7 +51,7 @@ pub struct TaskContext {
     /// gateway opens itself, `limits.structured_retries` for a structured answer's corrections.
     pub config: crate::config::LiveConfig,
     /// Room for unfinished tasks, taken by starts and by follow-ups of finished tasks.
-    pub capacity: Arc<super::capacity::Capacity>,
+    pub capacity: Arc<crate::tasks::store::capacity::Capacity>,
     /// What runs when a turn's deadline passes ([`TaskContext::arm_deadline`]).
     pub on_deadline: OnDeadline,
 }
@@ -110,7 +110,7 @@ pub(super) mod fixtures {
     use super::TaskContext;
     use crate::opencode::{Api, Server};
     use crate::tasks::lifecycle::entry::TaskEntry;
-    use crate::tasks::registry::Registry;
+    use crate::tasks::store::registry::Registry;
 
     /// A context over `registry` with small limits; its deadlines do nothing when they pass.
     pub fn context(registry: Arc<Registry>) -> TaskContext {

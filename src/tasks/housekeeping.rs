@@ -3,7 +3,7 @@
 //! given back to the system once things are quiet.
 
 use super::context::TaskContext;
-use super::tracker::RECONCILE_EVERY;
+use crate::tasks::tracking::tracker::RECONCILE_EVERY;
 
 /// The gateway's housekeeping, whatever servers run: finished tasks leave memory, expired
 /// records and their worktrees go, and memory is given back once things are quiet. It ran on
@@ -66,7 +66,7 @@ pub fn evict(ctx: &TaskContext) -> bool {
                 }
             }
             if let Some(dir) = dir.filter(|_| !worktrees.is_empty()) {
-                super::gc::clean_expired(&lock, &dir, worktrees, &config).await;
+                crate::tasks::store::gc::clean_expired(&lock, &dir, worktrees, &config).await;
             }
         });
     }

@@ -8,15 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::budget;
-use super::completion;
 use super::housekeeping;
 use super::lifecycle::entry::{Claim, TaskEntry};
 use super::lifecycle::phase::Phase;
 use super::lifecycle::record::{interrupted, worker_lost, TaskRecord};
 use super::model::TaskStatus;
 use super::service::TaskService;
-use super::turn::Idle;
+use crate::tasks::lifecycle::turn::Idle;
+use crate::tasks::tracking::budget;
+use crate::tasks::tracking::completion;
 
 /// How often the owners of other gateways' unfinished tasks are asked whether they are still
 /// alive (a lock probe: one open and one `flock` each).
@@ -109,7 +109,9 @@ impl TaskService {
         after: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         tokio::spawn(housekeeping::housekeep(self.tracker.clone()));
-        tokio::spawn(super::queue::drain_queue(Arc::downgrade(self)));
+        tokio::spawn(crate::tasks::placement::queue::drain_queue(Arc::downgrade(
+            self,
+        )));
         let Some(store) = self.registry.store().cloned() else {
             return;
         };
@@ -460,7 +462,7 @@ impl TaskService {
 mod tests {
     use super::*;
     use crate::tasks::lifecycle::record::epoch_ms;
-    use crate::tasks::turn::TurnState;
+    use crate::tasks::lifecycle::turn::TurnState;
 
     const DAY_MS: u64 = 24 * 60 * 60 * 1000;
 

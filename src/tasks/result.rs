@@ -6,10 +6,10 @@
 
 use super::error::TaskError;
 use super::model::TaskResult;
-use super::outcome;
-use super::outcome::Attempts;
 use super::service::TaskService;
-use super::turn::TurnState;
+use crate::tasks::lifecycle::turn::TurnState;
+use crate::tasks::turn::outcome;
+use crate::tasks::turn::outcome::Attempts;
 
 /// Whether a result may ask OpenCode for the turn's changed files when they are not known yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

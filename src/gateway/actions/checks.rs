@@ -172,7 +172,7 @@ pub fn output_schema(
 ) -> Result<Option<serde_json::Value>, ToolError> {
     let schema = schema.map(serde_json::Value::Object);
     if let Some(schema) = &schema {
-        crate::tasks::structured::check_schema(schema)
+        crate::tasks::checks::structured::check_schema(schema)
             .map_err(|e| ToolError::invalid_argument(e.to_string()))?;
     }
     Ok(schema)

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 
-use super::CheckResult;
 use crate::tasks::lifecycle::record::TaskRecord;
+use crate::tasks::model::CheckResult;
 use crate::workers::Remote;
 
 /// How often a running check looks whether its task still wants it (a cancel ends it).

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::super::model::{Progress, RetryInfo, TaskSnapshot, TaskStatus, Workspace};
-use super::super::stream::StreamedTurn;
-use super::super::turn::ReplySeen;
 use super::phase::{Held, Phase, Refused};
 use super::record::TaskRecord;
+use super::stream::StreamedTurn;
+use super::turn::ReplySeen;
 use crate::opencode::Tokens;
 use crate::opencode::{ErrorInfo, PermissionAsk};
 
@@ -86,7 +86,7 @@ pub struct Live {
     /// an ask is news again.
     pub asks: HashMap<String, AskSeen>,
     /// Confirmed-idle checks in a row that found this turn's newest step unfinished: the step's
-    /// id, how many checks, since when (see [`super::super::turn::abandoned`]).
+    /// id, how many checks, since when (see [`super::turn::abandoned`]).
     pub unfinished: Option<(String, u32, Instant)>,
     /// Set on a view of another live gateway's unfinished task read from its record (see
     /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.

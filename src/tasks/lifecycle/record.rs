@@ -15,8 +15,8 @@ use serde_json::Value;
 use super::super::model::{
     CheckResult, ChecksStatus, ChecksView, StructuredAttempt, TaskStatus, Workspace,
 };
-use super::super::turn::TurnState;
 use super::phase::Phase;
+use super::turn::TurnState;
 use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
 
 fn is_nothing_spent(spent: &(f64, u64)) -> bool {

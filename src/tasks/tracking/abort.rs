@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use super::asks;
 use super::completion;
-use super::context::TaskContext;
-use super::lifecycle::entry::Claim;
-use super::model::TaskStatus;
-use super::outcome;
-use super::outcome::Attempts;
-use super::turn::Idle;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::entry::Claim;
+use crate::tasks::lifecycle::turn::Idle;
+use crate::tasks::model::TaskStatus;
+use crate::tasks::turn::outcome;
+use crate::tasks::turn::outcome::Attempts;
 
 /// What [`abort_turn`] does when OpenCode refuses or cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum IfAbortFails {
+pub(in crate::tasks) enum IfAbortFails {
     /// `cancel_task`: leave the task as it was and return the error (a 404 is never reported as
     /// a cancellation).
     KeepRunning,
@@ -25,9 +25,9 @@ pub(super) enum IfAbortFails {
     FinishAnyway,
 }
 
-/// [`OnDeadline`](super::context::OnDeadline): the deadline timer's action, handed to the
+/// [`OnDeadline`](crate::tasks::context::OnDeadline): the deadline timer's action, handed to the
 /// context by whoever builds it.
-pub(super) fn on_deadline(
+pub(in crate::tasks) fn on_deadline(
     ctx: TaskContext,
     server: Arc<Server>,
     task_id: String,
@@ -127,7 +127,7 @@ async fn wait_for_first_reply(
 /// abort on to subagents' child sessions), rejects any other ask of the task still listed (one
 /// raised just before the abort whose event had not arrived), and finishes the task with
 /// `status`. Returns the turn it finished, if it did.
-pub(super) async fn abort_turn(
+pub(in crate::tasks) async fn abort_turn(
     ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,

@@ -21,9 +21,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::error::TaskError;
 use super::registry::Registry;
 use crate::config::{Config, LOCAL_WORKER};
+use crate::tasks::error::TaskError;
 
 /// The slots held now, by worker, across every start and follow-up under way.
 #[derive(Debug, Default)]

@@ -3,16 +3,16 @@
 
 use std::sync::Arc;
 
-use super::context::TaskContext;
-use super::error::TaskError;
-use super::lifecycle::entry::TaskEntry;
-use super::spend;
 use crate::ids;
 use crate::opencode::{RunOn, Server};
+use crate::tasks::context::TaskContext;
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::entry::TaskEntry;
+use crate::tasks::spend::caps;
 
 /// What a new turn follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Follows {
+pub(in crate::tasks) enum Follows {
     /// A finished turn: a host's `continue_task`.
     Finished,
     /// A structured answer held for its check: the gateway's automatic correction
@@ -29,7 +29,7 @@ pub(super) enum Follows {
 /// prompt is sent and the turn's deadline armed; if OpenCode refuses the prompt, the claim is
 /// undone and the previous turn stays as it was. Returns the new turn.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn open_turn(
+pub(in crate::tasks) async fn open_turn(
     ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
@@ -48,18 +48,21 @@ pub(super) async fn open_turn(
     // to work takes room among the unfinished ones (a correction's task never stopped being
     // unfinished). The room is held until the claim made the task unfinished again.
     let config = ctx.config.get();
-    spend::within_daily_cap(&config, &ctx.registry)?;
+    caps::within_daily_cap(&config, ctx.registry.spent_today())?;
     let root = entry
         .rec
         .workspace
         .as_ref()
         .map_or(entry.rec.directory.as_str(), |w| w.path.as_str());
     let opt_out = crate::sandbox::tier_opt_out(&config, entry.rec.tier.as_deref());
-    let confinement = super::service::admit(server, root, opt_out).await?;
+    let confinement = super::confine::admit(server, root, opt_out).await?;
     let room = match follows {
         Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,
-            &[super::capacity::Place::of(&config, entry.rec.worker())],
+            &[crate::tasks::store::capacity::Place::of(
+                &config,
+                entry.rec.worker(),
+            )],
             1,
         )?),
         Follows::Correction => None,

@@ -17,13 +17,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::error::TaskError;
-use super::lifecycle::entry::{Claim, TaskEntry};
-use super::lifecycle::phase::Phase;
-use super::lifecycle::record::{start_failed, TaskRecord};
 use super::links::WorkerServes;
-use super::model::{TaskSnapshot, TaskStatus};
-use super::service::{default_title, StartTask, TaskService};
+use super::start::{default_title, StartTask};
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
+use crate::tasks::lifecycle::phase::Phase;
+use crate::tasks::lifecycle::record::{start_failed, TaskRecord};
+use crate::tasks::model::{TaskSnapshot, TaskStatus};
+use crate::tasks::service::TaskService;
 
 /// The drainer's pace: at least this long between passes, at most this long without one.
 const DRAIN_PAUSE: Duration = Duration::from_millis(100);
@@ -37,7 +38,7 @@ impl TaskService {
     /// id, status `queued` and its place, once its record is on disk: a queued task lives only
     /// in its record until it starts, so a gateway killed right after the answer must not take
     /// it along.
-    pub(super) async fn enqueue(
+    pub(in crate::tasks) async fn enqueue(
         &self,
         mut req: StartTask,
         directory: String,
@@ -197,7 +198,7 @@ impl TaskService {
         &self,
         mut req: StartTask,
         idempotency: Option<(String, u64)>,
-        slot: super::capacity::Slots,
+        slot: crate::tasks::store::capacity::Slots,
         id: &str,
     ) -> Result<TaskSnapshot, TaskError> {
         if self.server(&req.server_id).is_err() {
@@ -223,7 +224,10 @@ impl TaskService {
 
     /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts
     /// (the answer waits for the record on disk, so a restart cannot start it after all).
-    pub(super) async fn cancel_queued(&self, id: &str) -> Result<TaskSnapshot, TaskError> {
+    pub(in crate::tasks) async fn cancel_queued(
+        &self,
+        id: &str,
+    ) -> Result<TaskSnapshot, TaskError> {
         // One move under the registry's lock, like the drainer's claim: whichever comes first
         // wins, never both.
         let cancelled = self.registry.update(id, |e| {
@@ -248,7 +252,7 @@ impl TaskService {
 }
 
 /// Runs the queue for the service's life (see the module comment).
-pub(super) async fn drain_queue(service: Weak<TaskService>) {
+pub(in crate::tasks) async fn drain_queue(service: Weak<TaskService>) {
     let Some(mut changes) = service.upgrade().map(|s| s.registry.subscribe()) else {
         return;
     };

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::context::TaskContext;
-use super::hold::{self, Hold};
-use super::lifecycle::entry::Claim;
-use super::model::TaskStatus;
-use super::outcome::{after_turn, read_turn, Attempts};
-use super::turn::session_deleted;
-use super::turn::{self, Idle, TurnState};
+use crate::tasks::checks::hold::{self, Hold};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::entry::Claim;
+use crate::tasks::lifecycle::turn::session_deleted;
+use crate::tasks::lifecycle::turn::{self, Idle, TurnState};
+use crate::tasks::model::TaskStatus;
+use crate::tasks::turn::outcome::{after_turn, read_turn, Attempts};
 
 use crate::opencode::{Server, SessionActivity};
 
@@ -70,9 +70,9 @@ pub fn spawn_check(
 }
 
 /// Removes a task's entry from the running checks when its check task unwinds.
-pub(super) struct ForgetCheckOnPanic {
-    pub(super) checks: Arc<Mutex<HashMap<String, bool>>>,
-    pub(super) task_id: String,
+pub(in crate::tasks) struct ForgetCheckOnPanic {
+    pub(in crate::tasks) checks: Arc<Mutex<HashMap<String, bool>>>,
+    pub(in crate::tasks) task_id: String,
 }
 
 impl Drop for ForgetCheckOnPanic {
@@ -199,7 +199,7 @@ pub async fn check_completion(
 }
 
 /// What a completion check did with the turn it read.
-pub(super) enum Ended {
+pub(in crate::tasks) enum Ended {
     /// Nothing: still running, or ended by someone else meanwhile.
     No,
     /// Finished the task at this turn.
@@ -210,8 +210,8 @@ pub(super) enum Ended {
 
 /// Counts this check if it confirmed the session idle with the turn's newest step unfinished
 /// (the same step as the checks before it); any other finding starts the count over.
-pub(super) fn note_unfinished(
-    live: &mut super::lifecycle::entry::Live,
+pub(in crate::tasks) fn note_unfinished(
+    live: &mut crate::tasks::lifecycle::entry::Live,
     turn: &TurnState,
     idle: Idle,
 ) -> turn::Unfinished {
@@ -235,7 +235,12 @@ pub(super) fn note_unfinished(
 }
 
 /// Checks a held structured answer off the event path.
-pub(super) fn spawn_settle(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
+pub(in crate::tasks) fn spawn_settle(
+    ctx: &TaskContext,
+    server: &Arc<Server>,
+    task_id: String,
+    turn: u32,
+) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move { hold::settle(&ctx, &server, &task_id, turn).await });
@@ -245,7 +250,7 @@ pub(super) fn spawn_settle(ctx: &TaskContext, server: &Arc<Server>, task_id: Str
 mod tests {
     use super::*;
     use crate::tasks::lifecycle::entry::TaskEntry;
-    use crate::tasks::turn::TurnState;
+    use crate::tasks::lifecycle::turn::TurnState;
     /// A check that panics leaves no entry behind, so the task can be checked again.
     #[tokio::test]
     async fn a_panicking_check_is_forgotten() {

@@ -13,13 +13,13 @@
 
 use std::sync::Arc;
 
-use super::context::TaskContext;
-use super::follow::{open_turn, Follows};
-use super::lifecycle::entry::{Claim, TaskEntry};
-use super::lifecycle::record::TaskRecord;
-use super::model::{Escalation, TaskStatus};
 use crate::config::Config;
 use crate::opencode::{ErrorInfo, Server};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
+use crate::tasks::lifecycle::record::TaskRecord;
+use crate::tasks::model::{Escalation, TaskStatus};
+use crate::tasks::turn::follow::{open_turn, Follows};
 
 /// Where a task goes next after a provider error.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,14 +115,14 @@ fn candidates(config: &Config, rec: &TaskRecord) -> Vec<(String, Option<String>)
 
 /// Tier `tier` on this server, resolved as a start resolves it: `model` when given (a fallback),
 /// else the first of the tier's models the server offers (or its default for a tier naming none).
-pub(super) async fn on_tier(
+pub(in crate::tasks) async fn on_tier(
     config: &Config,
     server: &Server,
     rec: &TaskRecord,
     tier: &str,
     model: Option<&str>,
-) -> Result<NextModel, super::error::TaskError> {
-    let choice = super::resolve::choose(
+) -> Result<NextModel, crate::tasks::error::TaskError> {
+    let choice = crate::tasks::resolve::choose(
         config,
         server,
         &rec.directory,
@@ -156,7 +156,7 @@ async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Optio
 
 /// Records the move of the task to `next` as the turn after `turn` opens (called under the
 /// registry lock by the turn's `prepare`, so a turn that cannot be sent leaves no record of it).
-pub(super) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
+pub(in crate::tasks) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
     e.rec.leaving = Some((e.rec.tier.clone(), e.rec.model.clone()));
     e.rec.escalations.push(Escalation {
         from: e.rec.tier.clone().unwrap_or_default(),
@@ -325,7 +325,7 @@ mod tests {
         let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         e.rec.tier = Some(c.tiers[0].name.clone());
         e.rec.model = Some("p/fast".into());
-        e.rec.outcome = Some(crate::tasks::turn::TurnState {
+        e.rec.outcome = Some(crate::tasks::lifecycle::turn::TurnState {
             cost: 0.5,
             ..Default::default()
         });
@@ -418,7 +418,7 @@ mod tests {
                 e.rec.tier = Some("fast".into());
                 e.rec.model = Some("p/cheap".into());
                 // The failed turn as the completion check read it.
-                e.rec.outcome = Some(crate::tasks::turn::TurnState::default());
+                e.rec.outcome = Some(crate::tasks::lifecycle::turn::TurnState::default());
                 if capped {
                     e.rec.budget = Some(crate::config::Budget {
                         max_cost_usd: None,
@@ -438,11 +438,16 @@ mod tests {
                 retryable: Some(true),
             };
             let held = registry.update("tsk_a", |e| {
-                crate::tasks::hold::hold(e, TaskStatus::Failed, Some(&outage), &ctx.config.get())
+                crate::tasks::checks::hold::hold(
+                    e,
+                    TaskStatus::Failed,
+                    Some(&outage),
+                    &ctx.config.get(),
+                )
             });
             assert_eq!(
                 held,
-                Some(crate::tasks::hold::Hold::Held(1)),
+                Some(crate::tasks::checks::hold::Hold::Held(1)),
                 "capped {capped}"
             );
             assert_eq!(
@@ -450,7 +455,7 @@ mod tests {
                 Some(TaskStatus::Running),
                 "held, not failed"
             );
-            crate::tasks::hold::settle(&ctx, &server, "tsk_a", 1).await;
+            crate::tasks::checks::hold::settle(&ctx, &server, "tsk_a", 1).await;
             let e = registry.get("tsk_a").expect("task");
             assert_eq!(e.rec.status(), TaskStatus::Failed, "capped {capped}");
             assert_eq!(e.rec.error.as_ref(), Some(&outage), "capped {capped}");

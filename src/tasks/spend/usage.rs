@@ -22,10 +22,10 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::lifecycle::record::{requested_if_other, Segment, Spent, TaskRecord};
-use super::model::TaskStatus;
 use crate::config::ReferencePrice;
 use crate::opencode::{Price, Tokens};
+use crate::tasks::lifecycle::record::{requested_if_other, Segment, Spent, TaskRecord};
+use crate::tasks::model::TaskStatus;
 
 /// Shown for tasks started without a tier (an explicit model, or the server's default).
 pub const NO_TIER: &str = "(none)";
@@ -518,7 +518,7 @@ fn format_epoch(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::turn::TurnState;
+    use crate::tasks::lifecycle::turn::TurnState;
 
     fn tokens(input: u64, output: u64, reasoning: u64, cr: u64, cw: u64) -> Tokens {
         Tokens {

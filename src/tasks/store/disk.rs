@@ -51,10 +51,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::lifecycle::record::{TaskRecord, VERSION};
-use super::model::TaskStatus;
 use super::owner::OwnerLock;
-use super::usage::TaskSummary;
+use crate::tasks::lifecycle::record::{TaskRecord, VERSION};
+use crate::tasks::model::TaskStatus;
+use crate::tasks::spend::usage::TaskSummary;
 
 /// How long the gateway waits at exit for queued records to reach the disk. Writes take well
 /// under a millisecond each, so this only matters when the disk itself is stuck.
@@ -779,7 +779,7 @@ fn finished_at(record: &TaskRecord) -> Option<SystemTime> {
 }
 
 /// Creates `dir` as `0700` (see `crate::private_files`), saying so when it had to be tightened.
-pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(in crate::tasks) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     if let Some(mode) = crate::private_files::create_dir(dir)? {
         tracing::info!(dir = %dir.display(), mode = format!("{mode:o}"), "restricting a state directory to its owner (0700)");
     }
@@ -797,8 +797,8 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
+    use crate::tasks::lifecycle::turn::TurnState;
     use crate::tasks::model::TaskStatus;
-    use crate::tasks::turn::TurnState;
 
     fn completed() -> TaskRecord {
         let mut r = TaskRecord::new(
@@ -1010,7 +1010,7 @@ mod tests {
         let state = TempState::new();
         let store = Store::open(&state.0).expect("open");
         let registry = Arc::new(Registry::new(Some(store.clone())));
-        registry.insert(super::super::lifecycle::entry::TaskEntry::new(completed()));
+        registry.insert(crate::tasks::lifecycle::entry::TaskEntry::new(completed()));
         store.flush_blocking(FLUSH).expect("flush");
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = watch_file(state.0.join("tasks/tsk_abc.json"), stop.clone());

@@ -7,18 +7,22 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::context::TaskContext;
-use super::registry::SessionOwner;
+use crate::tasks::context::TaskContext;
+use crate::tasks::store::registry::SessionOwner;
 
 use crate::opencode::{PermissionReply, Server};
 
 /// Levels of subagents followed up from a session whose parent is unknown.
-pub(super) const MAX_NESTING: usize = 4;
+pub(in crate::tasks) const MAX_NESTING: usize = 4;
 
 /// Reads the pending permissions of one directory and gives each to its task (a subagent's ask
 /// to the task of its parent session); an ask a task still shows that is no longer pending (it
 /// was answered while the stream was down) is cleared.
-pub(super) async fn sweep_permissions(ctx: &TaskContext, server: &Server, directory: &str) {
+pub(in crate::tasks) async fn sweep_permissions(
+    ctx: &TaskContext,
+    server: &Server,
+    directory: &str,
+) {
     let started = Instant::now();
     let asks = match server.api.permissions(directory).await {
         Ok(a) => a,
@@ -36,7 +40,7 @@ pub(super) async fn sweep_permissions(ctx: &TaskContext, server: &Server, direct
         }
     }
     // Recorded before this list was read, and not in it: answered while the stream was down.
-    let stale = |e: &super::lifecycle::entry::TaskEntry| -> Vec<String> {
+    let stale = |e: &crate::tasks::lifecycle::entry::TaskEntry| -> Vec<String> {
         e.rec
             .permissions
             .iter()
@@ -60,7 +64,7 @@ pub(super) async fn sweep_permissions(ctx: &TaskContext, server: &Server, direct
 /// except those `answered` (rejected already). Called after an abort: OpenCode leaves a pending ask
 /// listed when it aborts the session, and an ask raised just before the abort may not have
 /// reached the task through the event stream yet, so only OpenCode's own list finds it.
-pub(super) async fn reject_pending_asks(
+pub(in crate::tasks) async fn reject_pending_asks(
     ctx: &TaskContext,
     server: &Server,
     directory: &str,
@@ -94,7 +98,7 @@ pub(super) async fn reject_pending_asks(
 /// The task a session belongs to: the registry's answer, or for a session it has not seen, the
 /// task of its parent (a subagent whose `session.created` the stream did not show), followed up
 /// a few levels.
-pub(super) async fn resolve_owner(
+pub(in crate::tasks) async fn resolve_owner(
     ctx: &TaskContext,
     server: &Server,
     directory: &str,
@@ -142,10 +146,10 @@ pub(super) async fn resolve_owner(
 
 /// Most sessions known not to be any task's. A server shared with people and other tools
 /// shows many; past this the set starts over, and a session seen again costs one lookup.
-pub(super) const MAX_FOREIGN: usize = 4096;
+pub(in crate::tasks) const MAX_FOREIGN: usize = 4096;
 
 /// Notes sessions that belong to no task, within [`MAX_FOREIGN`].
-pub(super) fn remember_foreign(set: &mut HashSet<String>, sessions: Vec<String>) {
+pub(in crate::tasks) fn remember_foreign(set: &mut HashSet<String>, sessions: Vec<String>) {
     if set.len() + sessions.len() > MAX_FOREIGN {
         set.clear();
     }

@@ -11,14 +11,14 @@
 
 use std::sync::Arc;
 
-use super::context::TaskContext;
-use super::error::TaskError;
-use super::lifecycle::record::WorkspaceRecord;
 use crate::config::Config;
+use crate::tasks::context::TaskContext;
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::record::WorkspaceRecord;
 use crate::workers::{self, repo, Remote};
 
 /// The remote worker `name` of `config`: its connection and its OpenCode command.
-pub(super) fn remote_of(config: &Config, name: &str) -> Result<Remote, TaskError> {
+pub(in crate::tasks) fn remote_of(config: &Config, name: &str) -> Result<Remote, TaskError> {
     workers::remote(config, name).ok_or_else(|| {
         TaskError::Conflict(format!(
             "worker `{name}` is no longer among the workers of your delegation.yaml; put it \
@@ -28,7 +28,7 @@ pub(super) fn remote_of(config: &Config, name: &str) -> Result<Remote, TaskError
 }
 
 /// Where a remote workspace's work lives on its worker, as `workers::repo` names it.
-pub(super) fn placed(w: &WorkspaceRecord, bare: &str) -> repo::Placed {
+pub(in crate::tasks) fn placed(w: &WorkspaceRecord, bare: &str) -> repo::Placed {
     repo::Placed {
         bare: bare.to_string(),
         worktree: w.path.clone(),
@@ -46,7 +46,7 @@ pub(super) fn placed(w: &WorkspaceRecord, bare: &str) -> repo::Placed {
 /// gateway-wide git lock, one at a time per task; the lock is taken only to move the fetched
 /// commit into the task's ref here. A worker that answers slowly holds up its own task's
 /// fetches, not every other task's git work.
-pub(super) async fn fetch_back(
+pub(in crate::tasks) async fn fetch_back(
     ctx: &TaskContext,
     task_id: &str,
 ) -> Result<Option<WorkspaceRecord>, TaskError> {
@@ -127,7 +127,7 @@ async fn fetch_back_now(
 
 /// [`fetch_back`] after a turn ended, in the background: a failure is logged (the next diff or
 /// apply fetches again, and says why if it still cannot).
-pub(super) async fn after_turn(ctx: &TaskContext, task_id: &str) {
+pub(in crate::tasks) async fn after_turn(ctx: &TaskContext, task_id: &str) {
     let remote = ctx
         .registry
         .get(task_id)

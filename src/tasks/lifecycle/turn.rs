@@ -26,8 +26,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::TaskStatus;
 use crate::opencode::{is_terminal_finish, ErrorInfo, MessageView, Role, Tokens, ToolCall};
+use crate::tasks::model::TaskStatus;
 
 /// The state of one turn, derived from the session's messages. This is what a finished task's
 /// result reports, and what is stored with it.

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::ledger::Ledger;
-use super::lifecycle::entry::{observable, turn_spend, TaskEntry};
-use super::lifecycle::record::{GroupMember, TaskRecord, WorkspaceRecord};
-use super::model::{TaskSnapshot, TaskStatus};
-use super::store::{Durability, Store};
-use super::usage::TaskSummary;
+use super::disk::{Durability, Store};
+use crate::tasks::lifecycle::entry::{observable, turn_spend, TaskEntry};
+use crate::tasks::lifecycle::record::{GroupMember, TaskRecord, WorkspaceRecord};
+use crate::tasks::model::{TaskSnapshot, TaskStatus};
+use crate::tasks::spend::ledger::Ledger;
+use crate::tasks::spend::usage::TaskSummary;
 
 /// A session the registry knows: the task's own, or a subagent's child session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,7 +406,7 @@ impl Registry {
     /// A queued task holds none, nor does one being started from the queue: the room its start
     /// took is counted apart ([`super::capacity`]) until it is registered as started.
     pub fn live_by_worker(&self) -> std::collections::HashMap<String, usize> {
-        use super::lifecycle::phase::Phase;
+        use crate::tasks::lifecycle::phase::Phase;
         let mut counts = std::collections::HashMap::new();
         for e in self.lock().tasks.values() {
             if !matches!(e.phase(), Phase::Queued | Phase::Starting | Phase::Finished) {
@@ -1169,7 +1169,7 @@ mod tests {
         let (r, store, _dir) = stored();
         let mut old = entry("old");
         old.finish(Claim::Open(old.rec.turn), TaskStatus::Completed, None);
-        old.rec.outcome = Some(crate::tasks::turn::TurnState {
+        old.rec.outcome = Some(crate::tasks::lifecycle::turn::TurnState {
             cost: 2.0,
             ..Default::default()
         });
@@ -1409,7 +1409,7 @@ mod tests {
             .and_then(|m| m.modified())
             .expect("the record's date");
         assert_eq!(
-            super::super::lifecycle::record::epoch_ms(dated),
+            crate::tasks::lifecycle::record::epoch_ms(dated),
             finished_ms,
             "a finished record is dated by its finish"
         );
@@ -1484,7 +1484,7 @@ mod tests {
     fn a_days_spend_counts_each_turn_once_for_every_gateway() {
         let (r, store, dir) = stored();
         let tokens = crate::opencode::Tokens::default();
-        let read = |cost| crate::tasks::turn::TurnState {
+        let read = |cost| crate::tasks::lifecycle::turn::TurnState {
             cost,
             ..Default::default()
         };

@@ -14,15 +14,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::error::TaskError;
-use super::fetch::{self, remote_of};
-use super::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
 use super::links::{Down, Link, WorkerServes};
-use super::service::TaskService;
-use super::tracker;
 use crate::config::{Isolation, LOCAL_WORKER};
 use crate::git::{self, Base};
 use crate::opencode::Server;
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
+use crate::tasks::service::TaskService;
+use crate::tasks::tracking::tracker;
+use crate::tasks::turn::fetch::{self, remote_of};
 use crate::workers::sandbox::{self, WorkerShell};
 use crate::workers::serve::{RemoteServe, Saved, ServeError};
 use crate::workers::{self, repo, Remote};
@@ -41,7 +41,7 @@ const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
 
 /// A remote worker a call named: its name and how it is reached.
-pub(super) struct Named {
+pub(in crate::tasks) struct Named {
     pub name: String,
     pub remote: Remote,
 }
@@ -50,7 +50,7 @@ impl TaskService {
     /// The remote worker `name` of the configuration in force, for a task with `isolation`;
     /// `None` for this machine (`local`). An unknown name, and a task that cannot run remotely
     /// (isolation `none`: it would work in a directory of this machine), are refused.
-    pub(super) fn remote_worker(
+    pub(in crate::tasks) fn remote_worker(
         &self,
         name: &str,
         isolation: Isolation,
@@ -87,7 +87,10 @@ impl TaskService {
 
     /// The OpenCode of worker `w`: the one started before while its session lives, else one
     /// started now (its root made there on first use) and taken into the pool with a tracker.
-    pub(super) async fn worker_server(&self, w: &Named) -> Result<Arc<Server>, TaskError> {
+    pub(in crate::tasks) async fn worker_server(
+        &self,
+        w: &Named,
+    ) -> Result<Arc<Server>, TaskError> {
         let slot = self.workers.slot(&w.name);
         let mut link = slot.lock().await;
         if let Some(l) = link.as_mut() {
@@ -212,7 +215,7 @@ impl TaskService {
     /// its password proving it is still that OpenCode. It becomes this gateway's OpenCode for
     /// the worker (saved again under this gateway's pid). A worker this gateway already
     /// reached is returned as it is.
-    pub(super) async fn reattach_worker(
+    pub(in crate::tasks) async fn reattach_worker(
         &self,
         w: &Named,
         owner: u32,
@@ -276,7 +279,7 @@ impl TaskService {
     /// Stops the workers' OpenCode servers that gateways now gone started and no task of
     /// theirs needs (their files are read after the adoptions, which took what they needed),
     /// and forgets them. A worker that cannot be reached keeps its file for the next start.
-    pub(super) async fn sweep_worker_serves(&self) {
+    pub(in crate::tasks) async fn sweep_worker_serves(&self) {
         let Some(dir) = self.state_dir.as_ref().map(|d| d.join(WORKERS_DIR)) else {
             return;
         };
@@ -350,7 +353,7 @@ impl TaskService {
     /// Makes task `task_id`'s worktree on worker `w` (whose OpenCode is `server`, serving from
     /// the worker's root made absolute) for the repository around the local `directory`;
     /// returns its record and the directory the session works in there.
-    pub(super) async fn place(
+    pub(in crate::tasks) async fn place(
         &self,
         w: &Named,
         server: &Server,
@@ -409,7 +412,7 @@ impl TaskService {
 
     /// Removes a remote task's worktree, branch and base ref from its worker, and its fetched
     /// ref here.
-    pub(super) async fn remove_remote(
+    pub(in crate::tasks) async fn remove_remote(
         &self,
         w: &WorkspaceRecord,
         r: &RemoteWorkspace,
@@ -426,7 +429,7 @@ impl TaskService {
     }
 
     /// Stops the OpenCode of the worker whose pool server was `server_id` (`stop_server`).
-    pub(super) async fn stop_worker_serve(&self, worker: &str) {
+    pub(in crate::tasks) async fn stop_worker_serve(&self, worker: &str) {
         let slot = self.workers.slot(worker);
         let taken = slot.lock().await.take();
         if let Some(link) = taken {
@@ -437,7 +440,7 @@ impl TaskService {
 
     /// Stops every worker's OpenCode (shutdown), all at once and for a bounded time: one that
     /// cannot be reached in time is left to its ssh session's end.
-    pub(super) async fn stop_worker_serves(&self) {
+    pub(in crate::tasks) async fn stop_worker_serves(&self) {
         let linger = self.config().limits.linger.get();
         let stops = self
             .workers
@@ -479,7 +482,7 @@ struct Supervision {
     slot: Arc<tokio::sync::Mutex<Option<Link>>>,
     down: Arc<Mutex<HashMap<String, Down>>>,
     server: Arc<Server>,
-    registry: Arc<super::registry::Registry>,
+    registry: Arc<crate::tasks::store::registry::Registry>,
     lost_after: Duration,
     within: Duration,
     /// This gateway's saved file for the worker's OpenCode (`None` without a state directory).
@@ -559,7 +562,7 @@ impl Supervision {
                     let failed = tracker::fail_server_tasks(
                         &self.registry,
                         &self.server.id,
-                        super::lifecycle::record::WORKER_LOST,
+                        crate::tasks::lifecycle::record::WORKER_LOST,
                         &message,
                     );
                     tracing::warn!(worker = %name, tasks = failed.len(), %why, "worker lost; its unfinished tasks failed");

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::context::TaskContext;
-use super::model::TaskStatus;
-use super::turn::{self, TurnState};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::turn::{self, TurnState};
+use crate::tasks::model::TaskStatus;
 
 use crate::opencode::{FileChange, Server};
 
 /// Pauses between attempts to read a finished turn's outcome (then it is reported unreadable).
-pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
+pub(in crate::tasks) const OUTCOME_RETRIES: [Duration; 5] = [
     Duration::from_millis(250),
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -20,7 +20,12 @@ pub(super) const OUTCOME_RETRIES: [Duration; 5] = [
     Duration::from_secs(8),
 ];
 
-pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: String, turn: u32) {
+pub(in crate::tasks) fn spawn_outcome(
+    ctx: &TaskContext,
+    server: &Arc<Server>,
+    task_id: String,
+    turn: u32,
+) {
     let ctx = ctx.clone();
     let server = server.clone();
     tokio::spawn(async move { after_turn(&ctx, &server, &task_id, turn, Attempts::Patient).await });
@@ -33,7 +38,7 @@ pub(super) fn spawn_outcome(ctx: &TaskContext, server: &Arc<Server>, task_id: St
 /// `fetch.rs`), so that turn's work stays readable here once the worker is gone. This is the
 /// one way out of a turn: an end that skipped it left a remote task's last work on a worker
 /// that could vanish.
-pub(super) async fn after_turn(
+pub(in crate::tasks) async fn after_turn(
     ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
@@ -110,9 +115,9 @@ pub async fn read_outcome(
 
 /// Reads the task's current turn over HTTP (paging back to its user message) and judges it with
 /// [`turn::derive`], keeping at most `max_chars` of its text.
-pub(super) async fn read_turn(
+pub(in crate::tasks) async fn read_turn(
     server: &Server,
-    rec: &super::lifecycle::record::TaskRecord,
+    rec: &crate::tasks::lifecycle::record::TaskRecord,
     max_chars: usize,
 ) -> Result<TurnState, crate::opencode::OpencodeError> {
     let messages = server
@@ -124,10 +129,10 @@ pub(super) async fn read_turn(
 
 /// One read of a finished turn; a read that does not yet show the final reply is an error (the
 /// caller retries), and so is a session that is gone (`true`: retrying is pointless).
-pub(super) async fn read_turn_once(
+pub(in crate::tasks) async fn read_turn_once(
     ctx: &TaskContext,
     server: &Server,
-    rec: &super::lifecycle::record::TaskRecord,
+    rec: &crate::tasks::lifecycle::record::TaskRecord,
 ) -> Result<TurnState, (String, bool)> {
     let state = read_turn(server, rec, ctx.max_result_chars)
         .await
@@ -246,7 +251,12 @@ pub async fn read_files(
 
 /// Records why turn `turn_no`'s list of changed files is unknown, unless the list is known by
 /// now or the task has moved on to another turn.
-pub(super) fn note_files_error(ctx: &TaskContext, task_id: &str, turn_no: u32, why: String) {
+pub(in crate::tasks) fn note_files_error(
+    ctx: &TaskContext,
+    task_id: &str,
+    turn_no: u32,
+    why: String,
+) {
     ctx.registry.update(task_id, |e| {
         if e.rec.turn == turn_no && e.rec.files_changed.is_none() {
             e.rec.files_error = Some(why);
@@ -265,7 +275,7 @@ pub(super) fn note_files_error(ctx: &TaskContext, task_id: &str, turn_no: u32, w
 /// repository at once, 3–17 of them still had no list after 3 s, and OpenCode listed every one
 /// of those later. An empty list is believed only after these (a write of a file git ignores,
 /// or of the same bytes, changes nothing OpenCode can list).
-pub(super) const EMPTY_DIFF_RETRIES: [Duration; 6] = [
+pub(in crate::tasks) const EMPTY_DIFF_RETRIES: [Duration; 6] = [
     Duration::from_millis(50),
     Duration::from_millis(100),
     Duration::from_millis(200),
@@ -275,7 +285,7 @@ pub(super) const EMPTY_DIFF_RETRIES: [Duration; 6] = [
 ];
 
 /// The background read's further pauses after [`EMPTY_DIFF_RETRIES`]: about 25 s in all.
-pub(super) const EMPTY_DIFF_LATE: [Duration; 3] = [
+pub(in crate::tasks) const EMPTY_DIFF_LATE: [Duration; 3] = [
     Duration::from_millis(3200),
     Duration::from_millis(6400),
     Duration::from_millis(12800),
@@ -283,7 +293,9 @@ pub(super) const EMPTY_DIFF_LATE: [Duration; 3] = [
 
 /// Why a turn in a directory OpenCode keeps no snapshots of has no list of changed files, with
 /// the files its editing tools named (their titles are the paths), as a hint of what it wrote.
-pub(super) fn untracked_files(rec: &super::lifecycle::record::TaskRecord) -> String {
+pub(in crate::tasks) fn untracked_files(
+    rec: &crate::tasks::lifecycle::record::TaskRecord,
+) -> String {
     const NAMED: usize = 20;
     let mut named: Vec<&str> = editing_calls(rec.outcome.as_ref())
         .filter_map(|t| t.title.as_deref())
@@ -306,16 +318,17 @@ pub(super) fn untracked_files(rec: &super::lifecycle::record::TaskRecord) -> Str
 }
 
 /// OpenCode's tools that write files themselves.
-pub(super) const EDITING_TOOLS: [&str; 5] = ["write", "edit", "multiedit", "patch", "apply_patch"];
+pub(in crate::tasks) const EDITING_TOOLS: [&str; 5] =
+    ["write", "edit", "multiedit", "patch", "apply_patch"];
 
 /// Tools that may write files without saying so: a shell command, a subagent (whose edits are
 /// its child session's calls, not the turn's).
-pub(super) const MAYBE_EDITING_TOOLS: [&str; 2] = ["bash", "task"];
+pub(in crate::tasks) const MAYBE_EDITING_TOOLS: [&str; 2] = ["bash", "task"];
 
 /// How sure it is that a turn changed files, which decides how long an empty list of changed
 /// files is doubted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Edits {
+pub(in crate::tasks) enum Edits {
     /// A file-editing tool completed: an empty list is read again for about 3 s, and in the
     /// background for about 25 s more, before it is believed.
     Surely,
@@ -327,7 +340,7 @@ pub(super) enum Edits {
 }
 
 /// How sure it is that the turn changed files.
-pub(super) fn edited_files(outcome: Option<&TurnState>) -> Edits {
+pub(in crate::tasks) fn edited_files(outcome: Option<&TurnState>) -> Edits {
     if editing_calls(outcome).next().is_some() {
         return Edits::Surely;
     }
@@ -343,7 +356,7 @@ pub(super) fn edited_files(outcome: Option<&TurnState>) -> Edits {
 }
 
 /// The turn's completed calls of [`EDITING_TOOLS`].
-pub(super) fn editing_calls(
+pub(in crate::tasks) fn editing_calls(
     outcome: Option<&TurnState>,
 ) -> impl Iterator<Item = &crate::opencode::ToolCall> {
     outcome
@@ -378,9 +391,9 @@ mod tests {
     use crate::tasks::context::fixtures::{context, registry_with, unreachable_server};
     use crate::tasks::lifecycle::entry::Claim;
     use crate::tasks::lifecycle::entry::TaskEntry;
+    use crate::tasks::lifecycle::turn::TurnState;
     use crate::tasks::model::TaskStatus;
-    use crate::tasks::registry::Registry;
-    use crate::tasks::turn::TurnState;
+    use crate::tasks::store::registry::Registry;
     #[test]
     fn a_completed_writing_tool_makes_an_empty_list_suspect() {
         use crate::opencode::ToolCall;

@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::error::TaskError;
-use super::fetch;
-use super::lifecycle::entry::TaskEntry;
-use super::lifecycle::record::WorkspaceRecord;
-use super::model::{ResultView, TaskResult, Workspace};
-use super::service::TaskService;
 use crate::git::{self, Base, DiffFile};
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::entry::TaskEntry;
+use crate::tasks::lifecycle::record::WorkspaceRecord;
+use crate::tasks::model::{ResultView, TaskResult, Workspace};
+use crate::tasks::service::TaskService;
+use crate::tasks::turn::fetch;
 
 /// What `apply_task` did.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -51,7 +51,7 @@ const VIEW_FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl TaskService {
     /// Where worktrees and the temporary indexes of snapshots go.
-    pub(super) fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
+    pub(in crate::tasks) fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
         self.state_dir
             .as_ref()
             .map(|d| d.join("worktrees"))
@@ -67,7 +67,7 @@ impl TaskService {
 
     /// Creates task `task_id`'s worktree for the repository around `directory`; returns its
     /// record and the directory the session works in.
-    pub(super) async fn create_workspace(
+    pub(in crate::tasks) async fn create_workspace(
         &self,
         directory: &str,
         task_id: &str,
@@ -108,7 +108,7 @@ impl TaskService {
     }
 
     /// Removes a worktree whose task never started (its session or prompt failed).
-    pub(super) async fn drop_workspace(&self, workspace: Option<&WorkspaceRecord>) {
+    pub(in crate::tasks) async fn drop_workspace(&self, workspace: Option<&WorkspaceRecord>) {
         let Some(w) = workspace else { return };
         if let Some(r) = &w.remote {
             if let Err(e) = self.remove_remote(w, r).await {
@@ -124,7 +124,11 @@ impl TaskService {
 
     /// The worktree as results report it, with the files the task changed against its base
     /// (a read error is reported beside it, never in place of the result).
-    pub(super) async fn workspace_view(&self, w: &WorkspaceRecord, task_id: &str) -> Workspace {
+    pub(in crate::tasks) async fn workspace_view(
+        &self,
+        w: &WorkspaceRecord,
+        task_id: &str,
+    ) -> Workspace {
         let mut view = Workspace::from_record(w);
         if w.discarded {
             return view;

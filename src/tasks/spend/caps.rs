@@ -25,9 +25,8 @@
 //!   at $0 (a subscription, a local model) spends nothing by that measure, even where the usage
 //!   report puts a catalog price on its tokens for the savings figure.
 
-use super::error::TaskError;
-use super::registry::Registry;
 use crate::config::{Budget, Config};
+use crate::tasks::error::TaskError;
 
 /// The caps of a new task: `limits`, its tier's and the call's, the lowest of each. A call's cap
 /// above the one in force is refused rather than ignored, so the caller knows its number was
@@ -84,16 +83,16 @@ fn today_utc() -> (u64, u64) {
 
 /// Refuses a turn that would call a model (a new task, a follow-up, an automatic correction)
 /// once the day's spend reached `limits.max_cost_usd_per_day`. Turns already running go on.
-pub(super) fn within_daily_cap(config: &Config, registry: &Registry) -> Result<(), TaskError> {
+/// `spent` is the day's spend so far, as the state directory's ledger has it.
+pub(in crate::tasks) fn within_daily_cap(config: &Config, spent: f64) -> Result<(), TaskError> {
     let Some(cap) = config.limits.max_cost_usd_per_day else {
         return Ok(());
     };
     let (_, tomorrow) = today_utc();
-    let spent = registry.spent_today();
     if spent < cap {
         return Ok(());
     }
-    let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
+    let now = crate::tasks::lifecycle::record::epoch_ms(std::time::SystemTime::now());
     let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
     Err(TaskError::BudgetExceeded(format!(
         "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \

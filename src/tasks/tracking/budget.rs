@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use super::context::TaskContext;
-use super::model::TaskStatus;
-use super::outcome::{after_turn, Attempts};
-use super::turn::ReplySeen;
 use crate::opencode::events::Event;
 use crate::opencode::{ErrorInfo, Server};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::turn::ReplySeen;
+use crate::tasks::model::TaskStatus;
+use crate::tasks::turn::outcome::{after_turn, Attempts};
 
 /// Counts what an open turn spent from its messages read over HTTP, when its streamed view has
 /// a gap (a reconnect, a dropped event, a restart): the stream's `message.updated` of a step
@@ -19,7 +19,11 @@ use crate::opencode::{ErrorInfo, Server};
 /// each gap. Its own session's messages of the turn, and its subagents' (their child sessions
 /// are listed by OpenCode, also one whose `session.created` was missed: it is adopted, so its
 /// later events count too). A cap passed is acted on as from the stream.
-pub(super) async fn reconcile_spend(ctx: &TaskContext, server: &Arc<Server>, task_id: &str) {
+pub(in crate::tasks) async fn reconcile_spend(
+    ctx: &TaskContext,
+    server: &Arc<Server>,
+    task_id: &str,
+) {
     let Some(e) = ctx.registry.get(task_id) else {
         return;
     };
@@ -73,8 +77,8 @@ pub(super) async fn reconcile_spend(ctx: &TaskContext, server: &Arc<Server>, tas
 
 /// Notes what an assistant message of the turn (the task's own, or a subagent's) reports it
 /// has spent so far.
-pub(super) fn note_spending(
-    e: &mut super::lifecycle::entry::TaskEntry,
+pub(in crate::tasks) fn note_spending(
+    e: &mut crate::tasks::lifecycle::entry::TaskEntry,
     event: &Event,
     child: bool,
 ) {
@@ -95,13 +99,15 @@ pub(super) fn note_spending(
 
 /// A turn that passed one of its task's caps (`why` says which, by how much).
 #[derive(Debug)]
-pub(super) struct OverBudget {
+pub(in crate::tasks) struct OverBudget {
     pub turn: u32,
     pub why: String,
 }
 
 /// The open turn has spent past one of its task's caps.
-pub(super) fn over_budget(e: &super::lifecycle::entry::TaskEntry) -> Option<OverBudget> {
+pub(in crate::tasks) fn over_budget(
+    e: &crate::tasks::lifecycle::entry::TaskEntry,
+) -> Option<OverBudget> {
     let budget = e.rec.budget.as_ref().filter(|_| e.is_open())?;
     let (cost, tokens) = e.budget_spend();
     let why = budget.passed_by(cost, tokens)?;
@@ -113,7 +119,7 @@ pub(super) fn over_budget(e: &super::lifecycle::entry::TaskEntry) -> Option<Over
 
 /// Aborts a turn that passed a spending cap: the task ends `failed` (`BudgetExceeded`), and its
 /// partial answer and changed files are read as after any abort.
-pub(super) async fn stop_over_budget(
+pub(in crate::tasks) async fn stop_over_budget(
     ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,

@@ -18,12 +18,12 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::lifecycle::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
-use super::model::TaskStatus;
+use super::disk::{read_stored, Stored};
 use super::registry::Expired;
-use super::store::{read_stored, Stored};
 use crate::config::Config;
 use crate::git::{self, BRANCH_PREFIX};
+use crate::tasks::lifecycle::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
+use crate::tasks::model::TaskStatus;
 use crate::workers::{self, repo};
 
 /// The end of a kept worktree's note: `<task_id>.kept.json` beside the worktree.
@@ -53,7 +53,7 @@ fn note_path(worktrees: &Path, task_id: &str) -> PathBuf {
 /// everything in them was applied or there is nothing in them, else kept with a note. Runs one
 /// worktree at a time under `lock`, the gateway's lock for git writes, but for a remote task's:
 /// its steps cross the network, and it takes the lock only to move its fetched ref here.
-pub(super) async fn clean_expired(
+pub(in crate::tasks) async fn clean_expired(
     lock: &tokio::sync::RwLock<()>,
     worktrees: &Path,
     expired: Vec<Expired>,
@@ -484,7 +484,7 @@ async fn remove_one(g: &GcWorktree) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::tasks::lifecycle::record::TaskRecord;
-    use crate::tasks::store::Store;
+    use crate::tasks::store::disk::Store;
 
     /// An expired task's worktree is not cleaned when its record on disk holds a newer turn
     /// (another gateway continued the task there); the record of the expired turn itself, or

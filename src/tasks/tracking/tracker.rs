@@ -1,6 +1,6 @@
 //! The tracker: one per OpenCode server, it turns the server's events and HTTP reads into task
 //! state. The verdicts themselves ("the turn is over, and this is its answer") are
-//! [`turn`](super::turn)'s; the tracker feeds it and applies what it says. Its rooms: HTTP
+//! [`turn`](crate::tasks::lifecycle::turn)'s; the tracker feeds it and applies what it says. Its rooms: HTTP
 //! checks are `completion.rs`'s, reading a finished turn `outcome.rs`'s, permission asks
 //! `asks.rs`'s, a running turn's caps `budget.rs`'s.
 //!
@@ -27,21 +27,21 @@ use tokio::sync::mpsc;
 use super::asks::sweep_permissions;
 use super::budget::{note_spending, over_budget, reconcile_spend, stop_over_budget, OverBudget};
 use super::completion::{spawn_check, spawn_settle};
-use super::context::TaskContext;
-use super::outcome::{after_turn, spawn_outcome, Attempts};
+use crate::tasks::context::TaskContext;
+use crate::tasks::turn::outcome::{after_turn, spawn_outcome, Attempts};
 
-use super::hold::{self, Hold};
-use super::lifecycle::entry::Claim;
-use super::lifecycle::phase::Phase;
-use super::model::{RetryInfo, TaskStatus};
-use super::registry::Registry;
-use super::turn::{self, session_deleted, Idle, ReplySeen};
 use crate::opencode::events::{Event, PartEvent, PumpEvent};
 use crate::opencode::{ErrorInfo, Server, SessionActivity};
+use crate::tasks::checks::hold::{self, Hold};
+use crate::tasks::lifecycle::entry::Claim;
+use crate::tasks::lifecycle::phase::Phase;
+use crate::tasks::lifecycle::turn::{self, session_deleted, Idle, ReplySeen};
+use crate::tasks::model::{RetryInfo, TaskStatus};
+use crate::tasks::store::registry::Registry;
 
 /// How often unfinished tasks are re-checked over HTTP even without events (covers a stream
 /// that silently stopped delivering).
-pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+pub(in crate::tasks) const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 
 /// Runs until the server's pump stops (server stopped) or its process exits.
 pub async fn run(
@@ -149,7 +149,7 @@ fn spawn_reconcile(ctx: &TaskContext, server: &Arc<Server>, all: bool) {
     });
 }
 
-pub(super) fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
+pub(in crate::tasks) fn unfinished_on(registry: &Registry, server_id: &str) -> Vec<String> {
     registry.ids_where(|e| e.rec.server_id == server_id && !e.rec.status().is_terminal())
 }
 
@@ -180,7 +180,7 @@ pub fn fail_server_tasks(
 }
 
 /// What to do after an event was applied.
-pub(super) enum Then {
+pub(in crate::tasks) enum Then {
     Nothing,
     /// Run a completion check, knowing this about the session's activity.
     Check(Idle),
@@ -261,7 +261,11 @@ fn apply(ctx: &TaskContext, server: &Arc<Server>, event: Event) {
 }
 
 /// A subagent's event: its asks are the task's, its tools show as the task's progress.
-fn apply_child(ctx: &TaskContext, e: &mut super::lifecycle::entry::TaskEntry, event: &Event) {
+fn apply_child(
+    ctx: &TaskContext,
+    e: &mut crate::tasks::lifecycle::entry::TaskEntry,
+    event: &Event,
+) {
     match event {
         Event::PermissionAsked(ask) => e.ask_permission(ask.clone()),
         Event::PermissionReplied { request_id, .. } => e.permission_answered(request_id),
@@ -277,7 +281,7 @@ fn apply_child(ctx: &TaskContext, e: &mut super::lifecycle::entry::TaskEntry, ev
 }
 
 fn track_tool(
-    e: &mut super::lifecycle::entry::TaskEntry,
+    e: &mut crate::tasks::lifecycle::entry::TaskEntry,
     tool: &str,
     status: &str,
     title: &Option<String>,
@@ -292,7 +296,11 @@ fn track_tool(
 }
 
 /// An event of the task's own session.
-fn apply_own(ctx: &TaskContext, e: &mut super::lifecycle::entry::TaskEntry, event: &Event) -> Then {
+fn apply_own(
+    ctx: &TaskContext,
+    e: &mut crate::tasks::lifecycle::entry::TaskEntry,
+    event: &Event,
+) -> Then {
     let mut then = Then::Nothing;
     if e.is_open() {
         e.live.streamed.apply(&e.rec.user_message_id, event);

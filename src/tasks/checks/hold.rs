@@ -6,13 +6,15 @@
 
 use std::sync::Arc;
 
-use super::context::TaskContext;
-use super::lifecycle::entry::TaskEntry;
-use super::lifecycle::phase::{Held, Phase};
-use super::model::TaskStatus;
-use super::{checks, escalation, outcome, structured};
+use super::commands as checks;
+use super::{escalation, structured};
 use crate::config::Config;
 use crate::opencode::{ErrorInfo, Server};
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::entry::TaskEntry;
+use crate::tasks::lifecycle::phase::{Held, Phase};
+use crate::tasks::model::TaskStatus;
+use crate::tasks::turn::outcome;
 
 /// What [`hold`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 //!   send back) and runs [`settle`]: read the answer, [`extract`] the JSON, validate it. A match
 //!   finishes the task with the parsed value; a mismatch with retries left opens a correction
 //!   turn in the same session through the service's one turn-opening path
-//!   ([`super::follow::open_turn`]) with the errors ([`correction_prompt`]); otherwise the task
+//!   ([`crate::tasks::turn::follow::open_turn`]) with the errors ([`correction_prompt`]); otherwise the task
 //!   finishes `completed` with `structured_error`. Every checked answer is one
 //!   [`StructuredAttempt`] in the record, so each retry is visible in the result.
 //! - **Restarts**: `checking` is durable. An adopted task still checking is concluded again by
@@ -27,13 +27,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::context::TaskContext;
-use super::follow::{open_turn, Follows};
-use super::lifecycle::entry::{Claim, TaskEntry};
-use super::model::{StructuredAttempt, TaskStatus};
-use super::outcome;
-use super::outcome::Attempts;
 use crate::opencode::Server;
+use crate::tasks::context::TaskContext;
+use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
+use crate::tasks::model::{StructuredAttempt, TaskStatus};
+use crate::tasks::turn::follow::{open_turn, Follows};
+use crate::tasks::turn::outcome;
+use crate::tasks::turn::outcome::Attempts;
 
 /// The largest `output_schema` accepted, serialized: it is sent to the model with the prompt
 /// and kept in the task's record.
@@ -373,7 +373,7 @@ fn holding(e: &TaskEntry, turn: u32) -> bool {
 /// Checks the held structured answer of `turn` and finishes the task, or opens a correction
 /// turn. Returns `true` when the answer is settled (accepted, or given up on) but the task has
 /// checks to run before it finishes (`hold::settle` runs them).
-pub(super) async fn check_held(
+pub(in crate::tasks) async fn check_held(
     ctx: &TaskContext,
     server: &Arc<Server>,
     task_id: &str,
@@ -384,7 +384,7 @@ pub(super) async fn check_held(
         return false;
     };
     let Some(state) = entry.rec.structured.as_ref() else {
-        return super::checks::wants_checks(&entry);
+        return super::commands::wants_checks(&entry);
     };
     let earlier = state.attempts.iter().filter(|a| a.turn != turn).count();
     let (checked, next) = match &entry.rec.outcome {
@@ -415,7 +415,7 @@ pub(super) async fn check_held(
     };
     // A settled answer finishes the task, unless its checks run next.
     let settled = |e: &mut TaskEntry| {
-        if super::checks::wants_checks(e) {
+        if super::commands::wants_checks(e) {
             After::Checks
         } else {
             e.finish(Claim::Checked(turn), TaskStatus::Completed, None);
@@ -497,12 +497,12 @@ pub(super) async fn check_held(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::hold::{settle, Hold};
+    use crate::tasks::checks::hold::{settle, Hold};
     use crate::tasks::lifecycle::entry::Claim;
 
     /// Holds a completed turn, as the tracker does.
     fn hold(e: &mut TaskEntry) -> Hold {
-        crate::tasks::hold::hold(
+        crate::tasks::checks::hold::hold(
             e,
             TaskStatus::Completed,
             None,
@@ -630,7 +630,7 @@ mod tests {
 
     #[test]
     fn a_correction_carries_the_earlier_turns_spend() {
-        use crate::tasks::turn::TurnState;
+        use crate::tasks::lifecycle::turn::TurnState;
         let mut e = TaskEntry::in_first_turn("tsk_a", "ses_a");
         e.rec.structured = Some(StructuredState::new(person()));
         let mut outcome = TurnState::default();
@@ -716,7 +716,7 @@ mod tests {
             e.rec.structured = Some(crate::tasks::lifecycle::record::StructuredState::new(
                 serde_json::json!({ "type": "object" }),
             ));
-            e.rec.outcome = Some(crate::tasks::turn::TurnState {
+            e.rec.outcome = Some(crate::tasks::lifecycle::turn::TurnState {
                 text: "{}".into(),
                 ..Default::default()
             });

@@ -1,0 +1,506 @@
+//! Starting a task: a validated request, its idempotency key, the room it takes, and the
+//! start itself (its server chosen, its worktree made, its session created and its first turn
+//! opened). A queued start (`queue.rs`) comes back here once room frees up.
+
+use std::sync::Arc;
+
+use crate::tasks::service::TaskService;
+use crate::tasks::turn::confine::{admit, forced_rules};
+
+use crate::config::Budget;
+use crate::config::Isolation;
+use crate::git::Base;
+use crate::ids;
+use crate::opencode::{resolve_directory, RunOn};
+use crate::tasks::checks::structured;
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
+use crate::tasks::lifecycle::record::StructuredState;
+use crate::tasks::lifecycle::record::{GroupMember, TaskRecord};
+use crate::tasks::model::{TaskSnapshot, TaskStatus};
+use crate::tasks::resolve::{self, Choice};
+use crate::tasks::spend::caps;
+use crate::tasks::store::capacity::{Place, Slots};
+
+/// A validated `start_task` request (kept as JSON in a queued task's record).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct StartTask {
+    pub server_id: String,
+    pub prompt: String,
+    pub agent: Option<String>,
+    /// Exact `provider/model`.
+    pub model: Option<String>,
+    /// A tier name from the config; resolved against the server's models.
+    pub tier: Option<String>,
+    /// Absolute directory the session runs in (default: the server's).
+    pub directory: Option<String>,
+    pub title: Option<String>,
+    /// Same key and arguments: the task the first call started. Same key, other arguments:
+    /// `conflict`.
+    pub idempotency_key: Option<String>,
+    /// `worktree`: the task works in a git worktree of its own (see `workspace.rs`).
+    pub isolation: Isolation,
+    /// What that worktree starts from.
+    pub base: Base,
+    /// The fan-out group this task is one answer of, and its place there.
+    pub group: Option<GroupMember>,
+    /// A JSON Schema the answer must end with a matching JSON value of (see `structured.rs`).
+    pub output_schema: Option<serde_json::Value>,
+    /// The call's own spending caps (they may only lower those in force; see `spend.rs`).
+    pub budget: Budget,
+    /// The model variant to run (reasoning effort), in place of the tier's.
+    pub variant: Option<String>,
+    /// The worker to run on (`local`, or a remote worker of `workers:`); `None`: this machine.
+    pub worker: Option<String>,
+    /// Commands that must succeed after each turn, besides the tier's (see `checks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<String>,
+}
+
+impl StartTask {
+    /// A stable fingerprint of everything but the key (FNV-1a: the same across processes and
+    /// releases, so a retry after a restart matches).
+    fn fingerprint(&self) -> u64 {
+        // serde_json's maps are ordered, so equal schemas serialize alike.
+        let schema = self.output_schema.as_ref().map(|s| s.to_string());
+        let fields = [
+            Some(self.server_id.as_str()),
+            Some(self.prompt.as_str()),
+            self.agent.as_deref(),
+            self.model.as_deref(),
+            self.tier.as_deref(),
+            self.directory.as_deref(),
+            self.title.as_deref(),
+            Some(match self.isolation {
+                Isolation::None => "isolation:none",
+                Isolation::Worktree => "isolation:worktree",
+            }),
+            Some(match self.base {
+                Base::WorkingTree => "base:working_tree",
+                Base::Head => "base:head",
+            }),
+            schema.as_deref(),
+        ];
+        // Hashed only when given, so a key's fingerprint is what it was before budgets and
+        // variants existed.
+        let budget = (!self.budget.is_unlimited()).then(|| format!("{:?}", self.budget));
+        let variant = self.variant.as_ref().map(|v| format!("variant:{v}"));
+        let worker = self.worker.as_ref().map(|w| format!("worker:{w}"));
+        let checks = (!self.checks.is_empty()).then(|| format!("checks:{:?}", self.checks));
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let given: Vec<String> = [budget, variant, worker, checks]
+            .into_iter()
+            .flatten()
+            .collect();
+        for field in fields
+            .into_iter()
+            .chain(given.iter().map(|f| Some(f.as_str())))
+        {
+            // A marker per field keeps `None` apart from `Some("")` and fields apart.
+            let bytes = field.map_or(&[0xff_u8][..], str::as_bytes);
+            for b in bytes.iter().chain(&[0x00]) {
+                hash ^= u64::from(*b);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        hash
+    }
+}
+
+/// What an `idempotency_key` is bound to: the argument fingerprint and the task it started.
+pub(in crate::tasks) type KeySlot = Arc<tokio::sync::Mutex<Option<(u64, String)>>>;
+
+/// How many idempotency keys accumulate between prunes of those that stand for nothing.
+pub(in crate::tasks) const KEYS_PRUNE_AT: usize = 1024;
+
+impl TaskService {
+    /// Takes room for `new` more unfinished tasks, one slot each, on `worker` when the call
+    /// names one, else on this machine first and then on the remote workers with free slots
+    /// (only for tasks that can run remotely: `isolation` worktree); refuses when the workers
+    /// have too few free slots between them (see `capacity.rs`). Finished tasks never count:
+    /// they leave memory and stay readable from disk. `fan_out` takes room for all its targets
+    /// at once and hands one slot to each of its starts ([`TaskService::start_with`]).
+    ///
+    /// A worker that declares `tiers` is given only tasks of those tiers (`tier`; `None`: the
+    /// task names none, or the tasks of a fan-out differ).
+    pub fn reserve(
+        &self,
+        worker: Option<&str>,
+        isolation: Isolation,
+        tier: Option<&str>,
+        new: usize,
+    ) -> Result<Vec<Slots>, TaskError> {
+        let config = self.config();
+        let places = match worker {
+            Some(name) => {
+                self.remote_worker(name, isolation)?;
+                vec![Place::of(&config, name)]
+            }
+            // Workers found out of reach are left out for a while.
+            None if isolation == Isolation::Worktree && self.state_dir.is_some() => {
+                crate::workers::from_config(&config)
+                    .iter()
+                    .filter(|w| w.remote.is_none() || !self.workers.avoided(&w.name))
+                    .filter(|w| w.takes(tier))
+                    .map(|w| Place::from_worker(&config, w))
+                    .collect()
+            }
+            None => vec![Place::local(&config)],
+        };
+        self.tracker.capacity.spread(&self.registry, &places, new)
+    }
+
+    /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it. With an
+    /// `idempotency_key`, a retry returns the task the first call started (concurrent calls with
+    /// one key run one after the other); a first call that failed leaves the key free.
+    pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
+        self.start_with(req, None).await
+    }
+
+    /// [`TaskService::start`] in room already taken (`room`, one slot), or taking its own.
+    pub async fn start_with(
+        &self,
+        req: StartTask,
+        room: Option<Slots>,
+    ) -> Result<TaskSnapshot, TaskError> {
+        self.restored().await;
+        let Some(key) = req.idempotency_key.clone() else {
+            return self.start_new(req, None, room, None).await;
+        };
+        let fingerprint = req.fingerprint();
+        let slot = self.key_slot(&key);
+        let mut bound = slot.lock().await;
+        if let Some((fp, task_id)) = bound.as_ref() {
+            if *fp != fingerprint {
+                return Err(TaskError::Conflict(format!(
+                    "idempotency_key `{key}` already started task {task_id} with other arguments; \
+                     use a new key for a new task"
+                )));
+            }
+            if let Ok(snapshot) = self.snapshot(task_id, false) {
+                return Ok(snapshot);
+            }
+            // The task it started has expired: the key starts anew.
+        }
+        let snapshot = self
+            .start_new(req, Some((key, fingerprint)), room, None)
+            .await?;
+        *bound = Some((fingerprint, snapshot.task_id.clone()));
+        Ok(snapshot)
+    }
+
+    pub(in crate::tasks) fn key_slot(&self, key: &str) -> KeySlot {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        // Keys outlive their tasks (restore binds every stored one, expired records take none
+        // along): every KEYS_PRUNE_AT new keys, drop the ones bound to nothing or to a task
+        // that no longer exists. A key in use (its slot locked) is left alone. Existence is a
+        // `stat` for tasks out of memory: reading them would bring each back into memory.
+        if !keys.contains_key(key) && !keys.is_empty() && keys.len().is_multiple_of(KEYS_PRUNE_AT) {
+            keys.retain(|_, slot| match slot.try_lock() {
+                Ok(bound) => bound
+                    .as_ref()
+                    .is_some_and(|(_, task_id)| self.registry.knows(task_id)),
+                Err(_) => true,
+            });
+        }
+        keys.entry(key.to_string()).or_default().clone()
+    }
+
+    /// Unbinds the task's `idempotency_key` (in memory and in its record, so a restart does not
+    /// bind it again): for a task started and then cancelled because the call it belonged to
+    /// failed as a whole (`fan_out`'s all or nothing), whose retry must start anew rather than
+    /// be handed back the cancelled task.
+    pub async fn release_key(&self, task_id: &str) {
+        let Some((key, _)) = self.registry.get(task_id).and_then(|e| e.rec.idempotency) else {
+            return;
+        };
+        let slot = self.key_slot(&key);
+        let mut bound = slot.lock().await;
+        if bound.as_ref().is_some_and(|(_, id)| id == task_id) {
+            *bound = None;
+        }
+        self.registry.update(task_id, |e| e.rec.idempotency = None);
+    }
+
+    /// Binds keys of restored tasks again, so a retry after a restart finds its task.
+    pub(in crate::tasks) fn bind_key(&self, key: String, fingerprint: u64, task_id: String) {
+        let slot = self.key_slot(&key);
+        let bound = slot.try_lock();
+        if let Ok(mut bound) = bound {
+            *bound = Some((fingerprint, task_id));
+        }
+    }
+
+    /// Starts `req` as a new task, or, with `queued_id`, starts that queued task (in `room`
+    /// taken for it) in its place.
+    pub(in crate::tasks) async fn start_new(
+        &self,
+        req: StartTask,
+        idempotency: Option<(String, u64)>,
+        room: Option<Slots>,
+        queued_id: Option<String>,
+    ) -> Result<TaskSnapshot, TaskError> {
+        if let Some(schema) = &req.output_schema {
+            structured::check_schema(schema)
+                .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
+        }
+        let checks = crate::tasks::checks::commands::commands_for(
+            &self.config(),
+            req.tier.as_deref(),
+            &req.checks,
+        )
+        .map_err(TaskError::InvalidArgument)?;
+        let local = self.server(&req.server_id)?;
+        let budget = caps::caps(&self.config(), req.tier.as_deref(), req.budget)?;
+        caps::within_daily_cap(&self.config(), self.registry.spent_today())?;
+        let directory = match req.directory.clone() {
+            Some(d) => resolve_directory(Some(d))?,
+            None => local.directory.clone(),
+        };
+        // Held until the task is registered: until then it counts as an unfinished task of
+        // the worker it was taken on, which is where the task runs. No room anywhere: the
+        // task is queued when the user allows it (`queue.rs`).
+        let room = match room {
+            Some(room) => room,
+            None => {
+                match self.reserve(req.worker.as_deref(), req.isolation, req.tier.as_deref(), 1) {
+                    Ok(mut room) => room
+                        .pop()
+                        .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
+                    Err(TaskError::LimitExceeded(why)) => {
+                        return self.enqueue(req, directory, idempotency, why).await
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let worker = self.remote_worker(room.worker(), req.isolation)?;
+        // A remote task runs on its worker's OpenCode, whose agents and models are that
+        // worker's own.
+        let server = match &worker {
+            Some(w) => self.worker_server(w).await?,
+            None => local,
+        };
+        let Choice {
+            model,
+            variant,
+            price,
+        } = resolve::choose(
+            &self.config(),
+            &server,
+            if worker.is_some() {
+                &server.directory
+            } else {
+                &directory
+            },
+            req.agent.as_deref(),
+            req.model.as_deref(),
+            req.tier.as_deref(),
+            req.variant.as_deref(),
+        )
+        .await?;
+        let title = req
+            .title
+            .clone()
+            .unwrap_or_else(|| default_title(&req.prompt));
+        let from_queue = queued_id.is_some();
+        let task_id = queued_id.unwrap_or_else(ids::task_id);
+        let workspace = match (&worker, req.isolation) {
+            (Some(w), _) => Some(
+                self.place(w, &server, &directory, &task_id, req.base)
+                    .await?,
+            ),
+            (None, Isolation::None) => None,
+            (None, Isolation::Worktree) => Some(
+                self.create_workspace(&directory, &task_id, req.base)
+                    .await?,
+            ),
+        };
+        let directory = workspace
+            .as_ref()
+            .map_or(directory, |(_, session_dir)| session_dir.clone());
+        // The task's root is registered with the server's sandbox before its session exists,
+        // so its first command already finds it; a task that cannot be confined as the user
+        // asked does not start.
+        let root = workspace
+            .as_ref()
+            .map_or(directory.as_str(), |(w, _)| w.path.as_str());
+        let opt_out = crate::sandbox::tier_opt_out(&self.config(), req.tier.as_deref());
+        let confinement = match admit(&server, root, opt_out).await {
+            Ok(confinement) => confinement,
+            Err(e) => {
+                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                    .await;
+                return Err(e);
+            }
+        };
+        let forced = forced_rules(&self.config(), &server);
+        let session_id = match server.api.create_session(&directory, &title, &forced).await {
+            Ok(id) => id,
+            Err(e) => {
+                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                    .await;
+                return Err(e.into());
+            }
+        };
+        let message_id = ids::message_id();
+        let mut rec = TaskRecord::new(
+            task_id.clone(),
+            server.id.clone(),
+            session_id.clone(),
+            directory.clone(),
+            title,
+        );
+        rec.server_url = server.api.base_url().to_string();
+        rec.managed = server.process.is_some();
+        rec.confinement = Some(confinement);
+        rec.idempotency = idempotency;
+        rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
+        rec.tier = req.tier.clone();
+        rec.budget = (!budget.is_unlimited()).then_some(budget);
+        rec.variant = variant.clone();
+        rec.price = price.map(|p| (model.clone().unwrap_or_default(), p));
+        rec.group = req.group.clone();
+        rec.structured = req.output_schema.clone().map(StructuredState::new);
+        rec.checks =
+            (!checks.is_empty()).then(|| crate::tasks::lifecycle::record::ChecksState::new(checks));
+        let prompt = match &req.output_schema {
+            Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
+            None => req.prompt.clone(),
+        };
+        let mut entry = TaskEntry::new(rec);
+        if let Err(refused) = entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone())
+        {
+            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                .await;
+            return Err(TaskError::Conflict(format!("task {task_id}: {refused}")));
+        }
+        // Registered before the prompt goes out, so no event of this turn can be missed.
+        self.registry.insert(entry);
+        drop(room);
+        if let Err(e) = server
+            .api
+            .prompt_async(
+                &directory,
+                &session_id,
+                &message_id,
+                &prompt,
+                RunOn {
+                    agent: req.agent.as_deref(),
+                    model: model.as_deref(),
+                    variant: variant.as_deref(),
+                },
+            )
+            .await
+        {
+            // A task that was queued keeps its id: it ends failed (by the queue) rather than
+            // vanishing.
+            if from_queue {
+                let error = crate::tasks::lifecycle::record::start_failed(&e);
+                self.registry.update(&task_id, |entry| {
+                    let turn = entry.rec.turn;
+                    entry.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error));
+                });
+            } else {
+                self.registry.remove(&task_id);
+            }
+            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
+                .await;
+            return Err(e.into());
+        }
+        self.arm_deadline(&server, &task_id, 1, self.config().timeouts.task.get());
+        self.snapshot(&task_id, false)
+    }
+}
+
+/// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
+pub fn default_title(prompt: &str) -> String {
+    let line = prompt
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("task");
+    let mut title: String = line.chars().take(60).collect();
+    if line.chars().count() > 60 {
+        title.push('…');
+    }
+    format!("[opencode-mcp] {title}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys of tasks that are gone, or bound to nothing, do not pile up.
+    #[test]
+    fn idempotency_keys_of_gone_tasks_are_pruned() {
+        let mut config = crate::gateway::test_config();
+        let dir = std::env::temp_dir().join(format!("ocm-keys-{}", crate::ids::task_id()));
+        config.state_dir = Some(dir.display().to_string());
+        let service = TaskService::new(Arc::new(config));
+        for i in 0..KEYS_PRUNE_AT {
+            service.bind_key(format!("key-{i}"), 1, format!("tsk_gone_{i}"));
+        }
+        let held = service.key_slot("key-0");
+        let guard = held.try_lock().expect("not in use");
+        let _new = service.key_slot("another");
+        drop(guard);
+        let left = service.keys.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(left <= 2, "{left} keys left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Placement: this machine first, then the worker with the most free slots among those
+    /// that take the task's tier; a worker that declares tiers takes no task of another tier
+    /// (nor one naming none); a task that can only run here (isolation `none`) stays here.
+    #[test]
+    fn placement_gives_a_worker_only_the_tiers_it_takes() {
+        let mut config = crate::gateway::test_config();
+        let dir = std::env::temp_dir().join(format!("ocm-place-{}", crate::ids::task_id()));
+        config.state_dir = Some(dir.display().to_string());
+        config.workers = yaml_serde::from_str(
+            "local:\n  max_tasks: 1\ncheap:\n  ssh: cheap\n  max_tasks: 2\n  tiers: [fast]\nany:\n  ssh: any\n  max_tasks: 1\n",
+        )
+        .expect("workers");
+        let service = TaskService::new(Arc::new(config));
+        let take = |tier: Option<&str>, isolation| {
+            service
+                .reserve(None, isolation, tier, 1)
+                .map(|mut s| s.pop().expect("a slot"))
+        };
+        let here = take(Some("fast"), Isolation::Worktree).expect("room here");
+        assert_eq!(here.worker(), "local");
+        let cheap = take(Some("fast"), Isolation::Worktree).expect("room on cheap");
+        assert_eq!(cheap.worker(), "cheap", "2 free there, 1 on any");
+        let untiered = take(None, Isolation::Worktree).expect("room on any");
+        assert_eq!(untiered.worker(), "any", "cheap takes only tier fast");
+        let refused = take(Some("strong"), Isolation::Worktree).expect_err("no room");
+        assert!(
+            refused
+                .to_string()
+                .contains("every worker's slots are taken"),
+            "{refused}"
+        );
+        assert!(
+            !refused.to_string().contains("cheap"),
+            "cheap was not asked: {refused}"
+        );
+        let here_only = take(Some("fast"), Isolation::None).expect_err("this machine is full");
+        assert!(
+            here_only.to_string().contains("on this machine"),
+            "{here_only}"
+        );
+        drop((here, cheap, untiered));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn titles_come_from_the_first_non_empty_line() {
+        assert_eq!(
+            default_title("\n  fix the bug\nmore"),
+            "[opencode-mcp] fix the bug"
+        );
+        assert!(default_title(&"x".repeat(100)).ends_with('…'));
+    }
+}
