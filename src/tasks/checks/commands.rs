@@ -451,7 +451,8 @@ fn decide(
 mod tests {
     use super::*;
     use crate::tasks::lifecycle::record::TaskRecord;
-    use crate::tasks::model::{ChecksStatus, Escalation, SNAPSHOT_OUTPUT_CHARS};
+    use crate::tasks::model::checks::SNAPSHOT_OUTPUT_CHARS;
+    use crate::tasks::model::{ChecksStatus, Escalation};
 
     fn config() -> Config {
         let mut c = crate::gateway::test_config();

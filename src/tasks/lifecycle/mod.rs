@@ -9,6 +9,8 @@
 //! from and says whether it did.
 
 pub(crate) mod entry;
+pub(crate) mod held;
+pub(crate) mod live;
 pub(crate) mod phase;
 pub(crate) mod record;
 pub mod stream;

@@ -11,4 +11,5 @@ pub(crate) mod queue;
 pub(crate) mod remote;
 pub(crate) mod servers;
 pub(crate) mod start;
+mod supervise;
 pub(crate) mod workspace;

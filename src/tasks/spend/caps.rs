@@ -106,7 +106,7 @@ pub(in crate::tasks) fn within_daily_cap(config: &Config, spent: f64) -> Result<
 mod tests {
     use super::*;
     use crate::opencode::Tokens;
-    use crate::tasks::lifecycle::entry::Spending;
+    use crate::tasks::lifecycle::live::Spending;
 
     fn config(limit: Option<f64>, tier: Option<f64>) -> Config {
         let mut c = crate::gateway::test_config();

@@ -52,9 +52,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::owner::OwnerLock;
-use crate::tasks::lifecycle::record::{TaskRecord, VERSION};
+use crate::tasks::lifecycle::record::TaskRecord;
 use crate::tasks::model::TaskStatus;
 use crate::tasks::spend::usage::TaskSummary;
+
+use super::read::{read_dir_records, read_record, record_path, ReadError};
+pub use super::read::{read_stored, read_summaries, Stored};
+use super::writer::{finished_at, flush_shared, run_writer};
 
 /// How long the gateway waits at exit for queued records to reach the disk. Writes take well
 /// under a millisecond each, so this only matters when the disk itself is stuck.
@@ -92,7 +96,7 @@ pub enum Durability {
 
 /// What the writer does to one task's file.
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     Save(Box<TaskRecord>),
     Remove,
     /// Remove the record only if the file still holds turn `turn`: a record expired by this
@@ -105,7 +109,7 @@ enum Op {
 
 impl Op {
     /// A save in the middle of a turn: it may wait for the next change (see the module notes).
-    fn may_wait(&self) -> bool {
+    pub(super) fn may_wait(&self) -> bool {
         matches!(self, Op::Save(record) if matches!(
             record.status(),
             TaskStatus::Running | TaskStatus::WaitingPermission
@@ -114,61 +118,61 @@ impl Op {
 }
 
 /// One task's queued operation.
-struct Queued {
-    op: Op,
+pub(super) struct Queued {
+    pub(super) op: Op,
     /// When the writer takes it at the latest.
-    due: Instant,
+    pub(super) due: Instant,
     /// The sequence number of the oldest operation it stands for (the ones it replaced are
     /// not on disk either), which holds back `applied`; `RETRY` for a failed write queued again,
     /// which holds back no flush (its failure was reported).
-    first: u64,
+    pub(super) first: u64,
 }
 
 /// [`Queued::first`] of a failed write tried again.
-const RETRY: u64 = u64::MAX;
+pub(super) const RETRY: u64 = u64::MAX;
 
 /// How often a failed write is tried again (a full disk may free up), and how long the writer
 /// rests before each new try, so that a disk that stays full costs nothing.
-const WRITE_RETRIES: u32 = 5;
-const RETRY_PAUSE: Duration = Duration::from_secs(1);
+pub(super) const WRITE_RETRIES: u32 = 5;
+pub(super) const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The writer's queue, shared with every handle.
 #[derive(Default)]
-struct Queue {
+pub(super) struct Queue {
     /// The newest operation per task not yet taken by the writer.
-    pending: HashMap<String, Queued>,
+    pub(super) pending: HashMap<String, Queued>,
     /// The batch the writer is applying now, so [`Store::load`] still sees those records while
     /// they are between the queue and the disk.
-    writing: Arc<HashMap<String, Op>>,
+    pub(super) writing: Arc<HashMap<String, Op>>,
     /// Operations submitted so far (a sequence number).
-    submitted: u64,
+    pub(super) submitted: u64,
     /// Every operation up to this sequence number has been applied (or replaced by a later one
     /// that has).
-    applied: u64,
+    pub(super) applied: u64,
     /// Writes that failed, in total (each once, at its first try).
-    failed: u64,
+    pub(super) failed: u64,
     /// How many of those a flush has already reported.
-    reported: u64,
+    pub(super) reported: u64,
     /// A flush waits for everything up to this sequence number: the writer takes it at once,
     /// whether or not it could wait.
-    hurry: u64,
+    pub(super) hurry: u64,
     /// Tries so far of the writes that failed and are queued again, by task.
-    retries: HashMap<String, u32>,
+    pub(super) retries: HashMap<String, u32>,
     /// Tasks whose newest operation could not be applied and is no longer queued (given up
     /// after [`WRITE_RETRIES`], or never writable, or the writer stopped): their record on disk
     /// is older than what the gateway holds.
-    unsaved: std::collections::HashSet<String>,
+    pub(super) unsaved: std::collections::HashSet<String>,
     /// The last handle is gone: drain and stop.
-    closing: bool,
+    pub(super) closing: bool,
     /// The writer thread's state.
-    writer: Writer,
+    pub(super) writer: Writer,
 }
 
 /// The writer thread starts with the first write, not when the store opens: a gateway that is
 /// only asked for its tools (or only reads old tasks) never needs it, and its start was on the
 /// path to the `initialize` reply.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Writer {
+pub(super) enum Writer {
     #[default]
     NotStarted,
     Running,
@@ -176,17 +180,17 @@ enum Writer {
     Stopped,
 }
 
-struct Shared {
-    dir: PathBuf,
-    queue: Mutex<Queue>,
+pub(super) struct Shared {
+    pub(super) dir: PathBuf,
+    pub(super) queue: Mutex<Queue>,
     /// Wakes the writer (work, or closing).
-    work: Condvar,
+    pub(super) work: Condvar,
     /// Wakes flushers (the writer applied a batch, or stopped).
-    progress: Condvar,
+    pub(super) progress: Condvar,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Queue> {
         // The queue is plain data, consistent after every statement: a panic elsewhere while
         // holding the lock leaves nothing half-done.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
@@ -194,7 +198,7 @@ impl Shared {
 }
 
 /// Closes the queue when the last [`Store`] handle goes, after a bounded flush.
-struct Handle {
+pub(super) struct Handle {
     shared: Arc<Shared>,
     /// The state directory, where the owner locks live.
     state_dir: PathBuf,
@@ -481,301 +485,6 @@ pub struct Expiring {
     /// When the next record on disk expires, as far as the directory says (a running task's
     /// file counts by its date: at worst a look that finds nothing).
     pub next: Option<SystemTime>,
-}
-
-/// The summary of every readable record under `<state_dir>/tasks/`, read without opening the
-/// store (no owner lock, no writer thread), so `opencode-mcp usage` and `tasks` can run beside a
-/// live gateway without disturbing it; unreadable files are reported (path, reason).
-pub fn read_summaries(state_dir: &Path) -> (Vec<TaskSummary>, Vec<(PathBuf, String)>) {
-    read_dir_records(&state_dir.join("tasks"), |r| TaskSummary::from(&r))
-}
-
-/// Every readable record in `dir`, each turned into what `keep` makes of it as soon as it is
-/// read; unreadable ones are reported (path, reason).
-fn read_dir_records<T>(
-    dir: &Path,
-    mut keep: impl FnMut(TaskRecord) -> T,
-) -> (Vec<T>, Vec<(PathBuf, String)>) {
-    let mut tasks = Vec::new();
-    let mut bad = Vec::new();
-    let Ok(dir) = std::fs::read_dir(dir) else {
-        return (tasks, bad);
-    };
-    for entry in dir.flatten() {
-        let path = entry.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
-        match read_record(&path) {
-            Ok(t) => tasks.push(keep(t)),
-            // Removed between listing and reading: not a fault.
-            Err(ReadError::Missing) => {}
-            Err(ReadError::Bad(why)) => bad.push((path, why)),
-        }
-    }
-    (tasks, bad)
-}
-
-/// What the state directory says about one task, read without opening the store (no owner
-/// lock, no writer): for `opencode-mcp gc` and `watch`, which run beside a gateway or without one.
-pub enum Stored {
-    Record(Box<TaskRecord>),
-    Missing,
-    Unreadable(String),
-}
-
-/// Reads `<state_dir>/tasks/<task_id>.json` as it is on disk.
-pub fn read_stored(state_dir: &Path, task_id: &str) -> Stored {
-    let Some(path) = record_path(&state_dir.join("tasks"), task_id) else {
-        return Stored::Missing;
-    };
-    match read_record(&path) {
-        Ok(r) => Stored::Record(Box::new(r)),
-        Err(ReadError::Missing) => Stored::Missing,
-        Err(ReadError::Bad(why)) => Stored::Unreadable(format!("{}: {why}", path.display())),
-    }
-}
-
-fn record_path(dir: &Path, task_id: &str) -> Option<PathBuf> {
-    // Ids are ours (`tsk_` + base62), but a file name is built from them: refuse anything that
-    // could leave the directory.
-    let safe = !task_id.is_empty()
-        && task_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    safe.then(|| dir.join(format!("{task_id}.json")))
-}
-
-enum ReadError {
-    Missing,
-    Bad(String),
-}
-
-fn read_record(path: &Path) -> Result<TaskRecord, ReadError> {
-    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ReadError::Missing,
-        _ => ReadError::Bad(e.to_string()),
-    })?;
-    let task: TaskRecord =
-        serde_json::from_slice(&bytes).map_err(|e| ReadError::Bad(e.to_string()))?;
-    if task.version != VERSION {
-        return Err(ReadError::Bad(format!(
-            "unknown record version {}",
-            task.version
-        )));
-    }
-    Ok(task)
-}
-
-/// Waits until `applied` reaches what was submitted when the call began.
-fn flush_shared(shared: &Shared, timeout: Duration) -> Result<(), StoreError> {
-    let deadline = Instant::now() + timeout;
-    let mut q = shared.lock();
-    let target = q.submitted;
-    if q.applied < target {
-        q.hurry = q.hurry.max(target);
-        shared.work.notify_one();
-    }
-    while q.applied < target {
-        if q.writer == Writer::Stopped {
-            return Err(StoreError::WriterStopped);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(StoreError::FlushTimedOut {
-                waited: timeout,
-                pending: q.pending.len() + q.writing.len(),
-            });
-        }
-        q = shared
-            .progress
-            .wait_timeout(q, left)
-            .map(|(q, _)| q)
-            .unwrap_or_else(|p| p.into_inner().0);
-    }
-    // Every failure no flush has reported yet: a write that failed before this call was made
-    // (the writer can be quicker than the caller) is reported too.
-    let failed = q.failed - q.reported;
-    q.reported = q.failed;
-    match failed {
-        0 => Ok(()),
-        failed => Err(StoreError::WritesFailed { failed }),
-    }
-}
-
-/// Marks the writer stopped and wakes flushers when the writer thread ends, even by a panic.
-struct WriterAlive<'a>(&'a Shared);
-
-impl Drop for WriterAlive<'_> {
-    fn drop(&mut self) {
-        self.0.lock().writer = Writer::Stopped;
-        self.0.progress.notify_all();
-    }
-}
-
-/// The writer thread: takes what is due, applies it, records progress, until closed.
-fn run_writer(shared: &Shared) {
-    let _alive = WriterAlive(shared);
-    loop {
-        let (batch, upto) = {
-            let mut q = shared.lock();
-            let now = loop {
-                if q.pending.is_empty() {
-                    if q.closing {
-                        return;
-                    }
-                    q = shared.work.wait(q).unwrap_or_else(|p| p.into_inner());
-                    continue;
-                }
-                let now = Instant::now();
-                let next = q
-                    .pending
-                    .values()
-                    .map(|p| if p.first <= q.hurry { now } else { p.due })
-                    .min()
-                    .unwrap_or(now);
-                if q.closing || next <= now {
-                    break now;
-                }
-                q = shared
-                    .work
-                    .wait_timeout(q, next - now)
-                    .map(|(q, _)| q)
-                    .unwrap_or_else(|p| p.into_inner().0);
-            };
-            let (hurry, closing) = (q.hurry, q.closing);
-            let taken: Vec<String> = q
-                .pending
-                .iter()
-                .filter(|(_, p)| closing || p.first <= hurry || p.due <= now)
-                .map(|(id, _)| id.clone())
-                .collect();
-            let batch: HashMap<String, Op> = taken
-                .into_iter()
-                .filter_map(|id| q.pending.remove_entry(&id))
-                .map(|(id, p)| (id, p.op))
-                .collect();
-            let batch = Arc::new(batch);
-            q.writing = batch.clone();
-            // Everything submitted so far is on disk once this batch is, except what still
-            // waits in the queue (and what it replaced).
-            let waiting = q.pending.values().map(|p| p.first).min().unwrap_or(RETRY);
-            (batch, q.submitted.min(waiting.saturating_sub(1)))
-        };
-        let mut failed = Vec::new();
-        let mut lost = Vec::new();
-        for (id, op) in batch.iter() {
-            match apply(&shared.dir, id, op) {
-                Ok(()) => {}
-                // An id that cannot be a file name never will be: not tried again.
-                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                    tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
-                    lost.push(id.clone());
-                }
-                Err(e) => {
-                    tracing::warn!(task_id = %id, error = %e, "cannot update the task's record in the state directory");
-                    failed.push((id.clone(), op.clone()));
-                }
-            }
-        }
-        let mut q = shared.lock();
-        q.writing = Arc::default();
-        q.applied = upto;
-        // A flush reports the failures of what was submitted before it; a retry's failure was
-        // reported with its first try.
-        let first_failures = failed
-            .iter()
-            .filter(|(id, _)| !q.retries.contains_key(id))
-            .count();
-        q.failed += (lost.len() + first_failures) as u64;
-        for (id, _) in batch.iter() {
-            if !failed.iter().any(|(f, _)| f == id) && !lost.contains(id) {
-                q.retries.remove(id);
-                q.unsaved.remove(id);
-            }
-        }
-        q.unsaved.extend(lost);
-        // A failed write is tried again unless a newer one of the same task replaced it: a
-        // record lost to a full disk would make the task unknown once it leaves memory.
-        let mut requeued = false;
-        for (id, op) in failed {
-            let tries = q.retries.entry(id.clone()).or_insert(0);
-            *tries += 1;
-            if *tries > WRITE_RETRIES {
-                q.retries.remove(&id);
-                tracing::warn!(task_id = %id, "giving up writing the task's record after {WRITE_RETRIES} retries");
-                q.unsaved.insert(id);
-                continue;
-            }
-            if let std::collections::hash_map::Entry::Vacant(slot) = q.pending.entry(id) {
-                slot.insert(Queued {
-                    op,
-                    due: Instant::now(),
-                    first: RETRY,
-                });
-                requeued = true;
-            }
-        }
-        drop(q);
-        shared.progress.notify_all();
-        if requeued {
-            // Rest before the next try, unless the store is closing or new work comes in.
-            let q = shared.lock();
-            if !q.closing {
-                drop(shared.work.wait_timeout(q, RETRY_PAUSE));
-            }
-        }
-    }
-}
-
-fn apply(dir: &Path, task_id: &str, op: &Op) -> std::io::Result<()> {
-    let Some(path) = record_path(dir, task_id) else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("unsafe task id `{task_id}`"),
-        ));
-    };
-    match op {
-        Op::Save(record) => write_record(dir, &path, record),
-        Op::Remove => remove_record(&path),
-        Op::Expire { turn } => match read_record(&path) {
-            Ok(on_disk) if on_disk.turn != *turn => {
-                tracing::info!(
-                    task_id,
-                    turn = on_disk.turn,
-                    "not expiring a task record another gateway continued"
-                );
-                Ok(())
-            }
-            Ok(_) => remove_record(&path),
-            Err(ReadError::Missing) => Ok(()),
-            // Unreadable: reported where records are read; not this writer's to judge.
-            Err(ReadError::Bad(_)) => Ok(()),
-        },
-    }
-}
-
-fn remove_record(path: &Path) -> std::io::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
-
-/// Writes `record` to `path` atomically and owner-only (see `crate::private_files`, which also
-/// says why there is no fsync).
-fn write_record(dir: &Path, path: &Path, record: &TaskRecord) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    // Dated by its finish when finished (see the module notes on expiry).
-    crate::private_files::write_atomic(dir, path, &record.id, &bytes, finished_at(record))
-}
-
-/// When a finished record's turn finished (the date its file carries); `None` while it runs.
-fn finished_at(record: &TaskRecord) -> Option<SystemTime> {
-    record
-        .finished_ms
-        .filter(|_| record.status().is_terminal())
-        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// Creates `dir` as `0700` (see `crate::private_files`), saying so when it had to be tightened.

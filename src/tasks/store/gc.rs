@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::disk::{read_stored, Stored};
-use super::registry::Expired;
+use super::expiry::Expired;
 use crate::config::Config;
 use crate::git::{self, BRANCH_PREFIX};
 use crate::tasks::lifecycle::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};

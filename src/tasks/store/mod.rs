@@ -8,6 +8,9 @@
 
 pub(crate) mod capacity;
 pub(crate) mod disk;
+pub(crate) mod expiry;
 pub mod gc;
 pub(crate) mod owner;
+pub(crate) mod read;
 pub(crate) mod registry;
+mod writer;

@@ -8,13 +8,9 @@
 //! only when something they can observe changes (status, turn, permission), not on every
 //! streamed token.
 //!
-//! Finished tasks leave memory after `limits.finished_in_memory` (their records stay on disk
-//! until `limits.finished_task_ttl`) and are read back by id when asked for, so the number of
-//! tasks in memory is bounded by live work, not by a day's history. Nothing is kept per task
-//! that left memory: its record's expiry is found again by a sweep of the state directory
-//! ([`Registry::sweep_disk`]), and the day's spend is in the ledger (`ledger.rs`), which every
-//! change of a task's spend reaches from here. A task's own state and its transitions are
-//! `entry.rs`'s.
+//! Finished tasks leave memory, then disk, as `expiry.rs` says. The day's spend is in the
+//! ledger (`spend/ledger.rs`), which every change of a task's spend reaches from here. A task's
+//! own state and its transitions are the lifecycle's.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::disk::{Durability, Store};
+use super::disk::Store;
 use crate::tasks::lifecycle::entry::{observable, turn_spend, TaskEntry};
-use crate::tasks::lifecycle::record::{GroupMember, TaskRecord, WorkspaceRecord};
+use crate::tasks::lifecycle::record::{GroupMember, TaskRecord};
 use crate::tasks::model::{TaskSnapshot, TaskStatus};
 use crate::tasks::spend::ledger::Ledger;
 use crate::tasks::spend::usage::TaskSummary;
@@ -37,28 +33,28 @@ pub struct SessionOwner {
 }
 
 #[derive(Default)]
-struct Tables {
+pub(super) struct Tables {
     /// Boxed: an entry is about 2 KB, and a table of them inline would be one allocation of
     /// (capacity x 2 KB) that doubles as tasks arrive (4 MiB at 1,000 tasks, half of it empty
     /// slots), copied whole at each growth.
-    tasks: HashMap<String, Box<TaskEntry>>,
-    by_session: HashMap<String, SessionOwner>,
+    pub(super) tasks: HashMap<String, Box<TaskEntry>>,
+    pub(super) by_session: HashMap<String, SessionOwner>,
     /// When the next record that left memory expires, if any did: the state directory is swept
     /// then ([`Registry::sweep_disk`]). Records on disk cost no memory per task: the sweep
     /// finds them by their files' dates (see `store`).
-    next_sweep: Option<Instant>,
+    pub(super) next_sweep: Option<Instant>,
     /// A sweep is running (on a blocking thread): no second one is started meanwhile.
-    sweeping: bool,
+    pub(super) sweeping: bool,
     /// Fan-out groups: id -> (target index, task id) of every member whose record exists, in
     /// memory or only on disk. A group outlives its members' stay in memory (a finished answer
     /// leaves memory long before a slower sibling finishes), and goes with their records.
-    groups: HashMap<String, Vec<(u32, String)>>,
+    pub(super) groups: HashMap<String, Vec<(u32, String)>>,
 }
 
 impl Tables {
     /// A finished task, out of memory, whose record stays on disk: what is kept of it is when
     /// its record is due to expire (`finished` + `disk_ttl`).
-    fn left_on_disk(&mut self, finished: Instant, disk_ttl: Duration) {
+    pub(super) fn left_on_disk(&mut self, finished: Instant, disk_ttl: Duration) {
         let due = finished + disk_ttl;
         self.next_sweep = Some(self.next_sweep.map_or(due, |at| at.min(due)));
     }
@@ -98,7 +94,7 @@ impl Tables {
     }
 
     /// The task's record is gone: it is no longer a member of its group.
-    fn forget_member(&mut self, task_id: &str) {
+    pub(super) fn forget_member(&mut self, task_id: &str) {
         self.groups.retain(|_, members| {
             members.retain(|(_, id)| id != task_id);
             !members.is_empty()
@@ -117,7 +113,7 @@ impl Tables {
         queued.into_iter().map(|(_, id)| id).collect()
     }
 
-    fn unindex(&mut self, e: &TaskEntry) {
+    pub(super) fn unindex(&mut self, e: &TaskEntry) {
         if !e.rec.session_id.is_empty() {
             self.by_session.remove(&e.rec.session_id);
         }
@@ -130,9 +126,9 @@ impl Tables {
 /// The tasks, by id and by session, with a change signal, written through to the [`Store`]
 /// when one is attached.
 pub struct Registry {
-    tables: Mutex<Tables>,
-    changed: watch::Sender<u64>,
-    store: Option<Store>,
+    pub(super) tables: Mutex<Tables>,
+    pub(super) changed: watch::Sender<u64>,
+    pub(super) store: Option<Store>,
     /// The day's spend, shared with the other gateways on the state directory (`ledger.rs`).
     ledger: Ledger,
     /// Where another gateway's unfinished task is reported each time it is read (its id and
@@ -140,55 +136,10 @@ pub struct Registry {
     foreign_seen: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(String, u32)>>,
 }
 
-/// A task whose record expired while it still had a worktree: the worktree is removed, or kept
-/// when its change was never applied (see `workspace::clean_expired`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Expired {
-    pub task_id: String,
-    /// The turn the record held when it expired: a record that holds another turn by the time
-    /// the worktree is cleaned was continued by another gateway, which still uses the worktree.
-    pub turn: u32,
-    pub title: String,
-    pub status: TaskStatus,
-    pub workspace: WorkspaceRecord,
-}
-
-impl Expired {
-    /// The worktree of `rec`'s task that outlives its record, if it has one not yet discarded.
-    fn of(rec: &TaskRecord) -> Option<Self> {
-        let w = rec.workspace.as_ref().filter(|w| !w.discarded)?;
-        Some(Self {
-            task_id: rec.id.clone(),
-            turn: rec.turn,
-            title: rec.title.clone(),
-            status: rec.status(),
-            workspace: w.clone(),
-        })
-    }
-}
-
-/// What one eviction pass did.
-#[derive(Debug, Default)]
-pub struct Evicted {
-    /// Finished tasks that left memory.
-    pub left_memory: usize,
-    /// Worktrees whose task's record was deleted in this pass.
-    pub worktrees: Vec<Expired>,
-    /// Records that left memory are due to expire: run [`Registry::sweep_disk`] (and then
-    /// nothing else starts one until it is done).
-    pub sweep_due: bool,
-}
-
 impl Default for Registry {
     fn default() -> Self {
         Self::new(None)
     }
-}
-
-/// The least time between two sweeps of the state directory: a hundredth of the TTL, at least
-/// a second.
-fn sweep_pause(disk_ttl: Duration) -> Duration {
-    (disk_ttl / 100).max(Duration::from_secs(1))
 }
 
 /// What the state directory holds of a task that is not in memory ([`Registry::on_disk`]).
@@ -222,7 +173,7 @@ impl Registry {
         self.store.as_ref()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -637,127 +588,6 @@ impl Registry {
         }
     }
 
-    /// Lets finished tasks go: from memory once finished for `memory_ttl` (their records stay
-    /// on disk and are read back by id), from disk too once finished for `disk_ttl` (or at
-    /// once from memory when there is no store). Records that expire after leaving memory go
-    /// in a sweep of the state directory, due when [`Evicted::sweep_due`] says so: the caller
-    /// runs [`Self::sweep_disk`] off the runtime. The worktrees of tasks whose records were
-    /// deleted are returned: they are the caller's to clean (git is async and slow, this lock
-    /// is neither).
-    pub fn evict_finished(&self, memory_ttl: Duration, disk_ttl: Duration) -> Evicted {
-        let mut t = self.lock();
-        let has_store = self.store.is_some();
-        let mut unsaved = Vec::new();
-        let old: Vec<(String, Instant, bool)> = t
-            .tasks
-            .values()
-            .filter_map(|e| {
-                let finished = e.live.finished_at?;
-                // The record's life counts from the finish; its stay in memory from last use.
-                let expired = finished.elapsed() >= disk_ttl;
-                let unused = finished.max(e.live.last_used).elapsed() >= memory_ttl;
-                // Only what is on disk leaves memory: a record still queued leaves with a later
-                // eviction, one whose write was given up is offered to the writer again (a
-                // full disk may have room now) and stays, so its answer is never lost.
-                let durable = match &self.store {
-                    Some(store) if !expired && unused => match store.durability(&e.rec.id) {
-                        Durability::OnDisk => true,
-                        Durability::Queued => false,
-                        Durability::Unsaved => {
-                            unsaved.push(e.rec.clone());
-                            false
-                        }
-                    },
-                    _ => true,
-                };
-                (expired || (has_store && unused && durable))
-                    .then(|| (e.rec.id.clone(), finished, expired))
-            })
-            .collect();
-        if let Some(store) = &self.store {
-            for rec in unsaved {
-                store.submit(rec);
-            }
-        }
-        let mut out = Evicted {
-            left_memory: old.len(),
-            worktrees: Vec::new(),
-            sweep_due: false,
-        };
-        for (id, finished, expired) in old {
-            let Some(e) = t.tasks.remove(&id) else {
-                continue;
-            };
-            t.unindex(&e);
-            if expired {
-                out.worktrees.extend(self.expire(&mut t, &e.rec));
-            } else {
-                t.left_on_disk(finished, disk_ttl);
-            }
-        }
-        if !t.sweeping && t.next_sweep.is_some_and(|at| at <= Instant::now()) {
-            t.sweeping = true;
-            out.sweep_due = true;
-        }
-        out
-    }
-
-    /// Deletes the records on disk that expired (finished `disk_ttl` or longer ago) of tasks
-    /// not in memory, and returns their worktrees for the caller to clean. Reads the state
-    /// directory (a `stat` per record, see [`Store::expired`]): blocking, so callers run it off
-    /// the runtime. The next sweep is due when the next record expires, but at most one sweep
-    /// per hundredth of the TTL (15 minutes at a day), so a steady stream of finishes sweeps
-    /// a full directory a hundred times a TTL, not once per task; a record expires that much
-    /// late at worst.
-    pub fn sweep_disk(&self, disk_ttl: Duration) -> Vec<Expired> {
-        let Some(store) = &self.store else {
-            return Vec::new();
-        };
-        let now = std::time::SystemTime::now();
-        let found = store.expired(disk_ttl, now);
-        let mut t = self.lock();
-        let mut worktrees = Vec::new();
-        let mut expired = 0;
-        for rec in found.records {
-            // In memory (read back meanwhile): its own eviction decides.
-            if t.tasks.contains_key(&rec.id) {
-                continue;
-            }
-            expired += 1;
-            worktrees.extend(self.expire(&mut t, &rec));
-        }
-        tracing::debug!(
-            expired,
-            "swept the state directory for expired task records"
-        );
-        let not_before = Instant::now() + sweep_pause(disk_ttl);
-        t.next_sweep = found.next.map(|at| {
-            let wait = at.duration_since(now).unwrap_or_default();
-            (Instant::now() + wait).max(not_before)
-        });
-        t.sweeping = false;
-        worktrees
-    }
-
-    /// A sweep that was due did not finish (its thread panicked or was cancelled): the next
-    /// one is due after the usual pause, so that records still expire in this gateway rather
-    /// than only at the next restart.
-    pub fn sweep_failed(&self, disk_ttl: Duration) {
-        let mut t = self.lock();
-        t.sweeping = false;
-        t.next_sweep = Some(Instant::now() + sweep_pause(disk_ttl));
-    }
-
-    /// Deletes an expired task's record (as of the turn `rec` holds: see
-    /// [`Store::submit_expire`]) and hands back its worktree.
-    fn expire(&self, t: &mut Tables, rec: &TaskRecord) -> Option<Expired> {
-        t.forget_member(&rec.id);
-        if let Some(store) = &self.store {
-            store.submit_expire(&rec.id, rec.turn);
-        }
-        Expired::of(rec)
-    }
-
     /// What today's (UTC) turns spent, as every gateway on the state directory observed them:
     /// the day's spend for `limits.max_cost_usd_per_day` (see `spend.rs`, `ledger.rs`).
     pub fn spent_today(&self) -> f64 {
@@ -772,6 +602,10 @@ mod tests {
     use crate::tasks::lifecycle::entry::Claim;
     use crate::tasks::lifecycle::phase::{Held, Phase};
     use crate::tasks::lifecycle::record::GroupMember;
+    use crate::tasks::lifecycle::record::WorkspaceRecord;
+    use crate::tasks::store::disk::Durability;
+    use crate::tasks::store::expiry::Evicted;
+    use crate::tasks::store::expiry::{sweep_pause, Expired};
     use tokio_util::sync::CancellationToken;
 
     fn entry(id: &str) -> TaskEntry {
