@@ -908,6 +908,31 @@ async fn a_cancel_is_on_disk_before_it_answers() {
     assert_eq!(st["status"], "cancelled", "{st}");
 }
 
+/// **A continue is on disk before it is said.** A follow-up's new turn is a change in the
+/// middle of a task's life that the store may hold back up to a second (to coalesce a turn's
+/// first changes); the gateway answers only once it is written. The gateway is SIGKILLed the
+/// moment the continue answers: the next gateway knows the second turn (it was reading the
+/// first turn's record, `completed`, and would have given its answer as the follow-up's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continue_is_on_disk_before_it_answers() {
+    let mut rig = Rig::start(&[]).await;
+    let task = id(&rig.start_task("first turn").await);
+    let first = rig.finish(&task).await;
+    assert_eq!(first["status"], "completed", "{first}");
+    let continued = rig
+        .ok(
+            "opencode_continue_task",
+            json!({ "task_id": task, "prompt": "second turn [[slow:30000]]" }),
+        )
+        .await;
+    assert_eq!(continued["task_id"], task.as_str(), "{continued}");
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let st = rig.status(&task).await;
+    assert_eq!(st["turn"], 2, "the second turn survived the kill: {st}");
+    assert_ne!(st["status"], "completed", "not the first turn's end: {st}");
+}
+
 /// **A fan-out group is whole while another gateway runs it.** A host's reconnect starts the
 /// new gateway while the old one still runs the group's tasks. The new gateway answers for
 /// another live gateway's tasks from their records, and a wait on the group id used to be

@@ -1784,6 +1784,7 @@ async fn a_hostile_worker_neither_hangs_nor_floods_the_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_remote_check_and_what_it_started() {
     use serde_json::json;
+    use std::os::unix::process::CommandExt;
 
     let OneWorker {
         _key,
@@ -1862,6 +1863,46 @@ async fn a_cancel_stops_a_remote_check_and_what_it_started() {
         last[0]["error"], "stopped: the task was cancelled",
         "{result}"
     );
+
+    // A pid file that outlived its check (a worker that rebooted, say) names a pid that now
+    // belongs to someone else's shell, leading its own process group as a check's `timeout`
+    // would. The next round of checks stops what that file names first: the shell is not
+    // this task's check, and it runs on.
+    let root = worktree
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("the worker's root");
+    let mut decoy = std::process::Command::new("sh")
+        .args(["-c", "sleep 5151; true"])
+        .process_group(0)
+        .spawn()
+        .expect("a shell of the user's");
+    std::fs::write(
+        root.join("checks").join(format!("{id}.pid")),
+        format!("{}\n", decoy.id()),
+    )
+    .expect("the stale pid file");
+    std::fs::remove_file(worktree.join("check-started")).expect("the first round's mark");
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": id, "prompt": "[[bash:echo y > y.txt]]" }),
+    )
+    .await;
+    let again = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        worktree.join("check-started").exists().then_some(())
+    })
+    .await;
+    assert!(again.is_some(), "the next round of checks did not start");
+    assert!(
+        decoy.try_wait().expect("the shell's state").is_none(),
+        "a shell that only took the stale pid was stopped as the check"
+    );
+    let _ = decoy.kill();
+    let _ = decoy.wait();
+    let cancelled = rig
+        .ok("opencode_cancel_task", json!({ "task_id": id }))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
 }
 
 /// **A lost period leaves no OpenCode behind.** The worker drops off the network (the

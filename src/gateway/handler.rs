@@ -138,12 +138,13 @@ impl Gateway {
             tasks: &self.tasks,
             request: context,
         };
-        then(&ctx, mcp_tasks::ttl_ms(&surface.config))
-            .await
-            .map_err(|mut e| {
-                e.message = surface.tools().name_tools_in(&e.message);
-                mcp_tasks::error_object(&e)
-            })
+        let outcome = then(&ctx, mcp_tasks::ttl_ms(&surface.config)).await;
+        // As for a tool call ([`Self::call_tool`]): on disk before it is said.
+        self.tasks.reported().await;
+        outcome.map_err(|mut e| {
+            e.message = surface.tools().name_tools_in(&e.message);
+            mcp_tasks::error_object(&e)
+        })
     }
 
     /// The surface in force now: take it once per request.
@@ -300,6 +301,9 @@ impl ServerHandler for Gateway {
             Ok(args) => actions::run(route.action, args, &ctx).await,
             Err(e) => Err(e),
         };
+        // Durable before reported: whatever the call changed is on disk before the host hears
+        // of it (an error too may follow a change, such as a start that failed late).
+        self.tasks.reported().await;
         let result = match outcome {
             Ok(value) => {
                 if mcp_tasks::requested(&context.meta) && mcp_tasks::runs_as_task(route.action) {

@@ -1,51 +1,27 @@
 //! Tasks: what a delegated task is and how its state is decided, kept, read and waited on.
 //!
-//! The data, each room depending only on the ones above it:
-//! - `model` (the shapes status, wait and result report; also the tools' output schemas),
-//!   `turn` (pure: a task's turn and the one rule for "it is over, and this is its answer"),
-//!   `stream` (a turn's messages assembled from the events).
-//! - `lifecycle/`: the one state word and what it moves. `phase` (where a task stands: queued,
-//!   starting, open, held for its schema, checks or an outage, aborting, finished; the status
-//!   hosts read is derived from it), `record` (the durable record, the phase saved in it, with a
-//!   structured task's and a checked task's state, and the spend per tier it moved from),
-//!   `entry` (a task's record and live state, moved only by named transitions, each naming the
-//!   phases it moves from and the statuses it may end in). No other room can write a status.
-//! - `store` (the records on disk, one writer), `owner` (which gateway is alive), `ledger` (the
-//!   day's spend, shared by every gateway on the state directory), `registry` (the tasks in
-//!   memory under one lock, the change signal, eviction and expiry), `capacity`
-//!   (slots per worker, taken at the check), `spend` (a
-//!   task's caps and the day's cap), `links` (the workers' OpenCode servers in use, and the
-//!   workers found out of reach).
+//! The rooms, each importing only the rooms listed before it (no room's methods call back
+//! into a room that called them; the facade and its readers at the end are the exception
+//! they exist for):
 //!
-//! The behaviour, each room importing only the data rooms and the rooms listed before it (no
-//! import circle):
-//! - `context`: what every behaviour room shares (the registry, the configuration in force, the
-//!   limits, and the turn deadline's timer, whose action is handed in so no room imports the one
-//!   above it).
-//! - `fetch` (a remote task's work brought back from its worker), `asks` (permission asks as
-//!   OpenCode lists them), `outcome` (reading a finished turn and its changed files, then
-//!   fetching a remote one's work), `follow` (opening a task's next turn: a host's continue and the gateway's
-//!   corrections), `structured` (tasks started with an `output_schema`: the instruction,
-//!   extracting and validating the JSON their answer ends with, the bounded corrections),
-//!   `escalation` (moving a task to another model in its session: a tier's fallback models and
-//!   `escalate_to` after a provider outage), `checks` (commands that must pass after each turn:
-//!   run where the task works, fix rounds, escalation when they still fail), `hold` (a turn held
-//!   for the gateway's own verdict before any waiter sees it: a structured answer, then checks;
-//!   or a provider failure on its way to another model),
-//!   `completion` (is the turn over: checks over HTTP), `abort` (ending a turn early: cancel,
-//!   deadline, budget, `stop_server`), `budget` (a running turn's caps enforced).
-//! - `tracker`: one per OpenCode server, it feeds the server's events into the entries and
-//!   hands each verdict to the room above; `housekeeping` (eviction and expiry, for the gateway
-//!   as a whole).
-//! - `service`: the actions the gateway calls (start, continue, cancel, status, permissions,
-//!   servers), with one job a file beside it: `restore` (and adopting another gateway's tasks),
-//!   `resolve` (agents, models and tiers against the live server), `result`, `wait`,
-//!   `workspace` (a task's git worktree: create, diff, apply, discard), `placement` (tasks on
-//!   remote workers: their OpenCode started, supervised and reached again, the worktree made
-//!   there) and `queue` (`limits.queue`: queued starts and the drainer).
-//! - `gc`: worktrees that outlive their tasks' records (kept when never applied; `opencode-mcp gc`).
-//! - `usage`: pure: the usage report and the task list over stored records (`opencode-mcp usage`,
-//!   `opencode-mcp tasks` and their tools).
+//! | room | what it holds |
+//! |---|---|
+//! | `model/` | the shapes status, wait and result report (also the tools' output schemas) |
+//! | `error.rs`, `resolve.rs` | the task actions' error vocabulary; agents, models and tiers resolved against the live server |
+//! | `lifecycle/` | the one state word (`phase`), a turn's state machine (`turn`, pure) and its stream (`stream`), the durable record (`record`, with `held` and `live` beside it), and `entry`: the record moved only by named transitions. No other room can write a status |
+//! | `spend/` | money: a task's caps and the day's cap (`caps`), the day's spend on disk (`ledger`), the usage report and task list (`usage`, pure) |
+//! | `store/` | what is kept: the tasks in memory under one lock (`registry`), their expiry (`expiry`), the records on disk (`disk`, `read`, `writer`), the state directory's owner (`owner`), slots per worker (`capacity`), worktrees that outlive their records (`gc`) |
+//! | `context.rs` | what every behaviour room shares: the registry, the configuration in force, the limits, the deadline's timer |
+//! | `turn/` | a turn's end read (`outcome`: the one sequence after every end), a remote task's work fetched back (`fetch`), a turn's confinement (`confine`), the next turn opened (`follow`) |
+//! | `checks/` | the gateway's own verdicts before a waiter sees a turn: `hold` (the one place a held turn settles), `structured`, `commands` (and `run`), `escalation` |
+//! | `tracking/` | a running turn followed: `tracker` (events in), `completion`, `budget`, `asks`, `abort` |
+//! | `placement/` | where a task runs and getting it there: `start`, `queue`, `servers`, `remote` (and `supervise`, `links`), `workspace` |
+//! | `housekeeping.rs`, `restore.rs` | eviction and expiry for the gateway as a whole; tasks a previous gateway left, adopted |
+//! | `service.rs` | the facade the gateway's tool handlers call; `result.rs` and `wait.rs` read through it |
+//!
+//! `impl TaskService` blocks live in `placement/` (start, queue, servers, remote, workspace),
+//! `restore.rs`, `result.rs` and `wait.rs`: each is one job of the facade, kept beside the room
+//! whose data it moves.
 
 pub mod checks;
 mod context;

@@ -26,12 +26,7 @@ impl TaskService {
     /// `get_task_status` gives. A finished turn whose messages cannot be read says so in
     /// `text_error`; an empty text is never presented as the answer.
     pub async fn result(&self, task_id: &str) -> Result<TaskResult, TaskError> {
-        let result = self.result_with(task_id, Files::Read).await?;
-        // As status and wait do: a finished task is reported only once its record says so.
-        if result.status.is_terminal() {
-            self.durable().await;
-        }
-        Ok(result)
+        self.result_with(task_id, Files::Read).await
     }
 
     /// [`Self::result`], reading the turn's changed files from OpenCode only if `files` says so

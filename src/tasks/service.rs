@@ -1,8 +1,8 @@
-//! The task service: the one object the gateway's tool handlers call. This file holds the
-//! service itself and the actions that open or end turns (start, continue, cancel) or touch
-//! servers; the other jobs live one a file beside it: `restore.rs` (tasks a previous gateway
-//! left), `result.rs` (the result of a turn), `wait.rs` (all/any waits), `workspace.rs` (a
-//! task's worktree). What they share with the tracker is `context.rs`'s.
+//! The task service: the one object the gateway's tool handlers call, and its small actions
+//! (continue, cancel, a permission's reply, status, shutdown). Its larger jobs live in the
+//! room whose data they move: `placement/` (start, the queue, servers, workers, worktrees),
+//! `restore.rs` (tasks a previous gateway left), `result.rs` (the result of a turn) and
+//! `wait.rs` (all/any waits). What they share with the tracker is `context.rs`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +64,7 @@ pub struct TaskService {
     pub(super) git_lock: Arc<tokio::sync::RwLock<()>>,
     /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
     pub started_ms: u64,
-    /// The remote workers' OpenCode servers, started on first use (`placement.rs`).
+    /// The remote workers' OpenCode servers, started on first use (`placement/remote.rs`).
     pub(super) workers: crate::tasks::placement::links::WorkerServes,
     /// Queued tasks being started now (`queue.rs`).
     /// Held while the queue's length is checked and a task added, so `limits.queue` holds.
@@ -384,20 +384,19 @@ impl TaskService {
         include_progress: bool,
     ) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
-        let snapshot = self.snapshot(task_id, include_progress)?;
-        if snapshot.status.is_terminal() {
-            self.durable().await;
-        }
-        Ok(snapshot)
+        self.snapshot(task_id, include_progress)
     }
 
-    /// Waits (bounded) until every record change made so far is on disk: a task is reported
-    /// finished only once its record says so, or a host told "completed" whose gateway is then
-    /// killed would find the task interrupted after the restart (a clean-clone run did).
-    pub(super) async fn durable(&self) {
+    /// Waits (bounded) until every record change made so far is on disk. The gateway calls it
+    /// once, after every tool call and native task method and before the answer goes out
+    /// (`gateway::handler`), so nothing a host is told is newer than what a restarted gateway
+    /// would read back: a task reported started, continued, cancelled or finished stays so
+    /// after a SIGKILL (a clean-clone run once found a task reported completed interrupted
+    /// after the restart; a continue's new turn waited up to a second in the queue).
+    pub async fn reported(&self) {
         if let Some(store) = self.registry.store() {
             if let Err(e) = store.flush(REPORTED_DURABLE).await {
-                tracing::warn!(error = %e, "a finished task is reported before its record is on disk");
+                tracing::warn!(error = %e, "an answer goes out before its record is on disk");
             }
         }
     }
@@ -454,13 +453,12 @@ impl TaskService {
     }
 
     /// Aborts the turn (and rejects every permission it, or one of its subagents, waits on);
-    /// idempotent on finished tasks. A task is reported cancelled only once its record says so
-    /// on disk (a gateway killed right after must not bring it back running).
+    /// idempotent on finished tasks. The gateway answers only once its record says so on disk
+    /// ([`Self::reported`]): a gateway killed right after must not bring it back running.
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
         self.restored().await;
         let entry = self.own_entry(task_id)?;
         if entry.rec.status().is_terminal() {
-            self.durable().await;
             return self.snapshot(task_id, false);
         }
         if matches!(entry.phase(), Phase::Queued | Phase::Starting) {
@@ -480,11 +478,7 @@ impl TaskService {
         if let Some(turn) = finished {
             outcome::spawn_outcome(&self.tracker, &server, task_id.to_string(), turn);
         }
-        let snapshot = self.snapshot(task_id, false)?;
-        if snapshot.status.is_terminal() {
-            self.durable().await;
-        }
-        Ok(snapshot)
+        self.snapshot(task_id, false)
     }
 
     /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.

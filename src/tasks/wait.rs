@@ -112,9 +112,6 @@ impl TaskService {
                     .map(|t| t.task_id.clone())
                     .collect();
                 if done || expired || !asking.is_empty() {
-                    if !finished.is_empty() {
-                        self.durable().await;
-                    }
                     return Ok(WaitOutcome {
                         done,
                         timed_out: !done && asking.is_empty(),

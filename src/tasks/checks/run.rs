@@ -250,6 +250,12 @@ fn remote_command(
     // next gateway can stop it and what it started ([`stop_remote`]); the file goes when it
     // ends.
     let pidfile = quote(&remote_pidfile(rec));
+    // The marker leads the command line of `timeout` (or of the shell) so [`stop_remote`]
+    // knows the pid as this check's; `:` makes it a no-op for the check itself.
+    let command = match check_marker(rec) {
+        Some(marker) => format!(": {marker}; {command}"),
+        None => command.to_string(),
+    };
     let script = format!(
         "exec 2>&1; cd -- {dir} || exit 125; \
          if command -v timeout >/dev/null 2>&1; then timeout -k 5 {secs} {shell} -c {cmd} & \
@@ -257,11 +263,23 @@ fn remote_command(
          p=$!; (umask 077; mkdir -p -- \"$(dirname -- {pidfile})\" && echo \"$p\" > {pidfile}); \
          wait \"$p\"; s=$?; rm -f -- {pidfile}; exit \"$s\"",
         dir = quote(&rec.directory),
-        cmd = quote(command),
+        cmd = quote(&command),
     );
     let mut cmd = remote.ssh.command(&["sh", "-c", &script]);
     cmd.stderr(Stdio::null());
     cmd
+}
+
+/// What a remote check's command line carries so that its pid can be told from a reused one:
+/// `opencode-mcp-check:<task id>`. `None` for an id of other characters than a task id's (a
+/// record is read as hostile input; such a check is never stopped by pid).
+fn check_marker(rec: &TaskRecord) -> Option<String> {
+    let plain = !rec.id.is_empty()
+        && rec
+            .id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    plain.then(|| format!("opencode-mcp-check:{}", rec.id))
 }
 
 /// Where the pid of a remote task's running check is kept on its worker:
@@ -279,25 +297,37 @@ fn remote_pidfile(rec: &TaskRecord) -> String {
 }
 
 /// Stops the check of `rec` still running on its worker, and everything it started: its
-/// process group (or its process, where the worker has no `timeout`), only while that pid is
-/// still a `timeout` or a shell of ours (a pid may have been reused), TERM then KILL. A worker
-/// that cannot be reached is left alone (its own `timeout` ends the check). Where the worker
-/// confines its agents, the check's sandbox (its own pid namespace, `--die-with-parent`) goes
-/// with it; an unconfined check's `setsid` child escapes a process group.
+/// process group (or its process, where the worker has no `timeout`), TERM then KILL, only
+/// while that pid is still this task's check: its command line carries the task's marker
+/// ([`check_marker`]). A pid file can outlive its check (a worker that rebooted, a shell killed
+/// from outside), and pids come round: a name such as `sh` proves nothing, and the user's own
+/// shell there must never be hit. A worker that cannot be reached is left alone (its own
+/// `timeout` ends the check). Where the worker confines its agents, the check's sandbox (its
+/// own pid namespace, `--die-with-parent`) goes with it; an unconfined check's `setsid` child
+/// escapes a process group.
 pub async fn stop_remote(remote: &Remote, rec: &TaskRecord) {
+    // `ours`: the pid's command line (from `ps`, or /proc where `ps` has no `-p`) holds the
+    // marker. After the TERM, the group is killed if its leader is still ours, or gone (then
+    // its id cannot have been reused while members remain; with none, the kill finds nothing).
     const STOP: &str = "p=$(cat -- \"$1\" 2>/dev/null) || exit 0; \
                         case $p in ''|*[!0-9]*) exit 0;; esac; \
-                        if command -v ps >/dev/null 2>&1; then \
-                        case $(ps -o comm= -p \"$p\" 2>/dev/null) in \
-                        timeout|sh|bash|dash|shell) ;; *) rm -f -- \"$1\"; exit 0;; esac; fi; \
+                        ours() { a=$(ps -o args= -p \"$p\" 2>/dev/null) || \
+                        a=$(tr '\\000' ' ' 2>/dev/null < \"/proc/$p/cmdline\"); \
+                        case $a in *\"$2\"*) return 0;; esac; return 1; }; \
+                        ours || { rm -f -- \"$1\"; exit 0; }; \
                         kill -TERM -- \"-$p\" 2>/dev/null || kill -TERM \"$p\" 2>/dev/null; \
-                        sleep 1; kill -KILL -- \"-$p\" 2>/dev/null || kill -KILL \"$p\" 2>/dev/null; \
+                        sleep 1; \
+                        if ours || ! kill -0 \"$p\" 2>/dev/null; then \
+                        kill -KILL -- \"-$p\" 2>/dev/null || kill -KILL \"$p\" 2>/dev/null; fi; \
                         rm -f -- \"$1\"";
+    let Some(marker) = check_marker(rec) else {
+        return;
+    };
     let pidfile = remote_pidfile(rec);
     let stopped = remote
         .ssh
         .run(
-            &["sh", "-c", STOP, "sh", &pidfile],
+            &["sh", "-c", STOP, "sh", &pidfile, &marker],
             None,
             Duration::from_secs(20),
         )

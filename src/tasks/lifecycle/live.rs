@@ -30,7 +30,7 @@ pub struct Live {
     pub latest_reply: Option<ReplySeen>,
     /// The turn's messages as the event stream showed them (see `stream.rs`).
     pub streamed: StreamedTurn,
-    /// What the turn has spent so far, from the stream (see `spend.rs`).
+    /// What the turn has spent so far, from the stream (see `spend/caps.rs`).
     pub spending: Spending,
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,

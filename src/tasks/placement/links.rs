@@ -1,5 +1,5 @@
 //! The workers' OpenCode servers in use by this gateway, one per worker, and the workers found
-//! out of reach: what the service holds of its workers (`placement.rs` starts, supervises and
+//! out of reach: what the service holds of its workers (`remote.rs` starts, `supervise.rs` watches and
 //! stops them; placement by free slots asks which workers to avoid).
 
 use std::collections::HashMap;

@@ -47,7 +47,7 @@ pub struct StartTask {
     pub group: Option<GroupMember>,
     /// A JSON Schema the answer must end with a matching JSON value of (see `structured.rs`).
     pub output_schema: Option<serde_json::Value>,
-    /// The call's own spending caps (they may only lower those in force; see `spend.rs`).
+    /// The call's own spending caps (they may only lower those in force; see `spend/caps.rs`).
     pub budget: Budget,
     /// The model variant to run (reasoning effort), in place of the tier's.
     pub variant: Option<String>,

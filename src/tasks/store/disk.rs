@@ -369,8 +369,15 @@ impl Store {
         flush_shared(self.shared(), timeout)
     }
 
-    /// [`Self::flush_blocking`] on a blocking thread.
+    /// [`Self::flush_blocking`] on a blocking thread; at once, with no thread, when everything
+    /// submitted is already written (the common case of a read that changed nothing).
     pub async fn flush(&self, timeout: Duration) -> Result<(), StoreError> {
+        {
+            let q = self.shared().lock();
+            if q.applied >= q.submitted && q.failed == q.reported {
+                return Ok(());
+            }
+        }
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.flush_blocking(timeout))
             .await

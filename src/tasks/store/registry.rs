@@ -589,7 +589,7 @@ impl Registry {
     }
 
     /// What today's (UTC) turns spent, as every gateway on the state directory observed them:
-    /// the day's spend for `limits.max_cost_usd_per_day` (see `spend.rs`, `ledger.rs`).
+    /// the day's spend for `limits.max_cost_usd_per_day` (see `spend/caps.rs`, `spend/ledger.rs`).
     pub fn spent_today(&self) -> f64 {
         self.ledger.spent_today()
     }

@@ -2,7 +2,7 @@
 //! ([`note_spending`]), or read over HTTP after a gap ([`reconcile_spend`]), and a turn past one
 //! of its caps is stopped ([`stop_over_budget`]): it ends `failed` (`BudgetExceeded`), its
 //! partial answer and changed files kept. The caps themselves, and the day's cap, are
-//! `spend.rs`'s.
+//! `spend/caps.rs`'s.
 
 use std::sync::Arc;
 
