@@ -309,11 +309,13 @@ pub async fn stop_remote(remote: &Remote, rec: &TaskRecord) {
     // `ours`: the pid's command line (from `ps`, or /proc where `ps` has no `-p`) holds the
     // marker. After the TERM, the group is killed if its leader is still ours, or gone (then
     // its id cannot have been reused while members remain; with none, the kill finds nothing).
-    const STOP: &str = "p=$(cat -- \"$1\" 2>/dev/null) || exit 0; \
+    // (`$m`, not `$2`, inside the function: there `$2` is the function's own argument.)
+    const STOP: &str = "p=$(cat -- \"$1\" 2>/dev/null) || exit 0; m=$2; \
                         case $p in ''|*[!0-9]*) exit 0;; esac; \
+                        case $m in '') exit 0;; esac; \
                         ours() { a=$(ps -o args= -p \"$p\" 2>/dev/null) || \
                         a=$(tr '\\000' ' ' 2>/dev/null < \"/proc/$p/cmdline\"); \
-                        case $a in *\"$2\"*) return 0;; esac; return 1; }; \
+                        case $a in *\"$m\"*) return 0;; esac; return 1; }; \
                         ours || { rm -f -- \"$1\"; exit 0; }; \
                         kill -TERM -- \"-$p\" 2>/dev/null || kill -TERM \"$p\" 2>/dev/null; \
                         sleep 1; \
