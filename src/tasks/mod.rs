@@ -1,8 +1,8 @@
 //! Tasks: what a delegated task is and how its state is decided, kept, read and waited on.
 //!
-//! The rooms, each importing only the rooms listed before it (no room's methods call back
-//! into a room that called them; the facade and its readers at the end are the exception
-//! they exist for):
+//! The rooms, each importing only the rooms listed before it, with one exception: the jobs of
+//! the facade (`impl TaskService` in `placement/`, `restore.rs`, `result.rs`, `wait.rs`) import
+//! `service.rs`, listed last, for the struct they add methods to.
 //!
 //! | room | what it holds |
 //! |---|---|
@@ -18,10 +18,6 @@
 //! | `placement/` | where a task runs and getting it there: `start`, `queue`, `servers`, `remote` (and `supervise`, `links`), `workspace` |
 //! | `housekeeping.rs`, `restore.rs` | eviction and expiry for the gateway as a whole; tasks a previous gateway left, adopted |
 //! | `service.rs` | the facade the gateway's tool handlers call; `result.rs` and `wait.rs` read through it |
-//!
-//! `impl TaskService` blocks live in `placement/` (start, queue, servers, remote, workspace),
-//! `restore.rs`, `result.rs` and `wait.rs`: each is one job of the facade, kept beside the room
-//! whose data it moves.
 
 pub mod checks;
 mod context;
