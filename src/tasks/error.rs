@@ -88,3 +88,133 @@ impl Coded for TaskError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    fn unreachable() -> SshError {
+        SshError::Unreachable {
+            destination: "w1".into(),
+            detail: "connection refused".into(),
+        }
+    }
+
+    fn timed_out() -> SshError {
+        SshError::TimedOut {
+            destination: "w1".into(),
+            command: "git".into(),
+            after: Duration::from_secs(1),
+            stderr: String::new(),
+        }
+    }
+
+    fn too_much() -> SshError {
+        SshError::TooMuch {
+            destination: "w1".into(),
+            command: "cat".into(),
+            limit: 1,
+        }
+    }
+
+    /// A worker that could not be reached, by whichever step, is a drop that may pass (the
+    /// queue waits it out); anything the worker answered is not.
+    #[test]
+    fn only_a_worker_out_of_reach_counts_as_unreachable() {
+        let by_sandbox = |e| {
+            TaskError::WorkerServe(ServeError::Sandbox(SandboxError::Ssh {
+                worker: "w1".into(),
+                source: e,
+            }))
+        };
+        for e in [
+            TaskError::Worker(RepoError::Ssh(unreachable())),
+            TaskError::WorkerServe(ServeError::Ssh(timed_out())),
+            by_sandbox(unreachable()),
+        ] {
+            assert!(e.worker_unreachable(), "{e}");
+            assert_eq!(e.code(), ErrorCode::OpencodeUnavailable, "{e}");
+        }
+        for e in [
+            TaskError::Worker(RepoError::Ssh(too_much())),
+            TaskError::Worker(RepoError::OnWorker {
+                worker: "w1".into(),
+                step: "push",
+                detail: "refused".into(),
+            }),
+            TaskError::WorkerServe(ServeError::Gone {
+                worker: "w1".into(),
+                pid: 42,
+            }),
+            TaskError::Conflict("busy".into()),
+        ] {
+            assert!(!e.worker_unreachable(), "{e}");
+        }
+    }
+
+    /// Each error says to the host what kind of trouble it is: the host's to fix, a conflict
+    /// to retry, or the gateway's own.
+    #[test]
+    fn every_error_has_the_code_of_its_kind() {
+        let dir = PathBuf::from("/nowhere");
+        let cases = [
+            (
+                TaskError::Git(GitError::Tampered {
+                    path: dir.clone(),
+                    why: "a .git file elsewhere".into(),
+                }),
+                ErrorCode::Conflict,
+            ),
+            (
+                TaskError::Worker(RepoError::Git(GitError::Unregistered {
+                    path: dir.clone(),
+                    origin: dir.clone(),
+                })),
+                ErrorCode::Conflict,
+            ),
+            (
+                TaskError::Git(GitError::Io {
+                    dir: dir.clone(),
+                    context: "reading",
+                    error: std::io::Error::other("disk"),
+                }),
+                ErrorCode::Internal,
+            ),
+            (
+                TaskError::Worker(RepoError::Ssh(SshError::NoClient(std::io::Error::other(
+                    "no ssh",
+                )))),
+                ErrorCode::Internal,
+            ),
+            (
+                TaskError::Worker(RepoError::OnWorker {
+                    worker: "w1".into(),
+                    step: "push",
+                    detail: "refused".into(),
+                }),
+                ErrorCode::Internal,
+            ),
+            (
+                TaskError::WorkerServe(ServeError::NoSecret("w1".into())),
+                ErrorCode::OpencodeUnavailable,
+            ),
+            (
+                TaskError::Worker(RepoError::Ssh(too_much())),
+                ErrorCode::OpencodeUnavailable,
+            ),
+            (
+                TaskError::UnknownTasks(vec!["tsk_x".into()]),
+                ErrorCode::NotFound,
+            ),
+            (
+                TaskError::BudgetExceeded("over".into()),
+                ErrorCode::BudgetExceeded,
+            ),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.code(), code, "{error}");
+        }
+    }
+}
