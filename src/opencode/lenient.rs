@@ -266,4 +266,46 @@ mod tests {
         );
         assert_eq!(o.a.as_u64(), Some(1));
     }
+
+    /// Whatever stands where an object was expected, an object of the wrong shape included,
+    /// reads as absent rather than failing the whole event.
+    #[test]
+    fn anything_but_an_object_reads_as_no_object() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Named {
+            #[allow(dead_code)]
+            name: String,
+        }
+        for text in [
+            "true",
+            "7",
+            "-7",
+            "1.5",
+            "\"x\"",
+            "\"a\\nb\"",
+            "null",
+            "[1, {}]",
+        ] {
+            let read: Obj<Named> = serde_json::from_str(text).expect(text);
+            assert!(read.0.is_none(), "{text}");
+        }
+        let read: Obj<Named> = serde_json::from_str(r#"{"name": "n"}"#).expect("an object");
+        assert!(read.0.is_some());
+    }
+
+    /// A scalar read from an escaped string is owned, from `null` is null, and from anything
+    /// else is kept by kind.
+    #[test]
+    fn scalars_keep_their_kind() {
+        let escaped: Scalar = serde_json::from_str("\"a\\nb\"").expect("a string");
+        assert!(matches!(escaped, Scalar::Str(Cow::Owned(ref s)) if s == "a\nb"));
+        let null: Scalar = serde_json::from_str("null").expect("null");
+        assert!(!null.is_set());
+        let negative: Scalar = serde_json::from_str("-3").expect("a number");
+        assert_eq!(negative.as_f64(), Some(-3.0));
+        assert_eq!(negative.as_u64(), None);
+        let text = serde_json::Value::String("owned".into());
+        let owned = Scalar::deserialize(text).expect("an owned string");
+        assert!(matches!(owned, Scalar::Str(Cow::Owned(ref s)) if s == "owned"));
+    }
 }
