@@ -17,7 +17,8 @@
 //! goes through that one thread in submit order, an older state can never land on top of a newer
 //! one, which it could when each caller wrote its own file after releasing the lock. Temporary
 //! files get a name no other write shares (pid and a counter), so two writes never interleave in
-//! one file either. [`Store::flush`] waits for what was submitted before it, for shutdown.
+//! one file either. [`Store::flush`] waits for what was submitted before it: before an answer
+//! goes out to a host, and at shutdown.
 //!
 //! **What is written at once, and what may wait.** The start of a turn (a new task, a
 //! continued one) and its end are written as soon as the writer gets to them: those are what a
@@ -372,6 +373,8 @@ impl Store {
     /// [`Self::flush_blocking`] on a blocking thread; at once, with no thread, when everything
     /// submitted is already written (the common case of a read that changed nothing).
     pub async fn flush(&self, timeout: Duration) -> Result<(), StoreError> {
+        // With nothing left to write and no failure left to report, nothing to wait for: no
+        // blocking thread (decided under the one lock, so no submit can slip in between).
         {
             let q = self.shared().lock();
             if q.applied >= q.submitted && q.failed == q.reported {
