@@ -1872,14 +1872,22 @@ async fn a_cancel_stops_a_remote_check_and_what_it_started() {
         .parent()
         .and_then(std::path::Path::parent)
         .expect("the worker's root");
-    let mut decoy = std::process::Command::new("sh")
-        .args(["-c", "sleep 5151; true"])
-        .process_group(0)
-        .spawn()
-        .expect("a shell of the user's");
+    // Its stdio is not the test's: a `sleep` left holding the test binary's stdout would keep
+    // the run's output open after every test ended. The guard stops the whole group (the shell
+    // and its `sleep`) however this test ends.
+    let mut decoy = GroupGuard(
+        std::process::Command::new("sh")
+            .args(["-c", "sleep 5151; true"])
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a shell of the user's"),
+    );
     std::fs::write(
         root.join("checks").join(format!("{id}.pid")),
-        format!("{}\n", decoy.id()),
+        format!("{}\n", decoy.0.id()),
     )
     .expect("the stale pid file");
     std::fs::remove_file(worktree.join("check-started")).expect("the first round's mark");
@@ -1894,11 +1902,10 @@ async fn a_cancel_stops_a_remote_check_and_what_it_started() {
     .await;
     assert!(again.is_some(), "the next round of checks did not start");
     assert!(
-        decoy.try_wait().expect("the shell's state").is_none(),
+        decoy.0.try_wait().expect("the shell's state").is_none(),
         "a shell that only took the stale pid was stopped as the check"
     );
-    let _ = decoy.kill();
-    let _ = decoy.wait();
+    drop(decoy);
     let cancelled = rig
         .ok("opencode_cancel_task", json!({ "task_id": id }))
         .await;
@@ -2304,4 +2311,19 @@ async fn a_queued_task_waits_out_a_short_worker_drop() {
         result["workspace"]["changes"][0]["file"], "b.txt",
         "{result}"
     );
+}
+
+/// A child leading its own process group, stopped with all of that group (SIGKILL) when
+/// dropped, so nothing it started outlives the test, a failed assertion included.
+struct GroupGuard(std::process::Child);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) with a negative pid signals that process group; the group is this
+            // child's own (process_group(0)) and the child is not yet reaped, so the id is ours.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = self.0.wait();
+    }
 }
