@@ -96,3 +96,135 @@ fn a_closed_lifeline_stops_everything() {
     );
     assert!(!alive(sleep), "its own child outlived the lifeline");
 }
+
+/// A supervisor under a lifeline, running `sh` with a `sleep` of its own; returns the
+/// supervisor, its lifeline, its stderr, and the pids of `sh` and the `sleep`.
+fn supervised() -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    BufReader<std::process::ChildStderr>,
+    u32,
+    u32,
+) {
+    use opencode_mcp::opencode::supervisor::LIFELINE_FLAG;
+    let mut supervisor = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
+        .arg(SUBCOMMAND)
+        .arg(LIFELINE_FLAG)
+        .args(["sh", "-c", "sleep 30 & echo $!; wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the supervisor");
+    let lifeline = supervisor.stdin.take().expect("stdin");
+    let mut stderr = BufReader::new(supervisor.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("pid line");
+    let child: u32 = line
+        .strip_prefix(PID_LINE_PREFIX)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not the pid line: {line}"));
+    let mut stdout = BufReader::new(supervisor.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("sleep pid");
+    let sleep: u32 = line.trim().parse().expect("a pid");
+    (supervisor, lifeline, stderr, child, sleep)
+}
+
+/// Asks for the grace period on `lifeline` and reads lines from `answers` until the
+/// supervisor says it lingers.
+fn linger(
+    lifeline: &mut impl std::io::Write,
+    answers: &mut impl BufRead,
+    secs: u64,
+    socket: &std::path::Path,
+) {
+    use opencode_mcp::opencode::supervisor::{LINGERING_LINE, LINGER_REQUEST};
+    writeln!(lifeline, "{LINGER_REQUEST} {secs} {}", socket.display()).expect("the request");
+    lifeline.flush().expect("sent");
+    loop {
+        let mut line = String::new();
+        assert!(
+            answers.read_line(&mut line).expect("an answer") > 0,
+            "the supervisor ended without lingering"
+        );
+        assert!(!line.contains("cannot"), "{line}");
+        if line.trim_end() == LINGERING_LINE {
+            return;
+        }
+    }
+}
+
+/// **Lingering.** A gateway that exits cleanly while tasks run asks for a grace period first:
+/// the lifeline's end then stops nothing. The next gateway connects to the socket, which is the
+/// lifeline from then on: its end (no grace period asked on it) stops everything, as the first
+/// lifeline's would have.
+#[test]
+fn a_lingering_supervisor_is_taken_over_through_its_socket() {
+    use opencode_mcp::opencode::supervisor::ATTACHED_LINE;
+    let dir = tempfile::tempdir().expect("a directory");
+    let socket = dir.path().join("s.sock");
+    let (mut supervisor, mut lifeline, mut stderr, child, sleep) = supervised();
+    linger(&mut lifeline, &mut stderr, 3600, &socket);
+    drop(lifeline);
+
+    // Reached through the socket after its first lifeline is gone: it still runs, and so does
+    // what it supervises.
+    let stream = std::os::unix::net::UnixStream::connect(&socket).expect("the socket answers");
+    let mut answers = BufReader::new(stream.try_clone().expect("a second handle"));
+    let mut line = String::new();
+    answers.read_line(&mut line).expect("the attach line");
+    assert_eq!(line.trim_end(), format!("{ATTACHED_LINE}{child}"));
+    assert!(
+        alive(child) && alive(sleep),
+        "the grace period stopped the work"
+    );
+    assert!(supervisor.try_wait().expect("try_wait").is_none());
+
+    let cut = Instant::now();
+    drop(answers);
+    drop(stream);
+    let status = supervisor.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(cut.elapsed() < STOP_BOUND, "took {:?}", cut.elapsed());
+    assert!(
+        !alive(child) && !alive(sleep),
+        "the work outlived its last lifeline"
+    );
+}
+
+/// With no gateway by the end of the grace period, everything stops; not before. A gateway
+/// that took the supervisor over through its socket may ask for a grace period again.
+#[test]
+fn a_grace_period_ends_in_a_stop() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let socket = dir.path().join("s.sock");
+    let (mut supervisor, mut lifeline, mut stderr, child, sleep) = supervised();
+    linger(&mut lifeline, &mut stderr, 3600, &socket);
+    drop(lifeline);
+
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).expect("the socket answers");
+    let mut answers = BufReader::new(stream.try_clone().expect("a second handle"));
+    let mut line = String::new();
+    answers.read_line(&mut line).expect("the attach line");
+    const GRACE_SECS: u64 = 2;
+    linger(&mut stream, &mut answers, GRACE_SECS, &socket);
+    let cut = Instant::now();
+    drop(answers);
+    drop(stream);
+    let status = supervisor.wait().expect("wait");
+    let took = cut.elapsed();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(
+        took >= std::time::Duration::from_secs(GRACE_SECS),
+        "stopped {took:?} into a grace period of {GRACE_SECS} s"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(GRACE_SECS) + STOP_BOUND,
+        "took {took:?}"
+    );
+    assert!(
+        !alive(child) && !alive(sleep),
+        "the work outlived the grace period"
+    );
+}

@@ -33,6 +33,18 @@
 //!
 //! Signals are blocked in every thread and taken by one thread with `sigwait`; it and the
 //! lifeline reader wake the main loop through one channel.
+//!
+//! **Lingering.** A gateway that exits cleanly while its tasks run (a host's reconnect or update
+//! ends it) lets their OpenCode run on for a grace period instead: it writes
+//! `linger <seconds> <socket path>` ([`LINGER_REQUEST`]) on the lifeline before it lets go. The
+//! supervisor then answers [`LINGERING_LINE`] on stderr once it no longer dies with the gateway
+//! (on Linux its own `PR_SET_PDEATHSIG` is cleared) and listens on that Unix socket, in the
+//! gateway's private state directory. When the lifeline ends, the grace period starts. The next
+//! gateway connects to the socket; the connection is the lifeline from then on, with the same
+//! messages and the same meaning of its end (the supervisor answers [`ATTACHED_LINE`] on it
+//! first). With no gateway by the end of the grace period, OpenCode is stopped as on SIGTERM.
+//! OpenCode's output is relayed through the supervisor, so that once no gateway reads it a write
+//! there fails in the supervisor (which drops it), never in OpenCode.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -48,6 +60,19 @@ pub const SUBCOMMAND: &str = "__supervise-opencode";
 pub const LIFELINE_FLAG: &str = "--lifeline";
 /// The line the supervisor prints (on stderr) once OpenCode runs: this prefix, then the pid.
 pub const PID_LINE_PREFIX: &str = "opencode-mcp supervisor: opencode pid ";
+/// The message (a line on the lifeline) that makes OpenCode outlive the lifeline's end: this
+/// word, the grace period in whole seconds, and the absolute path of the socket the next
+/// gateway reaches the supervisor on.
+pub const LINGER_REQUEST: &str = "linger";
+/// The supervisor's answer to [`LINGER_REQUEST`]: on stderr for the first lifeline (stdin),
+/// on the connection for a lifeline taken over through the socket.
+pub const LINGERING_LINE: &str = "opencode-mcp supervisor: lingering";
+/// What the supervisor says first on a connection to its socket, then OpenCode's pid: the
+/// connection is the lifeline now.
+pub const ATTACHED_LINE: &str = "opencode-mcp supervisor: attached ";
+/// The longest grace period a linger request may ask for (a day): a bound on what a lifeline
+/// can keep alive with no gateway.
+pub const MAX_LINGER: Duration = Duration::from_secs(86_400);
 /// How long OpenCode gets between SIGTERM and SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(2);
 /// How long a SIGKILLed OpenCode gets to be reaped before the supervisor stops waiting for it.
@@ -85,11 +110,16 @@ pub fn main_if_requested() -> Option<ExitCode> {
     Some(run(&command, lifeline))
 }
 
-/// What wakes the supervisor.
+/// What wakes the supervisor. Lifelines are numbered: 0 is stdin, then each connection to the
+/// socket in turn; only the newest one counts.
 enum Wake {
     Signal(libc::c_int),
-    /// The lifeline (stdin) ended: the gateway is gone or let go of this server.
-    LifelineEnded,
+    /// A lifeline ended: its gateway is gone or let go of this server.
+    LifelineEnded(u64),
+    /// A lifeline asked for the grace period ([`LINGER_REQUEST`]).
+    Linger(u64, Duration),
+    /// A gateway connected to the socket: its connection is lifeline `n`.
+    Attached(u64),
 }
 
 /// The signals the supervisor handles; blocked in every thread and taken by [`signal_thread`].
@@ -120,25 +150,140 @@ fn signal_thread(set: libc::sigset_t, tx: mpsc::Sender<Wake>) {
     }
 }
 
-/// Reads stdin to its end, then says so.
-fn lifeline_thread(tx: mpsc::Sender<Wake>) {
-    use std::io::Read;
-    let mut stdin = std::io::stdin().lock();
-    let mut buf = [0u8; 64];
+/// Where a lifeline's answers go: stderr for stdin, the connection for a socket's.
+type Answer = Box<dyn FnMut(&str) + Send>;
+
+/// Reads lifeline `n` to its end, then says so. A [`LINGER_REQUEST`] line on it arms the grace
+/// period: the socket is bound (once) and the request answered with [`LINGERING_LINE`]. Lines
+/// are bounded (a longer one ends nothing and arms nothing), as is the grace period.
+fn lifeline_thread(
+    n: u64,
+    input: impl std::io::Read,
+    mut answer: Answer,
+    tx: mpsc::Sender<Wake>,
+    listening: std::sync::Arc<OnceLock<()>>,
+) {
+    use std::io::BufRead;
+    const MAX_LINE: u64 = 4096;
+    let mut input = std::io::BufReader::new(input);
     loop {
-        match stdin.read(&mut buf) {
+        let mut line = Vec::new();
+        match std::io::Read::take(&mut input, MAX_LINE).read_until(b'\n', &mut line) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
+        let line = String::from_utf8_lossy(&line);
+        let mut words = line.trim_end_matches('\n').splitn(3, ' ');
+        if words.next() != Some(LINGER_REQUEST) {
+            continue;
+        }
+        let secs = words.next().and_then(|w| w.parse::<u64>().ok());
+        let socket = words.next().filter(|p| p.starts_with('/'));
+        let (Some(secs), Some(socket)) = (secs, socket) else {
+            answer("opencode-mcp supervisor: a linger request needs seconds and a socket path");
+            continue;
+        };
+        // No longer go with the gateway that started this supervisor (it is about to exit).
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl on this process's own attribute.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
+        }
+        if listening.get().is_none() {
+            match listen(std::path::Path::new(socket), tx.clone()) {
+                Ok(()) => {
+                    let _ = listening.set(());
+                }
+                Err(e) => {
+                    answer(&format!(
+                        "opencode-mcp supervisor: cannot listen on {socket}: {e}"
+                    ));
+                    continue;
+                }
+            }
+        }
+        let grace = Duration::from_secs(secs).min(MAX_LINGER);
+        if tx.send(Wake::Linger(n, grace)).is_err() {
+            return;
+        }
+        answer(LINGERING_LINE);
     }
-    let _ = tx.send(Wake::LifelineEnded);
+    let _ = tx.send(Wake::LifelineEnded(n));
+}
+
+/// Binds the socket the next gateway reaches this supervisor on, and takes each connection to
+/// it as the newest lifeline. A file already at the path (a socket a supervisor that is gone
+/// left) is replaced.
+fn listen(path: &std::path::Path, tx: mpsc::Sender<Wake>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::thread::Builder::new()
+        .name("linger".into())
+        .spawn(move || {
+            let listening = std::sync::Arc::new(OnceLock::from(()));
+            for (n, stream) in (1u64..).zip(listener.incoming()) {
+                let Ok(stream) = stream else { continue };
+                let Ok(mut writer) = stream.try_clone() else {
+                    continue;
+                };
+                if tx.send(Wake::Attached(n)).is_err() {
+                    return;
+                }
+                let _ = writeln!(writer, "{ATTACHED_LINE}{}", opencode_pid());
+                let answer: Answer = Box::new(move |line| {
+                    let _ = writeln!(writer, "{line}");
+                });
+                let (tx, listening) = (tx.clone(), listening.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("lifeline".into())
+                    .spawn(move || lifeline_thread(n, stream, answer, tx, listening));
+                if spawned.is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// OpenCode's pid, once it runs (for [`ATTACHED_LINE`]).
+static OPENCODE_PID: OnceLock<libc::pid_t> = OnceLock::new();
+
+fn opencode_pid() -> libc::pid_t {
+    OPENCODE_PID.get().copied().unwrap_or(0)
+}
+
+/// A line on the supervisor's stderr. Never fails: once no gateway reads it, it is lost.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Copies OpenCode's output to the supervisor's, dropping what can no longer be written (no
+/// gateway reads it while OpenCode lingers), so OpenCode never writes to a closed pipe.
+fn relay(mut from: impl std::io::Read, mut to: impl std::io::Write) {
+    let mut buf = [0u8; 8192];
+    let mut open = true;
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if open {
+                    open = to.write_all(&buf[..n]).and_then(|()| to.flush()).is_ok();
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
 
 fn run(command: &[OsString], lifeline: bool) -> ExitCode {
     let Some((program, args)) = command.split_first() else {
-        eprintln!("opencode-mcp supervisor: no command given");
+        say("opencode-mcp supervisor: no command given");
         return ExitCode::from(2);
     };
     let set = handled_signals();
@@ -156,8 +301,12 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
         old
     };
     let mut cmd = std::process::Command::new(program);
-    // OpenCode must not hold the lifeline: then only the gateway's end keeps it open.
-    cmd.args(args).stdin(std::process::Stdio::null());
+    // OpenCode must not hold the lifeline: then only the gateway's end keeps it open. Its output
+    // is relayed (see `relay`).
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     #[cfg(target_os = "linux")]
     let supervisor = std::process::id();
     // SAFETY: only async-signal-safe calls on the child itself: restore the signal mask the
@@ -180,13 +329,30 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
         });
     }
     let opencode = match cmd.spawn() {
-        // Reaped below with waitpid(-1): the std handle is not needed (dropping it does nothing).
-        Ok(child) => child.id() as libc::pid_t,
+        // Reaped below with waitpid(-1): the std handle is not needed beyond its pipes.
+        Ok(mut child) => {
+            let relays = [
+                child.stdout.take().map(|out| {
+                    std::thread::Builder::new()
+                        .name("stdout".into())
+                        .spawn(move || relay(out, std::io::stdout()))
+                }),
+                child.stderr.take().map(|err| {
+                    std::thread::Builder::new()
+                        .name("stderr".into())
+                        .spawn(move || relay(err, std::io::stderr()))
+                }),
+            ];
+            if relays.iter().any(|r| matches!(r, Some(Err(_)))) {
+                say("opencode-mcp supervisor: cannot relay opencode's output");
+            }
+            child.id() as libc::pid_t
+        }
         Err(e) => {
-            eprintln!(
+            say(&format!(
                 "opencode-mcp supervisor: cannot run `{}`: {e}",
                 program.to_string_lossy()
-            );
+            ));
             return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -194,7 +360,8 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
             });
         }
     };
-    eprintln!("{PID_LINE_PREFIX}{opencode}");
+    let _ = OPENCODE_PID.set(opencode);
+    say(&format!("{PID_LINE_PREFIX}{opencode}"));
     let (tx, rx) = mpsc::channel();
     let signals = tx.clone();
     let started = std::thread::Builder::new()
@@ -204,16 +371,23 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
         && (!lifeline
             || std::thread::Builder::new()
                 .name("lifeline".into())
-                .spawn(move || lifeline_thread(tx))
+                .spawn(move || {
+                    let answer: Answer = Box::new(say);
+                    lifeline_thread(0, std::io::stdin(), answer, tx, Default::default())
+                })
                 .is_ok());
     if !started {
-        eprintln!("opencode-mcp supervisor: cannot start its threads; stopping opencode");
+        say("opencode-mcp supervisor: cannot start its threads; stopping opencode");
         // SAFETY: signals our own child.
         unsafe { libc::kill(opencode, libc::SIGKILL) };
     }
 
-    // Until told to stop, wait for OpenCode without a bound; once told, SIGTERM, SIGKILL at
-    // `kill_at`, and stop waiting at `give_up_at`.
+    // Until told to stop, wait for OpenCode without a bound (or until `linger_until`, while
+    // lingering with no lifeline); once told, SIGTERM, SIGKILL at `kill_at`, and stop waiting
+    // at `give_up_at`.
+    let mut current = 0u64;
+    let mut armed: Option<Duration> = None;
+    let mut linger_until: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     let mut give_up_at: Option<Instant> = None;
     // Off Linux there is no subreaper: what OpenCode started is found before it is stopped.
@@ -224,11 +398,11 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
         }
         let now = Instant::now();
         if give_up_at.is_some_and(|d| now >= d) {
-            eprintln!(
+            say(&format!(
                 "opencode-mcp supervisor: opencode (pid {opencode}) was not reaped within {}s of \
                  SIGKILL; leaving it",
                 KILL_WAIT.as_secs_f32()
-            );
+            ));
             break None;
         }
         if give_up_at.is_none() && kill_at.is_some_and(|d| now >= d) {
@@ -236,17 +410,40 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
             unsafe { libc::kill(opencode, libc::SIGKILL) };
             give_up_at = Some(now + KILL_WAIT);
         }
+        let lingered_out = kill_at.is_none() && linger_until.is_some_and(|d| now >= d);
         let timeout = give_up_at
             .or(kill_at)
+            .or(linger_until)
             .map(|d| d.saturating_duration_since(now));
         let woke = match timeout {
+            _ if lingered_out => None,
             Some(t) => rx.recv_timeout(t).ok(),
             None => rx.recv().ok(),
         };
-        let stop = match woke {
-            Some(Wake::Signal(libc::SIGCHLD)) | None => false,
-            Some(Wake::Signal(_)) | Some(Wake::LifelineEnded) => true,
-        };
+        let stop = lingered_out
+            || match woke {
+                Some(Wake::Signal(libc::SIGCHLD)) | None => false,
+                Some(Wake::Signal(_)) => true,
+                Some(Wake::Attached(n)) => {
+                    // A gateway holds OpenCode again: no grace period runs until its end.
+                    (current, armed, linger_until) = (n, None, None);
+                    false
+                }
+                Some(Wake::Linger(n, grace)) => {
+                    if n == current {
+                        armed = Some(grace);
+                    }
+                    false
+                }
+                Some(Wake::LifelineEnded(n)) if n != current => false,
+                Some(Wake::LifelineEnded(_)) => match armed.take() {
+                    Some(grace) => {
+                        linger_until = Some(Instant::now() + grace);
+                        false
+                    }
+                    None => true,
+                },
+            };
         if stop && kill_at.is_none() {
             if !cfg!(target_os = "linux") {
                 doomed = descendants(opencode as u32);
