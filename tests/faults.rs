@@ -785,7 +785,10 @@ async fn a_second_signal_during_shutdown_exits_at_once() {
 }
 
 async fn host_vanishes(name: &str, signal: libc::c_int) {
-    let rig = Rig::start(&[]).await;
+    // With `limits.linger` on (the default), a clean shutdown lets the OpenCode of a running
+    // task run on for the next gateway (restart.rs, a_local_task_runs_on_across_a_clean_reconnect).
+    // Off, nothing the gateway started outlives it, which is what this drill checks.
+    let rig = Rig::start(&[("OPENCODE_MCP_LIMITS__LINGER", "0s")]).await;
     let gateway = rig.client.pid().expect("gateway pid");
     let opencode = rig.opencode_pid();
     let task = id(&rig.start_task("still busy [[bash:sleep 300]]").await);

@@ -984,3 +984,159 @@ async fn a_fan_out_group_is_whole_in_a_second_gateway() {
     let w = rig.wait(&[&group], "all", TASK_TIMEOUT_MS).await;
     assert_eq!(w["done"], true, "{w}");
 }
+
+/// **Work outlives a host's reconnect, on this machine.** A host's `/mcp` or update starts a
+/// new gateway and closes the old one's stdin while a task runs on the managed OpenCode. The old
+/// gateway used to stop that OpenCode on its way out, and the task ended `failed`
+/// (`Interrupted`). Now it asks the OpenCode's supervisor to linger (`limits.linger`), the new
+/// gateway takes the server over once the old one is gone, and the task ends `completed` on the
+/// same OpenCode, its agent still confined. Once the new gateway exits with no task left
+/// running, that OpenCode stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_task_runs_on_across_a_clean_reconnect() {
+    let mut rig = Rig::start(&[("OPENCODE_MCP_LIMITS__LINGER", "60s")]).await;
+    let (gate, hold) = rig.gate();
+    let task = id(&rig
+        .start_task(&format!(
+            "across a reconnect {hold} [[write:held.txt:held\\n]]"
+        ))
+        .await);
+    let mut status = rig.status(&task).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while status["status"] != "running" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        status = rig.status(&task).await;
+    }
+    assert_eq!(status["status"], "running", "{status}");
+    let opencode = rig.opencode_pid();
+
+    // A reconnect: the new gateway starts, then the old one's stdin closes.
+    let next = rig.launch.connect().await.expect("the new gateway starts");
+    let old = std::mem::replace(&mut rig.client, next);
+    let said = old.stderr_handle();
+    old.close().await.expect("the old gateway exits cleanly");
+    assert!(
+        support::rig::alive(opencode),
+        "the managed OpenCode did not outlive the clean exit of its gateway:\n{}",
+        said()
+    );
+    let during = rig.status(&task).await;
+    assert!(
+        matches!(during["status"].as_str(), Some("pending" | "running")),
+        "{during}\n{}",
+        rig.client.stderr()
+    );
+    std::fs::write(&gate, "open").expect("open the gate");
+    let result = rig.finish(&task).await;
+    assert_eq!(
+        result["status"],
+        "completed",
+        "{result}\n--- the old gateway ---\n{}\n--- the new gateway ---\n{}",
+        said(),
+        rig.client.stderr()
+    );
+    assert!(
+        support::rig::alive(opencode),
+        "the same OpenCode finished the task"
+    );
+    // Its agents' commands still go through the confining shell OpenCode was started with:
+    // the old gateway left its file in place, the new one keeps it.
+    let script = format!("{}.sh", rig.server_id());
+    assert!(
+        find_file(&rig.env.root().join("state"), &script),
+        "the confining shell {script} is gone: OpenCode would run commands unconfined"
+    );
+
+    // No task runs: the new gateway's clean exit stops it.
+    let next = rig.launch.connect().await.expect("a third gateway");
+    let client = std::mem::replace(&mut rig.client, next);
+    client.close().await.expect("the gateway exits cleanly");
+    assert!(
+        wait_gone(opencode, std::time::Duration::from_secs(15)).await,
+        "the OpenCode ran on after its last task was done and its gateway exited"
+    );
+}
+
+/// Whether a file named `name` is anywhere under `dir`.
+fn find_file(dir: &std::path::Path, name: &str) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                find_file(&path, name)
+            } else {
+                e.file_name() == name
+            }
+        })
+}
+
+/// **With no gateway, nothing runs past its deadline.** A gateway that exits cleanly while a
+/// task runs lets its OpenCode run on, but only until that task's turn would have reached
+/// `timeouts.task`, not for the whole `limits.linger` (10 min by default): no gateway enforces a
+/// deadline meanwhile. The next gateway reports the task `Interrupted`, naming why, and leaves
+/// no linger file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_opencode_stops_at_its_tasks_deadline() {
+    let mut rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__TASK", "12s")]).await;
+    let (_gate, hold) = rig.gate();
+    let task = id(&rig.start_task(&format!("past its deadline {hold}")).await);
+    let mut status = rig.status(&task).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while status["status"] != "running" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        status = rig.status(&task).await;
+    }
+    assert_eq!(status["status"], "running", "{status}");
+    let opencode = rig.opencode_pid();
+
+    let next = rig.launch.connect().await.expect("a gateway to replace it");
+    let old = std::mem::replace(&mut rig.client, next);
+    let said = old.stderr_handle();
+    // The replacement is killed first, so that no gateway takes the task over.
+    let replacement = rig.client.pid().expect("its pid");
+    // SAFETY: kill(2) on a gateway this test spawned.
+    unsafe {
+        libc::kill(
+            libc::pid_t::try_from(replacement).expect("pid fits"),
+            libc::SIGKILL,
+        )
+    };
+    assert!(wait_gone(replacement, std::time::Duration::from_secs(10)).await);
+    old.close().await.expect("the gateway exits cleanly");
+    assert!(
+        support::rig::alive(opencode),
+        "the OpenCode did not run on for its task:\n{}",
+        said()
+    );
+    assert!(
+        wait_gone(opencode, std::time::Duration::from_secs(45)).await,
+        "the OpenCode ran on long past its task's deadline:\n{}",
+        said()
+    );
+
+    rig.relaunch().await;
+    // Taken over in the background once restored: its end follows the failed connection.
+    let w = rig.wait(&[&task], "all", 30_000).await;
+    assert_eq!(w["done"], true, "{w}");
+    let st = rig.status(&task).await;
+    assert_eq!(st["status"], "failed", "{st}");
+    assert_eq!(st["error"]["name"], "Interrupted", "{st}");
+    let linger = rig
+        .env
+        .root()
+        .join("state")
+        .join("opencode-mcp")
+        .join("linger");
+    let left: Vec<_> = std::fs::read_dir(&linger)
+        .expect("the linger directory the old gateway made")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files outlived the server they name: {left:?}"
+    );
+}

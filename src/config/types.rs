@@ -600,10 +600,11 @@ pub struct Limits {
     #[serde(default)]
     #[schemars(range(max = MAX_QUEUE))]
     pub queue: u32,
-    /// How long a worker's OpenCode keeps running its unfinished tasks after this gateway
-    /// exits cleanly (a host's reconnect or update ends the gateway): the next gateway on the
-    /// same state directory takes them over. Once it passes with no gateway back, OpenCode
-    /// there is stopped. 0: stop it at exit, as for a worker without unfinished tasks.
+    /// How long an OpenCode (a worker's, or a managed one on this machine) keeps running its
+    /// unfinished tasks after this gateway exits cleanly (a host's reconnect or update ends the
+    /// gateway): the next gateway on the same state directory takes them over. Once it passes
+    /// with no gateway back, that OpenCode is stopped. 0: stop it at exit, as one without
+    /// unfinished tasks is.
     #[serde(default = "linger_default")]
     pub linger: HumanDuration,
     /// How long a finished task stays answerable (its record is then deleted).

@@ -2,6 +2,9 @@
 //! managed `opencode serve` processes, the server pool, and the SSE event pump.
 //!
 //! - `api`: the typed facade over the generated client (one method per call we make).
+//! - `process` and `supervisor`: a managed `opencode serve` and the small process that makes
+//!   everything it starts go with the gateway; `linger`: the file and socket through which the
+//!   next gateway takes over one that outlived a clean exit while its tasks ran.
 //! - `listings`: the server's agents and models, remembered for a minute for `start_task`.
 //! - `types`: the value types the facade returns; `messages`: session messages normalised into
 //!   [`MessageView`], the one view the turn logic judges.
@@ -12,6 +15,7 @@ pub mod credentials;
 mod error;
 pub mod events;
 mod lenient;
+pub mod linger;
 mod listings;
 mod messages;
 mod pool;

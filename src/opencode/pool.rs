@@ -432,6 +432,139 @@ impl ServerPool {
         }
     }
 
+    /// Lets managed server `server_id` run on for `grace` after this gateway (it exits cleanly
+    /// while tasks run there), for the next gateway on the state directory to take over (see
+    /// [`super::linger`]): its supervisor is asked to linger, the file the next gateway reads is
+    /// written, its sandbox's files are kept, and it is forgotten here without being stopped.
+    /// On an error the server is untouched (the caller stops it as usual).
+    pub async fn let_linger(
+        &self,
+        server_id: &str,
+        grace: std::time::Duration,
+    ) -> Result<(), String> {
+        let server = self.get(server_id).ok_or("no such server")?;
+        let (Some(process), None) = (&server.process, &server.worker) else {
+            return Err("not a managed server on this machine".into());
+        };
+        let dir = self
+            .credentials_dir
+            .as_deref()
+            .ok_or("no state directory to leave it in")?;
+        let socket = super::linger::socket_path(dir, &server.id).ok_or_else(|| {
+            format!(
+                "the state directory's path ({}) is too long for a Unix socket",
+                dir.display()
+            )
+        })?;
+        crate::private_files::create_dir(socket.parent().unwrap_or(dir))
+            .map_err(|e| e.to_string())?;
+        let saved = super::linger::Lingering {
+            server_id: server.id.clone(),
+            url: process.url.clone(),
+            password: process.password().to_string(),
+            directory: server.directory.clone(),
+            confined: server.sandbox.is_some(),
+            gateway_pid: std::process::id(),
+        };
+        // Saved before the supervisor is asked: a file with no lingering server behind it is
+        // harmless (the next gateway cannot connect), a lingering server with no file is lost.
+        super::linger::save(dir, &saved).map_err(|e| e.to_string())?;
+        if let Err(e) = process.linger(grace, &socket).await {
+            super::linger::remove(dir, &server.id);
+            return Err(e);
+        }
+        if let Some(sandbox) = &server.sandbox {
+            sandbox.keep();
+        }
+        self.lock().remove(server_id);
+        server.stop.cancel();
+        if let Some(c) = &server.credentials {
+            c.remove();
+        }
+        Ok(())
+    }
+
+    /// Takes over managed server `server_id`, which a gateway now gone left lingering (see
+    /// [`super::linger`]), under the same id: its supervisor's socket becomes this gateway's
+    /// lifeline, its sandbox's files are its own again. `None` when no gateway left it (no
+    /// file), an error when it cannot be reached.
+    pub async fn adopt_lingering(&self, server_id: &str) -> Option<Result<Started, OpencodeError>> {
+        let dir = self.credentials_dir.as_deref()?;
+        let saved = super::linger::load(dir, server_id)?;
+        Some(self.take_lingering(dir, saved).await)
+    }
+
+    async fn take_lingering(
+        &self,
+        dir: &Path,
+        saved: super::linger::Lingering,
+    ) -> Result<Started, OpencodeError> {
+        let lost = |why: String| {
+            OpencodeError::Start(format!(
+                "the OpenCode left running by the previous gateway cannot be taken over: {why}"
+            ))
+        };
+        if let Some(server) = self.get(&saved.server_id) {
+            return Err(lost(format!("server {} is already in use here", server.id)));
+        }
+        let socket = super::linger::socket_path(dir, &saved.server_id)
+            .ok_or_else(|| lost("no socket path".into()))?;
+        let within = self.config.timeouts.server_start.get();
+        let attached =
+            ManagedProcess::attach(&socket, saved.url.clone(), saved.password.clone(), within)
+                .await;
+        let process = match attached {
+            Ok(process) => process,
+            Err(e) => {
+                // Its grace period passed (or it was stopped): nothing to take over, ever.
+                super::linger::remove(dir, &saved.server_id);
+                return Err(lost(e));
+            }
+        };
+        // From here on the connection is the lifeline: an error below drops it, and the
+        // supervisor stops OpenCode (as a gateway's end would).
+        super::linger::remove(dir, &saved.server_id);
+        let sandbox = match saved.confined {
+            false => None,
+            true => {
+                let exe = std::env::current_exe().map_err(|e| lost(e.to_string()))?;
+                let sandbox = ServerSandbox::reopen(&dir.join("sandbox"), &saved.server_id, &exe)
+                    .map_err(|e| lost(format!("its sandbox's files: {e}")))?;
+                Some(Arc::new(sandbox))
+            }
+        };
+        let api = Api::new(
+            &saved.url,
+            Some(&saved.password),
+            self.config.timeouts.request.get(),
+        )?;
+        let version = api.health().await.map_err(|e| lost(e.to_string()))?;
+        let credentials = self.publish(&saved.server_id, &saved.url, &saved.password);
+        let server = Arc::new(Server {
+            id: saved.server_id,
+            api: api.clone(),
+            directory: saved.directory,
+            version,
+            process: Some(process),
+            stop: CancellationToken::new(),
+            credentials,
+            worker: None,
+            confinement: match &sandbox {
+                Some(_) => Confinement::Confined,
+                None => Confinement::Unconfined(
+                    "its OpenCode was started unconfined by the previous gateway".into(),
+                ),
+            },
+            sandbox,
+            worker_shell: None,
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_pump(api, tx, server.stop.clone()));
+        self.lock().insert(server.id.clone(), server.clone());
+        tracing::info!(server_id = %server.id, url = server.api.base_url(), "took over the OpenCode a previous gateway left running for its tasks");
+        Ok(Started { server, events: rx })
+    }
+
     /// Removes the server, stops its pump and, for a managed one, its process.
     pub async fn stop(&self, server_id: &str) -> Option<(Arc<Server>, Option<String>)> {
         let server = self.lock().remove(server_id)?;

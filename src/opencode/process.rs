@@ -70,6 +70,37 @@ impl From<OpencodeError> for SpawnFailure {
     }
 }
 
+/// How the gateway holds the supervisor's lifeline: the pipe it started the supervisor with,
+/// or, for a server taken over from a gateway that is gone, its connection to the supervisor's
+/// socket (see [`super::linger`]). Dropping it ends the lifeline.
+#[derive(Debug)]
+enum Lifeline {
+    Pipe(tokio::process::ChildStdin),
+    Socket(tokio::net::unix::OwnedWriteHalf),
+}
+
+impl Lifeline {
+    async fn send(&mut self, line: &str) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Self::Pipe(pipe) => pipe.write_all(line.as_bytes()).await,
+            Self::Socket(socket) => socket.write_all(line.as_bytes()).await,
+        }
+    }
+}
+
+/// A server's password, kept to hand the server over (see [`super::linger`]); never printed.
+struct Password(String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(..)")
+    }
+}
+
+/// How long the supervisor gets to answer a linger request.
+const LINGER_ANSWER: Duration = Duration::from_secs(2);
+
 /// A running managed server.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -81,9 +112,13 @@ pub struct ManagedProcess {
     pub url: String,
     /// `None` while running; `Some(description)` once the process has exited.
     exited: watch::Receiver<Option<String>>,
-    /// The supervisor's lifeline (its stdin): dropping it, or this process ending, tells the
-    /// supervisor to stop OpenCode. Kept out of the child handle, whose `wait` would close it.
-    _lifeline: Option<tokio::process::ChildStdin>,
+    /// The supervisor's lifeline: dropping it, or this process ending, tells the supervisor to
+    /// stop OpenCode (unless it was asked to linger). Kept out of the child handle, whose
+    /// `wait` would close it. `None` without a supervisor, or once let go.
+    lifeline: tokio::sync::Mutex<Option<Lifeline>>,
+    /// Whether the supervisor has said it lingers (its answer to a linger request).
+    lingering: watch::Receiver<bool>,
+    password: Password,
 }
 
 /// What to start.
@@ -145,12 +180,15 @@ impl ManagedProcess {
                     .arg(super::supervisor::LIFELINE_FLAG)
                     .arg(command)
                     // The lifeline: only this process holds the other end (see `supervisor`).
-                    .stdin(Stdio::piped());
+                    .stdin(Stdio::piped())
+                    // The lifeline and `PR_SET_PDEATHSIG` end it with the gateway, unless it was
+                    // asked to linger: a kill as the child handle drops would defeat that.
+                    .kill_on_drop(false);
                 cmd
             }
             None => {
                 let mut cmd = Command::new(command);
-                cmd.stdin(Stdio::null());
+                cmd.stdin(Stdio::null()).kill_on_drop(true);
                 cmd
             }
         };
@@ -169,7 +207,6 @@ impl ManagedProcess {
             .env("OPENCODE_CONFIG_CONTENT", content)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .process_group(0);
         // The supervisor cleans up on SIGTERM; OpenCode run directly just dies.
         #[cfg(target_os = "linux")]
@@ -196,6 +233,7 @@ impl ManagedProcess {
         // The supervisor names OpenCode's pid on stderr first thing.
         let (pid_tx, pid_rx) = oneshot::channel::<u32>();
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<String>(1);
+        let (lingering_tx, lingering) = watch::channel(false);
 
         let lifeline = child.stdin.take();
         let mut readers = Vec::new();
@@ -227,6 +265,10 @@ impl ManagedProcess {
                         if let Some(tx) = pid_tx.take() {
                             let _ = tx.send(n);
                         }
+                        continue;
+                    }
+                    if line == super::supervisor::LINGERING_LINE {
+                        lingering_tx.send_replace(true);
                         continue;
                     }
                     tracing::debug!(target: "opencode", pid, "{line}");
@@ -278,7 +320,9 @@ impl ManagedProcess {
                     group,
                     url,
                     exited: exit_rx,
-                    _lifeline: lifeline,
+                    lifeline: tokio::sync::Mutex::new(lifeline.map(Lifeline::Pipe)),
+                    lingering,
+                    password: Password(req.password.to_string()),
                 })
             }
             None => {
@@ -306,6 +350,104 @@ impl ManagedProcess {
                     port_taken,
                 })
             }
+        }
+    }
+
+    /// Takes over a server whose gateway is gone while it lingers: connects to its
+    /// supervisor's `socket` (the connection is the lifeline from now on) and reads its answer,
+    /// within `within`. The supervisor's pid comes from the kernel (the socket's peer), not from
+    /// any file; its end is seen as the connection's end.
+    pub async fn attach(
+        socket: &Path,
+        url: String,
+        password: String,
+        within: Duration,
+    ) -> Result<Self, String> {
+        let stream = tokio::time::timeout(within, tokio::net::UnixStream::connect(socket))
+            .await
+            .map_err(|_| format!("{} did not answer within {within:?}", socket.display()))?
+            .map_err(|e| format!("cannot connect to {}: {e}", socket.display()))?;
+        let supervisor = stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 1)
+            .ok_or_else(|| format!("no process behind {}", socket.display()))?;
+        let (read, write) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        let first = tokio::time::timeout(within, lines.next_line())
+            .await
+            .map_err(|_| format!("the supervisor at {} said nothing", socket.display()))?
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let pid = first
+            .strip_prefix(super::supervisor::ATTACHED_LINE)
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .filter(|p| *p > 1)
+            .ok_or_else(|| format!("not a supervisor's answer: {first:?}"))?;
+        let (lingering_tx, lingering) = watch::channel(false);
+        let (exit_tx, exited) = watch::channel(None);
+        tokio::spawn(async move {
+            loop {
+                match lines.next_line().await {
+                    Ok(Some(line)) if line == super::supervisor::LINGERING_LINE => {
+                        lingering_tx.send_replace(true);
+                    }
+                    Ok(Some(line)) => tracing::debug!(target: "opencode", pid, "{line}"),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let _ = exit_tx.send(Some("ended (its supervisor is gone)".to_string()));
+        });
+        Ok(Self {
+            pid,
+            group: supervisor,
+            url,
+            exited,
+            lifeline: tokio::sync::Mutex::new(Some(Lifeline::Socket(write))),
+            lingering,
+            password: Password(password),
+        })
+    }
+
+    /// The server's password (to hand it over to the next gateway).
+    pub(crate) fn password(&self) -> &str {
+        &self.password.0
+    }
+
+    /// Asks the supervisor to let OpenCode run on for `grace` once the lifeline ends, listening
+    /// on `socket` for the next gateway, then lets go of the lifeline (the grace period starts
+    /// now). On an error nothing changed: the lifeline is kept, and stopping works as before.
+    pub async fn linger(&self, grace: Duration, socket: &Path) -> Result<(), String> {
+        let mut lifeline = self.lifeline.lock().await;
+        let Some(line) = lifeline.as_mut() else {
+            return Err("it runs without a supervisor".into());
+        };
+        let request = format!(
+            "{} {} {}\n",
+            super::supervisor::LINGER_REQUEST,
+            grace.as_secs().max(1),
+            socket.display()
+        );
+        let mut answered = self.lingering.clone();
+        let asked = async {
+            line.send(&request).await.map_err(|e| e.to_string())?;
+            answered
+                .wait_for(|lingering| *lingering)
+                .await
+                .map(|_| ())
+                .map_err(|_| "the supervisor ended".to_string())
+        };
+        match tokio::time::timeout(LINGER_ANSWER, asked).await {
+            Ok(Ok(())) => {
+                lifeline.take();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!(
+                "the supervisor did not answer within {LINGER_ANSWER:?}"
+            )),
         }
     }
 

@@ -116,8 +116,10 @@ enum Wake {
     Signal(libc::c_int),
     /// A lifeline ended: its gateway is gone or let go of this server.
     LifelineEnded(u64),
-    /// A lifeline asked for the grace period ([`LINGER_REQUEST`]).
-    Linger(u64, Duration),
+    /// A lifeline asked for the grace period ([`LINGER_REQUEST`]); the sender is told once it
+    /// is armed. `PR_SET_PDEATHSIG` belongs to a thread (the one the gateway forked), so only
+    /// the main thread can clear it.
+    Linger(u64, Duration, mpsc::Sender<()>),
     /// A gateway connected to the socket: its connection is lifeline `n`.
     Attached(u64),
 }
@@ -185,12 +187,6 @@ fn lifeline_thread(
             answer("opencode-mcp supervisor: a linger request needs seconds and a socket path");
             continue;
         };
-        // No longer go with the gateway that started this supervisor (it is about to exit).
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl on this process's own attribute.
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
-        }
         if listening.get().is_none() {
             match listen(std::path::Path::new(socket), tx.clone()) {
                 Ok(()) => {
@@ -205,10 +201,15 @@ fn lifeline_thread(
             }
         }
         let grace = Duration::from_secs(secs).min(MAX_LINGER);
-        if tx.send(Wake::Linger(n, grace)).is_err() {
+        // Answered only once the main thread took it: only then does the supervisor no longer
+        // go with the gateway that is about to exit (see `Wake::Linger`).
+        let (taken, done) = mpsc::channel();
+        if tx.send(Wake::Linger(n, grace, taken)).is_err() {
             return;
         }
-        answer(LINGERING_LINE);
+        if done.recv_timeout(Duration::from_secs(1)).is_ok() {
+            answer(LINGERING_LINE);
+        }
     }
     let _ = tx.send(Wake::LifelineEnded(n));
 }
@@ -429,9 +430,16 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
                     (current, armed, linger_until) = (n, None, None);
                     false
                 }
-                Some(Wake::Linger(n, grace)) => {
+                Some(Wake::Linger(n, grace, taken)) => {
                     if n == current {
+                        // No longer go with the gateway that started this supervisor.
+                        #[cfg(target_os = "linux")]
+                        // SAFETY: prctl on this thread's own attribute.
+                        unsafe {
+                            libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
+                        }
                         armed = Some(grace);
+                        let _ = taken.send(());
                     }
                     false
                 }

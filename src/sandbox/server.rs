@@ -25,6 +25,9 @@ pub struct ServerSandbox {
     policy_file: PathBuf,
     script: PathBuf,
     script_text: String,
+    /// Set when the server outlives this gateway (it lingers, see `opencode::linger`): its
+    /// files must then stay for the next gateway, or OpenCode would run commands unconfined.
+    kept: std::sync::atomic::AtomicBool,
 }
 
 impl ServerSandbox {
@@ -32,6 +35,26 @@ impl ServerSandbox {
     /// `exe` (this binary).
     pub fn create(dir: &Path, key: &str, policy: Policy, exe: &Path) -> std::io::Result<Self> {
         crate::private_files::create_dir(dir)?;
+        let sandbox = Self::at(dir, key, policy, exe);
+        sandbox.write_policy(&sandbox.lock())?;
+        sandbox.write_script()?;
+        Ok(sandbox)
+    }
+
+    /// The confinement of server `key` as the gateway that started it left it (the server
+    /// lingered, and this gateway takes it over): its policy is read back, and both files are
+    /// written again, the script for `exe`. The policy file is the gateway's own, in its
+    /// private directory, but it is read bounded all the same.
+    pub fn reopen(dir: &Path, key: &str, exe: &Path) -> std::io::Result<Self> {
+        const MAX_POLICY: u64 = 4 * 1024 * 1024;
+        let file = std::fs::File::open(dir.join(format!("{key}.json")))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_POLICY), &mut bytes)?;
+        let policy: Policy = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+        Self::create(dir, key, policy, exe)
+    }
+
+    fn at(dir: &Path, key: &str, policy: Policy, exe: &Path) -> Self {
         let policy_file = dir.join(format!("{key}.json"));
         let script = dir.join(format!("{key}.sh"));
         let script_text = format!(
@@ -41,15 +64,18 @@ impl ServerSandbox {
             super::shell::SUBCOMMAND,
             sh_quote(&policy_file.to_string_lossy()),
         );
-        let sandbox = Self {
+        Self {
             policy: Mutex::new(policy),
             policy_file,
             script,
             script_text,
-        };
-        sandbox.write_policy(&sandbox.lock())?;
-        sandbox.write_script()?;
-        Ok(sandbox)
+            kept: Default::default(),
+        }
+    }
+
+    /// Leaves the files in place when this handle drops: the server outlives this gateway.
+    pub fn keep(&self) {
+        self.kept.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The script OpenCode is given as its `shell`.
@@ -123,6 +149,9 @@ impl ServerSandbox {
 
 impl Drop for ServerSandbox {
     fn drop(&mut self) {
+        if self.kept.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let _ = std::fs::remove_file(&self.script);
         let _ = std::fs::remove_file(&self.policy_file);
     }

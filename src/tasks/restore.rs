@@ -1,7 +1,8 @@
 //! Restore: the tasks a previous gateway left in the state directory. Finished tasks become
-//! answerable again; unfinished ones on a managed server died with that gateway's server and
-//! are reported `failed` (`Interrupted`); unfinished ones on the configured attached server are
-//! adopted and finish normally. Unfinished tasks of another gateway that is still running are
+//! answerable again; unfinished ones on a managed server that gateway let run on for them (it
+//! exited cleanly, see `opencode::linger`), on the configured attached server, or on a worker
+//! are adopted and finish normally; unfinished ones on a managed server that died with that
+//! gateway are reported `failed` (`Interrupted`). Unfinished tasks of another gateway that is still running are
 //! left to it, answered for from their records meanwhile, and taken over the same way once that
 //! gateway is gone (one shutting down while this one starts, as on a host's reconnect).
 
@@ -232,6 +233,12 @@ impl TaskService {
         let attached_here = !record.managed && attach_url == Some(record.server_url.as_str());
         let on_worker = (record.worker() != crate::config::LOCAL_WORKER)
             .then(|| (record.worker().to_string(), record.owner_pid));
+        // A managed server here that its gateway let run on for its tasks (it exited cleanly).
+        let lingering = (record.managed && on_worker.is_none())
+            .then_some(self.state_dir.as_deref())
+            .flatten()
+            .and_then(|dir| crate::opencode::linger::load(dir, &record.server_id))
+            .map(|_| record.server_id.clone());
         let mut entry = TaskEntry::from_record(record);
         entry.adopt();
         // A queued task never started (or its start from the queue died with its gateway): it
@@ -249,6 +256,11 @@ impl TaskService {
             let id = entry.rec.id.clone();
             self.registry.insert(entry);
             return Some(Adopt::Attached(id));
+        }
+        if let Some(server_id) = lingering {
+            let id = entry.rec.id.clone();
+            self.registry.insert(entry);
+            return Some(Adopt::Lingering { id, server_id });
         }
         let reason = if entry.rec.managed {
             "the gateway running this task exited, and its managed OpenCode server with it; continue the task (its session is kept) or start it again"
@@ -280,13 +292,20 @@ impl TaskService {
         let mut attached = Vec::new();
         let mut on_workers: std::collections::BTreeMap<(String, u32), Vec<String>> =
             Default::default();
+        let mut lingering: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for a in adopt {
             match a {
                 Adopt::Attached(id) => attached.push(id),
                 Adopt::OnWorker { id, worker, owner } => {
                     on_workers.entry((worker, owner)).or_default().push(id)
                 }
+                Adopt::Lingering { id, server_id } => {
+                    lingering.entry(server_id).or_default().push(id)
+                }
             }
+        }
+        for (server_id, ids) in lingering {
+            self.adopt_lingering(&server_id, ids).await;
         }
         for ((worker, owner), ids) in on_workers {
             let reached = match self.remote_worker(&worker, crate::config::Isolation::Worktree) {
@@ -345,6 +364,44 @@ impl TaskService {
         self.adopt_on(&server, adopt).await;
     }
 
+    /// Takes over the managed server `server_id` a gateway left running for `ids` (see
+    /// `opencode::linger`) and hands them to it; if it cannot be reached, they end `failed`
+    /// (`Interrupted`) as on a server that died with its gateway.
+    async fn adopt_lingering(&self, server_id: &str, ids: Vec<String>) {
+        let taken = match self.pool.adopt_lingering(server_id).await {
+            Some(Ok(started)) => {
+                let server = started.server.clone();
+                tokio::spawn(crate::tasks::tracking::tracker::run(
+                    self.tracker.clone(),
+                    started.server,
+                    started.events,
+                ));
+                Ok(server)
+            }
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("no gateway left it running".into()),
+        };
+        match taken {
+            Ok(server) => self.adopt_on(&server, ids).await,
+            Err(e) => {
+                tracing::warn!(server_id, error = %e, "cannot take over the OpenCode a previous gateway left running");
+                let why = format!(
+                    "the gateway running this task exited, and the OpenCode it left running for it cannot be reached ({e}); continue the task (its session is kept) or start it again"
+                );
+                for id in &ids {
+                    self.registry.update(id, |e| {
+                        let turn = e.rec.turn;
+                        e.finish(
+                            Claim::Gone(turn),
+                            TaskStatus::Failed,
+                            Some(interrupted(&why)),
+                        )
+                    });
+                }
+            }
+        }
+    }
+
     /// Hands `ids`, unfinished tasks of a gateway that is gone, to `server`, which runs them.
     async fn adopt_on(&self, server: &Arc<crate::opencode::Server>, ids: Vec<String>) {
         let limit = self.config().timeouts.task.get();
@@ -384,6 +441,8 @@ enum Adopt {
         worker: String,
         owner: u32,
     },
+    /// On a managed server here that its gateway left running (`opencode::linger`).
+    Lingering { id: String, server_id: String },
 }
 
 /// Watches the gateways whose unfinished tasks this one has seen (`foreign` at the restore, then

@@ -435,7 +435,6 @@ impl TaskService {
     /// Stops every worker's OpenCode (shutdown), all at once and for a bounded time: one that
     /// cannot be reached in time is left to its ssh session's end.
     pub(in crate::tasks) async fn stop_worker_serves(&self) {
-        let linger = self.config().limits.linger.get();
         let stops = self
             .workers
             .all()
@@ -448,16 +447,13 @@ impl TaskService {
                 // Its tasks outlive this gateway (a host's reconnect ends it): their OpenCode
                 // runs on for `limits.linger`, and the next gateway on this state directory
                 // takes them over from its saved file, as after a crash.
-                let running = self.registry.ids_where(|e| {
-                    e.rec.server_id == link.server_id && !e.rec.status().is_terminal()
-                });
-                if running.is_empty() || linger.is_zero() {
+                let Some((linger, tasks)) = self.linger_for(&link.server_id) else {
                     link.serve.stop(&link.remote).await;
                     self.forget_serve(&name);
                     return;
-                }
+                };
                 match link.serve.linger(&link.remote, linger).await {
-                    Ok(()) => tracing::info!(worker = %name, tasks = running.len(), ?linger, "the worker's OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
+                    Ok(()) => tracing::info!(worker = %name, tasks, ?linger, "the worker's OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
                     Err(e) => tracing::warn!(worker = %name, error = %e, "could not bound how long the worker's OpenCode runs on; it runs its tasks on until a gateway takes them over"),
                 }
             });
