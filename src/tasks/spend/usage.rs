@@ -400,8 +400,8 @@ pub struct TaskLine {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// Unfinished, but the gateway that ran it has exited: the status is the last it recorded.
-    /// The next gateway to start reports it interrupted (or, on an attached server, picks it
-    /// up again).
+    /// Its OpenCode may run on for `limits.linger` (the gateway exited cleanly); the next
+    /// gateway to start takes it over then, or reports it interrupted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gateway_gone: bool,
     /// Why its commands ran unsandboxed; absent: sandboxed.
@@ -458,7 +458,7 @@ pub fn list_text(lines: &[TaskLine]) -> String {
             status = format!("{status}: {phase}");
         }
         if l.gateway_gone {
-            status.push_str(" (gone)");
+            status.push_str(" (no gateway)");
         }
         let model = match &l.model_requested {
             Some(asked) => format!(
@@ -492,7 +492,8 @@ pub fn list_text(lines: &[TaskLine]) -> String {
     }
     if lines.iter().any(|l| l.gateway_gone) {
         out.push_str(
-            "(gone): the gateway running it has exited; the next gateway to start reports it \
+            "(no gateway): the gateway running it has exited; its OpenCode may run on for \
+             limits.linger, and the next gateway to start takes it over or reports it \
              interrupted\n",
         );
     }
@@ -821,7 +822,7 @@ mod tests {
         assert_eq!(failed[0].task_id, "b");
         let text = list_text(&lines);
         assert!(text.lines().nth(1).is_some_and(|l| l.starts_with("c ")));
-        assert!(!text.contains("(gone)"), "{text}");
+        assert!(!text.contains("(no gateway)"), "{text}");
         // The gateway that ran the unfinished task has exited: said, for it alone.
         let gone = list(&summaries(&sample()), None, 6_000, &|_| false);
         let flagged: Vec<&str> = gone
@@ -832,7 +833,7 @@ mod tests {
         assert_eq!(flagged, ["c"]);
         let text = list_text(&gone);
         assert!(
-            text.lines().nth(1).is_some_and(|l| l.contains("(gone)")),
+            text.lines().nth(1).is_some_and(|l| l.contains("(no gateway)")),
             "{text}"
         );
         assert!(text.contains("exited"), "{text}");
