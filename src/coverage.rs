@@ -24,6 +24,16 @@ pub fn write_whole_profiles() {
 #[cfg(not(tarpaulin))]
 pub fn write_whole_profiles() {}
 
+/// Writes the profile now, for a process about to end without running exit handlers (the
+/// supervisor ends by raising OpenCode's fatal signal on itself, see `supervisor::mirror`).
+#[cfg(tarpaulin)]
+pub fn write_profile_now() {
+    dump();
+}
+
+#[cfg(not(tarpaulin))]
+pub fn write_profile_now() {}
+
 #[cfg(tarpaulin)]
 extern "C" {
     /// LLVM's profiling runtime: where the next write goes (`%p`/`%m` patterns allowed).

@@ -571,6 +571,8 @@ fn process_table() -> Vec<(u32, u32)> {
 fn mirror(status: libc::c_int) -> ExitCode {
     if libc::WIFSIGNALED(status) {
         let sig = libc::WTERMSIG(status);
+        // A fatal signal runs no exit handler: coverage runs write their counts first.
+        crate::coverage::write_profile_now();
         // SAFETY: default disposition and an unblocked mask for that one signal, then raise it.
         unsafe {
             libc::signal(sig, libc::SIG_DFL);
