@@ -1001,13 +1001,7 @@ async fn a_local_task_runs_on_across_a_clean_reconnect() {
             "across a reconnect {hold} [[write:held.txt:held\\n]]"
         ))
         .await);
-    let mut status = rig.status(&task).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while status["status"] != "running" && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        status = rig.status(&task).await;
-    }
-    assert_eq!(status["status"], "running", "{status}");
+    running(&rig, &task).await;
     let opencode = rig.opencode_pid();
 
     // A reconnect: the new gateway starts, then the old one's stdin closes.
@@ -1083,13 +1077,7 @@ async fn a_lingering_opencode_stops_at_its_tasks_deadline() {
     let mut rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__TASK", "12s")]).await;
     let (_gate, hold) = rig.gate();
     let task = id(&rig.start_task(&format!("past its deadline {hold}")).await);
-    let mut status = rig.status(&task).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while status["status"] != "running" && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        status = rig.status(&task).await;
-    }
-    assert_eq!(status["status"], "running", "{status}");
+    running(&rig, &task).await;
     let opencode = rig.opencode_pid();
 
     let next = rig.launch.connect().await.expect("a gateway to replace it");
@@ -1139,4 +1127,15 @@ async fn a_lingering_opencode_stops_at_its_tasks_deadline() {
         left.is_empty(),
         "files outlived the server they name: {left:?}"
     );
+}
+
+/// Waits (a minute at most) until the task's status is `running`.
+async fn running(rig: &Rig, task: &str) {
+    let mut status = rig.status(task).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while status["status"] != "running" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        status = rig.status(task).await;
+    }
+    assert_eq!(status["status"], "running", "{status}");
 }

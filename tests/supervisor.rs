@@ -57,28 +57,7 @@ fn a_child_that_ignores_sigterm_is_killed_within_the_bound() {
 /// works where `PR_SET_PDEATHSIG` does not exist (macOS).
 #[test]
 fn a_closed_lifeline_stops_everything() {
-    use opencode_mcp::opencode::supervisor::LIFELINE_FLAG;
-    let mut supervisor = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
-        .arg(SUBCOMMAND)
-        .arg(LIFELINE_FLAG)
-        .args(["sh", "-c", "sleep 30 & echo $!; wait"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the supervisor");
-    let lifeline = supervisor.stdin.take().expect("stdin");
-    let mut stderr = BufReader::new(supervisor.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    stderr.read_line(&mut line).expect("pid line");
-    let child: u32 = line
-        .strip_prefix(PID_LINE_PREFIX)
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("not the pid line: {line}"));
-    let mut stdout = BufReader::new(supervisor.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("sleep pid");
-    let sleep: u32 = line.trim().parse().expect("a pid");
+    let (mut supervisor, lifeline, _stderr, child, sleep) = supervised();
     assert!(alive(child) && alive(sleep));
     // While the lifeline is open the supervisor keeps running.
     assert!(supervisor.try_wait().expect("try_wait").is_none());

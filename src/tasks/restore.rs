@@ -322,16 +322,7 @@ impl TaskService {
                     let why = format!(
                         "the gateway running this task exited, and worker `{worker}`'s OpenCode that ran it cannot be reached again ({e}); continue the task (its session is kept there) or start it again"
                     );
-                    for id in &ids {
-                        self.registry.update(id, |e| {
-                            let turn = e.rec.turn;
-                            e.finish(
-                                Claim::Gone(turn),
-                                TaskStatus::Failed,
-                                Some(worker_lost(&why)),
-                            )
-                        });
-                    }
+                    self.fail_unadopted(&ids, worker_lost(&why));
                 }
             }
         }
@@ -347,18 +338,12 @@ impl TaskService {
             }
         };
         let Some(server) = server else {
-            for id in &adopt {
-                self.registry.update(id, |e| {
-                    let turn = e.rec.turn;
-                    e.finish(
-                        Claim::Gone(turn),
-                        TaskStatus::Failed,
-                        Some(interrupted(
-                            "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",
-                        )),
-                    )
-                });
-            }
+            self.fail_unadopted(
+                &adopt,
+                interrupted(
+                    "the gateway restarted and could not reach the attached OpenCode server to pick this task up again",
+                ),
+            );
             return;
         };
         self.adopt_on(&server, adopt).await;
@@ -388,17 +373,19 @@ impl TaskService {
                 let why = format!(
                     "the gateway running this task exited, and the OpenCode it left running for it cannot be reached ({e}); continue the task (its session is kept) or start it again"
                 );
-                for id in &ids {
-                    self.registry.update(id, |e| {
-                        let turn = e.rec.turn;
-                        e.finish(
-                            Claim::Gone(turn),
-                            TaskStatus::Failed,
-                            Some(interrupted(&why)),
-                        )
-                    });
-                }
+                self.fail_unadopted(&ids, interrupted(&why));
             }
+        }
+    }
+
+    /// Ends `ids`, unfinished tasks of a gateway that is gone whose server cannot be reached
+    /// again, `failed` with `error`.
+    fn fail_unadopted(&self, ids: &[String], error: crate::opencode::ErrorInfo) {
+        for id in ids {
+            self.registry.update(id, |e| {
+                let turn = e.rec.turn;
+                e.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error.clone()))
+            });
         }
     }
 

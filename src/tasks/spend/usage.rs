@@ -833,7 +833,9 @@ mod tests {
         assert_eq!(flagged, ["c"]);
         let text = list_text(&gone);
         assert!(
-            text.lines().nth(1).is_some_and(|l| l.contains("(no gateway)")),
+            text.lines()
+                .nth(1)
+                .is_some_and(|l| l.contains("(no gateway)")),
             "{text}"
         );
         assert!(text.contains("exited"), "{text}");
