@@ -105,6 +105,38 @@ pub fn remove(state_dir: &Path, server_id: &str) {
     }
 }
 
+/// Removes the files of servers that cannot be lingering any more: a file older than the
+/// longest grace period a supervisor grants ([`super::supervisor::MAX_LINGER`]) names one that
+/// stopped long ago (a server taken over loses its file; one that lingers again gets a new one).
+/// Returns how many servers' files were removed.
+pub fn sweep(state_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(state_dir.join(LINGER_DIR)) else {
+        return 0;
+    };
+    let old = |path: &Path| {
+        std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > super::supervisor::MAX_LINGER)
+    };
+    let mut removed = 0;
+    for path in entries.filter_map(|e| Some(e.ok()?.path())) {
+        let Some(id) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        if old(&path) {
+            remove(state_dir, id);
+            removed += 1;
+        }
+    }
+    removed
+}
+
 fn file_path(state_dir: &Path, server_id: &str, ext: &str) -> Option<PathBuf> {
     // A file name is built from the id, which a task record carries: refuse anything that could
     // leave the directory.
@@ -162,6 +194,26 @@ mod tests {
         assert_eq!(socket_path(dir.path(), "../x"), None);
         std::fs::write(&path, b"{not json").expect("written");
         assert_eq!(load(dir.path(), "srv_other"), None);
+    }
+
+    /// Files older than the longest grace period go; recent ones stay.
+    #[test]
+    fn only_files_older_than_any_grace_period_are_swept() {
+        let dir = tempfile::tempdir().expect("a directory");
+        save(dir.path(), &lingering("srv_old", "http://127.0.0.1:1")).expect("saved");
+        save(dir.path(), &lingering("srv_new", "http://127.0.0.1:2")).expect("saved");
+        let old = file_path(dir.path(), "srv_old", "json").expect("a path");
+        let long_ago = std::time::SystemTime::now()
+            - super::super::supervisor::MAX_LINGER
+            - std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .and_then(|f| f.set_modified(long_ago))
+            .expect("dated");
+        assert_eq!(sweep(dir.path()), 1);
+        assert_eq!(load(dir.path(), "srv_old"), None);
+        assert!(load(dir.path(), "srv_new").is_some());
     }
 
     /// A state directory too deep for a socket's path gets no socket (and so no linger).

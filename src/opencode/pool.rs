@@ -145,6 +145,13 @@ impl ServerPool {
         if swept > 0 {
             tracing::debug!(swept, "removed credentials files of gateways that are gone");
         }
+        let swept = super::linger::sweep(state_dir);
+        if swept > 0 {
+            tracing::debug!(
+                swept,
+                "removed the files of servers that stopped lingering long ago"
+            );
+        }
         self.credentials_dir = Some(state_dir.to_path_buf());
         self
     }
