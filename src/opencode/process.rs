@@ -422,7 +422,7 @@ impl ManagedProcess {
     pub async fn linger(&self, grace: Duration, socket: &Path) -> Result<(), String> {
         let mut lifeline = self.lifeline.lock().await;
         let Some(line) = lifeline.as_mut() else {
-            return Err("it runs without a supervisor".into());
+            return Err("no lifeline: it runs without a supervisor, or was let go".into());
         };
         let request = format!(
             "{} {} {}\n",
@@ -735,6 +735,89 @@ pub fn merged_config_content(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in for a lingering supervisor's socket: accepts one connection, says `first`,
+    /// then echoes the answer to a linger request until the gateway's end closes.
+    fn fake_supervisor(socket: &Path, first: String) -> std::thread::JoinHandle<()> {
+        use std::io::{BufRead, Write};
+        let listener = std::os::unix::net::UnixListener::bind(socket).expect("bind");
+        std::thread::spawn(move || {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            let mut writer = stream.try_clone().expect("clone");
+            let _ = writeln!(writer, "{first}");
+            for line in std::io::BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                if line.starts_with(super::super::supervisor::LINGER_REQUEST) {
+                    let _ = writeln!(writer, "{}", super::super::supervisor::LINGERING_LINE);
+                }
+            }
+        })
+    }
+
+    /// Taking over a lingering server: the supervisor's pid is the socket's peer, OpenCode's
+    /// is what it says; a linger request is answered; the connection's end is the server's.
+    #[tokio::test]
+    async fn a_lingering_server_is_taken_over_through_its_socket() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let socket = dir.path().join("s.sock");
+        let attached = format!("{}4242", super::super::supervisor::ATTACHED_LINE);
+        let fake = fake_supervisor(&socket, attached);
+        let process = ManagedProcess::attach(
+            &socket,
+            "http://127.0.0.1:1".into(),
+            "pw".into(),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("attached");
+        assert_eq!(process.pid, 4242);
+        assert_eq!(process.group, std::process::id(), "the socket's peer");
+        assert_eq!(process.password(), "pw");
+        assert!(!format!("{process:?}").contains("\"pw\""), "{process:?}");
+        assert_eq!(process.exit_status(), None);
+        process
+            .linger(Duration::from_secs(5), &socket)
+            .await
+            .expect("the linger request is answered");
+        // Let go: the fake sees the end of its lifeline and ends, which is the server's end.
+        assert!(process
+            .linger(Duration::from_secs(5), &socket)
+            .await
+            .is_err());
+        tokio::task::spawn_blocking(move || fake.join())
+            .await
+            .expect("joined")
+            .expect("the fake ended");
+        let how = tokio::time::timeout(Duration::from_secs(5), process.wait_exit()).await;
+        assert!(how.expect("seen").contains("supervisor is gone"));
+    }
+
+    /// Anything but a supervisor behind the socket, or none, is refused with a reason.
+    #[tokio::test]
+    async fn a_socket_that_is_no_supervisor_is_refused() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let socket = dir.path().join("s.sock");
+        let attach = |socket: PathBuf| async move {
+            ManagedProcess::attach(
+                &socket,
+                "http://127.0.0.1:1".into(),
+                "pw".into(),
+                Duration::from_secs(5),
+            )
+            .await
+        };
+        let missing = attach(socket.clone()).await.expect_err("no socket");
+        assert!(missing.contains("cannot connect"), "{missing}");
+        let fake = fake_supervisor(&socket, "hello".into());
+        let wrong = attach(socket.clone()).await.expect_err("not a supervisor");
+        assert!(wrong.contains("not a supervisor's answer"), "{wrong}");
+        tokio::task::spawn_blocking(move || fake.join())
+            .await
+            .expect("joined")
+            .expect("the fake ended");
+    }
 
     #[test]
     fn ansi_colours_are_stripped() {
