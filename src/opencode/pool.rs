@@ -669,6 +669,43 @@ pub fn is_loopback_url(url: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Only a known managed server can linger; a takeover needs a state directory and a file
+    /// a gateway left, and a file whose server no longer answers is removed, not kept.
+    #[tokio::test]
+    async fn lingering_needs_a_server_a_state_directory_and_an_answer() {
+        let config = Arc::new(crate::gateway::test_config());
+        let bare = ServerPool::new(config.clone());
+        let refused = bare
+            .let_linger("srv_none", std::time::Duration::from_secs(1))
+            .await;
+        assert_eq!(refused, Err("no such server".to_string()));
+        assert!(bare.adopt_lingering("srv_none").await.is_none());
+
+        let dir = tempfile::tempdir().expect("a directory");
+        let pool = ServerPool::new(config).publishing_credentials(dir.path(), |_| false);
+        assert!(pool.adopt_lingering("srv_gone").await.is_none(), "no file");
+        let saved = super::super::linger::Lingering {
+            server_id: "srv_gone".into(),
+            url: "http://127.0.0.1:1".into(),
+            password: "pw".into(),
+            directory: dir.path().display().to_string(),
+            confined: false,
+            gateway_pid: 1,
+        };
+        super::super::linger::save(dir.path(), &saved).expect("saved");
+        match pool.adopt_lingering("srv_gone").await {
+            Some(Err(e)) => assert!(e.to_string().contains("cannot be taken over"), "{e}"),
+            other => panic!(
+                "expected an error, found {:?}",
+                other.map(|r| r.map(|_| ()))
+            ),
+        }
+        assert!(
+            super::super::linger::load(dir.path(), "srv_gone").is_none(),
+            "the file of a server that no longer answers was kept"
+        );
+    }
+
     #[test]
     fn loopback_urls_are_recognised() {
         assert!(is_loopback_url("http://127.0.0.1:4096"));
