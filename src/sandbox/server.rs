@@ -231,4 +231,36 @@ mod tests {
         drop(sandbox);
         assert_eq!(std::fs::read_dir(files).expect("dir").count(), 0);
     }
+
+    /// A server that outlives its gateway keeps its files; the next gateway reopens them with
+    /// the policy as it was (its task roots included), and a missing policy is an error.
+    #[test]
+    fn a_kept_sandbox_is_reopened_as_it_was() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("task");
+        std::fs::create_dir_all(&root).expect("root");
+        let files = dir.path().join("sandbox");
+        let exe = Path::new("/opt/opencode-mcp");
+        let policy = Policy::from_settings(
+            &crate::config::SandboxConfig::default(),
+            PathBuf::from("/usr/bin/bwrap"),
+            Some(dir.path()),
+            &[],
+        );
+        let sandbox = ServerSandbox::create(&files, "srv_1", policy, exe).expect("create");
+        sandbox.admit(&root, false).expect("admit");
+        let (policy, shell) = (sandbox.policy(), sandbox.shell().to_path_buf());
+        sandbox.keep();
+        drop(sandbox);
+        assert!(shell.exists(), "a kept sandbox's script was removed");
+        let reopened = ServerSandbox::reopen(&files, "srv_1", exe).expect("reopen");
+        assert_eq!(reopened.policy(), policy);
+        assert_eq!(reopened.shell(), shell);
+        assert!(ServerSandbox::reopen(&files, "srv_2", exe).is_err());
+        drop(reopened);
+        assert!(
+            !shell.exists(),
+            "a reopened sandbox's files are its own again"
+        );
+    }
 }
