@@ -604,7 +604,7 @@ pub struct Limits {
     /// unfinished tasks after this gateway exits cleanly (a host's reconnect or update ends the
     /// gateway): the next gateway on the same state directory takes them over. Once it passes
     /// with no gateway back, that OpenCode is stopped. 0: stop it at exit, as one without
-    /// unfinished tasks is.
+    /// unfinished tasks is. At most 1 day.
     #[serde(default = "linger_default")]
     pub linger: HumanDuration,
     /// How long a finished task stays answerable (its record is then deleted).

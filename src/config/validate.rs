@@ -442,6 +442,10 @@ fn opencode(config: &Config, issues: &mut Issues) {
 /// overflow (`300000000000y` once panicked a wait).
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// The longest `limits.linger`: what a managed OpenCode's supervisor grants at most
+/// (`opencode::supervisor::MAX_LINGER`).
+const MAX_LINGER: Duration = Duration::from_secs(24 * 3600);
+
 fn timeouts(config: &Config, issues: &mut Issues) {
     let t = &config.timeouts;
     let all = [
@@ -589,6 +593,15 @@ fn limits(config: &Config, issues: &mut Issues) {
         issues.push(
             "limits.finished_task_ttl",
             "expected a duration greater than zero, found 0s",
+        );
+    }
+    if l.linger.get() > MAX_LINGER {
+        issues.push(
+            "limits.linger",
+            format!(
+                "expected a duration of at most 1 day (a supervisor grants no longer), found {}",
+                l.linger
+            ),
         );
     }
     if l.finished_task_ttl.get() > MAX_DURATION {
@@ -1017,6 +1030,125 @@ mod tests {
 
     /// Each way checks, escalation and fallbacks can be wrong is named by its key; the built-in
     /// values pass.
+    #[test]
+    fn timeouts_limits_hosts_and_paths() {
+        let issues = |edit: &dyn Fn(&mut Config)| {
+            let mut config = crate::gateway::test_config();
+            edit(&mut config);
+            validate(&config)
+                .into_iter()
+                .map(|i| i.key)
+                .collect::<Vec<_>>()
+        };
+        let secs = |n: u64| -> super::super::HumanDuration { Duration::from_secs(n).into() };
+        let blank = || -> super::super::types::HostConfig {
+            yaml_serde::from_str("{}").expect("an empty host entry")
+        };
+        let long = Duration::from_secs(31 * 24 * 3600);
+        assert!(issues(&|_| {}).is_empty());
+        assert_eq!(
+            issues(&|c| c.timeouts.request = secs(0)),
+            ["timeouts.request"]
+        );
+        assert_eq!(
+            issues(&|c| c.timeouts.server_start = long.into()),
+            ["timeouts.server_start"]
+        );
+        assert_eq!(
+            issues(&|c| c.timeouts.progress_interval = c.timeouts.wait_default),
+            ["timeouts.progress_interval"]
+        );
+        assert_eq!(
+            issues(&|c| c.timeouts.stall = c.timeouts.task),
+            ["timeouts.stall"]
+        );
+        assert_eq!(
+            issues(&|c| {
+                c.timeouts.wait_default = secs(c.timeouts.wait_max.get().as_secs() + 1);
+                c.hosts.clear();
+                c.hosts.insert(DEFAULT_HOST.into(), blank());
+            })[0],
+            "timeouts.wait_default"
+        );
+        assert_eq!(
+            issues(&|c| c.limits.max_cost_usd = Some(-1.0)),
+            ["limits.max_cost_usd"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.max_tokens = Some(0)),
+            ["limits.max_tokens"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.queue = MAX_QUEUE + 1),
+            ["limits.queue"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.max_wait_ids = 0),
+            ["limits.max_wait_ids"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.structured_retries = 99),
+            ["limits.structured_retries"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.finished_in_memory = secs(0)),
+            ["limits.finished_in_memory"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.finished_task_ttl = long.into()),
+            ["limits.finished_task_ttl"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.linger = secs(90_000)),
+            ["limits.linger"]
+        );
+        assert!(
+            issues(&|c| c.limits.linger = secs(0)).is_empty(),
+            "0 turns it off"
+        );
+        // Hosts: the default entry fills what others leave out; each value within bounds.
+        let hosts = issues(&|c| {
+            c.hosts.clear();
+        });
+        assert_eq!(hosts, ["hosts"]);
+        let hosts = issues(&|c| {
+            c.hosts.clear();
+            c.hosts.insert(DEFAULT_HOST.into(), blank());
+        });
+        assert_eq!(
+            hosts,
+            [
+                format!("hosts.{DEFAULT_HOST}.result_chars"),
+                format!("hosts.{DEFAULT_HOST}.wait_max")
+            ]
+        );
+        let hosts = issues(&|c| {
+            let mut small = blank();
+            small.result_chars = Some(MIN_RESULT_CHARS - 1);
+            small.wait_max = Some(secs(0));
+            c.hosts.insert("tiny".into(), small.clone());
+            small.wait_max = Some(long.into());
+            small.result_chars = None;
+            c.hosts.insert("slow".into(), small);
+        });
+        assert_eq!(
+            hosts,
+            [
+                "hosts.slow.wait_max",
+                "hosts.tiny.result_chars",
+                "hosts.tiny.wait_max"
+            ]
+        );
+        assert_eq!(
+            issues(&|c| c.report.reference_price.output_per_mtok = f64::NAN),
+            ["report.reference_price.output_per_mtok"]
+        );
+        assert_eq!(
+            issues(&|c| c.state_dir = Some("relative/dir".into())),
+            ["state_dir"]
+        );
+    }
+
     #[test]
     fn checks_and_escalation() {
         let issues = |edit: &dyn Fn(&mut Config)| {
