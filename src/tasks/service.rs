@@ -592,4 +592,57 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// An OpenCode runs on after a clean exit only for a server with unfinished tasks, for
+    /// `limits.linger` but never past the last of their deadlines; 0 turns it off.
+    #[test]
+    fn a_server_lingers_for_its_tasks_until_their_last_deadline_at_most() {
+        let service_with = |linger: u64, task: u64| {
+            let mut config = crate::gateway::test_config();
+            config.limits.linger = Duration::from_secs(linger).into();
+            config.timeouts.task = Duration::from_secs(task).into();
+            config.timeouts.stall = Duration::from_secs(1).into();
+            TaskService::new(Arc::new(config))
+        };
+        let running = |service: &TaskService, id: &str, status: TaskStatus| {
+            let mut rec = TaskRecord::new(
+                id.into(),
+                "srv".into(),
+                format!("ses_{id}"),
+                "/w".into(),
+                id.into(),
+            );
+            rec.begin_turn_for_test("msg_1".into(), None, None);
+            match status {
+                TaskStatus::Running => rec.set_status_for_test(status),
+                done => rec.finish_for_test(done, None),
+            }
+            service
+                .registry
+                .insert(crate::tasks::lifecycle::entry::TaskEntry::from_record(rec));
+        };
+        let service = service_with(600, 3600);
+        assert_eq!(service.linger_for("srv"), None, "no task");
+        running(&service, "tsk_done", TaskStatus::Completed);
+        assert_eq!(service.linger_for("srv"), None, "only a finished one");
+        running(&service, "tsk_open", TaskStatus::Running);
+        assert_eq!(
+            service.linger_for("srv"),
+            Some((Duration::from_secs(600), 1))
+        );
+        assert_eq!(service.linger_for("srv_other"), None);
+
+        let service = service_with(600, 120);
+        running(&service, "tsk_open", TaskStatus::Running);
+        let (grace, tasks) = service.linger_for("srv").expect("lingers");
+        assert_eq!(tasks, 1);
+        assert!(
+            grace <= Duration::from_secs(120) && grace > Duration::from_secs(100),
+            "{grace:?}: not bounded by the deadline"
+        );
+
+        let service = service_with(0, 3600);
+        running(&service, "tsk_open", TaskStatus::Running);
+        assert_eq!(service.linger_for("srv"), None, "linger 0 is off");
+    }
 }
