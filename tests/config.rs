@@ -249,8 +249,9 @@ fn committed_schema_is_current() {
     );
     assert!(
         committed.trim_end() == current,
-        "delegation.schema.json is out of date: run `cargo run -- config-schema > \
-         delegation.schema.json`"
+        "delegation.schema.json is out of date: run `cargo build && target/debug/opencode-mcp \
+         config-schema > delegation.schema.json` (build first: `cargo run` would build after \
+         the shell emptied the file, and build.rs reads it)"
     );
 }
 
