@@ -157,7 +157,8 @@ type Answer = Box<dyn FnMut(&str) + Send>;
 
 /// Reads lifeline `n` to its end, then says so. A [`LINGER_REQUEST`] line on it arms the grace
 /// period: the socket is bound (once) and the request answered with [`LINGERING_LINE`]. Lines
-/// are bounded (a longer one ends nothing and arms nothing), as is the grace period.
+/// are read in pieces of at most 4 KiB (a longer line costs no memory), and the grace period is
+/// bounded by [`MAX_LINGER`].
 fn lifeline_thread(
     n: u64,
     input: impl std::io::Read,
