@@ -572,10 +572,15 @@ mod tests {
 
     #[test]
     fn bad_schemas_are_refused_with_the_reason() {
-        assert_eq!(
-            check_schema(&json!([])),
-            Err(SchemaError::NotAnObject("an array"))
-        );
+        for (schema, kind) in [
+            (json!([]), "an array"),
+            (json!(null), "null"),
+            (json!(true), "a boolean"),
+            (json!(1), "a number"),
+            (json!("object"), "a string"),
+        ] {
+            assert_eq!(check_schema(&schema), Err(SchemaError::NotAnObject(kind)));
+        }
         let e = check_schema(&json!({"type": "strnig"})).expect_err("bad type");
         assert!(e.to_string().contains("`/type`"), "{e}");
         let big = json!({"description": "x".repeat(MAX_SCHEMA_BYTES)});
