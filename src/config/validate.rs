@@ -442,10 +442,6 @@ fn opencode(config: &Config, issues: &mut Issues) {
 /// overflow (`300000000000y` once panicked a wait).
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The longest `limits.linger`: what a managed OpenCode's supervisor grants at most
-/// (`opencode::supervisor::MAX_LINGER`).
-const MAX_LINGER: Duration = Duration::from_secs(24 * 3600);
-
 fn timeouts(config: &Config, issues: &mut Issues) {
     let t = &config.timeouts;
     let all = [
@@ -595,7 +591,8 @@ fn limits(config: &Config, issues: &mut Issues) {
             "expected a duration greater than zero, found 0s",
         );
     }
-    if l.linger.get() > MAX_LINGER {
+    // What a managed OpenCode's supervisor grants at most.
+    if l.linger.get() > crate::opencode::supervisor::MAX_LINGER {
         issues.push(
             "limits.linger",
             format!(
@@ -940,6 +937,13 @@ fn check_url(url: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The keys of what `validate` finds in the test config after `edit`.
+    fn issues(edit: &dyn Fn(&mut Config)) -> Vec<String> {
+        let mut config = crate::gateway::test_config();
+        edit(&mut config);
+        validate(&config).into_iter().map(|i| i.key).collect()
+    }
+
     #[test]
     fn loopback() {
         for ok in ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST"] {
@@ -1028,18 +1032,10 @@ mod tests {
         assert!(!is_worker_name("-x"));
     }
 
-    /// Each way checks, escalation and fallbacks can be wrong is named by its key; the built-in
-    /// values pass.
+    /// Each way timeouts, limits, hosts, the reference price and the state directory can be
+    /// wrong is named by its key; the built-in values pass.
     #[test]
     fn timeouts_limits_hosts_and_paths() {
-        let issues = |edit: &dyn Fn(&mut Config)| {
-            let mut config = crate::gateway::test_config();
-            edit(&mut config);
-            validate(&config)
-                .into_iter()
-                .map(|i| i.key)
-                .collect::<Vec<_>>()
-        };
         let secs = |n: u64| -> super::super::HumanDuration { Duration::from_secs(n).into() };
         let blank = || -> super::super::types::HostConfig {
             yaml_serde::from_str("{}").expect("an empty host entry")
@@ -1149,16 +1145,10 @@ mod tests {
         );
     }
 
+    /// Each way checks, escalation and fallbacks can be wrong is named by its key; the built-in
+    /// values pass.
     #[test]
     fn checks_and_escalation() {
-        let issues = |edit: &dyn Fn(&mut Config)| {
-            let mut config = crate::gateway::test_config();
-            edit(&mut config);
-            validate(&config)
-                .into_iter()
-                .map(|i| i.key)
-                .collect::<Vec<_>>()
-        };
         assert!(issues(&|_| {}).is_empty());
         assert_eq!(issues(&|c| c.checks.max_rounds = 11), ["checks.max_rounds"]);
         assert_eq!(

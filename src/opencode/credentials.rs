@@ -158,14 +158,19 @@ pub fn sweep(state_dir: &Path, alive: impl Fn(u32) -> bool) -> usize {
     removed
 }
 
+/// Whether a file name may be built from `server_id`: ids are ours (`srv_` + base62), but one
+/// can come from a task record, so anything that could leave the directory is refused.
+pub(crate) fn is_file_safe(server_id: &str) -> bool {
+    !server_id.is_empty()
+        && server_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 fn file_path(state_dir: &Path, server_id: &str) -> Option<PathBuf> {
     // Ids are ours (`srv_` + base62), but a file name is built from them (and `watch` reads one
     // from a task record): refuse anything that could leave the directory.
-    let safe = !server_id.is_empty()
-        && server_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    safe.then(|| {
+    is_file_safe(server_id).then(|| {
         state_dir
             .join(SERVERS_DIR)
             .join(format!("{server_id}.json"))

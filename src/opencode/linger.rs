@@ -138,13 +138,9 @@ pub fn sweep(state_dir: &Path) -> usize {
 }
 
 fn file_path(state_dir: &Path, server_id: &str, ext: &str) -> Option<PathBuf> {
-    // A file name is built from the id, which a task record carries: refuse anything that could
-    // leave the directory.
-    let safe = !server_id.is_empty()
-        && server_id.len() <= 64
-        && server_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    // A file name is built from the id, which a task record carries (the length bound keeps
+    // the socket's path short).
+    let safe = server_id.len() <= 64 && super::credentials::is_file_safe(server_id);
     safe.then(|| {
         state_dir
             .join(LINGER_DIR)

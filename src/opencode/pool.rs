@@ -463,8 +463,6 @@ impl ServerPool {
                 dir.display()
             )
         })?;
-        crate::private_files::create_dir(socket.parent().unwrap_or(dir))
-            .map_err(|e| e.to_string())?;
         let saved = super::linger::Lingering {
             server_id: server.id.clone(),
             url: process.url.clone(),
@@ -520,17 +518,11 @@ impl ServerPool {
         let attached =
             ManagedProcess::attach(&socket, saved.url.clone(), saved.password.clone(), within)
                 .await;
-        let process = match attached {
-            Ok(process) => process,
-            Err(e) => {
-                // Its grace period passed (or it was stopped): nothing to take over, ever.
-                super::linger::remove(dir, &saved.server_id);
-                return Err(lost(e));
-            }
-        };
-        // From here on the connection is the lifeline: an error below drops it, and the
-        // supervisor stops OpenCode (as a gateway's end would).
+        // Taken over, or never to be: a supervisor that does not answer stopped (its grace
+        // passed), and one that does has this gateway's connection as its lifeline from now on
+        // (an error below drops it, and the supervisor stops OpenCode as a gateway's end would).
         super::linger::remove(dir, &saved.server_id);
+        let process = attached.map_err(lost)?;
         let sandbox = match saved.confined {
             false => None,
             true => {

@@ -43,14 +43,11 @@ impl ServerSandbox {
 
     /// The confinement of server `key` as the gateway that started it left it (the server
     /// lingered, and this gateway takes it over): its policy is read back, and both files are
-    /// written again, the script for `exe`. The policy file is the gateway's own, in its
-    /// private directory, but it is read bounded all the same.
+    /// written again, the script for `exe`. The policy is read as the confining shell reads it
+    /// (bounded).
     pub fn reopen(dir: &Path, key: &str, exe: &Path) -> std::io::Result<Self> {
-        const MAX_POLICY: u64 = 4 * 1024 * 1024;
-        let file = std::fs::File::open(dir.join(format!("{key}.json")))?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_POLICY), &mut bytes)?;
-        let policy: Policy = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+        let policy = super::shell::read_policy(&dir.join(format!("{key}.json")))
+            .map_err(std::io::Error::other)?;
         Self::create(dir, key, policy, exe)
     }
 

@@ -122,7 +122,9 @@ fn refuse(why: &str) -> ExitCode {
     ExitCode::from(REFUSED)
 }
 
-fn read_policy(path: &Path) -> Result<Policy, String> {
+/// The policy at `path`, read bounded (the confining shell reads it before each command; a
+/// gateway taking over a lingering server reads it back, see `server::ServerSandbox::reopen`).
+pub(super) fn read_policy(path: &Path) -> Result<Policy, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut text = String::new();
     file.take(MAX_POLICY_BYTES)

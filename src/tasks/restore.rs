@@ -234,9 +234,10 @@ impl TaskService {
         let on_worker = (record.worker() != crate::config::LOCAL_WORKER)
             .then(|| (record.worker().to_string(), record.owner_pid));
         // A managed server here that its gateway let run on for its tasks (it exited cleanly).
-        let lingering = (record.managed && on_worker.is_none())
-            .then_some(self.state_dir.as_deref())
-            .flatten()
+        let lingering = self
+            .state_dir
+            .as_deref()
+            .filter(|_| record.managed && on_worker.is_none())
             .and_then(|dir| crate::opencode::linger::load(dir, &record.server_id))
             .map(|_| record.server_id.clone());
         let mut entry = TaskEntry::from_record(record);
@@ -354,15 +355,7 @@ impl TaskService {
     /// (`Interrupted`) as on a server that died with its gateway.
     async fn adopt_lingering(&self, server_id: &str, ids: Vec<String>) {
         let taken = match self.pool.adopt_lingering(server_id).await {
-            Some(Ok(started)) => {
-                let server = started.server.clone();
-                tokio::spawn(crate::tasks::tracking::tracker::run(
-                    self.tracker.clone(),
-                    started.server,
-                    started.events,
-                ));
-                Ok(server)
-            }
+            Some(Ok(started)) => Ok(self.track(started)),
             Some(Err(e)) => Err(e.to_string()),
             None => Err("no gateway left it running".into()),
         };

@@ -21,7 +21,6 @@ use crate::opencode::Server;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
 use crate::tasks::service::TaskService;
-use crate::tasks::tracking::tracker;
 use crate::tasks::turn::fetch::{self, remote_of};
 use crate::workers::sandbox::{self, WorkerShell};
 use crate::workers::serve::{RemoteServe, Saved, ServeError};
@@ -165,12 +164,7 @@ impl TaskService {
             Ok(started) => started,
             Err(e) => return Err((serve, e)),
         };
-        let server = started.server.clone();
-        tokio::spawn(tracker::run(
-            self.tracker.clone(),
-            started.server,
-            started.events,
-        ));
+        let server = self.track(started);
         self.save_serve(&serve.saved(&w.name));
         *link = Some(Link {
             server_id: server.id.clone(),

@@ -114,13 +114,21 @@ impl TaskService {
     ) -> Result<ServerInfo, TaskError> {
         let (info, started) = self.pool.start(port, directory).await?;
         if let Some(started) = started {
-            tokio::spawn(tracker::run(
-                self.tracker.clone(),
-                started.server,
-                started.events,
-            ));
+            self.track(started);
         }
         Ok(info)
+    }
+
+    /// Follows a server the pool just came to know (started, reached on a worker, or taken
+    /// over): its events go to the tracker from now on. Returns the server.
+    pub(in crate::tasks) fn track(&self, started: crate::opencode::Started) -> Arc<Server> {
+        let server = started.server.clone();
+        tokio::spawn(tracker::run(
+            self.tracker.clone(),
+            started.server,
+            started.events,
+        ));
+        server
     }
     /// The id of the running server `server_id: "default"` stands for, if any.
     pub fn default_server_id(&self) -> Option<String> {
