@@ -1001,7 +1001,8 @@ async fn a_local_task_runs_on_across_a_clean_reconnect() {
             "across a reconnect {hold} [[write:held.txt:held\\n]]"
         ))
         .await);
-    running(&rig, &task).await;
+    let status = rig.running(&task).await;
+    assert_eq!(status["status"], "running", "{status}");
     let opencode = rig.opencode_pid();
 
     // A reconnect: the new gateway starts, then the old one's stdin closes.
@@ -1077,22 +1078,15 @@ async fn a_lingering_opencode_stops_at_its_tasks_deadline() {
     let mut rig = Rig::start(&[("OPENCODE_MCP_TIMEOUTS__TASK", "12s")]).await;
     let (_gate, hold) = rig.gate();
     let task = id(&rig.start_task(&format!("past its deadline {hold}")).await);
-    running(&rig, &task).await;
+    let status = rig.running(&task).await;
+    assert_eq!(status["status"], "running", "{status}");
     let opencode = rig.opencode_pid();
 
     let next = rig.launch.connect().await.expect("a gateway to replace it");
     let old = std::mem::replace(&mut rig.client, next);
     let said = old.stderr_handle();
     // The replacement is killed first, so that no gateway takes the task over.
-    let replacement = rig.client.pid().expect("its pid");
-    // SAFETY: kill(2) on a gateway this test spawned.
-    unsafe {
-        libc::kill(
-            libc::pid_t::try_from(replacement).expect("pid fits"),
-            libc::SIGKILL,
-        )
-    };
-    assert!(wait_gone(replacement, std::time::Duration::from_secs(10)).await);
+    rig.kill_gateway().await;
     old.close().await.expect("the gateway exits cleanly");
     assert!(
         support::rig::alive(opencode),
@@ -1127,15 +1121,4 @@ async fn a_lingering_opencode_stops_at_its_tasks_deadline() {
         left.is_empty(),
         "files outlived the server they name: {left:?}"
     );
-}
-
-/// Waits (a minute at most) until the task's status is `running`.
-async fn running(rig: &Rig, task: &str) {
-    let mut status = rig.status(task).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while status["status"] != "running" && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        status = rig.status(task).await;
-    }
-    assert_eq!(status["status"], "running", "{status}");
 }

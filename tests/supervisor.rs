@@ -134,13 +134,30 @@ fn linger(
     }
 }
 
+/// Connects to a lingering supervisor's `socket` as the next gateway would; its first line
+/// names `child`, the process it supervises. The connection, and a reader of its answers.
+fn attach(
+    socket: &std::path::Path,
+    child: u32,
+) -> (
+    std::os::unix::net::UnixStream,
+    BufReader<std::os::unix::net::UnixStream>,
+) {
+    use opencode_mcp::opencode::supervisor::ATTACHED_LINE;
+    let stream = std::os::unix::net::UnixStream::connect(socket).expect("the socket answers");
+    let mut answers = BufReader::new(stream.try_clone().expect("a second handle"));
+    let mut line = String::new();
+    answers.read_line(&mut line).expect("the attach line");
+    assert_eq!(line.trim_end(), format!("{ATTACHED_LINE}{child}"));
+    (stream, answers)
+}
+
 /// **Lingering.** A gateway that exits cleanly while tasks run asks for a grace period first:
 /// the lifeline's end then stops nothing. The next gateway connects to the socket, which is the
 /// lifeline from then on: its end (no grace period asked on it) stops everything, as the first
 /// lifeline's would have.
 #[test]
 fn a_lingering_supervisor_is_taken_over_through_its_socket() {
-    use opencode_mcp::opencode::supervisor::ATTACHED_LINE;
     let dir = tempfile::tempdir().expect("a directory");
     let socket = dir.path().join("s.sock");
     let (mut supervisor, mut lifeline, mut stderr, child, sleep) = supervised();
@@ -149,11 +166,7 @@ fn a_lingering_supervisor_is_taken_over_through_its_socket() {
 
     // Reached through the socket after its first lifeline is gone: it still runs, and so does
     // what it supervises.
-    let stream = std::os::unix::net::UnixStream::connect(&socket).expect("the socket answers");
-    let mut answers = BufReader::new(stream.try_clone().expect("a second handle"));
-    let mut line = String::new();
-    answers.read_line(&mut line).expect("the attach line");
-    assert_eq!(line.trim_end(), format!("{ATTACHED_LINE}{child}"));
+    let (stream, answers) = attach(&socket, child);
     assert!(
         alive(child) && alive(sleep),
         "the grace period stopped the work"
@@ -182,10 +195,7 @@ fn a_grace_period_ends_in_a_stop() {
     linger(&mut lifeline, &mut stderr, 3600, &socket);
     drop(lifeline);
 
-    let mut stream = std::os::unix::net::UnixStream::connect(&socket).expect("the socket answers");
-    let mut answers = BufReader::new(stream.try_clone().expect("a second handle"));
-    let mut line = String::new();
-    answers.read_line(&mut line).expect("the attach line");
+    let (mut stream, mut answers) = attach(&socket, child);
     const GRACE_SECS: u64 = 2;
     linger(&mut stream, &mut answers, GRACE_SECS, &socket);
     let cut = Instant::now();

@@ -1144,22 +1144,11 @@ impl HeldOnWorker {
             }))
             .await;
         let held = held["task_id"].as_str().expect("task_id").to_string();
-        let status = Self::running(rig, &held).await;
+        let status = rig.running(&held).await;
         assert_eq!(status["status"], "running", "{status}");
         let running = reaper.servers();
         assert_eq!(running.len(), 1, "the worker's OpenCode runs");
         (gate, held, running)
-    }
-
-    /// Its status once `running` (or after a minute).
-    async fn running(rig: &support::rig::Rig, id: &str) -> Value {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let mut status = rig.status(id).await;
-        while status["status"] != "running" && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            status = rig.status(id).await;
-        }
-        status
     }
 
     /// In the gateway now serving, adopted (not interrupted; its last recorded state may be
@@ -2188,7 +2177,7 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
         )
         .await;
     let again = again["task_id"].as_str().expect("task_id").to_string();
-    let status = HeldOnWorker::running(&rig, &again).await;
+    let status = rig.running(&again).await;
     assert_eq!(status["status"], "running", "{status}");
     let client = rig.client;
     let said = client.stderr_handle();

@@ -87,6 +87,17 @@ impl Rig {
         }
     }
 
+    /// Task `id`'s status once it is `running` (or after a minute, whatever it is then).
+    pub async fn running(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut status = self.status(id).await;
+        while status["status"] != "running" && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            status = self.status(id).await;
+        }
+        status
+    }
+
     /// SIGKILLs the gateway (no chance to clean up) and waits until it is gone.
     pub async fn kill_gateway(&self) {
         let pid = self.client.pid().expect("gateway pid");
