@@ -16,7 +16,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
 use crate::opencode::Server;
+use crate::tasks::error::TaskError;
+use crate::tasks::lifecycle::entry::TaskEntry;
+use crate::tasks::model::TaskSnapshot;
 use crate::tasks::store::registry::Registry;
 
 /// What runs when a turn's deadline passes: the task, its turn, and the `timeouts.task` the
@@ -54,9 +58,81 @@ pub struct TaskContext {
     pub capacity: Arc<crate::tasks::store::capacity::Capacity>,
     /// What runs when a turn's deadline passes ([`TaskContext::arm_deadline`]).
     pub on_deadline: OnDeadline,
+    /// `false` while the stored tasks are being loaded at start-up (`restore.rs` holds the
+    /// sender): every action that reads tasks waits for it ([`TaskContext::restored`]).
+    pub restored: tokio::sync::watch::Receiver<bool>,
 }
 
 impl TaskContext {
+    /// The configuration in force now (one snapshot: take it once per operation).
+    pub fn config(&self) -> Arc<Config> {
+        self.config.get()
+    }
+
+    /// Resolves once the stored tasks are loaded (at once when there is nothing to load).
+    pub async fn restored(&self) {
+        let mut rx = self.restored.clone();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    pub fn stall(&self) -> Duration {
+        self.config().timeouts.stall.get()
+    }
+
+    pub fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
+        self.registry
+            .get(task_id)
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
+    }
+
+    /// The task, to act on: another gateway's unfinished task (a view of its record) is
+    /// refused, naming that gateway, since only the gateway running a turn may change it.
+    pub fn own_entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
+        let entry = self.entry(task_id)?;
+        match entry.live.foreign {
+            None => Ok(entry),
+            Some(pid) => Err(TaskError::Conflict(format!(
+                "task {task_id} is run by another gateway (pid {pid}) sharing this state \
+                 directory; it is {}. Ask again once it finishes, or once that gateway exits \
+                 (this one then takes the task over)",
+                entry.rec.status().as_str()
+            ))),
+        }
+    }
+
+    /// The task as status reports it.
+    pub fn snapshot(
+        &self,
+        task_id: &str,
+        include_progress: bool,
+    ) -> Result<TaskSnapshot, TaskError> {
+        self.registry
+            .snapshots(&[task_id.to_string()], include_progress, self.stall())
+            .map_err(TaskError::UnknownTasks)?
+            .pop()
+            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
+    }
+
+    /// Whether the gateway with process id `pid` (a task record's owner) still runs; this one
+    /// does.
+    pub fn gateway_alive(&self, pid: u32) -> bool {
+        self.registry
+            .store()
+            .is_none_or(|store| store.owner_alive(pid))
+    }
+
+    /// Arms the deadline of a turn that starts now: `timeouts.task` as in force now.
+    pub fn arm_turn_deadline(
+        &self,
+        server: &Arc<Server>,
+        task_id: &str,
+        turn: u32,
+        after: Duration,
+    ) {
+        let limit = self.config().timeouts.task.get();
+        self.arm_deadline(server, task_id, turn, after, limit);
+    }
+
     /// Runs [`TaskContext::on_deadline`] `after` from now (the turn's `timeouts.task`) if the
     /// turn is still open then. `limit` is the `timeouts.task` the error message names (in force
     /// when the turn started). Arming again replaces the turn's timer; the turn's end stops it.
@@ -128,6 +204,7 @@ pub(super) mod fixtures {
             config: crate::config::LiveConfig::new(Arc::new(crate::gateway::test_config())),
             capacity: Default::default(),
             on_deadline: |_, _, _, _, _| Box::pin(async {}),
+            restored: tokio::sync::watch::channel(true).1,
         }
     }
 

@@ -111,7 +111,7 @@ impl TaskService {
     ) {
         tokio::spawn(housekeeping::housekeep(self.tracker.clone()));
         tokio::spawn(crate::tasks::placement::queue::drain_queue(Arc::downgrade(
-            self,
+            &self.placement,
         )));
         let Some(store) = self.registry.store().cloned() else {
             return;
@@ -145,15 +145,9 @@ impl TaskService {
                 this.adopt(adopt).await;
             }
             // What gateways now gone left running on workers that no task needs.
-            this.sweep_worker_serves().await;
+            this.placement.sweep_worker_serves().await;
             tokio::spawn(watch_owners(Arc::downgrade(&this), seen, foreign));
         });
-    }
-
-    /// Resolves once the stored tasks are loaded (at once when there is nothing to load).
-    pub(super) async fn restored(&self) {
-        let mut rx = self.restored.subscribe();
-        let _ = rx.wait_for(|done| *done).await;
     }
 
     /// Registers loaded records; returns the tasks to adopt, and the unfinished tasks of
@@ -177,7 +171,7 @@ impl TaskService {
                 Loaded::Whole(record) => *record,
                 Loaded::OnDisk(rest) => {
                     if let Some((key, fingerprint)) = rest.idempotency {
-                        self.bind_key(key, fingerprint, rest.id.clone());
+                        self.placement.bind_key(key, fingerprint, rest.id.clone());
                     }
                     self.registry.note_spend(&rest.id, rest.turn, rest.spend);
                     self.registry.restore_on_disk(
@@ -191,7 +185,7 @@ impl TaskService {
                 }
             };
             if let Some((key, fingerprint)) = record.idempotency.clone() {
-                self.bind_key(key, fingerprint, record.id.clone());
+                self.placement.bind_key(key, fingerprint, record.id.clone());
             }
             if record.status().is_terminal() {
                 let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
@@ -235,6 +229,7 @@ impl TaskService {
             .then(|| (record.worker().to_string(), record.owner_pid));
         // A managed server here that its gateway let run on for its tasks (it exited cleanly).
         let lingering = self
+            .placement
             .state_dir
             .as_deref()
             .filter(|_| record.managed && on_worker.is_none())
@@ -280,7 +275,8 @@ impl TaskService {
 
     /// The URL of the configured attached server, as records name it.
     fn attach_url(&self) -> Option<String> {
-        self.config()
+        self.tracker
+            .config()
             .opencode
             .url
             .as_deref()
@@ -309,8 +305,11 @@ impl TaskService {
             self.adopt_lingering(&server_id, ids).await;
         }
         for ((worker, owner), ids) in on_workers {
-            let reached = match self.remote_worker(&worker, crate::config::Isolation::Worktree) {
-                Ok(Some(w)) => self.reattach_worker(&w, owner).await,
+            let reached = match self
+                .placement
+                .remote_worker(&worker, crate::config::Isolation::Worktree)
+            {
+                Ok(Some(w)) => self.placement.reattach_worker(&w, owner).await,
                 Ok(None) => Err(super::error::TaskError::Conflict(
                     "not a remote worker".into(),
                 )),
@@ -331,8 +330,8 @@ impl TaskService {
             return;
         }
         let adopt = attached;
-        let server = match self.start_server(None, None).await {
-            Ok(info) => self.pool.get(&info.server_id),
+        let server = match self.placement.start_server(None, None).await {
+            Ok(info) => self.placement.pool.get(&info.server_id),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach the attached OpenCode to adopt unfinished tasks");
                 None
@@ -354,8 +353,8 @@ impl TaskService {
     /// `opencode::linger`) and hands them to it; if it cannot be reached, they end `failed`
     /// (`Interrupted`) as on a server that died with its gateway.
     async fn adopt_lingering(&self, server_id: &str, ids: Vec<String>) {
-        let taken = match self.pool.adopt_lingering(server_id).await {
-            Some(Ok(started)) => Ok(self.track(started)),
+        let taken = match self.placement.pool.adopt_lingering(server_id).await {
+            Some(Ok(started)) => Ok(self.placement.track(started)),
             Some(Err(e)) => Err(e.to_string()),
             None => Err("no gateway left it running".into()),
         };
@@ -384,7 +383,7 @@ impl TaskService {
 
     /// Hands `ids`, unfinished tasks of a gateway that is gone, to `server`, which runs them.
     async fn adopt_on(&self, server: &Arc<crate::opencode::Server>, ids: Vec<String>) {
-        let limit = self.config().timeouts.task.get();
+        let limit = self.tracker.config().timeouts.task.get();
         for id in ids {
             let Some((turn, elapsed, checking)) = self.registry.update(&id, |e| {
                 e.rec.server_id = server.id.clone();
@@ -401,7 +400,8 @@ impl TaskService {
             // passed while the gateway was down gets a deadline that fires now: it reads the
             // turn before it claims it, so a turn that finished in the meantime keeps its answer.
             if !checking {
-                self.arm_deadline(server, &id, turn, limit.saturating_sub(elapsed));
+                self.tracker
+                    .arm_turn_deadline(server, &id, turn, limit.saturating_sub(elapsed));
             }
             // What the turn spent while no gateway watched counts against its caps now, not
             // only from its next step on.
@@ -585,7 +585,7 @@ mod tests {
 
         let service = Arc::new(TaskService::new(Arc::new(config)));
         service.restore(async {});
-        service.restored().await;
+        service.tracker.restored().await;
         let in_memory: Vec<String> = service
             .registry
             .summaries()
@@ -595,7 +595,7 @@ mod tests {
         assert_eq!(in_memory, vec!["tsk_new".to_string()]);
         let spent = service.registry.spent_today();
         assert!((spent - 0.75).abs() < 1e-9, "spent today: {spent}");
-        let bound = service.key_slot("old-key");
+        let bound = service.placement.key_slot("old-key");
         let bound = bound.try_lock().expect("not in use").clone();
         assert_eq!(bound, Some((7, "tsk_old".to_string())));
         let old = service.registry.get("tsk_old").expect("read back by id");
@@ -613,7 +613,7 @@ mod tests {
             c
         })));
         again.restore(async {});
-        again.restored().await;
+        again.tracker.restored().await;
         let spent = again.registry.spent_today();
         assert!((spent - 0.75).abs() < 1e-9, "spent today: {spent}");
         let _ = std::fs::remove_dir_all(&dir);

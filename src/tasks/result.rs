@@ -10,6 +10,7 @@ use super::service::TaskService;
 use crate::tasks::lifecycle::turn::TurnState;
 use crate::tasks::turn::outcome;
 use crate::tasks::turn::outcome::Attempts;
+use crate::tasks::ResultView;
 
 /// Whether a result may ask OpenCode for the turn's changed files when they are not known yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,24 @@ pub enum Files {
 }
 
 impl TaskService {
+    /// The task's result, with its unified diff in place of the answer for `view: diff`.
+    pub async fn result_view(
+        &self,
+        task_id: &str,
+        view: ResultView,
+    ) -> Result<TaskResult, TaskError> {
+        let mut result = self.result(task_id).await?;
+        if view == ResultView::Diff {
+            let (diff, capped, stale) = self.placement.diff(task_id).await?;
+            result.total_chars = diff.chars().count() as u64;
+            result.text = diff;
+            result.text_capped = capped;
+            result.text_error = stale;
+            result.view = Some(ResultView::Diff);
+        }
+        Ok(result)
+    }
+
     /// The full result of the current turn, with the whole text (the caller pages it for its
     /// host). For an unfinished task it reports what is known so far, with the same status
     /// `get_task_status` gives. A finished turn whose messages cannot be read says so in
@@ -33,10 +52,10 @@ impl TaskService {
     /// (a wait returning at completion lists them if they are known already; the tracker reads
     /// them right after the turn ends).
     pub async fn result_with(&self, task_id: &str, files: Files) -> Result<TaskResult, TaskError> {
-        self.restored().await;
-        let mut entry = self.entry(task_id)?;
+        self.tracker.restored().await;
+        let mut entry = self.tracker.entry(task_id)?;
         let finished = entry.rec.status().is_terminal();
-        let known = self.pool.get(&entry.rec.server_id);
+        let known = self.placement.pool.get(&entry.rec.server_id);
         // Never read, nor tried: a read that failed recorded why.
         let unread = (entry.rec.outcome.is_none() && entry.rec.outcome_error.is_none())
             || (entry.rec.files_changed.is_none() && entry.rec.files_error.is_none());
@@ -48,7 +67,7 @@ impl TaskService {
             // session. A server that died under this gateway is left as it is, a stopped one
             // was read from as it stopped, and a wait (`IfKnown`) starts no server.
             None if known.is_none() && finished && unread && files == Files::Read => {
-                match self.server_in_use_for(&entry).await {
+                match self.placement.server_in_use_for(&entry).await {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::info!(task_id, error = %e, "no server to read a finished task's unread turn from");
@@ -80,7 +99,7 @@ impl TaskService {
                     }
                 } else {
                     // A running turn: what it has said so far.
-                    let max_chars = self.config().limits.max_result_chars as usize;
+                    let max_chars = self.tracker.config().limits.max_result_chars as usize;
                     if let Ok(partial) = outcome::read_turn(s, &entry.rec, max_chars).await {
                         entry.rec.outcome = Some(partial);
                     }
@@ -140,7 +159,7 @@ impl TaskService {
         }
         let total = outcome.text.chars().count() as u64;
         let workspace = match &entry.rec.workspace {
-            Some(w) => Some(self.workspace_view(w, &entry.rec.id).await),
+            Some(w) => Some(self.placement.workspace_view(w, &entry.rec.id).await),
             None => None,
         };
         // A structured task's value and errors are the finished round's only; its attempts show

@@ -12,9 +12,10 @@ use super::error::TaskError;
 use super::lifecycle::entry::TaskEntry;
 use super::lifecycle::phase::Phase;
 use super::model::{TaskSnapshot, TaskStatus};
+use super::placement::Placement;
 use super::resolve::{self, AgentCatalog};
 use crate::config::Config;
-use crate::opencode::{PermissionReply, Server, ServerPool};
+use crate::opencode::{PermissionReply, ServerPool};
 use crate::tasks::checks::structured;
 use crate::tasks::spend::usage::TaskSummary;
 use crate::tasks::store::disk::{self, Store};
@@ -41,34 +42,20 @@ pub struct ContinueTask {
 
 /// The tasks and the servers they run on.
 pub struct TaskService {
-    /// The configuration new calls and new tasks use: swapped whole by a reload
-    /// ([`TaskService::reconfigure`]); the lock is held only to clone the `Arc`. What a running
-    /// task needs (its deadline, its model) was taken from it when the task started, so a reload
-    /// never changes a task under way. The keys it cannot take at run time (the state directory,
-    /// the server settings the pool and tracker were built with) keep their running value: see
-    /// `config::RESTART_KEYS`.
-    config: crate::config::LiveConfig,
-    pub(super) pool: ServerPool,
-    pub(super) registry: Arc<Registry>,
+    /// What every room shares. Its configuration is the one new calls and new tasks use:
+    /// swapped whole by a reload ([`TaskService::reconfigure`]); the lock is held only to clone
+    /// the `Arc`. What a running task needs (its deadline, its model) was taken from it when
+    /// the task started, so a reload never changes a task under way. The keys it cannot take at
+    /// run time (the state directory, the server settings the pool and tracker were built with)
+    /// keep their running value: see `config::RESTART_KEYS`.
     pub(super) tracker: TaskContext,
-    /// `false` while stored tasks are being loaded at start-up.
+    pub(super) registry: Arc<Registry>,
+    /// Where tasks run and getting them there (`placement/`).
+    pub(super) placement: Arc<Placement>,
+    /// `false` while stored tasks are being loaded at start-up (the context holds the receiver).
     pub(super) restored: tokio::sync::watch::Sender<bool>,
-    /// `idempotency_key` -> its slot; starts with one key run one at a time.
-    pub(super) keys: std::sync::Mutex<
-        std::collections::HashMap<String, crate::tasks::placement::start::KeySlot>,
-    >,
-    /// The state directory (task worktrees live in its `worktrees/`), if there is one.
-    pub(super) state_dir: Option<std::path::PathBuf>,
-    /// Git operations that write (creating a worktree, apply, discard) run one at a time, so two
-    /// applies never merge against the same snapshot of the user's tree.
-    pub(super) git_lock: Arc<tokio::sync::RwLock<()>>,
     /// Epoch ms this service was created: where `opencode_usage`'s default period starts.
     pub started_ms: u64,
-    /// The remote workers' OpenCode servers, started on first use (`placement/remote.rs`).
-    pub(super) workers: crate::tasks::placement::links::WorkerServes,
-    /// Queued tasks being started now (`queue.rs`).
-    /// Held while the queue's length is checked and a task added, so `limits.queue` holds.
-    pub(super) enqueueing: std::sync::Mutex<()>,
 }
 
 impl TaskService {
@@ -93,13 +80,12 @@ impl TaskService {
             }
         };
         let registry = Arc::new(Registry::new(store));
-        let live = crate::config::LiveConfig::new(config.clone());
-        let git_lock = Arc::new(tokio::sync::RwLock::new(()));
+        let (restored, restored_rx) = tokio::sync::watch::channel(true);
         let tracker = TaskContext {
             worktrees: state_dir
                 .as_deref()
                 .map(crate::tasks::store::gc::worktrees_dir),
-            git_lock: git_lock.clone(),
+            git_lock: Default::default(),
             fetching: Default::default(),
             registry: registry.clone(),
             tail_chars: config.limits.progress_tail_chars as usize,
@@ -113,9 +99,10 @@ impl TaskService {
             finished_ttl: config.limits.finished_task_ttl.get(),
             checks: Default::default(),
             foreign: Default::default(),
-            config: live.clone(),
+            config: crate::config::LiveConfig::new(config.clone()),
             capacity: Default::default(),
             on_deadline: crate::tasks::tracking::abort::on_deadline,
+            restored: restored_rx,
         };
         let mut pool = ServerPool::new(config.clone());
         if let Some(dir) = &state_dir {
@@ -123,17 +110,11 @@ impl TaskService {
                 pool.publishing_credentials(dir, |pid| crate::tasks::store::owner::alive(dir, pid));
         }
         Self {
-            pool,
+            placement: Arc::new(Placement::new(tracker.clone(), pool, state_dir)),
             registry,
             tracker,
-            restored: tokio::sync::watch::Sender::new(true),
-            keys: Default::default(),
-            state_dir,
-            git_lock,
-            config: live,
+            restored,
             started_ms: super::lifecycle::record::epoch_ms(std::time::SystemTime::now()),
-            workers: Default::default(),
-            enqueueing: Default::default(),
         }
     }
 
@@ -142,7 +123,7 @@ impl TaskService {
     /// other gateways sharing it, since the store is what the report is about). Summaries, not
     /// records: a day of records must not be held at once (see [`TaskSummary`]).
     pub async fn summaries(&self) -> Vec<TaskSummary> {
-        self.restored().await;
+        self.tracker.restored().await;
         let mut all = Vec::new();
         if let Some(store) = self.registry.store().cloned() {
             // What was removed or changed in memory must be on disk before the directory is read.
@@ -169,22 +150,12 @@ impl TaskService {
 
     /// The configuration in force now (one snapshot: take it once per operation).
     pub fn config(&self) -> Arc<Config> {
-        self.config.get()
+        self.tracker.config()
     }
 
     /// Puts a reloaded configuration in force for new calls and new tasks.
     pub fn reconfigure(&self, config: Arc<Config>) {
-        self.config.set(config);
-    }
-
-    pub(super) fn stall(&self) -> Duration {
-        self.config().timeouts.stall.get()
-    }
-
-    pub(super) fn entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
-        self.registry
-            .get(task_id)
-            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
+        self.tracker.config.set(config);
     }
 
     /// The task's current turn (1 for the first prompt), if the task is known.
@@ -192,27 +163,10 @@ impl TaskService {
         self.registry.get(task_id).map(|e| e.rec.turn)
     }
 
-    /// The task, to act on: another gateway's unfinished task (a view of its record) is
-    /// refused, naming that gateway, since only the gateway running a turn may change it.
-    pub(super) fn own_entry(&self, task_id: &str) -> Result<TaskEntry, TaskError> {
-        let entry = self.entry(task_id)?;
-        match entry.live.foreign {
-            None => Ok(entry),
-            Some(pid) => Err(TaskError::Conflict(format!(
-                "task {task_id} is run by another gateway (pid {pid}) sharing this state \
-                 directory; it is {}. Ask again once it finishes, or once that gateway exits \
-                 (this one then takes the task over)",
-                entry.rec.status().as_str()
-            ))),
-        }
-    }
-
     /// Whether the gateway with process id `pid` (a task record's owner) still runs; this one
     /// does.
     pub fn gateway_alive(&self, pid: u32) -> bool {
-        self.registry
-            .store()
-            .is_none_or(|store| store.owner_alive(pid))
+        self.tracker.gateway_alive(pid)
     }
 
     /// Sends a follow-up in the same session. Refused while the task is still working: a prompt
@@ -221,8 +175,8 @@ impl TaskService {
     /// turn (a compare-and-set on the turn number under the registry lock); the other gets
     /// `conflict`.
     pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        let entry = self.own_entry(&req.task_id)?;
+        self.tracker.restored().await;
+        let entry = self.tracker.own_entry(&req.task_id)?;
         let still_running = |e: &TaskEntry| {
             TaskError::Conflict(format!(
                 "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
@@ -240,7 +194,7 @@ impl TaskService {
                 entry.rec.id
             )));
         }
-        let server = self.server_for_follow_up(&entry).await?;
+        let server = self.placement.server_for_follow_up(&entry).await?;
         let agent = req.agent.clone().or(entry.rec.agent.clone());
         let model = match req.model.as_deref() {
             Some(_) => {
@@ -320,7 +274,7 @@ impl TaskService {
             },
         )
         .await?;
-        self.snapshot(&entry.rec.id, false)
+        self.tracker.snapshot(&entry.rec.id, false)
     }
 
     /// Answers one permission ask the task waits on (its own, or one of its subagents'):
@@ -333,8 +287,8 @@ impl TaskService {
         ask_id: Option<&str>,
         reply: PermissionReply,
     ) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        let entry = self.own_entry(task_id)?;
+        self.tracker.restored().await;
+        let entry = self.tracker.own_entry(task_id)?;
         let pending = &entry.rec.permissions;
         if pending.is_empty() || entry.rec.status() != TaskStatus::WaitingPermission {
             return Err(TaskError::Conflict(format!(
@@ -368,14 +322,14 @@ impl TaskService {
                 )))
             }
         };
-        let server = self.server(&entry.rec.server_id)?;
+        let server = self.placement.server(&entry.rec.server_id)?;
         server
             .api
             .reply_permission(&entry.rec.directory, &ask.id, reply)
             .await?;
         self.registry
             .update(task_id, |e| e.permission_answered(&ask.id));
-        self.snapshot(task_id, false)
+        self.tracker.snapshot(task_id, false)
     }
 
     pub async fn status(
@@ -383,8 +337,8 @@ impl TaskService {
         task_id: &str,
         include_progress: bool,
     ) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        self.snapshot(task_id, include_progress)
+        self.tracker.restored().await;
+        self.tracker.snapshot(task_id, include_progress)
     }
 
     /// Waits (bounded) until every record change made so far is on disk. The gateway calls it
@@ -401,18 +355,6 @@ impl TaskService {
         }
     }
 
-    pub(super) fn snapshot(
-        &self,
-        task_id: &str,
-        include_progress: bool,
-    ) -> Result<TaskSnapshot, TaskError> {
-        self.registry
-            .snapshots(&[task_id.to_string()], include_progress, self.stall())
-            .map_err(TaskError::UnknownTasks)?
-            .pop()
-            .ok_or_else(|| TaskError::UnknownTasks(vec![task_id.to_string()]))
-    }
-
     /// Reads what is still unread of finished turns, stops every managed server, and waits for
     /// the task store's writer (used on shutdown).
     /// Puts every task record still queued on disk, waiting at most `timeout`: for an exit that
@@ -427,15 +369,20 @@ impl TaskService {
 
     pub async fn shutdown(&self) {
         let flushes = self
+            .placement
             .pool
             .all()
             .into_iter()
             .filter(|s| s.exited().is_none())
-            .map(|s| async move { self.flush_outcomes(&s, true, SHUTDOWN_FLUSH).await });
+            .map(|s| async move {
+                self.placement
+                    .flush_outcomes(&s, true, SHUTDOWN_FLUSH)
+                    .await
+            });
         futures::future::join_all(flushes).await;
-        self.let_local_serves_linger().await;
-        self.pool.stop_all().await;
-        self.stop_worker_serves().await;
+        self.placement.let_local_serves_linger().await;
+        self.placement.pool.stop_all().await;
+        self.placement.stop_worker_serves().await;
         // Stopping failed the tasks still running; those records, like any still queued, must
         // be on disk before the process exits.
         if let Some(store) = self.registry.store() {
@@ -447,54 +394,9 @@ impl TaskService {
 }
 
 impl TaskService {
-    /// Lets each managed server on this machine that still runs tasks outlive this gateway for
-    /// `limits.linger` (a host's reconnect or update ends the gateway while tasks run), for the
-    /// next gateway on this state directory to take over, as a worker's OpenCode does. One that
-    /// cannot linger is stopped with the rest, and its tasks end as before.
-    async fn let_local_serves_linger(&self) {
-        let lingers = self
-            .pool
-            .all()
-            .into_iter()
-            .filter(|s| s.process.is_some() && s.worker.is_none() && s.exited().is_none())
-            .filter_map(|s| self.linger_for(&s.id).map(|(grace, tasks)| (s, grace, tasks)))
-            .map(|(s, grace, tasks)| async move {
-                match self.pool.let_linger(&s.id, grace).await {
-                    Ok(()) => tracing::info!(server_id = %s.id, tasks, ?grace, "the OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
-                    Err(e) => tracing::warn!(server_id = %s.id, error = %e, "cannot let the OpenCode run on for its tasks; stopping it"),
-                }
-            });
-        futures::future::join_all(lingers).await;
-    }
-
-    /// How long an OpenCode may run on for its unfinished tasks on `server_id` once this gateway
-    /// is gone, and how many those are; `None` when there are none or `limits.linger` is 0.
-    /// It is `limits.linger`, but never past the last of their open turns' deadlines
-    /// (`timeouts.task`): no gateway enforces a deadline meanwhile, so this bounds what an agent
-    /// can spend unwatched. A held turn (its answer under check) has no deadline of its own.
-    pub(in crate::tasks) fn linger_for(&self, server_id: &str) -> Option<(Duration, usize)> {
-        let config = self.config();
-        let (grace, limit) = (config.limits.linger.get(), config.timeouts.task.get());
-        if grace.is_zero() {
-            return None;
-        }
-        let ids = self
-            .registry
-            .ids_where(|e| e.rec.server_id == server_id && !e.rec.status().is_terminal());
-        let last = ids
-            .iter()
-            .filter_map(|id| self.registry.get(id))
-            .map(|e| match e.rec.is_held() {
-                true => grace,
-                false => limit.saturating_sub(e.live.turn_started.elapsed()),
-            })
-            .max()?;
-        Some((grace.min(last.max(Duration::from_secs(1))), ids.len()))
-    }
-
     /// What a server offers, and what each configured tier resolves to there (`list_agents`).
     pub async fn list_agents(&self, server_id: &str) -> Result<AgentCatalog, TaskError> {
-        let server = self.server(server_id)?;
+        let server = self.placement.server(server_id)?;
         resolve::catalog(&server, &self.config()).await
     }
 
@@ -502,15 +404,15 @@ impl TaskService {
     /// idempotent on finished tasks. The gateway answers only once its record says so on disk
     /// ([`Self::reported`]): a gateway killed right after must not bring it back running.
     pub async fn cancel(&self, task_id: &str) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
-        let entry = self.own_entry(task_id)?;
+        self.tracker.restored().await;
+        let entry = self.tracker.own_entry(task_id)?;
         if entry.rec.status().is_terminal() {
-            return self.snapshot(task_id, false);
+            return self.tracker.snapshot(task_id, false);
         }
         if matches!(entry.phase(), Phase::Queued | Phase::Starting) {
-            return self.cancel_queued(task_id).await;
+            return self.placement.cancel_queued(task_id).await;
         }
-        let server = self.server(&entry.rec.server_id)?;
+        let server = self.placement.server(&entry.rec.server_id)?;
         let finished = crate::tasks::tracking::abort::abort_turn(
             &self.tracker,
             &server,
@@ -524,20 +426,69 @@ impl TaskService {
         if let Some(turn) = finished {
             outcome::spawn_outcome(&self.tracker, &server, task_id.to_string(), turn);
         }
-        self.snapshot(task_id, false)
+        self.tracker.snapshot(task_id, false)
+    }
+}
+
+/// Placement's jobs the gateway asks for, through the facade (see `placement/`).
+impl TaskService {
+    /// Takes room for `new` starts at once (`fan_out`): see [`Placement::reserve`].
+    pub fn reserve(
+        &self,
+        worker: Option<&str>,
+        isolation: crate::config::Isolation,
+        tier: Option<&str>,
+        new: usize,
+    ) -> Result<Vec<crate::tasks::Slots>, TaskError> {
+        self.placement.reserve(worker, isolation, tier, new)
     }
 
-    /// Aborts the turn `after` from now (its `timeouts.task` deadline) if it is still running then.
-    pub(super) fn arm_deadline(
+    /// Starts a task: see [`Placement::start_with`].
+    pub async fn start(&self, req: crate::tasks::StartTask) -> Result<TaskSnapshot, TaskError> {
+        self.placement.start(req).await
+    }
+
+    /// Starts a task in room already taken (`room`, one slot), or taking its own.
+    pub async fn start_with(
         &self,
-        server: &Arc<Server>,
-        task_id: &str,
-        turn: u32,
-        after: Duration,
-    ) {
-        let limit = self.config().timeouts.task.get();
-        self.tracker
-            .arm_deadline(server, task_id, turn, after, limit);
+        req: crate::tasks::StartTask,
+        room: Option<crate::tasks::Slots>,
+    ) -> Result<TaskSnapshot, TaskError> {
+        self.placement.start_with(req, room).await
+    }
+
+    /// Frees the idempotency key of a task whose start is being undone.
+    pub async fn release_key(&self, task_id: &str) {
+        self.placement.release_key(task_id).await
+    }
+
+    pub async fn start_server(
+        &self,
+        port: Option<u16>,
+        directory: Option<String>,
+    ) -> Result<crate::opencode::ServerInfo, TaskError> {
+        self.placement.start_server(port, directory).await
+    }
+
+    pub fn default_server_id(&self) -> Option<String> {
+        self.placement.default_server_id()
+    }
+
+    pub async fn stop_server(
+        &self,
+        server_id: &str,
+    ) -> Result<crate::opencode::StopInfo, TaskError> {
+        self.placement.stop_server(server_id).await
+    }
+
+    /// Applies a settled task's worktree to the user's tree: see [`Placement::apply`].
+    pub async fn apply(&self, task_id: &str) -> Result<crate::tasks::ApplyOutcome, TaskError> {
+        self.placement.apply(task_id).await
+    }
+
+    /// Removes a settled task's worktree: see [`Placement::discard`].
+    pub async fn discard(&self, task_id: &str) -> Result<crate::tasks::DiscardOutcome, TaskError> {
+        self.placement.discard(task_id).await
     }
 }
 
@@ -569,16 +520,26 @@ mod tests {
         store
             .flush_blocking(std::time::Duration::from_secs(10))
             .expect("written");
-        let seen = service.entry("tsk_theirs").expect("read from its record");
+        let seen = service
+            .tracker
+            .entry("tsk_theirs")
+            .expect("read from its record");
         assert_eq!(seen.live.foreign, Some(1));
         assert_eq!(seen.rec.status(), TaskStatus::Running);
-        let refused = service.own_entry("tsk_theirs").expect_err("refused");
+        let refused = service
+            .tracker
+            .own_entry("tsk_theirs")
+            .expect_err("refused");
         assert!(
             refused.to_string().contains("another gateway (pid 1)"),
             "{refused}"
         );
         assert_eq!(
-            service.snapshot("tsk_theirs", false).map(|s| s.status).ok(),
+            service
+                .tracker
+                .snapshot("tsk_theirs", false)
+                .map(|s| s.status)
+                .ok(),
             Some(TaskStatus::Running)
         );
         rec.finish_for_test(TaskStatus::Completed, None);
@@ -587,7 +548,7 @@ mod tests {
             .flush_blocking(std::time::Duration::from_secs(10))
             .expect("written");
         assert!(
-            service.own_entry("tsk_theirs").is_ok(),
+            service.tracker.own_entry("tsk_theirs").is_ok(),
             "finished: ours to act on"
         );
         let _ = std::fs::remove_dir_all(&dir);
@@ -622,19 +583,23 @@ mod tests {
                 .insert(crate::tasks::lifecycle::entry::TaskEntry::from_record(rec));
         };
         let service = service_with(600, 3600);
-        assert_eq!(service.linger_for("srv"), None, "no task");
+        assert_eq!(service.placement.linger_for("srv"), None, "no task");
         running(&service, "tsk_done", TaskStatus::Completed);
-        assert_eq!(service.linger_for("srv"), None, "only a finished one");
+        assert_eq!(
+            service.placement.linger_for("srv"),
+            None,
+            "only a finished one"
+        );
         running(&service, "tsk_open", TaskStatus::Running);
         assert_eq!(
-            service.linger_for("srv"),
+            service.placement.linger_for("srv"),
             Some((Duration::from_secs(600), 1))
         );
-        assert_eq!(service.linger_for("srv_other"), None);
+        assert_eq!(service.placement.linger_for("srv_other"), None);
 
         let service = service_with(600, 120);
         running(&service, "tsk_open", TaskStatus::Running);
-        let (grace, tasks) = service.linger_for("srv").expect("lingers");
+        let (grace, tasks) = service.placement.linger_for("srv").expect("lingers");
         assert_eq!(tasks, 1);
         assert!(
             grace <= Duration::from_secs(120) && grace > Duration::from_secs(100),
@@ -643,6 +608,6 @@ mod tests {
 
         let service = service_with(0, 3600);
         running(&service, "tsk_open", TaskStatus::Running);
-        assert_eq!(service.linger_for("srv"), None, "linger 0 is off");
+        assert_eq!(service.placement.linger_for("srv"), None, "linger 0 is off");
     }
 }

@@ -28,7 +28,7 @@ impl TaskService {
         {
             return Ok(ids);
         }
-        self.restored().await;
+        self.tracker.restored().await;
         let mut out = Vec::with_capacity(ids.len());
         let mut unknown = Vec::new();
         for id in ids {
@@ -70,7 +70,7 @@ impl TaskService {
         include_progress: bool,
         on_asks: bool,
     ) -> Result<WaitOutcome, TaskError> {
-        self.restored().await;
+        self.tracker.restored().await;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut changes = self.registry.subscribe();
         loop {
@@ -91,7 +91,7 @@ impl TaskService {
             if may_be_done || may_be_asking || expired {
                 let tasks = self
                     .registry
-                    .snapshots(task_ids, include_progress, self.stall())
+                    .snapshots(task_ids, include_progress, self.tracker.stall())
                     .map_err(TaskError::UnknownTasks)?;
                 let (finished, unfinished): (Vec<_>, Vec<_>) =
                     tasks.iter().partition(|t| t.status.is_terminal());

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use super::links::WorkerServes;
 use super::start::{default_title, StartTask};
+use super::Placement;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
 use crate::tasks::lifecycle::phase::Phase;
 use crate::tasks::lifecycle::record::{start_failed, TaskRecord};
 use crate::tasks::model::{TaskSnapshot, TaskStatus};
-use crate::tasks::service::TaskService;
 
 /// The drainer's pace: at least this long between passes, at most this long without one.
 const DRAIN_PAUSE: Duration = Duration::from_millis(100);
@@ -32,7 +32,7 @@ const DRAIN_EVERY: Duration = Duration::from_secs(1);
 /// How long a queued start waits for its record to reach the disk.
 const QUEUED_DURABLE: Duration = Duration::from_secs(5);
 
-impl TaskService {
+impl Placement {
     /// Queues `req` (refused with `why`, the refusal of its slot, when the queue is off or
     /// full); `directory` is where it will run, resolved now. Answers at once with the task's
     /// id, status `queued` and its place, once its record is on disk: a queued task lives only
@@ -45,7 +45,7 @@ impl TaskService {
         idempotency: Option<(String, u64)>,
         why: String,
     ) -> Result<TaskSnapshot, TaskError> {
-        let bound = self.config().limits.queue as usize;
+        let bound = self.tracker.config().limits.queue as usize;
         if bound == 0 {
             return Err(TaskError::LimitExceeded(why));
         }
@@ -86,7 +86,7 @@ impl TaskService {
             }
         }
         tracing::info!(task_id, "every slot is taken; the task is queued");
-        self.snapshot(&task_id, false)
+        self.tracker.snapshot(&task_id, false)
     }
 
     /// Starts every queued task that has room now, oldest first (see the module comment).
@@ -186,7 +186,7 @@ impl TaskService {
 
     /// Worker `w` is out of reach, and has been for less than its `lost_after`.
     fn briefly_down(&self, w: &str) -> bool {
-        let lost_after = crate::workers::lost_after(&self.config(), w);
+        let lost_after = crate::workers::lost_after(&self.tracker.config(), w);
         self.workers
             .down_since(w)
             .is_some_and(|d| d.since.elapsed() < lost_after)
@@ -247,12 +247,12 @@ impl TaskService {
                 tracing::warn!(task_id = id, error = %e, "a cancelled queued task's record may not be on disk yet");
             }
         }
-        self.snapshot(id, false)
+        self.tracker.snapshot(id, false)
     }
 }
 
-/// Runs the queue for the service's life (see the module comment).
-pub(in crate::tasks) async fn drain_queue(service: Weak<TaskService>) {
+/// Runs the queue for the gateway's life (see the module comment).
+pub(in crate::tasks) async fn drain_queue(service: Weak<Placement>) {
     let Some(mut changes) = service.upgrade().map(|s| s.registry.subscribe()) else {
         return;
     };
@@ -264,7 +264,7 @@ pub(in crate::tasks) async fn drain_queue(service: Weak<TaskService>) {
         let Some(this) = service.upgrade() else {
             return;
         };
-        if this.config().limits.queue > 0 || !this.registry.queued().is_empty() {
+        if this.tracker.config().limits.queue > 0 || !this.registry.queued().is_empty() {
             this.drain().await;
         }
         drop(this);

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::links::{Link, WorkerServes};
+use super::Placement;
 use crate::config::{Isolation, LOCAL_WORKER};
 use crate::git::{self, Base};
 use crate::opencode::Server;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
-use crate::tasks::service::TaskService;
 use crate::tasks::turn::fetch::{self, remote_of};
 use crate::workers::sandbox::{self, WorkerShell};
 use crate::workers::serve::{RemoteServe, Saved, ServeError};
@@ -39,7 +39,7 @@ pub(in crate::tasks) struct Named {
     pub remote: Remote,
 }
 
-impl TaskService {
+impl Placement {
     /// The remote worker `name` of the configuration in force, for a task with `isolation`;
     /// `None` for this machine (`local`). An unknown name, and a task that cannot run remotely
     /// (isolation `none`: it would work in a directory of this machine), are refused.
@@ -51,7 +51,7 @@ impl TaskService {
         if name == LOCAL_WORKER {
             return Ok(None);
         }
-        let config = self.config();
+        let config = self.tracker.config();
         let known = workers::from_config(&config);
         let Some(remote) = known
             .iter()
@@ -105,7 +105,7 @@ impl TaskService {
                 ),
             }));
         }
-        let config = self.config();
+        let config = self.tracker.config();
         let within = config.timeouts.server_start.get();
         // The confining shell goes there first: OpenCode is started with it as its shell. A
         // worker that cannot confine (and whose user did not let it run unconfined) starts
@@ -181,7 +181,7 @@ impl TaskService {
     /// if it stays out of reach past `workers.<name>.lost_after`, or its OpenCode is gone, the
     /// tasks that were running there fail `WorkerLost`, naming the worker.
     fn supervise(&self, w: &Named, server: &Arc<Server>) {
-        let config = self.config();
+        let config = self.tracker.config();
         let watch = Supervision {
             worker: Named {
                 name: w.name.clone(),
@@ -228,7 +228,7 @@ impl TaskService {
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
             .map_err(|e| lost(format!("{} ({e})", path.display())))?;
-        let config = self.config();
+        let config = self.tracker.config();
         let within = config.timeouts.server_start.get();
         let serve = RemoteServe::reattach(&w.name, &w.remote, &saved, within, None).await?;
         // Its shell was fixed when it started: its tasks are confined if it has the script
@@ -274,7 +274,7 @@ impl TaskService {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return;
         };
-        let config = self.config();
+        let config = self.tracker.config();
         for path in entries.filter_map(|e| Some(e.ok()?.path())) {
             let Some(saved) = std::fs::read(&path)
                 .ok()
@@ -282,7 +282,9 @@ impl TaskService {
             else {
                 continue;
             };
-            if saved.gateway_pid == std::process::id() || self.gateway_alive(saved.gateway_pid) {
+            if saved.gateway_pid == std::process::id()
+                || self.tracker.gateway_alive(saved.gateway_pid)
+            {
                 continue;
             }
             let Some(remote) = workers::remote(&config, &saved.worker) else {
@@ -405,7 +407,7 @@ impl TaskService {
         w: &WorkspaceRecord,
         r: &RemoteWorkspace,
     ) -> Result<(), TaskError> {
-        let remote = remote_of(&self.config(), &r.worker)?;
+        let remote = remote_of(&self.tracker.config(), &r.worker)?;
         repo::discard(
             &r.worker,
             &remote,

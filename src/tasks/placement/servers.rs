@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::tasks::service::TaskService;
+use super::Placement;
 
 use crate::config::Isolation;
 use crate::opencode::{OpencodeError, Server, ServerInfo, StopInfo};
@@ -18,7 +18,7 @@ use crate::tasks::turn::outcome;
 /// How long `stop_server` waits for what is unread of its finished turns.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
 
-impl TaskService {
+impl Placement {
     pub(in crate::tasks) fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
         let server = self
             .pool
@@ -225,5 +225,50 @@ impl TaskService {
         {
             tracing::warn!(server_id = %server.id, "some finished turns' outcomes could not be read before the server stopped");
         }
+    }
+
+    /// Lets each managed server on this machine that still runs tasks outlive this gateway for
+    /// `limits.linger` (a host's reconnect or update ends the gateway while tasks run), for the
+    /// next gateway on this state directory to take over, as a worker's OpenCode does. One that
+    /// cannot linger is stopped with the rest, and its tasks end as before.
+    pub(in crate::tasks) async fn let_local_serves_linger(&self) {
+        let lingers = self
+            .pool
+            .all()
+            .into_iter()
+            .filter(|s| s.process.is_some() && s.worker.is_none() && s.exited().is_none())
+            .filter_map(|s| self.linger_for(&s.id).map(|(grace, tasks)| (s, grace, tasks)))
+            .map(|(s, grace, tasks)| async move {
+                match self.pool.let_linger(&s.id, grace).await {
+                    Ok(()) => tracing::info!(server_id = %s.id, tasks, ?grace, "the OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
+                    Err(e) => tracing::warn!(server_id = %s.id, error = %e, "cannot let the OpenCode run on for its tasks; stopping it"),
+                }
+            });
+        futures::future::join_all(lingers).await;
+    }
+
+    /// How long an OpenCode may run on for its unfinished tasks on `server_id` once this gateway
+    /// is gone, and how many those are; `None` when there are none or `limits.linger` is 0.
+    /// It is `limits.linger`, but never past the last of their open turns' deadlines
+    /// (`timeouts.task`): no gateway enforces a deadline meanwhile, so this bounds what an agent
+    /// can spend unwatched. A held turn (its answer under check) has no deadline of its own.
+    pub(in crate::tasks) fn linger_for(&self, server_id: &str) -> Option<(Duration, usize)> {
+        let config = self.tracker.config();
+        let (grace, limit) = (config.limits.linger.get(), config.timeouts.task.get());
+        if grace.is_zero() {
+            return None;
+        }
+        let ids = self
+            .registry
+            .ids_where(|e| e.rec.server_id == server_id && !e.rec.status().is_terminal());
+        let last = ids
+            .iter()
+            .filter_map(|id| self.registry.get(id))
+            .map(|e| match e.rec.is_held() {
+                true => grace,
+                false => limit.saturating_sub(e.live.turn_started.elapsed()),
+            })
+            .max()?;
+        Some((grace.min(last.max(Duration::from_secs(1))), ids.len()))
     }
 }

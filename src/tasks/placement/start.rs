@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::tasks::service::TaskService;
+use super::Placement;
 use crate::tasks::turn::confine::{admit, forced_rules};
 
 use crate::config::Budget;
@@ -114,13 +114,13 @@ pub(in crate::tasks) type KeySlot = Arc<tokio::sync::Mutex<Option<(u64, String)>
 /// How many idempotency keys accumulate between prunes of those that stand for nothing.
 pub(in crate::tasks) const KEYS_PRUNE_AT: usize = 1024;
 
-impl TaskService {
+impl Placement {
     /// Takes room for `new` more unfinished tasks, one slot each, on `worker` when the call
     /// names one, else on this machine first and then on the remote workers with free slots
     /// (only for tasks that can run remotely: `isolation` worktree); refuses when the workers
     /// have too few free slots between them (see `capacity.rs`). Finished tasks never count:
     /// they leave memory and stay readable from disk. `fan_out` takes room for all its targets
-    /// at once and hands one slot to each of its starts ([`TaskService::start_with`]).
+    /// at once and hands one slot to each of its starts ([`Placement::start_with`]).
     ///
     /// A worker that declares `tiers` is given only tasks of those tiers (`tier`; `None`: the
     /// task names none, or the tasks of a fan-out differ).
@@ -131,7 +131,7 @@ impl TaskService {
         tier: Option<&str>,
         new: usize,
     ) -> Result<Vec<Slots>, TaskError> {
-        let config = self.config();
+        let config = self.tracker.config();
         let places = match worker {
             Some(name) => {
                 self.remote_worker(name, isolation)?;
@@ -158,13 +158,13 @@ impl TaskService {
         self.start_with(req, None).await
     }
 
-    /// [`TaskService::start`] in room already taken (`room`, one slot), or taking its own.
+    /// [`Placement::start`] in room already taken (`room`, one slot), or taking its own.
     pub async fn start_with(
         &self,
         req: StartTask,
         room: Option<Slots>,
     ) -> Result<TaskSnapshot, TaskError> {
-        self.restored().await;
+        self.tracker.restored().await;
         let Some(key) = req.idempotency_key.clone() else {
             return self.start_new(req, None, room, None).await;
         };
@@ -178,7 +178,7 @@ impl TaskService {
                      use a new key for a new task"
                 )));
             }
-            if let Ok(snapshot) = self.snapshot(task_id, false) {
+            if let Ok(snapshot) = self.tracker.snapshot(task_id, false) {
                 return Ok(snapshot);
             }
             // The task it started has expired: the key starts anew.
@@ -246,14 +246,14 @@ impl TaskService {
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         }
         let checks = crate::tasks::checks::commands::commands_for(
-            &self.config(),
+            &self.tracker.config(),
             req.tier.as_deref(),
             &req.checks,
         )
         .map_err(TaskError::InvalidArgument)?;
         let local = self.server(&req.server_id)?;
-        let budget = caps::caps(&self.config(), req.tier.as_deref(), req.budget)?;
-        caps::within_daily_cap(&self.config(), self.registry.spent_today())?;
+        let budget = caps::caps(&self.tracker.config(), req.tier.as_deref(), req.budget)?;
+        caps::within_daily_cap(&self.tracker.config(), self.registry.spent_today())?;
         let directory = match req.directory.clone() {
             Some(d) => resolve_directory(Some(d))?,
             None => local.directory.clone(),
@@ -287,7 +287,7 @@ impl TaskService {
             variant,
             price,
         } = resolve::choose(
-            &self.config(),
+            &self.tracker.config(),
             &server,
             if worker.is_some() {
                 &server.directory
@@ -326,7 +326,7 @@ impl TaskService {
         let root = workspace
             .as_ref()
             .map_or(directory.as_str(), |(w, _)| w.path.as_str());
-        let opt_out = crate::sandbox::tier_opt_out(&self.config(), req.tier.as_deref());
+        let opt_out = crate::sandbox::tier_opt_out(&self.tracker.config(), req.tier.as_deref());
         let confinement = match admit(&server, root, opt_out).await {
             Ok(confinement) => confinement,
             Err(e) => {
@@ -335,7 +335,7 @@ impl TaskService {
                 return Err(e);
             }
         };
-        let forced = forced_rules(&self.config(), &server);
+        let forced = forced_rules(&self.tracker.config(), &server);
         let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
             Err(e) => {
@@ -409,8 +409,9 @@ impl TaskService {
                 .await;
             return Err(e.into());
         }
-        self.arm_deadline(&server, &task_id, 1, self.config().timeouts.task.get());
-        self.snapshot(&task_id, false)
+        let limit = self.tracker.config().timeouts.task.get();
+        self.tracker.arm_turn_deadline(&server, &task_id, 1, limit);
+        self.tracker.snapshot(&task_id, false)
     }
 }
 
@@ -438,15 +439,22 @@ mod tests {
         let mut config = crate::gateway::test_config();
         let dir = std::env::temp_dir().join(format!("ocm-keys-{}", crate::ids::task_id()));
         config.state_dir = Some(dir.display().to_string());
-        let service = TaskService::new(Arc::new(config));
+        let service = crate::tasks::TaskService::new(Arc::new(config));
         for i in 0..KEYS_PRUNE_AT {
-            service.bind_key(format!("key-{i}"), 1, format!("tsk_gone_{i}"));
+            service
+                .placement
+                .bind_key(format!("key-{i}"), 1, format!("tsk_gone_{i}"));
         }
-        let held = service.key_slot("key-0");
+        let held = service.placement.key_slot("key-0");
         let guard = held.try_lock().expect("not in use");
-        let _new = service.key_slot("another");
+        let _new = service.placement.key_slot("another");
         drop(guard);
-        let left = service.keys.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let left = service
+            .placement
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len();
         assert!(left <= 2, "{left} keys left");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -463,7 +471,7 @@ mod tests {
             "local:\n  max_tasks: 1\ncheap:\n  ssh: cheap\n  max_tasks: 2\n  tiers: [fast]\nany:\n  ssh: any\n  max_tasks: 1\n",
         )
         .expect("workers");
-        let service = TaskService::new(Arc::new(config));
+        let service = crate::tasks::TaskService::new(Arc::new(config));
         let take = |tier: Option<&str>, isolation| {
             service
                 .reserve(None, isolation, tier, 1)

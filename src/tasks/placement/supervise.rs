@@ -16,7 +16,7 @@ const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 /// Between attempts to reach a worker again: doubling from the first, up to the last.
 const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
 
-/// What watches one worker's connection ([`TaskService::supervise`]).
+/// What watches one worker's connection ([`Placement::supervise`](super::Placement::supervise)).
 pub(super) struct Supervision {
     pub(super) worker: Named,
     pub(super) slot: Arc<tokio::sync::Mutex<Option<Link>>>,

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::Placement;
 use crate::git::{self, Base, DiffFile};
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::TaskEntry;
 use crate::tasks::lifecycle::record::WorkspaceRecord;
-use crate::tasks::model::{ResultView, TaskResult, Workspace};
-use crate::tasks::service::TaskService;
+use crate::tasks::model::Workspace;
 use crate::tasks::turn::fetch;
 
 /// What `apply_task` did.
@@ -49,7 +49,7 @@ pub struct DiscardOutcome {
 /// The longest a read of a remote task's work (its result, its diff) waits on its worker.
 const VIEW_FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-impl TaskService {
+impl Placement {
     /// Where worktrees and the temporary indexes of snapshots go.
     pub(in crate::tasks) fn worktrees_dir(&self) -> Result<PathBuf, TaskError> {
         self.state_dir
@@ -173,51 +173,44 @@ impl TaskService {
         Ok((shared, worktree.read(&scratch).await?))
     }
 
-    /// The task's result, with its unified diff in place of the answer for `view: diff`.
-    pub async fn result_view(
+    /// The task's work as a unified diff against its base, capped at
+    /// `limits.max_result_chars`: the diff, whether it was capped, and why it may be stale (a
+    /// remote task's work that could not be fetched back just now).
+    pub(in crate::tasks) async fn diff(
         &self,
         task_id: &str,
-        view: ResultView,
-    ) -> Result<TaskResult, TaskError> {
-        let mut result = self.result(task_id).await?;
-        if view == ResultView::Diff {
-            let entry = self.own_entry(task_id)?;
-            let w = workspace_of(&entry)?;
-            if w.discarded {
-                return Err(discarded(task_id));
-            }
-            let max_chars = self.config().limits.max_result_chars as usize;
-            let mut stale = None;
-            let (diff, capped) = if w.remote.is_some() {
-                let (w, tip, why) = self.fetched(task_id, w).await?;
-                stale = why;
-                let _shared = self.git_lock.read().await;
-                let origin = git::Repo::at(Path::new(&w.origin));
-                git::unified(
-                    &origin,
-                    &w.base,
-                    tip.as_deref().unwrap_or(&w.base),
-                    max_chars,
-                )
-                .await?
-            } else {
-                let (_shared, now) = self.current_tree(w).await?;
-                git::unified(now.repo(), &w.base, &now.tree, max_chars).await?
-            };
-            result.total_chars = diff.chars().count() as u64;
-            result.text = diff;
-            result.text_capped = capped;
-            result.text_error = stale;
-            result.view = Some(ResultView::Diff);
+    ) -> Result<(String, bool, Option<String>), TaskError> {
+        let entry = self.tracker.own_entry(task_id)?;
+        let w = workspace_of(&entry)?;
+        if w.discarded {
+            return Err(discarded(task_id));
         }
-        Ok(result)
+        let max_chars = self.tracker.config().limits.max_result_chars as usize;
+        let mut stale = None;
+        let (diff, capped) = if w.remote.is_some() {
+            let (w, tip, why) = self.fetched(task_id, w).await?;
+            stale = why;
+            let _shared = self.git_lock.read().await;
+            let origin = git::Repo::at(Path::new(&w.origin));
+            git::unified(
+                &origin,
+                &w.base,
+                tip.as_deref().unwrap_or(&w.base),
+                max_chars,
+            )
+            .await?
+        } else {
+            let (_shared, now) = self.current_tree(w).await?;
+            git::unified(now.repo(), &w.base, &now.tree, max_chars).await?
+        };
+        Ok((diff, capped, stale))
     }
 
     /// Merges the task's change (everything since its base, or since the last apply) into the
     /// working tree it was branched from. On a conflict nothing there changes (`conflict`, naming
     /// the files). Applying what is already applied changes nothing.
     pub async fn apply(&self, task_id: &str) -> Result<ApplyOutcome, TaskError> {
-        self.restored().await;
+        self.tracker.restored().await;
         let scratch = self.worktrees_dir()?;
         // A remote task's work is brought back first (a fetch takes the git lock itself).
         if self.settled(task_id, "apply").is_ok() {
@@ -271,7 +264,7 @@ impl TaskService {
 
     /// Removes the task's worktree and its branch. Discarding twice is discarding once.
     pub async fn discard(&self, task_id: &str) -> Result<DiscardOutcome, TaskError> {
-        self.restored().await;
+        self.tracker.restored().await;
         let _one_at_a_time = self.git_lock.write().await;
         let entry = self.settled(task_id, "discard")?;
         let w = workspace_of(&entry)?.clone();
@@ -345,7 +338,7 @@ impl TaskService {
 
     /// The task, refused (`conflict`) while its agent may still write to the worktree.
     fn settled(&self, task_id: &str, what: &str) -> Result<TaskEntry, TaskError> {
-        let entry = self.own_entry(task_id)?;
+        let entry = self.tracker.own_entry(task_id)?;
         if !entry.is_settled() {
             return Err(TaskError::Conflict(format!(
                 "task {task_id} is still {}: its agent may still be writing; wait for it \
