@@ -306,7 +306,7 @@ fn stored_records(
     who: &str,
 ) -> Option<(
     config::Config,
-    Vec<opencode_mcp::tasks::spend::usage::TaskSummary>,
+    Vec<opencode_mcp::tasks::store::usage::TaskSummary>,
 )> {
     let cfg = match load_config(sources) {
         Ok(cfg) => cfg,
@@ -347,7 +347,7 @@ fn print_json<T: serde::Serialize>(who: &str, value: &T) -> ExitCode {
 
 /// `usage`: the report goes to stdout (a table, or JSON with `--json`).
 fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
-    use opencode_mcp::tasks::{epoch_ms, spend::usage};
+    use opencode_mcp::tasks::{epoch_ms, store::usage};
     const WHO: &str = "opencode-mcp usage";
     let now = epoch_ms(std::time::SystemTime::now());
     let since_ms = match since.map(|s| s.trim().parse::<config::HumanDuration>()) {
@@ -373,7 +373,7 @@ fn usage(sources: &Sources, since: Option<&str>, json: bool) -> ExitCode {
 
 /// `tasks`: the list goes to stdout (a table, or JSON with `--json`).
 fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
-    use opencode_mcp::tasks::{epoch_ms, spend::usage, TaskStatus};
+    use opencode_mcp::tasks::{epoch_ms, store::usage, TaskStatus};
     const WHO: &str = "opencode-mcp tasks";
     let status = match status {
         None => None,

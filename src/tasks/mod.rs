@@ -10,16 +10,16 @@
 //! |---|---|
 //! | `model/` | the shapes status, wait and result report (also the tools' output schemas) |
 //! | `error.rs`, `resolve.rs` | the task actions' error vocabulary; agents, models and tiers resolved against the live server |
+//! | `spend/` | money, and the only room that writes it: what a record keeps of a task's spend (`spent`: earlier turns, segments per tier and model, the host turn's earlier rounds), the open turn's spending and the ledger's hook (`spending`), a task's caps and the day's (`caps`), the day's spend on disk (`ledger`) |
 //! | `lifecycle/` | the one state word (`phase`), a turn's state machine (`turn`, pure) and its stream (`stream`), the durable record (`record`, with `held` and `live` beside it), and `entry`: the record moved only by named transitions. No other room can write a status |
-//! | `spend/` | money: a task's caps and the day's cap (`caps`), the day's spend on disk (`ledger`), the usage report and task list (`usage`, pure) |
-//! | `store/` | what is kept: the tasks in memory under one lock (`registry`), their expiry (`expiry`), the records on disk (`disk`, `read`, `writer`), the state directory's owner (`owner`), slots per worker (`capacity`), worktrees that outlive their records (`gc`) |
+//! | `store/` | what is kept: the tasks in memory under one lock (`registry`), their expiry (`expiry`), the records on disk (`disk`, `read`, `writer`), the state directory's owner (`owner`), slots per worker (`capacity`), worktrees that outlive their records (`gc`), the usage report and task list over records (`usage`, pure) |
 //! | `context.rs` | what every behaviour room shares: the registry, the configuration in force, the limits, the deadline's timer, a task read as status shows it |
 //! | `turn/` | a turn's end read (`outcome`: the one sequence after every end), a remote task's work fetched back (`fetch`), a turn's confinement (`confine`), the next turn opened (`follow`) |
 //! | `checks/` | the gateway's own verdicts before a waiter sees a turn: `hold` (the one place a held turn settles), `structured`, `commands` (and `run`), `escalation` |
 //! | `tracking/` | a running turn followed: `tracker` (events in), `completion`, `budget`, `asks`, `abort` |
 //! | `placement/` | where a task runs and getting it there, one `Placement` the service holds: `start`, `queue`, `servers`, `remote` (and `supervise`, `links`), `workspace` |
-//! | `housekeeping.rs`, `restore.rs` | eviction and expiry for the gateway as a whole; tasks a previous gateway left, adopted |
-//! | `service.rs` | the facade the gateway's tool handlers call; `result.rs` and `wait.rs` read through it |
+//! | `housekeeping.rs` | eviction and expiry for the gateway as a whole |
+//! | `service.rs` | the facade the gateway's tool handlers call, its larger jobs beside it: `restore.rs` (tasks a previous gateway left, adopted), `result.rs`, `wait.rs` |
 
 pub mod checks;
 mod context;
@@ -39,7 +39,7 @@ mod turn;
 mod wait;
 
 pub use error::TaskError;
-pub use lifecycle::record::{epoch_ms, GroupMember, TaskRecord};
+pub use lifecycle::record::{GroupMember, TaskRecord};
 pub use model::*;
 pub use placement::start::{default_title, StartTask};
 pub use placement::workspace::{ApplyOutcome, DiscardOutcome};
@@ -60,8 +60,8 @@ mod tests {
         &["model"],
         &["error"],
         &["resolve"],
-        &["lifecycle"],
         &["spend"],
+        &["lifecycle"],
         &["store"],
         &["context"],
         &["turn"],

@@ -85,7 +85,7 @@ fn day_spend(record: &TaskRecord, now: u64) -> f64 {
     }
     let turn = record.outcome.as_ref().map_or(0.0, |o| o.cost);
     let earlier = if record.started_ms() / DAY_MS == today {
-        record.earlier.cost
+        record.spend.earlier().cost
     } else {
         0.0
     };
@@ -126,7 +126,7 @@ impl TaskService {
             after.await;
             let (memory_ttl, disk_ttl) = (this.tracker.memory_ttl, this.tracker.finished_ttl);
             let loaded = tokio::task::spawn_blocking(move || {
-                let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
+                let now = super::model::epoch_ms(std::time::SystemTime::now());
                 store.load_each(|record| Loaded::sort(record, now, memory_ttl, disk_ttl))
             })
             .await;
@@ -188,7 +188,7 @@ impl TaskService {
                 self.placement.bind_key(key, fingerprint, record.id.clone());
             }
             if record.status().is_terminal() {
-                let now = super::lifecycle::record::epoch_ms(std::time::SystemTime::now());
+                let now = super::model::epoch_ms(std::time::SystemTime::now());
                 self.registry
                     .note_spend(&record.id, record.turn, day_spend(&record, now));
                 self.registry.restore(TaskEntry::from_record(record));
@@ -500,8 +500,8 @@ impl TaskService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::lifecycle::record::epoch_ms;
     use crate::tasks::lifecycle::turn::TurnState;
+    use crate::tasks::model::epoch_ms;
 
     const DAY_MS: u64 = 24 * 60 * 60 * 1000;
 

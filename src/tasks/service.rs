@@ -17,9 +17,9 @@ use super::resolve::{self, AgentCatalog};
 use crate::config::Config;
 use crate::opencode::{PermissionReply, ServerPool};
 use crate::tasks::checks::structured;
-use crate::tasks::spend::usage::TaskSummary;
 use crate::tasks::store::disk::{self, Store};
 use crate::tasks::store::registry::Registry;
+use crate::tasks::store::usage::TaskSummary;
 use crate::tasks::turn::follow::{open_turn, Follows};
 use crate::tasks::turn::outcome;
 
@@ -114,7 +114,7 @@ impl TaskService {
             registry,
             tracker,
             restored,
-            started_ms: super::lifecycle::record::epoch_ms(std::time::SystemTime::now()),
+            started_ms: super::model::epoch_ms(std::time::SystemTime::now()),
         }
     }
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ActionSpec, Ctx};
 use crate::gateway::error::ToolError;
-use crate::tasks::spend::usage::{self, TaskLine};
+use crate::tasks::store::usage::{self, TaskLine};
 use crate::tasks::{epoch_ms, TaskStatus};
 
 /// Most tasks one call lists.

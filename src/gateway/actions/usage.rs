@@ -9,7 +9,7 @@ use super::{ActionSpec, Ctx};
 use crate::config::HumanDuration;
 use crate::gateway::error::ToolError;
 use crate::tasks::epoch_ms;
-use crate::tasks::spend::usage::{self, UsageReport};
+use crate::tasks::store::usage::{self, UsageReport};
 
 /// Arguments of `usage`.
 #[derive(Debug, Deserialize, JsonSchema)]

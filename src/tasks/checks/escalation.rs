@@ -157,7 +157,7 @@ async fn next_model(config: &Config, server: &Server, rec: &TaskRecord) -> Optio
 /// Records the move of the task to `next` as the turn after `turn` opens (called under the
 /// registry lock by the turn's `prepare`, so a turn that cannot be sent leaves no record of it).
 pub(in crate::tasks) fn record_move(e: &mut TaskEntry, next: NextModel, why: String, turn: u32) {
-    e.rec.leaving = Some((e.rec.tier.clone(), e.rec.model.clone()));
+    e.rec.spend.leave(e.rec.tier.clone(), e.rec.model.clone());
     e.rec.escalations.push(Escalation {
         from: e.rec.tier.clone().unwrap_or_default(),
         to: next.tier.clone(),
@@ -265,6 +265,7 @@ pub async fn settle_outage(ctx: &TaskContext, server: &Arc<Server>, task_id: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::spend::spent::TaskSpend;
 
     fn config() -> Config {
         let mut c = crate::gateway::test_config();
@@ -295,13 +296,13 @@ mod tests {
             max_tokens: Some(5000),
         });
         assert_eq!(next.spent_past(&e), None);
-        e.rec.spent_before = (0.3, 10);
+        e.rec.spend = TaskSpend::with(Default::default(), Vec::new(), (0.3, 10));
         let why = next.spent_past(&e).expect("the tier's cap is spent");
         assert!(
             why.contains(&strong) && why.contains("max_cost_usd"),
             "{why}"
         );
-        e.rec.spent_before = (0.1, 10);
+        e.rec.spend = TaskSpend::with(Default::default(), Vec::new(), (0.1, 10));
         record_move(&mut e, next, "checks still fail".into(), 1);
         let caps = e.rec.budget.expect("caps");
         assert_eq!(caps.max_cost_usd, Some(0.25), "tightened to the tier's");
@@ -332,17 +333,20 @@ mod tests {
         assert!(e.hold(Held::Checks, None));
         let before = e.clone();
         record_move(&mut e, next, "checks still fail".into(), 1);
-        assert!(e.rec.segments.is_empty(), "not before the turn opens");
+        assert!(
+            e.rec.spend.segments().is_empty(),
+            "not before the turn opens"
+        );
         e.begin_correction(1, "msg_2".into(), None, Some("p/strong".into()))
             .expect("a held turn opens a correction");
-        assert_eq!(e.rec.segments.len(), 1, "{:?}", e.rec.segments);
-        let s = &e.rec.segments[0];
+        assert_eq!(e.rec.spend.segments().len(), 1, "{:?}", e.rec.spend);
+        let s = &e.rec.spend.segments()[0];
         assert_eq!(
             (s.tier.as_deref(), s.model.as_deref(), s.spent.cost),
             (Some(c.tiers[0].name.as_str()), Some("p/fast"), 0.5)
         );
         // A turn that could not be sent is undone whole: no segment is left behind.
-        assert!(before.rec.segments.is_empty() && before.rec.leaving.is_none());
+        assert!(before.rec.spend.segments().is_empty() && !before.rec.spend.is_leaving());
     }
 
     #[test]

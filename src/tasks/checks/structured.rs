@@ -647,7 +647,13 @@ mod tests {
             .expect("a held turn opens a correction");
         let s = e.rec.structured.as_ref().expect("state");
         assert_eq!(s.checking, None);
-        assert_eq!((e.rec.earlier.tokens.input, e.rec.earlier.cost), (100, 0.5));
+        assert_eq!(
+            (
+                e.rec.spend.earlier().tokens.input,
+                e.rec.spend.earlier().cost
+            ),
+            (100, 0.5)
+        );
         // A host's follow-up starts a new round under the same schema.
         let mut s = s.clone();
         s.record(StructuredAttempt {

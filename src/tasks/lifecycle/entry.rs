@@ -98,7 +98,8 @@ impl TaskEntry {
         // now on is new. A task of yesterday read back today (for an apply, say) must not count
         // toward today.
         let mut entry = Self { rec, live };
-        entry.live.ledgered = turn_spend(&entry);
+        let read = entry.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+        entry.live.spending.ledgered_already(read);
         entry
     }
 
@@ -135,13 +136,19 @@ impl TaskEntry {
             matches!(self.rec.phase(), Phase::Starting | Phase::Finished),
             "begin_turn",
         )?;
-        self.open(user_message_id, agent, model);
-        self.rec.spent_before = (0.0, 0);
+        self.open(user_message_id, agent, model, (0.0, 0));
         Ok(())
     }
 
-    fn open(&mut self, user_message_id: String, agent: Option<String>, model: Option<String>) {
-        self.rec.begin_turn(user_message_id, agent, model);
+    fn open(
+        &mut self,
+        user_message_id: String,
+        agent: Option<String>,
+        model: Option<String>,
+        rounds_before: (f64, u64),
+    ) {
+        self.rec
+            .begin_turn(user_message_id, agent, model, rounds_before);
         self.stop_deadline();
         self.live = Live::new(Instant::now());
     }
@@ -178,29 +185,20 @@ impl TaskEntry {
             c.fixed_messages.push(self.rec.user_message_id.clone());
         }
         let before = self.budget_spend();
-        self.open(user_message_id, agent, model);
-        self.rec.spent_before = before;
+        self.open(user_message_id, agent, model, before);
         Ok(())
     }
 
     /// What the host's turn has spent against its caps: this round and the earlier ones.
     pub fn budget_spend(&self) -> (f64, u64) {
-        let (usd, tokens) = self.live.spending.total();
-        let (usd_before, tokens_before) = self.rec.spent_before;
-        (usd + usd_before, tokens.saturating_add(tokens_before))
+        self.rec.spend.for_caps(&self.live.spending)
     }
 
     /// Why no further round of this host turn may be sent (a structured answer's correction, a
     /// checks' fix round): its caps are reached, and a round would be stopped at its first step.
     pub fn caps_reached(&self) -> Option<String> {
         let (usd, tokens) = self.budget_spend();
-        let b = self.rec.budget.as_ref()?;
-        let reached = b.max_cost_usd.is_some_and(|cap| usd >= cap)
-            || b.max_tokens.is_some_and(|cap| tokens >= cap);
-        reached.then(|| {
-            b.passed_by(usd, tokens)
-                .unwrap_or_else(|| format!("it reached its caps (${usd:.4}, {tokens} tokens)"))
-        })
+        crate::tasks::spend::caps::reached(self.rec.budget.as_ref()?, usd, tokens)
     }
 
     /// Ends the current turn's deadline timer, if one is armed.
@@ -495,7 +493,7 @@ impl TaskEntry {
                 .map(|o| o.cost),
             turn_started_ms: r.turn_started_ms,
             updated_ms: r.finished_ms.unwrap_or_else(|| {
-                let now = super::record::epoch_ms(std::time::SystemTime::now());
+                let now = super::super::model::epoch_ms(std::time::SystemTime::now());
                 let since = u64::try_from(self.live.last_event.elapsed().as_millis()).unwrap_or(0);
                 now.saturating_sub(since).max(r.turn_started_ms)
             }),
@@ -516,14 +514,6 @@ impl TaskEntry {
             tail.drain(..cut);
         }
     }
-}
-
-/// What the task's current turn has spent so far: as streamed (its session and its
-/// subagents'), or, if more, as read over HTTP once it ended.
-pub(in crate::tasks) fn turn_spend(e: &TaskEntry) -> f64 {
-    let streamed = e.live.spending.total().0;
-    let read = e.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
-    streamed.max(read)
 }
 
 /// What a waiter can observe (a change wakes them).

@@ -5,7 +5,7 @@ use super::super::model::RetryInfo;
 use super::stream::StreamedTurn;
 use super::turn::ReplySeen;
 use crate::opencode::ErrorInfo;
-use crate::opencode::Tokens;
+use crate::tasks::spend::spending::Spending;
 use std::collections::HashMap;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ pub struct Live {
     pub latest_reply: Option<ReplySeen>,
     /// The turn's messages as the event stream showed them (see `stream.rs`).
     pub streamed: StreamedTurn,
-    /// What the turn has spent so far, from the stream (see `spend/caps.rs`).
+    /// What the turn has spent so far, from the stream (see `spend/spending.rs`).
     pub spending: Spending,
     pub current_tool: Option<(String, Option<String>)>,
     pub text_tail: String,
@@ -47,8 +47,6 @@ pub struct Live {
     /// Set on a view of another live gateway's unfinished task read from its record (see
     /// [`Registry::get`]): its owner's pid. Such a view is never held in memory nor changed.
     pub foreign: Option<u32>,
-    /// The turn's spend as last written to the day's ledger.
-    pub ledgered: f64,
 }
 
 /// What the gateway knows of one pending permission ask beyond the record.
@@ -90,51 +88,6 @@ impl Live {
             asks: HashMap::new(),
             unfinished: None,
             foreign: None,
-            ledgered: 0.0,
         }
     }
-}
-
-/// What the current turn has spent so far, per assistant message (its own session's and its
-/// subagents'), as the newest `message.updated` of each reported it.
-#[derive(Debug, Clone, Default)]
-pub struct Spending {
-    by_message: HashMap<String, (f64, u64)>,
-}
-
-impl Spending {
-    /// Notes the cost and tokens a message reports now. A message's figures only grow (OpenCode
-    /// updates them at each step's end), and the stream and a read over HTTP may see it at
-    /// different moments: the larger of what was seen counts.
-    pub fn note(&mut self, message_id: &str, cost: f64, tokens: &Tokens) {
-        let cost = if cost.is_finite() && cost > 0.0 {
-            cost
-        } else {
-            0.0
-        };
-        let seen = self
-            .by_message
-            .entry(message_id.to_string())
-            .or_insert((0.0, 0));
-        seen.0 = seen.0.max(cost);
-        seen.1 = seen.1.max(total_tokens(tokens));
-    }
-
-    /// USD and tokens so far.
-    pub fn total(&self) -> (f64, u64) {
-        self.by_message
-            .values()
-            .fold((0.0, 0u64), |(c, t), (mc, mt)| {
-                (c + mc, t.saturating_add(*mt))
-            })
-    }
-}
-
-/// Every token a message used, as the caps count them.
-pub fn total_tokens(t: &Tokens) -> u64 {
-    t.input
-        .saturating_add(t.output)
-        .saturating_add(t.reasoning)
-        .saturating_add(t.cache_read)
-        .saturating_add(t.cache_write)
 }

@@ -6,18 +6,15 @@
 //! newer gateway reads an older gateway's records, and unknown fields are ignored so that an
 //! older gateway can still read a newer one's.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::super::model::{TaskStatus, Workspace};
+use super::super::model::{epoch_ms, TaskStatus, Workspace};
 use super::phase::Phase;
 use super::turn::TurnState;
-use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens};
-
-fn is_nothing_spent(spent: &(f64, u64)) -> bool {
-    spent.0 == 0.0 && spent.1 == 0
-}
+use crate::opencode::{ErrorInfo, FileChange, PermissionAsk};
+use crate::tasks::spend::spent::TaskSpend;
 
 pub use super::held::{ChecksState, StructuredState};
 
@@ -69,12 +66,6 @@ pub struct TaskRecord {
     /// The provider failure a turn held for another model ([`Phase::HeldOutage`]) is held with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     outage: Option<ErrorInfo>,
-    /// What the earlier rounds of this host turn spent, USD and tokens (a structured answer's
-    /// corrections and the checks' fix rounds are turns of their own, but one request of the
-    /// host): the caps hold for the host's turn as a whole. Saved, so a restart between rounds
-    /// still counts them.
-    #[serde(default, skip_serializing_if = "is_nothing_spent")]
-    pub(in crate::tasks) spent_before: (f64, u64),
     /// A queued task's start request (`service::StartTask`, as JSON), until it starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<serde_json::Value>,
@@ -119,10 +110,6 @@ pub struct TaskRecord {
     /// models), so its answer is shown beside the others'; absent for a task started alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupMember>,
-    /// What the task's turns before the current one spent: a new turn replaces `outcome`, so
-    /// their tokens, cost and time are kept here for the usage report.
-    #[serde(default, skip_serializing_if = "Spent::is_empty")]
-    pub earlier: Spent,
     /// The `output_schema` of a structured task, its checked answers and where the check stands
     /// (see `structured.rs`); absent for other tasks and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,17 +122,10 @@ pub struct TaskRecord {
     /// or its `escalate_to` tier after failing checks or a provider error (oldest first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<super::super::model::Escalation>,
-    /// What the task spent on each tier and model it left (one per escalation, in order), so
-    /// the usage report counts each model's share under its own tier and model; the rest of
-    /// `earlier` and the current turn are the current tier's.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub segments: Vec<Segment>,
-    /// The tier and model the task is leaving, set by a move to another model just before the
-    /// turn on the new one opens: that opening closes their segment, in the same change, so a
-    /// turn that cannot be sent (its change undone) leaves no segment, and no restart comes
-    /// between the two.
-    #[serde(skip)]
-    pub leaving: Option<(Option<String>, Option<String>)>,
+    /// What the task spent: its earlier turns, the tiers and models it left, the host turn's
+    /// earlier rounds (the fields keep their names on disk). Only `spend/` writes it.
+    #[serde(flatten)]
+    pub spend: TaskSpend,
     /// The caps each turn of the task may spend up to (`limits`, its tier's and its start
     /// call's, the lowest of each); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,59 +142,6 @@ pub struct TaskRecord {
     /// records written before the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::sandbox::Confinement>,
-}
-
-/// Tokens, cost and wall time of finished turns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Spent {
-    #[serde(default)]
-    pub tokens: Tokens,
-    #[serde(default)]
-    pub cost: f64,
-    #[serde(default)]
-    pub wall_ms: u64,
-}
-
-impl Spent {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// Takes away `other`, saturating at zero.
-    pub fn minus(mut self, other: &Spent) -> Spent {
-        self.tokens.sub(&other.tokens);
-        self.cost = (self.cost - other.cost).max(0.0);
-        self.wall_ms = self.wall_ms.saturating_sub(other.wall_ms);
-        self
-    }
-
-    pub fn plus(mut self, other: &Spent) -> Spent {
-        self.tokens.add(&other.tokens);
-        self.cost += other.cost;
-        self.wall_ms = self.wall_ms.saturating_add(other.wall_ms);
-        self
-    }
-}
-
-/// What a task spent on one tier and model before it moved to another.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Segment {
-    pub tier: Option<String>,
-    pub model: Option<String>,
-    pub spent: Spent,
-}
-
-impl TaskRecord {
-    /// Closes the spend of the tier and model the task just left (`tier`, `model`), once the
-    /// turn on the next one began: what `earlier` holds beyond the segments closed before.
-    fn close_segment(&mut self, tier: Option<String>, model: Option<String>) {
-        let before = self
-            .segments
-            .iter()
-            .fold(Spent::default(), |acc, s| acc.plus(&s.spent));
-        let spent = self.earlier.minus(&before);
-        self.segments.push(Segment { tier, model, spent });
-    }
 }
 
 /// A task's place in a fan-out group.
@@ -305,7 +232,6 @@ impl TaskRecord {
             status: TaskStatus::Pending,
             phase: Some(Phase::Starting),
             outage: None,
-            spent_before: (0.0, 0),
             queued: None,
             error: None,
             permissions: Vec::new(),
@@ -322,12 +248,10 @@ impl TaskRecord {
             checks: None,
             escalations: Vec::new(),
             confinement: None,
-            segments: Vec::new(),
-            leaving: None,
             budget: None,
             variant: None,
             price: None,
-            earlier: Spent::default(),
+            spend: TaskSpend::default(),
         }
     }
 
@@ -377,25 +301,24 @@ impl TaskRecord {
     }
 
     /// Opens a new turn: everything about the previous one is cleared, but what it spent is
-    /// added to [`TaskRecord::earlier`].
+    /// added to the task's spend ([`TaskSpend::open_turn`]); `rounds_before` is what the host
+    /// turn's earlier rounds spent.
     pub(in crate::tasks::lifecycle) fn begin_turn(
         &mut self,
         user_message_id: String,
         agent: Option<String>,
         model: Option<String>,
+        rounds_before: (f64, u64),
     ) {
         let now = epoch_ms(SystemTime::now());
-        if self.turn > 0 {
-            if let Some(o) = &self.outcome {
-                self.earlier.tokens.add(&o.tokens);
-                self.earlier.cost += o.cost;
-            }
+        let finished = (self.turn > 0).then(|| {
             let end = self.finished_ms.unwrap_or(now);
-            self.earlier.wall_ms += end.saturating_sub(self.turn_started_ms);
-        }
-        if let Some((tier, model)) = self.leaving.take() {
-            self.close_segment(tier, model);
-        }
+            (
+                self.outcome.as_ref().map(|o| (&o.tokens, o.cost)),
+                end.saturating_sub(self.turn_started_ms),
+            )
+        });
+        self.spend.open_turn(finished, rounds_before);
         self.turn += 1;
         self.note_message_id(&user_message_id);
         self.user_message_id = user_message_id;
@@ -515,12 +438,6 @@ pub fn requested_if_other(asked: Option<&str>, answered: Option<&str>) -> Option
     (answered.is_some_and(|a| a != asked)).then(|| asked.to_string())
 }
 
-pub fn epoch_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// A worktree as status and results show it (its diff is read when asked for).
 impl Workspace {
     pub fn from_record(w: &WorkspaceRecord) -> Self {
@@ -599,7 +516,7 @@ impl TaskRecord {
         agent: Option<String>,
         model: Option<String>,
     ) {
-        self.begin_turn(user_message_id, agent, model);
+        self.begin_turn(user_message_id, agent, model, (0.0, 0));
     }
 
     pub fn finish_for_test(&mut self, status: TaskStatus, error: Option<ErrorInfo>) {
@@ -626,7 +543,7 @@ mod tests {
             "/w".into(),
             "x".into(),
         );
-        r.begin_turn("msg_1".into(), None, None);
+        r.begin_turn("msg_1".into(), None, None, (0.0, 0));
         r
     }
 
@@ -647,10 +564,13 @@ mod tests {
         outcome.tokens.input = 120;
         outcome.cost = 0.25;
         r.outcome = Some(outcome);
-        r.begin_turn("msg_2".into(), None, None);
+        r.begin_turn("msg_2".into(), None, None, (0.0, 0));
         assert_eq!(r.turn, 2);
         assert!(r.outcome.is_none());
-        assert_eq!((r.earlier.tokens.input, r.earlier.cost), (120, 0.25));
+        assert_eq!(
+            (r.spend.earlier().tokens.input, r.spend.earlier().cost),
+            (120, 0.25)
+        );
         assert_eq!(r.status, TaskStatus::Pending);
         assert!(r.error.is_none() && r.finished_ms.is_none() && r.outcome_error.is_none());
         assert_eq!(r.newest_message_id.as_deref(), Some("msg_2"));
@@ -723,5 +643,39 @@ mod tests {
         assert!(again.get("permission").is_none());
         let r2: TaskRecord = serde_json::from_value(again).expect("loads");
         assert_eq!(r2.permissions, r.permissions);
+    }
+
+    /// The spend a record keeps sits beside its other fields, under the names records had
+    /// before it was one value: records written by older gateways read the same, and older
+    /// gateways read ours.
+    #[test]
+    fn a_records_spend_keeps_its_names_on_disk() {
+        let mut rec = serde_json::to_value(TaskRecord::new(
+            "tsk_a".into(),
+            "srv".into(),
+            "ses".into(),
+            "/w".into(),
+            "t".into(),
+        ))
+        .expect("record");
+        assert!(rec.get("spend").is_none() && rec.get("earlier").is_none());
+        rec["earlier"] = serde_json::json!({"cost": 0.5, "wall_ms": 7});
+        rec["segments"] =
+            serde_json::json!([{"tier": "fast", "model": "p/m", "spent": {"cost": 0.25}}]);
+        rec["spent_before"] = serde_json::json!([0.125, 40]);
+        let r: TaskRecord = serde_json::from_value(rec).expect("loads");
+        assert_eq!(
+            (r.spend.earlier().cost, r.spend.earlier().wall_ms),
+            (0.5, 7)
+        );
+        assert_eq!(r.spend.segments()[0].tier.as_deref(), Some("fast"));
+        let caps = r
+            .spend
+            .for_caps(&crate::tasks::spend::spending::Spending::default());
+        assert_eq!(caps, (0.125, 40));
+        let again = serde_json::to_value(&r).expect("json");
+        assert_eq!(again["earlier"]["cost"], 0.5);
+        assert_eq!(again["segments"][0]["spent"]["cost"], 0.25);
+        assert_eq!(again["spent_before"], serde_json::json!([0.125, 40]));
     }
 }

@@ -12,6 +12,14 @@ use crate::opencode::{ErrorInfo, FileChange, PermissionAsk, Tokens, ToolCall};
 pub(crate) mod checks;
 pub use checks::{CheckResult, ChecksStatus, ChecksView, Escalation};
 
+/// Milliseconds since the Unix epoch: how every time a task reports or keeps is stamped (0 for
+/// a clock set before 1970).
+pub fn epoch_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// The one status vocabulary every tool uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

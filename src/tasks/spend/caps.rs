@@ -92,7 +92,7 @@ pub(in crate::tasks) fn within_daily_cap(config: &Config, spent: f64) -> Result<
     if spent < cap {
         return Ok(());
     }
-    let now = crate::tasks::lifecycle::record::epoch_ms(std::time::SystemTime::now());
+    let now = crate::tasks::model::epoch_ms(std::time::SystemTime::now());
     let left = std::time::Duration::from_secs(tomorrow.saturating_sub(now) / 60_000 * 60);
     Err(TaskError::BudgetExceeded(format!(
         "today's recorded spend, ${spent:.4}, reached limits.max_cost_usd_per_day (${cap}): \
@@ -102,11 +102,22 @@ pub(in crate::tasks) fn within_daily_cap(config: &Config, spent: f64) -> Result<
     )))
 }
 
+/// Why no further round of a host turn may be sent (a structured answer's correction, a checks'
+/// fix round) once it has spent `usd` and `tokens` under `budget`: a cap is reached, and a
+/// round would be stopped at its first step.
+pub fn reached(budget: &Budget, usd: f64, tokens: u64) -> Option<String> {
+    let reached = budget.max_cost_usd.is_some_and(|cap| usd >= cap)
+        || budget.max_tokens.is_some_and(|cap| tokens >= cap);
+    reached.then(|| {
+        budget
+            .passed_by(usd, tokens)
+            .unwrap_or_else(|| format!("it reached its caps (${usd:.4}, {tokens} tokens)"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::opencode::Tokens;
-    use crate::tasks::lifecycle::live::Spending;
 
     fn config(limit: Option<f64>, tier: Option<f64>) -> Config {
         let mut c = crate::gateway::test_config();
@@ -160,23 +171,12 @@ mod tests {
         );
     }
 
+    /// Passing a cap stops a turn; reaching one stops the next round from being sent.
     #[test]
-    fn spending_sums_the_newest_report_of_each_message() {
-        let mut s = Spending::default();
-        let tokens = |n| Tokens {
-            input: n,
-            output: 1,
-            ..Tokens::default()
-        };
-        s.note("msg_1", 0.25, &tokens(10));
-        s.note("msg_1", 0.5, &tokens(20));
-        // An older view of the same message (read over HTTP before the stream's) lowers nothing.
-        s.note("msg_1", 0.25, &tokens(10));
-        s.note("msg_2", f64::NAN, &tokens(5));
-        assert_eq!(s.total(), (0.5, 27));
+    fn a_cap_is_passed_above_it_and_reached_at_it() {
         let cap = Budget {
             max_cost_usd: Some(0.4),
-            max_tokens: None,
+            max_tokens: Some(100),
         };
         let why = cap.passed_by(0.5, 27).expect("over");
         assert!(why.contains("max_cost_usd"), "{why}");
@@ -184,5 +184,12 @@ mod tests {
             cap.passed_by(0.4, 27).is_none(),
             "reaching a cap is not passing it"
         );
+        assert!(reached(&cap, 0.4, 27).is_some(), "the cost cap is reached");
+        assert!(
+            reached(&cap, 0.1, 100).is_some(),
+            "the token cap is reached"
+        );
+        assert_eq!(reached(&cap, 0.1, 99), None);
+        assert_eq!(reached(&Budget::default(), 9.0, 9_999), None, "no caps");
     }
 }

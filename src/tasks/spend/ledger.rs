@@ -101,8 +101,7 @@ impl Ledger {
     /// The day's state, started over when the UTC day changed.
     fn today(&self) -> std::sync::MutexGuard<'_, Day> {
         let mut day = self.day.lock().unwrap_or_else(|p| p.into_inner());
-        let number =
-            crate::tasks::lifecycle::record::epoch_ms(std::time::SystemTime::now()) / DAY_MS;
+        let number = crate::tasks::model::epoch_ms(std::time::SystemTime::now()) / DAY_MS;
         if day.number != number {
             *day = Day {
                 number,
@@ -215,7 +214,7 @@ mod tests {
         two.observe("tsk_a", 1, 0.5);
         assert_eq!(one.spent_today(), 0.75);
         let file = one
-            .file(crate::tasks::lifecycle::record::epoch_ms(std::time::SystemTime::now()) / DAY_MS)
+            .file(crate::tasks::model::epoch_ms(std::time::SystemTime::now()) / DAY_MS)
             .expect("a file");
         append(&file, b"not a line\ntsk_c 1 0.125\ntsk_d 1 0.0").expect("append");
         assert_eq!(two.spent_today(), 0.875, "the torn line is not read yet");

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::owner::OwnerLock;
 use crate::tasks::lifecycle::record::TaskRecord;
 use crate::tasks::model::TaskStatus;
-use crate::tasks::spend::usage::TaskSummary;
+use crate::tasks::store::usage::TaskSummary;
 
 use super::read::{read_dir_records, read_record, record_path, ReadError};
 pub use super::read::{read_stored, read_summaries, Stored};

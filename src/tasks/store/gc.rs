@@ -22,7 +22,8 @@ use super::disk::{read_stored, Stored};
 use super::expiry::Expired;
 use crate::config::Config;
 use crate::git::{self, BRANCH_PREFIX};
-use crate::tasks::lifecycle::record::{epoch_ms, RemoteWorkspace, WorkspaceRecord};
+use crate::tasks::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
+use crate::tasks::model::epoch_ms;
 use crate::tasks::model::TaskStatus;
 use crate::workers::{self, repo};
 

@@ -5,6 +5,7 @@
 //! - `owner`: which gateway owns the state directory, and whether another is alive.
 //! - `capacity`: slots per worker, taken at the check.
 //! - `gc`: worktrees that outlive their tasks' records (`opencode-mcp gc`).
+//! - `usage`: pure: the usage report and the task list over stored records.
 
 pub(crate) mod capacity;
 pub(crate) mod disk;
@@ -13,4 +14,5 @@ pub mod gc;
 pub(crate) mod owner;
 pub(crate) mod read;
 pub(crate) mod registry;
+pub mod usage;
 mod writer;

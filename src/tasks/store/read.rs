@@ -3,7 +3,7 @@
 //! that cannot be read is reported, never trusted.
 
 use crate::tasks::lifecycle::record::{TaskRecord, VERSION};
-use crate::tasks::spend::usage::TaskSummary;
+use crate::tasks::store::usage::TaskSummary;
 use std::path::{Path, PathBuf};
 
 /// The summary of every readable record under `<state_dir>/tasks/`, read without opening the

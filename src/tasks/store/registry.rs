@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::disk::Store;
-use crate::tasks::lifecycle::entry::{observable, turn_spend, TaskEntry};
+use crate::tasks::lifecycle::entry::{observable, TaskEntry};
 use crate::tasks::lifecycle::record::{GroupMember, TaskRecord};
 use crate::tasks::model::{TaskSnapshot, TaskStatus};
 use crate::tasks::spend::ledger::Ledger;
-use crate::tasks::spend::usage::TaskSummary;
+use crate::tasks::store::usage::TaskSummary;
 
 /// A session the registry knows: the task's own, or a subagent's child session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -431,11 +431,12 @@ impl Registry {
         let wake = seen != observable(entry);
         // Spend is observed here, where every change of a task passes: a turn's spend
         // that grew is written to the day's ledger (once per step at most).
-        let spent = turn_spend(entry);
-        let grew = (spent > entry.live.ledgered).then(|| {
-            entry.live.ledgered = spent;
-            (entry.rec.turn, spent)
-        });
+        let read = entry.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+        let grew = entry
+            .live
+            .spending
+            .to_ledger(read)
+            .map(|usd| (entry.rec.turn, usd));
         drop(t);
         if let Some((turn, usd)) = grew {
             self.ledger.observe(task_id, turn, usd);
@@ -1032,7 +1033,11 @@ mod tests {
         assert_eq!(e.rec.turn, 2);
         e.live.spending.note("msg_b", 0.125, &tokens);
         assert_eq!(e.budget_spend(), (0.375, 200));
-        assert_eq!(turn_spend(&e), 0.125, "the ledger counts each round once");
+        assert_eq!(
+            e.live.spending.usd(0.0),
+            0.125,
+            "the ledger counts each round once"
+        );
         assert!(
             e.begin_correction(2, "msg_3".into(), None, None).is_err(),
             "an open turn is not corrected"
@@ -1243,7 +1248,7 @@ mod tests {
             .and_then(|m| m.modified())
             .expect("the record's date");
         assert_eq!(
-            crate::tasks::lifecycle::record::epoch_ms(dated),
+            crate::tasks::model::epoch_ms(dated),
             finished_ms,
             "a finished record is dated by its finish"
         );

@@ -24,8 +24,9 @@ use serde::Serialize;
 
 use crate::config::ReferencePrice;
 use crate::opencode::{Price, Tokens};
-use crate::tasks::lifecycle::record::{requested_if_other, Segment, Spent, TaskRecord};
+use crate::tasks::lifecycle::record::{requested_if_other, TaskRecord};
 use crate::tasks::model::TaskStatus;
+use crate::tasks::spend::spent::{Segment, Spent};
 
 /// Shown for tasks started without a tier (an explicit model, or the server's default).
 pub const NO_TIER: &str = "(none)";
@@ -56,13 +57,13 @@ pub struct TaskSummary {
     pub finished_ms: Option<u64>,
     /// The current turn as reported, once it has an outcome.
     pub latest: Option<Latest>,
-    /// The turns before it (see [`TaskRecord::earlier`]).
+    /// The turns before it (see [`TaskSpend::earlier`](crate::tasks::spend::spent::TaskSpend::earlier)).
     pub earlier: Spent,
     /// The catalog price of the model it was started on (see [`TaskRecord::price`]).
     pub price: Option<(String, Price)>,
     /// The remote worker it runs on (`None`: this machine).
     pub worker: Option<String>,
-    /// What it spent on tiers and models it moved away from (see [`TaskRecord::segments`]).
+    /// What it spent on tiers and models it moved away from (see [`TaskSpend::segments`](crate::tasks::spend::spent::TaskSpend::segments)).
     pub segments: Vec<Segment>,
     /// Why its commands ran unconfined (`None`: confined, or a record from before the sandbox).
     pub unconfined: Option<String>,
@@ -101,9 +102,9 @@ impl From<&TaskRecord> for TaskSummary {
                 tokens: o.tokens,
                 cost: o.cost,
             }),
-            earlier: r.earlier,
+            earlier: *r.spend.earlier(),
             price: r.price.clone(),
-            segments: r.segments.clone(),
+            segments: r.spend.segments().to_vec(),
             unconfined: r
                 .confinement
                 .as_ref()
@@ -520,6 +521,7 @@ fn format_epoch(ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::tasks::lifecycle::turn::TurnState;
+    use crate::tasks::spend::spent::TaskSpend;
 
     fn tokens(input: u64, output: u64, reasoning: u64, cr: u64, cw: u64) -> Tokens {
         Tokens {
@@ -676,12 +678,12 @@ mod tests {
             0.5,
         );
         // Two earlier turns: the cheap model's (then it moved), and one more on strong.
-        r.earlier = Spent {
+        let earlier = Spent {
             tokens: tokens(300, 30, 0, 0, 0),
             cost: 0.13,
             wall_ms: 4_000,
         };
-        r.segments = vec![Segment {
+        let segments = vec![Segment {
             tier: Some("fast".into()),
             model: Some("p/cheap".into()),
             spent: Spent {
@@ -690,6 +692,7 @@ mod tests {
                 wall_ms: 1_000,
             },
         }];
+        r.spend = TaskSpend::with(earlier, segments, (0.0, 0));
         let report = report(&summaries(&[r]), None, 10_000, ReferencePrice::default());
         let group = |groups: &[Group], name: &str| {
             groups
@@ -750,7 +753,11 @@ mod tests {
             0.0,
         );
         free.price = Some(("local/model".into(), price));
-        free.earlier.tokens = tokens(1_000_000, 0, 0, 0, 0);
+        let earlier = Spent {
+            tokens: tokens(1_000_000, 0, 0, 0, 0),
+            ..Spent::default()
+        };
+        free.spend = TaskSpend::with(earlier, Vec::new(), (0.0, 0));
         let r = report(
             &[TaskSummary::from(&free)],
             None,
