@@ -1052,6 +1052,145 @@ async fn a_local_task_runs_on_across_a_clean_reconnect() {
     );
 }
 
+/// **Checks under way run again across a clean reconnect.** A task whose checks were running
+/// when its gateway exited cleanly lingers on the same OpenCode, held for its checks; the next
+/// gateway takes it over, runs the checks again, and the task ends `completed` with them
+/// passed, without another model call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_under_way_run_again_across_a_clean_reconnect() {
+    let mut rig = Rig::start(&[
+        ("OPENCODE_MCP_LIMITS__LINGER", "60s"),
+        ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
+    ])
+    .await;
+    let runs = rig.env.work_dir().join("check-runs");
+    let gate = rig.env.work_dir().join("check-gate");
+    let check = format!(
+        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+    let started = rig
+        .start_task_with(json!({ "prompt": "checked across a reconnect", "checks": [check] }))
+        .await;
+    let task = id(&started);
+    let session = started["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let began = poll_for(std::time::Duration::from_secs(60), || {
+        runs.exists().then_some(())
+    })
+    .await;
+    assert!(began.is_some(), "the check never started");
+    let opencode = rig.opencode_pid();
+
+    let next = rig.launch.connect().await.expect("the new gateway starts");
+    let old = std::mem::replace(&mut rig.client, next);
+    let said = old.stderr_handle();
+    old.close().await.expect("the old gateway exits cleanly");
+    assert!(
+        support::rig::alive(opencode),
+        "the OpenCode of a task held for its checks did not outlive the clean exit:\n{}",
+        said()
+    );
+    std::fs::write(&gate, "open").expect("open the gate");
+    let r = rig.finish(&task).await;
+    assert_eq!(
+        r["status"],
+        "completed",
+        "{r}\n--- the old gateway ---\n{}\n--- the new gateway ---\n{}",
+        said(),
+        rig.client.stderr()
+    );
+    assert_eq!(r["checks"]["status"], "passed", "{r}");
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?} {r}");
+    assert_eq!(
+        rig.model_calls(&session),
+        1,
+        "no model call after the reconnect"
+    );
+}
+
+/// **Each task's deadline holds while no gateway runs.** Task B is held for its checks when its
+/// gateway exits cleanly, so its OpenCode lingers for the whole `limits.linger`. Task A, open
+/// and streaming, reaches its `timeouts.task` meanwhile: the supervisor aborts A's session at
+/// that deadline, with no gateway (the model's stream is cut then, not when the next gateway
+/// comes), and the next gateway reports A `timed_out`, saying no gateway ran; B ends
+/// `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_deadline_holds_while_no_gateway_runs() {
+    let mut rig = Rig::start(&[
+        ("OPENCODE_MCP_TIMEOUTS__TASK", "15s"),
+        ("OPENCODE_MCP_LIMITS__LINGER", "10m"),
+        ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
+    ])
+    .await;
+    let runs = rig.env.work_dir().join("check-runs");
+    let gate = rig.env.work_dir().join("check-gate");
+    let check = format!(
+        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+    let held = id(&rig
+        .start_task_with(json!({ "prompt": "held for its checks", "checks": [check] }))
+        .await);
+    let began = poll_for(std::time::Duration::from_secs(60), || {
+        runs.exists().then_some(())
+    })
+    .await;
+    assert!(began.is_some(), "the check never started");
+    let started = std::time::Instant::now();
+    let open = id(&rig
+        .start_task("streams past its deadline [[slow:90000]]")
+        .await);
+    let request = rig
+        .fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("streams past its deadline")
+        })
+        .await;
+    let opencode = rig.opencode_pid();
+
+    let next = rig.launch.connect().await.expect("a gateway to replace it");
+    let old = std::mem::replace(&mut rig.client, next);
+    let said = old.stderr_handle();
+    // The replacement is killed first, so that no gateway runs until the relaunch below.
+    rig.kill_gateway().await;
+    old.close().await.expect("the gateway exits cleanly");
+    let end = rig
+        .fake
+        .wait_for_stream_end(request.index, std::time::Duration::from_secs(45))
+        .await;
+    assert!(
+        end.client_closed,
+        "the stream ended on its own, not by an abort: {end:?}"
+    );
+    let after = end.at.saturating_duration_since(started);
+    assert!(
+        after >= std::time::Duration::from_secs(15),
+        "the session was aborted {after:?} after its start, before its 15 s deadline:\n{}",
+        said()
+    );
+    assert!(
+        support::rig::alive(opencode),
+        "the OpenCode stopped: the held task keeps it for limits.linger"
+    );
+
+    std::fs::write(&gate, "open").expect("open the gate");
+    rig.relaunch().await;
+    let w = rig.wait(&[&open], "all", 30_000).await;
+    assert_eq!(w["done"], true, "{w}");
+    let st = rig.status(&open).await;
+    assert_eq!(st["status"], "timed_out", "{st}\n{}", rig.client.stderr());
+    let message = st["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no gateway"), "{st}");
+    let b = rig.finish(&held).await;
+    assert_eq!(b["status"], "completed", "{b}\n{}", rig.client.stderr());
+}
+
 /// Whether a file named `name` is anywhere under `dir`.
 fn find_file(dir: &std::path::Path, name: &str) -> bool {
     std::fs::read_dir(dir)

@@ -602,7 +602,7 @@ impl Api {
 }
 
 /// `Basic <base64(user:password)>` (RFC 7617), standard alphabet with padding.
-fn basic_auth_header(user: &str, password: &str) -> String {
+pub(crate) fn basic_auth_header(user: &str, password: &str) -> String {
     use base64::Engine as _;
     let credentials =
         base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));

@@ -33,7 +33,7 @@ pub use pool::{
 #[cfg(target_os = "linux")]
 pub(crate) use process::die_with_gateway;
 pub(crate) use process::{find_program, spawn_child};
-pub use process::{free_port, kill_group, parse_listening_line};
+pub use process::{free_port, kill_group, parse_listening_line, OpenTurn};
 pub use types::{
     error_info_from_json, is_terminal_finish, session_activity_from_json, split_model, AgentInfo,
     ErrorInfo, FileChange, MessageView, ModelCatalog, PermissionAsk, PermissionReply, Price, Role,

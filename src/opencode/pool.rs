@@ -448,6 +448,7 @@ impl ServerPool {
         &self,
         server_id: &str,
         grace: std::time::Duration,
+        deadlines: &[super::process::OpenTurn],
     ) -> Result<(), String> {
         let server = self.get(server_id).ok_or("no such server")?;
         let (Some(process), None) = (&server.process, &server.worker) else {
@@ -474,7 +475,7 @@ impl ServerPool {
         // Saved before the supervisor is asked: a file with no lingering server behind it is
         // harmless (the next gateway cannot connect), a lingering server with no file is lost.
         super::linger::save(dir, &saved).map_err(|e| e.to_string())?;
-        if let Err(e) = process.linger(grace, &socket).await {
+        if let Err(e) = process.linger(grace, &socket, deadlines).await {
             super::linger::remove(dir, &server.id);
             return Err(e);
         }
@@ -668,7 +669,7 @@ mod tests {
         let config = Arc::new(crate::gateway::test_config());
         let bare = ServerPool::new(config.clone());
         let refused = bare
-            .let_linger("srv_none", std::time::Duration::from_secs(1))
+            .let_linger("srv_none", std::time::Duration::from_secs(1), &[])
             .await;
         assert_eq!(refused, Err("no such server".to_string()));
         assert!(bare.adopt_lingering("srv_none").await.is_none());

@@ -101,6 +101,16 @@ impl std::fmt::Debug for Password {
 /// How long the supervisor gets to answer a linger request.
 const LINGER_ANSWER: Duration = Duration::from_secs(2);
 
+/// An open turn of a server that is let linger: its session is aborted at its deadline if no
+/// gateway holds the server by then (see `supervisor`'s [`ABORT_REQUEST`](super::supervisor::ABORT_REQUEST)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenTurn {
+    /// What is left of its `timeouts.task`.
+    pub left: Duration,
+    pub session_id: String,
+    pub directory: String,
+}
+
 /// A running managed server.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -419,17 +429,44 @@ impl ManagedProcess {
     /// Asks the supervisor to let OpenCode run on for `grace` once the lifeline ends, listening
     /// on `socket` for the next gateway, then lets go of the lifeline (the grace period starts
     /// now). On an error nothing changed: the lifeline is kept, and stopping works as before.
-    pub async fn linger(&self, grace: Duration, socket: &Path) -> Result<(), String> {
+    pub async fn linger(
+        &self,
+        grace: Duration,
+        socket: &Path,
+        deadlines: &[OpenTurn],
+    ) -> Result<(), String> {
         let mut lifeline = self.lifeline.lock().await;
         let Some(line) = lifeline.as_mut() else {
             return Err("no lifeline: it runs without a supervisor, or was let go".into());
         };
-        let request = format!(
+        let port = reqwest::Url::parse(&self.url)
+            .ok()
+            .and_then(|u| u.port_or_known_default());
+        let mut request = String::new();
+        // Each open turn's deadline first, so the supervisor holds them once it lingers. A
+        // directory that would break the line (a newline in it) is left out: that turn's
+        // deadline is then the linger's end, as before.
+        for turn in deadlines
+            .iter()
+            .filter(|t| !t.directory.contains(['\n', '\r']))
+        {
+            if let Some(port) = port {
+                request.push_str(&format!(
+                    "{} {} {port} {} {}\n",
+                    super::supervisor::ABORT_REQUEST,
+                    // Whole seconds, rounded up: never before the deadline.
+                    turn.left.as_millis().div_ceil(1000),
+                    turn.session_id,
+                    turn.directory
+                ));
+            }
+        }
+        request.push_str(&format!(
             "{} {} {}\n",
             super::supervisor::LINGER_REQUEST,
             grace.as_secs().max(1),
             socket.display()
-        );
+        ));
         let mut answered = self.lingering.clone();
         let asked = async {
             line.send(&request).await.map_err(|e| e.to_string())?;
@@ -778,12 +815,12 @@ mod tests {
         assert!(!format!("{process:?}").contains("\"pw\""), "{process:?}");
         assert_eq!(process.exit_status(), None);
         process
-            .linger(Duration::from_secs(5), &socket)
+            .linger(Duration::from_secs(5), &socket, &[])
             .await
             .expect("the linger request is answered");
         // Let go: the fake sees the end of its lifeline and ends, which is the server's end.
         assert!(process
-            .linger(Duration::from_secs(5), &socket)
+            .linger(Duration::from_secs(5), &socket, &[])
             .await
             .is_err());
         tokio::task::spawn_blocking(move || fake.join())

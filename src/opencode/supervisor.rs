@@ -45,6 +45,13 @@
 //! first). With no gateway by the end of the grace period, OpenCode is stopped as on SIGTERM.
 //! OpenCode's output is relayed through the supervisor, so that once no gateway reads it a write
 //! there fails in the supervisor (which drops it), never in OpenCode.
+//!
+//! **Deadlines while no gateway runs.** Before the linger request, the gateway names each open
+//! turn's deadline: `abort-at <seconds> <port> <session id> <directory>` ([`ABORT_REQUEST`]).
+//! While the supervisor lingers with no gateway, it aborts each such session at its deadline
+//! (`POST /session/<id>/abort` to its own OpenCode on 127.0.0.1, with the password it was
+//! started with), so a task's `timeouts.task` holds between two gateways too. A gateway that
+//! connects takes the deadlines back: they are forgotten, and it arms its own.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -70,6 +77,14 @@ pub const LINGERING_LINE: &str = "opencode-mcp supervisor: lingering";
 /// What the supervisor says first on a connection to its socket, then OpenCode's pid: the
 /// connection is the lifeline now.
 pub const ATTACHED_LINE: &str = "opencode-mcp supervisor: attached ";
+/// The message (a line on the lifeline) that names an open turn's deadline: this word, the
+/// seconds from now, OpenCode's port on 127.0.0.1, the session's id and its directory (the rest
+/// of the line). Acted on only while the supervisor lingers with no gateway.
+pub const ABORT_REQUEST: &str = "abort-at";
+/// The most deadlines a supervisor keeps (a bound on what a lifeline can make it hold).
+const MAX_DEADLINES: usize = 1024;
+/// How long an abort at a deadline may take (connect, send, read the answer).
+const ABORT_BOUND: Duration = Duration::from_secs(3);
 /// The longest grace period a linger request may ask for (a day): a bound on what a lifeline
 /// can keep alive with no gateway.
 pub const MAX_LINGER: Duration = Duration::from_secs(86_400);
@@ -122,6 +137,96 @@ enum Wake {
     Linger(u64, Duration, mpsc::Sender<()>),
     /// A gateway connected to the socket: its connection is lifeline `n`.
     Attached(u64),
+    /// A lifeline named an open turn's deadline ([`ABORT_REQUEST`]).
+    Deadline(u64, Deadline),
+}
+
+/// A session to abort at `at` if no gateway holds the supervisor then.
+#[derive(Debug, Clone, PartialEq)]
+struct Deadline {
+    at: Instant,
+    port: u16,
+    session: String,
+    directory: String,
+}
+
+impl Deadline {
+    /// Reads the words after [`ABORT_REQUEST`]: seconds, port, session id, directory. `None`
+    /// for anything else: a session id is letters, digits, `_` and `-`, a directory is absolute.
+    fn parse(rest: &str, now: Instant) -> Option<Deadline> {
+        let mut words = rest.splitn(4, ' ');
+        let secs = words.next()?.parse::<u64>().ok()?;
+        let port = words.next()?.parse::<u16>().ok().filter(|p| *p != 0)?;
+        let session = words.next().filter(|s| {
+            !s.is_empty()
+                && s.len() <= 128
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })?;
+        let directory = words.next().filter(|d| d.starts_with('/'))?;
+        Some(Deadline {
+            at: now + Duration::from_secs(secs).min(MAX_LINGER),
+            port,
+            session: session.to_string(),
+            directory: directory.to_string(),
+        })
+    }
+
+    /// Asks OpenCode to abort the session, in a thread of its own, bounded by [`ABORT_BOUND`].
+    fn abort(self) {
+        let spawned = std::thread::Builder::new()
+            .name("abort".into())
+            .spawn(move || match abort_session(&self) {
+                Ok(status) => say(&format!(
+                    "opencode-mcp supervisor: session {} reached its deadline with no gateway; \
+                     aborted ({status})",
+                    self.session
+                )),
+                Err(e) => say(&format!(
+                    "opencode-mcp supervisor: session {} reached its deadline with no gateway; \
+                     the abort failed: {e}",
+                    self.session
+                )),
+            });
+        if spawned.is_err() {
+            say("opencode-mcp supervisor: cannot start a thread to abort a session");
+        }
+    }
+}
+
+/// `POST /session/<id>/abort?directory=<dir>` to OpenCode on 127.0.0.1, with the password the
+/// supervisor was started with (OpenCode's own, from the same environment); the answer's status
+/// line.
+fn abort_session(d: &Deadline) -> std::io::Result<String> {
+    use std::io::{BufRead, Write};
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
+    let mut url = reqwest::Url::parse(&format!(
+        "http://127.0.0.1:{}/session/{}/abort",
+        d.port, d.session
+    ))
+    .map_err(|_| bad("not a URL"))?;
+    url.query_pairs_mut().append_pair("directory", &d.directory);
+    let target = format!("{}?{}", url.path(), url.query().unwrap_or_default());
+    let auth = std::env::var("OPENCODE_SERVER_PASSWORD")
+        .map(|pw| {
+            format!(
+                "Authorization: {}\r\n",
+                super::api::basic_auth_header(super::api::AUTH_USER, &pw)
+            )
+        })
+        .unwrap_or_default();
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], d.port));
+    let mut stream = std::net::TcpStream::connect_timeout(&address, ABORT_BOUND)?;
+    stream.set_read_timeout(Some(ABORT_BOUND))?;
+    stream.set_write_timeout(Some(ABORT_BOUND))?;
+    write!(
+        stream,
+        "POST {target} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
+        d.port
+    )?;
+    let mut status = Vec::new();
+    std::io::BufReader::new(std::io::Read::take(stream, 256)).read_until(b'\n', &mut status)?;
+    Ok(String::from_utf8_lossy(&status).trim_end().to_string())
 }
 
 /// The signals the supervisor handles; blocked in every thread and taken by [`signal_thread`].
@@ -178,7 +283,22 @@ fn lifeline_thread(
             Err(_) => break,
         }
         let line = String::from_utf8_lossy(&line);
-        let mut words = line.trim_end_matches('\n').splitn(3, ' ');
+        let line = line.trim_end_matches('\n');
+        if let Some(rest) = line
+            .strip_prefix(ABORT_REQUEST)
+            .and_then(|r| r.strip_prefix(' '))
+        {
+            match Deadline::parse(rest, Instant::now()) {
+                Some(d) => {
+                    if tx.send(Wake::Deadline(n, d)).is_err() {
+                        return;
+                    }
+                }
+                None => answer("opencode-mcp supervisor: a deadline needs seconds, a port, a session id and an absolute directory"),
+            }
+            continue;
+        }
+        let mut words = line.splitn(3, ' ');
         if words.next() != Some(LINGER_REQUEST) {
             continue;
         }
@@ -392,6 +512,8 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
     let mut linger_until: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     let mut give_up_at: Option<Instant> = None;
+    // The open turns' deadlines, acted on while lingering with no gateway.
+    let mut deadlines: Vec<Deadline> = Vec::new();
     // Off Linux there is no subreaper: what OpenCode started is found before it is stopped.
     let mut doomed: Vec<u32> = Vec::new();
     let status = loop {
@@ -412,10 +534,17 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
             unsafe { libc::kill(opencode, libc::SIGKILL) };
             give_up_at = Some(now + KILL_WAIT);
         }
+        // No gateway holds OpenCode: each session past its deadline is aborted.
+        if kill_at.is_none() && linger_until.is_some() {
+            let (due, later): (Vec<_>, Vec<_>) = deadlines.drain(..).partition(|d| d.at <= now);
+            deadlines = later;
+            due.into_iter().for_each(Deadline::abort);
+        }
         let lingered_out = kill_at.is_none() && linger_until.is_some_and(|d| now >= d);
+        let next_deadline = deadlines.iter().map(|d| d.at).min();
         let timeout = give_up_at
             .or(kill_at)
-            .or(linger_until)
+            .or(linger_until.map(|l| next_deadline.map_or(l, |d| d.min(l))))
             .map(|d| d.saturating_duration_since(now));
         let woke = match timeout {
             _ if lingered_out => None,
@@ -427,8 +556,16 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
                 Some(Wake::Signal(libc::SIGCHLD)) | None => false,
                 Some(Wake::Signal(_)) => true,
                 Some(Wake::Attached(n)) => {
-                    // A gateway holds OpenCode again: no grace period runs until its end.
+                    // A gateway holds OpenCode again: no grace period runs until its end, and
+                    // it keeps the deadlines itself.
                     (current, armed, linger_until) = (n, None, None);
+                    deadlines.clear();
+                    false
+                }
+                Some(Wake::Deadline(n, d)) => {
+                    if n == current && deadlines.len() < MAX_DEADLINES {
+                        deadlines.push(d);
+                    }
                     false
                 }
                 Some(Wake::Linger(n, grace, taken)) => {
@@ -587,4 +724,92 @@ fn mirror(status: libc::c_int) -> ExitCode {
         return ExitCode::from(128u8.wrapping_add(sig as u8));
     }
     ExitCode::from(libc::WEXITSTATUS(status).clamp(0, 255) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deadline names seconds, a port, a session id and an absolute directory (which may hold
+    /// spaces); anything else is refused, and no deadline reaches past a day.
+    #[test]
+    fn a_deadline_is_read_only_when_whole() {
+        let now = Instant::now();
+        let d = Deadline::parse("12 4096 ses_A-1 /w/my repo", now).expect("a deadline");
+        assert_eq!(
+            (d.at - now, d.port, d.session.as_str(), d.directory.as_str()),
+            (Duration::from_secs(12), 4096, "ses_A-1", "/w/my repo")
+        );
+        let far = Deadline::parse("999999999 1 s /w", now).expect("a far deadline");
+        assert_eq!(far.at - now, MAX_LINGER);
+        for bad in [
+            "",
+            "x 4096 ses /w",
+            "12 0 ses /w",
+            "12 70000 ses /w",
+            "12 4096 ses/../x /w",
+            "12 4096 ses w",
+            "12 4096 ses",
+            "12 4096  /w",
+        ] {
+            assert_eq!(Deadline::parse(bad, now), None, "{bad:?}");
+        }
+    }
+
+    /// The abort is `POST /session/<id>/abort` with the directory as a query value and the
+    /// server's password, to 127.0.0.1 on the given port; the answer's status line comes back.
+    #[test]
+    fn an_abort_names_the_session_its_directory_and_the_password() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.ends_with(b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ntrue");
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        let d = Deadline {
+            at: Instant::now(),
+            port,
+            session: "ses_1".into(),
+            directory: "/w/a b&c".into(),
+        };
+        let status = abort_session(&d).expect("answered");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let request = server.join().expect("the listener");
+        assert!(
+            request.starts_with("POST /session/ses_1/abort?directory=%2Fw%2Fa+b%26c HTTP/1.1\r\n"),
+            "{request}"
+        );
+        match std::env::var("OPENCODE_SERVER_PASSWORD") {
+            Ok(_) => assert!(request.contains("Authorization: Basic "), "{request}"),
+            Err(_) => assert!(!request.contains("Authorization"), "{request}"),
+        }
+    }
+
+    /// Nobody listening: the abort fails within its bound, saying why.
+    #[test]
+    fn an_abort_nobody_answers_fails() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let d = Deadline {
+            at: Instant::now(),
+            port,
+            session: "ses_1".into(),
+            directory: "/w".into(),
+        };
+        assert!(abort_session(&d).is_err());
+    }
 }

@@ -37,13 +37,16 @@ pub enum Claim {
 }
 
 impl Claim {
-    /// The statuses a turn held by this claim may end in: a verdict completes or fails a turn;
-    /// an abort cancels it, times it out or fails it (a cap, `stop_server`); the queue
-    /// cancels or fails a task that never started; a turn that is gone fails, or is cancelled.
+    /// The statuses a turn held by this claim may end in: a verdict completes or fails a turn
+    /// (and times out one its supervisor aborted at its deadline while no gateway ran: see
+    /// `abort::timed_out_unwatched`); a check completes or fails it; an abort cancels it, times
+    /// it out or fails it (a cap, `stop_server`); the queue cancels or fails a task that never
+    /// started; a turn that is gone fails, or is cancelled.
     pub fn may_end_in(self, status: TaskStatus) -> bool {
         use TaskStatus::*;
         match self {
-            Claim::Open(_) | Claim::Checked(_) => matches!(status, Completed | Failed),
+            Claim::Open(_) => matches!(status, Completed | Failed | TimedOut),
+            Claim::Checked(_) => matches!(status, Completed | Failed),
             Claim::Aborted(_) => matches!(status, Cancelled | TimedOut | Failed),
             Claim::Queued => matches!(status, Cancelled | Failed),
             Claim::Gone(_) => matches!(status, Failed | Cancelled),
@@ -593,13 +596,16 @@ mod tests {
         );
     }
 
-    /// Each claim ends a turn only in the statuses it may: a verdict completes or fails, an
-    /// abort cancels, times out or fails, the queue cancels or fails.
+    /// Each claim ends a turn only in the statuses it may: a verdict completes, fails or (an
+    /// abort at the deadline with no gateway) times out, a check completes or fails, an abort
+    /// cancels, times out or fails, the queue cancels or fails.
     #[test]
     fn each_claim_ends_only_in_its_own_statuses() {
         let mut e = TaskEntry::in_first_turn("a", "ses_a");
         assert!(!e.finish(Claim::Open(1), TaskStatus::Cancelled, None));
-        assert!(!e.finish(Claim::Open(1), TaskStatus::TimedOut, None));
+        assert!(Claim::Open(1).may_end_in(TaskStatus::TimedOut));
+        assert!(!Claim::Checked(1).may_end_in(TaskStatus::TimedOut));
+        assert!(!Claim::Open(1).may_end_in(TaskStatus::Queued));
         assert!(
             !e.finish(Claim::Queued, TaskStatus::Failed, None),
             "not queued"

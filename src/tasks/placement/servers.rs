@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Placement;
 
 use crate::config::Isolation;
-use crate::opencode::{OpencodeError, Server, ServerInfo, StopInfo};
+use crate::opencode::{OpenTurn, OpencodeError, Server, ServerInfo, StopInfo};
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::TaskEntry;
 use crate::tasks::model::TaskStatus;
@@ -239,7 +239,8 @@ impl Placement {
             .filter(|s| s.process.is_some() && s.worker.is_none() && s.exited().is_none())
             .filter_map(|s| self.linger_for(&s.id).map(|(grace, tasks)| (s, grace, tasks)))
             .map(|(s, grace, tasks)| async move {
-                match self.pool.let_linger(&s.id, grace).await {
+                let deadlines = self.open_turns(&s.id);
+                match self.pool.let_linger(&s.id, grace, &deadlines).await {
                     Ok(()) => tracing::info!(server_id = %s.id, tasks, ?grace, "the OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
                     Err(e) => tracing::warn!(server_id = %s.id, error = %e, "cannot let the OpenCode run on for its tasks; stopping it"),
                 }
@@ -250,8 +251,26 @@ impl Placement {
     /// How long an OpenCode may run on for its unfinished tasks on `server_id` once this gateway
     /// is gone, and how many those are; `None` when there are none or `limits.linger` is 0.
     /// It is `limits.linger`, but never past the last of their open turns' deadlines
-    /// (`timeouts.task`): no gateway enforces a deadline meanwhile, so this bounds what an agent
-    /// can spend unwatched. A held turn (its answer under check) has no deadline of its own.
+    /// (`timeouts.task`): no gateway enforces a deadline meanwhile (on this machine the
+    /// supervisor aborts each open turn at its own, see [`Self::open_turns`]; a worker's
+    /// OpenCode only stops), so this bounds what an agent can spend unwatched. A held turn (its
+    /// answer under check) has no deadline of its own.
+    /// The open turns on `server_id` and what is left of each one's `timeouts.task`: the
+    /// supervisor of a server let linger aborts each at its deadline while no gateway runs.
+    pub(in crate::tasks) fn open_turns(&self, server_id: &str) -> Vec<OpenTurn> {
+        let limit = self.tracker.config().timeouts.task.get();
+        self.registry
+            .ids_where(|e| e.rec.server_id == server_id && e.is_open())
+            .iter()
+            .filter_map(|id| self.registry.get(id))
+            .map(|e| OpenTurn {
+                left: limit.saturating_sub(e.live.turn_started.elapsed()),
+                session_id: e.rec.session_id.clone(),
+                directory: e.rec.directory.clone(),
+            })
+            .collect()
+    }
+
     pub(in crate::tasks) fn linger_for(&self, server_id: &str) -> Option<(Duration, usize)> {
         let config = self.tracker.config();
         let (grace, limit) = (config.limits.linger.get(), config.timeouts.task.get());

@@ -9,7 +9,7 @@ use super::completion;
 use crate::opencode::{ErrorInfo, OpencodeError, PermissionReply, Server};
 use crate::tasks::context::TaskContext;
 use crate::tasks::lifecycle::entry::Claim;
-use crate::tasks::lifecycle::turn::Idle;
+use crate::tasks::lifecycle::turn::{Idle, Verdict};
 use crate::tasks::model::TaskStatus;
 use crate::tasks::turn::outcome;
 use crate::tasks::turn::outcome::Attempts;
@@ -54,15 +54,7 @@ async fn deadline_passed(
         outcome::after_turn(ctx, server, task_id, ended, Attempts::Patient).await;
         return;
     }
-    let error = ErrorInfo {
-        provider_status: None,
-        retryable: None,
-        name: "TaskTimeout".into(),
-        message: format!(
-            "the task ran longer than timeouts.task ({}) and was aborted",
-            humantime::format_duration(limit)
-        ),
-    };
+    let error = timeout_error(limit, "");
     if let Ok(Some(turn)) = abort_turn(
         ctx,
         server,
@@ -75,6 +67,38 @@ async fn deadline_passed(
     .await
     {
         outcome::after_turn(ctx, server, task_id, turn, Attempts::Patient).await;
+    }
+}
+
+/// The error of a turn that ran past its `timeouts.task` (`limit`); `how` says more of how it
+/// was aborted, if anything.
+fn timeout_error(limit: Duration, how: &str) -> ErrorInfo {
+    ErrorInfo {
+        provider_status: None,
+        retryable: None,
+        name: "TaskTimeout".into(),
+        message: format!(
+            "the task ran longer than timeouts.task ({}) and was aborted{how}",
+            humantime::format_duration(limit)
+        ),
+    }
+}
+
+/// An open turn found aborted once past its deadline (`age` against `limit`) was aborted at
+/// that deadline by the supervisor of an OpenCode left lingering with no gateway: no gateway
+/// saw it, since one that aborts a turn holds it as aborting, not open. It timed out, as it
+/// would have with a gateway running, rather than failed with OpenCode's abort error.
+pub(in crate::tasks) fn timed_out_unwatched(v: Verdict, age: Duration, limit: Duration) -> Verdict {
+    let aborted = v
+        .error
+        .as_ref()
+        .is_some_and(|e| e.name == "MessageAbortedError");
+    if !aborted || age < limit {
+        return v;
+    }
+    Verdict {
+        status: TaskStatus::TimedOut,
+        error: Some(timeout_error(limit, " while no gateway ran")),
     }
 }
 
@@ -221,4 +245,54 @@ async fn keep_aborting(server: Arc<Server>, directory: String, session: String, 
         }
     }
     tracing::warn!(task_id, "OpenCode never confirmed the abort of the task's session; it may still be running on its server");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aborted() -> Verdict {
+        Verdict {
+            status: TaskStatus::Failed,
+            error: Some(ErrorInfo {
+                provider_status: None,
+                retryable: None,
+                name: "MessageAbortedError".into(),
+                message: "aborted".into(),
+            }),
+        }
+    }
+
+    /// Only a turn found aborted at or past its deadline timed out while no gateway ran; any
+    /// other end, or an abort before the deadline, stays as read.
+    #[test]
+    fn an_abort_past_the_deadline_is_a_timeout() {
+        let limit = Duration::from_secs(60);
+        let late = timed_out_unwatched(aborted(), Duration::from_secs(61), limit);
+        assert_eq!(late.status, TaskStatus::TimedOut);
+        let error = late.error.expect("an error");
+        assert_eq!(error.name, "TaskTimeout");
+        assert!(error.message.contains("no gateway"), "{}", error.message);
+        let early = timed_out_unwatched(aborted(), Duration::from_secs(59), limit);
+        assert_eq!(early, aborted());
+        let failed = Verdict {
+            status: TaskStatus::Failed,
+            error: Some(ErrorInfo {
+                name: "APIError".into(),
+                ..aborted().error.expect("an error")
+            }),
+        };
+        assert_eq!(
+            timed_out_unwatched(failed.clone(), Duration::from_secs(99), limit),
+            failed
+        );
+        let done = Verdict {
+            status: TaskStatus::Completed,
+            error: None,
+        };
+        assert_eq!(
+            timed_out_unwatched(done.clone(), Duration::from_secs(99), limit),
+            done
+        );
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::tasks::checks::hold::{self, Hold};
 use crate::tasks::context::TaskContext;
@@ -166,7 +166,11 @@ pub async fn check_completion(
         let age = e.live.turn_started.elapsed().as_millis() as u64;
         let stuck = note_unfinished(&mut e.live, &turn, idle);
         let verdict = turn::conclude(&turn, idle, e.live.session_error.as_ref(), age)
-            .or_else(|| turn::abandoned(&turn, idle, stuck));
+            .or_else(|| turn::abandoned(&turn, idle, stuck))
+            .map(|v| {
+                let (age, limit) = (Duration::from_millis(age), config.timeouts.task.get());
+                super::abort::timed_out_unwatched(v, age, limit)
+            });
         match verdict {
             Some(v) => {
                 e.rec.outcome = Some(turn.clone());
@@ -176,8 +180,10 @@ pub async fn check_completion(
                     Hold::No => {}
                 }
                 let turn = e.rec.turn;
-                e.finish(Claim::Open(turn), v.status, v.error);
-                return Ended::Finished(turn);
+                if e.finish(Claim::Open(turn), v.status, v.error) {
+                    return Ended::Finished(turn);
+                }
+                tracing::warn!(task_id = %e.rec.id, turn, "a turn's verdict was refused by its lifecycle");
             }
             None => {
                 if idle == Idle::No && turn.user_message_seen {
