@@ -840,15 +840,7 @@ async fn checks_under_way_are_run_again_after_a_restart() {
         &[("OPENCODE_MCP_CHECKS__FROM_CALLS", "true")],
     )
     .await;
-    // In the task's directory: the check runs confined, writing only there.
-    let runs = rig.env.work_dir().join("check-runs");
-    let gate = rig.env.work_dir().join("check-gate");
-    // A run that cannot record itself fails (its output then says why).
-    let check = format!(
-        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
-        runs = runs.display(),
-        gate = gate.display()
-    );
+    let (runs, gate, check) = gated_check(&rig);
     let started = rig
         .start_task_with(json!({ "prompt": "checked work", "checks": [check] }))
         .await;
@@ -858,11 +850,7 @@ async fn checks_under_way_are_run_again_after_a_restart() {
         .expect("session_id")
         .to_string();
     // The check's first run is under way (the task is still running meanwhile).
-    let began = poll_for(std::time::Duration::from_secs(60), || {
-        runs.exists().then_some(())
-    })
-    .await;
-    assert!(began.is_some(), "the check never started");
+    check_started(&runs).await;
     let during = rig.status(&task).await;
     assert_eq!(
         during["status"], "running",
@@ -1063,13 +1051,7 @@ async fn checks_under_way_run_again_across_a_clean_reconnect() {
         ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
     ])
     .await;
-    let runs = rig.env.work_dir().join("check-runs");
-    let gate = rig.env.work_dir().join("check-gate");
-    let check = format!(
-        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
-        runs = runs.display(),
-        gate = gate.display()
-    );
+    let (runs, gate, check) = gated_check(&rig);
     let started = rig
         .start_task_with(json!({ "prompt": "checked across a reconnect", "checks": [check] }))
         .await;
@@ -1078,11 +1060,7 @@ async fn checks_under_way_run_again_across_a_clean_reconnect() {
         .as_str()
         .expect("session_id")
         .to_string();
-    let began = poll_for(std::time::Duration::from_secs(60), || {
-        runs.exists().then_some(())
-    })
-    .await;
-    assert!(began.is_some(), "the check never started");
+    check_started(&runs).await;
     let opencode = rig.opencode_pid();
 
     let next = rig.launch.connect().await.expect("the new gateway starts");
@@ -1127,21 +1105,11 @@ async fn a_tasks_deadline_holds_while_no_gateway_runs() {
         ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
     ])
     .await;
-    let runs = rig.env.work_dir().join("check-runs");
-    let gate = rig.env.work_dir().join("check-gate");
-    let check = format!(
-        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
-        runs = runs.display(),
-        gate = gate.display()
-    );
+    let (runs, gate, check) = gated_check(&rig);
     let held = id(&rig
         .start_task_with(json!({ "prompt": "held for its checks", "checks": [check] }))
         .await);
-    let began = poll_for(std::time::Duration::from_secs(60), || {
-        runs.exists().then_some(())
-    })
-    .await;
-    assert!(began.is_some(), "the check never started");
+    check_started(&runs).await;
     let started = std::time::Instant::now();
     let open = id(&rig
         .start_task("streams past its deadline [[slow:90000]]")
@@ -1189,6 +1157,29 @@ async fn a_tasks_deadline_holds_while_no_gateway_runs() {
     assert!(message.contains("no gateway"), "{st}");
     let b = rig.finish(&held).await;
     assert_eq!(b["status"], "completed", "{b}\n{}", rig.client.stderr());
+}
+
+/// A check that records each run in `check-runs` and passes only once `check-gate` exists
+/// (waiting up to 10 s for it), both in the task's directory, where a confined check may write:
+/// (runs, gate, the command). A run that cannot record itself fails, its output saying why.
+fn gated_check(rig: &Rig) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let runs = rig.env.work_dir().join("check-runs");
+    let gate = rig.env.work_dir().join("check-gate");
+    let check = format!(
+        "echo run >> {runs} || exit 3; test -f {gate} || sleep 10; test -f {gate}",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+    (runs, gate, check)
+}
+
+/// Waits until a [`gated_check`] has begun its first run.
+async fn check_started(runs: &std::path::Path) {
+    let began = poll_for(std::time::Duration::from_secs(60), || {
+        runs.exists().then_some(())
+    })
+    .await;
+    assert!(began.is_some(), "the check never started");
 }
 
 /// Whether a file named `name` is anywhere under `dir`.

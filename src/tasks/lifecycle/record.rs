@@ -619,20 +619,25 @@ mod tests {
         assert!(r.permissions.is_empty());
     }
 
-    #[test]
-    fn a_record_holding_one_ask_loads_it_as_the_only_pending_one() {
-        let ask = serde_json::json!({
-            "id": "per_1", "session_id": "ses", "permission": "bash",
-            "patterns": ["rm -rf build"], "metadata": {}
-        });
-        let mut rec = serde_json::to_value(TaskRecord::new(
+    /// A new record as JSON, as it is written.
+    fn new_record_json() -> serde_json::Value {
+        serde_json::to_value(TaskRecord::new(
             "tsk_a".into(),
             "srv".into(),
             "ses".into(),
             "/w".into(),
             "t".into(),
         ))
-        .expect("record");
+        .expect("record")
+    }
+
+    #[test]
+    fn a_record_holding_one_ask_loads_it_as_the_only_pending_one() {
+        let ask = serde_json::json!({
+            "id": "per_1", "session_id": "ses", "permission": "bash",
+            "patterns": ["rm -rf build"], "metadata": {}
+        });
+        let mut rec = new_record_json();
         rec["permission"] = ask.clone();
         let r: TaskRecord = serde_json::from_value(rec.clone()).expect("loads");
         assert_eq!(r.permissions.len(), 1);
@@ -650,14 +655,7 @@ mod tests {
     /// gateways read ours.
     #[test]
     fn a_records_spend_keeps_its_names_on_disk() {
-        let mut rec = serde_json::to_value(TaskRecord::new(
-            "tsk_a".into(),
-            "srv".into(),
-            "ses".into(),
-            "/w".into(),
-            "t".into(),
-        ))
-        .expect("record");
+        let mut rec = new_record_json();
         assert!(rec.get("spend").is_none() && rec.get("earlier").is_none());
         rec["earlier"] = serde_json::json!({"cost": 0.5, "wall_ms": 7});
         rec["segments"] =

@@ -76,10 +76,11 @@ pub fn total_tokens(t: &Tokens) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn tokens(n: u64) -> Tokens {
+    /// `n` input tokens.
+    pub(in crate::tasks::spend) fn tokens(n: u64) -> Tokens {
         Tokens {
             input: n,
             ..Default::default()

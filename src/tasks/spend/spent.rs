@@ -152,14 +152,8 @@ impl TaskSpend {
 
 #[cfg(test)]
 mod tests {
+    use super::super::spending::tests::tokens;
     use super::*;
-
-    fn tokens(n: u64) -> Tokens {
-        Tokens {
-            input: n,
-            ..Default::default()
-        }
-    }
 
     /// Each turn that ends adds to `earlier`; a move closes the segment of what was spent since
     /// the last move, as the next turn opens and not before.
