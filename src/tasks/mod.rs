@@ -1,7 +1,7 @@
 //! Tasks: what a delegated task is and how its state is decided, kept, read and waited on.
 //!
 //! The rooms, each importing only the rooms listed before it, with one exception: the
-//! facade's larger jobs (`restore.rs`, `result.rs`, `wait.rs`) add methods to `service.rs`'s
+//! facade's larger jobs (`restore.rs`, `follow_up.rs`, `result.rs`, `wait.rs`) add methods to `service.rs`'s
 //! `TaskService`, listed last. They call down, into `placement/` and `context.rs`, never
 //! into `service.rs` or each other. `placement/` is a struct of its own ([`placement::Placement`]):
 //! the service calls it, and it reaches only what it holds, so it cannot call back.
@@ -19,11 +19,12 @@
 //! | `tracking/` | a running turn followed: `tracker` (events in), `completion`, `budget`, `asks`, `abort` |
 //! | `placement/` | where a task runs and getting it there, one `Placement` the service holds: `start`, `queue`, `servers`, `remote` (and `supervise`, `links`), `workspace` |
 //! | `housekeeping.rs` | eviction and expiry for the gateway as a whole |
-//! | `service.rs` | the facade the gateway's tool handlers call, its larger jobs beside it: `restore.rs` (tasks a previous gateway left, adopted), `result.rs`, `wait.rs` |
+//! | `service.rs` | the facade the gateway's tool handlers call, its larger jobs beside it: `restore.rs` (tasks a previous gateway left, adopted), `follow_up.rs` (`continue_task`), `result.rs`, `wait.rs` |
 
 pub mod checks;
 mod context;
 mod error;
+mod follow_up;
 mod housekeeping;
 pub mod lifecycle;
 mod model;
@@ -39,6 +40,7 @@ mod turn;
 mod wait;
 
 pub use error::TaskError;
+pub use follow_up::ContinueTask;
 pub use lifecycle::record::{GroupMember, TaskRecord};
 pub use model::*;
 pub use placement::start::{default_title, StartTask};
@@ -69,7 +71,7 @@ mod tests {
         &["tracking"],
         &["placement"],
         &["housekeeping"],
-        &["service", "restore", "result", "wait"],
+        &["service", "restore", "result", "wait", "follow_up"],
     ];
 
     fn rank(room: &str) -> Option<usize> {

@@ -1,26 +1,24 @@
 //! The task service: the one object the gateway's tool handlers call, and its small actions
-//! (continue, cancel, a permission's reply, status, shutdown). Its larger jobs live in the
-//! room whose data they move: `placement/` (start, the queue, servers, workers, worktrees),
-//! `restore.rs` (tasks a previous gateway left), `result.rs` (the result of a turn) and
-//! `wait.rs` (all/any waits). What they share with the tracker is `context.rs`'s.
+//! (cancel, a permission's reply, status, shutdown). Its larger jobs live beside it or in the
+//! room whose data they move: `placement/` (start, the queue, servers, workers, worktrees,
+//! reached through [`Placement`]), `restore.rs` (tasks a previous gateway left), `follow_up.rs`
+//! (`continue_task`), `result.rs` (the result of a turn) and `wait.rs` (all/any waits). What
+//! they share with the tracker is `context.rs`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::TaskContext;
 use super::error::TaskError;
-use super::lifecycle::entry::TaskEntry;
 use super::lifecycle::phase::Phase;
 use super::model::{TaskSnapshot, TaskStatus};
 use super::placement::Placement;
 use super::resolve::{self, AgentCatalog};
 use crate::config::Config;
 use crate::opencode::{PermissionReply, ServerPool};
-use crate::tasks::checks::structured;
 use crate::tasks::store::disk::{self, Store};
 use crate::tasks::store::registry::Registry;
 use crate::tasks::store::usage::TaskSummary;
-use crate::tasks::turn::follow::{open_turn, Follows};
 use crate::tasks::turn::outcome;
 
 /// How long a report of a finished task waits for its record to reach the disk.
@@ -28,17 +26,6 @@ const REPORTED_DURABLE: Duration = Duration::from_secs(2);
 /// How long shutdown waits for outcomes still being read: hosts send SIGINT, SIGTERM and SIGKILL
 /// about half a second apart, and stopping the servers must come first.
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
-
-/// A validated `continue_task` request.
-#[derive(Debug, Clone, Default)]
-pub struct ContinueTask {
-    pub task_id: String,
-    pub prompt: String,
-    pub agent: Option<String>,
-    pub model: Option<String>,
-    /// Checks to add to the task's (see `checks`).
-    pub checks: Vec<String>,
-}
 
 /// The tasks and the servers they run on.
 pub struct TaskService {
@@ -167,114 +154,6 @@ impl TaskService {
     /// does.
     pub fn gateway_alive(&self, pid: u32) -> bool {
         self.tracker.gateway_alive(pid)
-    }
-
-    /// Sends a follow-up in the same session. Refused while the task is still working: a prompt
-    /// sent to a busy session is queued and batched into the running LLM call, which would blur
-    /// which result belongs to which prompt. Of two concurrent continues exactly one opens the
-    /// turn (a compare-and-set on the turn number under the registry lock); the other gets
-    /// `conflict`.
-    pub async fn continue_task(&self, req: ContinueTask) -> Result<TaskSnapshot, TaskError> {
-        self.tracker.restored().await;
-        let entry = self.tracker.own_entry(&req.task_id)?;
-        let still_running = |e: &TaskEntry| {
-            TaskError::Conflict(format!(
-                "task {} is still {}; wait for it (opencode_wait_for_task) or cancel it before continuing",
-                e.rec.id,
-                e.rec.status().as_str()
-            ))
-        };
-        if !entry.is_settled() {
-            return Err(still_running(&entry));
-        }
-        if entry.rec.workspace.as_ref().is_some_and(|w| w.discarded) {
-            return Err(TaskError::Conflict(format!(
-                "task {}'s worktree was discarded (opencode_discard_task), so there is nothing to \
-                 continue in; start a new task",
-                entry.rec.id
-            )));
-        }
-        let server = self.placement.server_for_follow_up(&entry).await?;
-        let agent = req.agent.clone().or(entry.rec.agent.clone());
-        let model = match req.model.as_deref() {
-            Some(_) => {
-                resolve::choose(
-                    &self.config(),
-                    &server,
-                    &entry.rec.directory,
-                    agent.as_deref(),
-                    req.model.as_deref(),
-                    None,
-                    None,
-                )
-                .await?
-                .model
-            }
-            None => {
-                if req.agent.is_some() {
-                    resolve::choose(
-                        &self.config(),
-                        &server,
-                        &entry.rec.directory,
-                        agent.as_deref(),
-                        None,
-                        None,
-                        None,
-                    )
-                    .await?;
-                }
-                entry.rec.model.clone()
-            }
-        };
-        // A structured task's schema still applies: the follow-up asks for the JSON again, and a
-        // new round of checks (with the whole retry budget) begins.
-        let prompt = match &entry.rec.structured {
-            Some(s) => format!("{}{}", req.prompt, structured::instruction(&s.schema)),
-            None => req.prompt.clone(),
-        };
-        let own_model = req.model.is_some();
-        let more_checks =
-            crate::tasks::checks::commands::commands_for(&self.config(), None, &req.checks)
-                .map_err(TaskError::InvalidArgument)?;
-        if entry.rec.checks.as_ref().map_or(0, |c| c.commands.len()) + more_checks.len()
-            > crate::tasks::checks::commands::MAX_CHECKS
-        {
-            return Err(TaskError::InvalidArgument(format!(
-                "a task takes at most {} checks, with those it has",
-                crate::tasks::checks::commands::MAX_CHECKS
-            )));
-        }
-        open_turn(
-            &self.tracker,
-            &server,
-            &entry.rec.id,
-            entry.rec.turn,
-            Follows::Finished,
-            &prompt,
-            agent,
-            model,
-            |e| {
-                if own_model {
-                    // A model of its own: the turn is no longer the tier's work, and the tier's
-                    // variant belongs to the tier's model.
-                    e.rec.tier = None;
-                    e.rec.variant = None;
-                }
-                if let Some(s) = e.rec.structured.as_mut() {
-                    s.restart();
-                }
-                match e.rec.checks.as_mut() {
-                    Some(c) => c.restart(&more_checks),
-                    None if !more_checks.is_empty() => {
-                        e.rec.checks =
-                            Some(super::lifecycle::record::ChecksState::new(more_checks));
-                    }
-                    None => {}
-                }
-            },
-        )
-        .await?;
-        self.tracker.snapshot(&entry.rec.id, false)
     }
 
     /// Answers one permission ask the task waits on (its own, or one of its subagents'):
