@@ -102,7 +102,7 @@ impl TaskService {
     /// The store is read on a blocking thread once `after` resolves (the gateway passes the end
     /// of the host's handshake), so a full state directory (about 10 ms of reading per 1,000
     /// records) never delays the `initialize` reply, on two cores least of all; every action
-    /// that reads tasks waits for it ([`Self::restored`]). Adopting, which needs the network,
+    /// that reads tasks waits for it ([`TaskContext::restored`](crate::tasks::context::TaskContext::restored)). Adopting, which needs the network,
     /// runs after that in the background, and so does the housekeeping of finished tasks
     /// ([`housekeeping::housekeep`]) from here on.
     pub fn restore(
