@@ -1823,3 +1823,85 @@ fn a_repository_may_only_lower_the_limits_that_multiply_spend() {
     assert_eq!(cfg.timeouts.task.get(), std::time::Duration::from_secs(60));
     assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
 }
+
+/// Every subcommand that reads the configuration refuses a malformed file: it exits non-zero,
+/// names the file and the key, writes nothing to stdout (a host may be reading it), and does no
+/// work (no state directory is made).
+#[test]
+fn every_subcommand_refuses_a_malformed_file_naming_it() {
+    let dir = workdir();
+    let file = write_user_file(dir.path(), "timeouts:\n  task: soon\n");
+    let state = dir.path().join("state");
+    let state_var = state.display().to_string();
+    for args in [
+        &["serve"][..],
+        &["check-config"],
+        &["print-config"],
+        &["gc"],
+        &["gc", "--remove-orphans"],
+        &["usage"],
+        &["tasks"],
+        &["watch", "tsk_x"],
+        &["workers"],
+    ] {
+        let (ok, stdout, stderr) = run(
+            dir.path(),
+            args,
+            &[("OPENCODE_MCP_STATE_DIR", state_var.as_str())],
+        );
+        assert!(!ok, "{args:?} accepted a malformed file:\n{stderr}");
+        assert!(stdout.is_empty(), "{args:?} wrote to stdout: {stdout}");
+        assert!(
+            stderr.contains(&file.display().to_string()) && stderr.contains("timeouts.task"),
+            "{args:?} did not name the file and the key:\n{stderr}"
+        );
+    }
+    assert!(!state.exists(), "a refused command made the state directory");
+}
+
+/// The subcommands that read the state directory say so when there is none (no `state_dir`,
+/// no `XDG_STATE_HOME`, no `HOME`), and how to give one.
+#[test]
+fn the_state_readers_say_when_there_is_no_state_directory() {
+    let dir = workdir();
+    for args in [&["gc"][..], &["usage"], &["tasks"]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        cmd.args(args)
+            .current_dir(dir.path())
+            .env_clear()
+            .env("XDG_CONFIG_HOME", dir.path().join("xdg-config"));
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        let out = cmd.output().expect("run opencode-mcp");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no state directory") && stderr.contains("state_dir"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// A task record that cannot be read (an attacker's, a torn write) is named and skipped; the
+/// listing of the others goes on.
+#[test]
+fn an_unreadable_task_record_is_named_and_skipped() {
+    let dir = workdir();
+    let state = dir.path().join("state");
+    write(&state.join("tasks"), "tsk_bad.json", "{ not json");
+    let state_var = state.display().to_string();
+    for args in [&["tasks"][..], &["usage"]] {
+        let (ok, stdout, stderr) = run(
+            dir.path(),
+            args,
+            &[("OPENCODE_MCP_STATE_DIR", state_var.as_str())],
+        );
+        assert!(ok, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("skipping unreadable task record") && stderr.contains("tsk_bad.json"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stdout.contains("not json"), "{args:?}: {stdout}");
+    }
+}
