@@ -949,4 +949,132 @@ mod tests {
         assert!(locate("/nonexistent/opencode").is_none());
         assert!(locate("surely-no-such-binary-on-path-xyz").is_none());
     }
+
+    /// A configuration that does not load is the one check: every other reads it.
+    #[tokio::test]
+    async fn a_configuration_that_does_not_load_is_the_only_check() {
+        let missing = ConfigError::MissingFile {
+            path: PathBuf::from("/nowhere/delegation.yaml"),
+        };
+        let report = run(Err(missing), Path::new("/x")).await;
+        assert!(!report.ok);
+        assert_eq!(report.checks.len(), 1, "{:?}", report.checks);
+        let check = &report.checks[0];
+        assert_eq!(
+            (check.name.as_str(), check.status),
+            ("config", Status::Fail)
+        );
+        assert!(
+            check.detail.contains("/nowhere/delegation.yaml"),
+            "{check:?}"
+        );
+        assert!(
+            check
+                .fix
+                .as_deref()
+                .unwrap_or_default()
+                .contains("check-config"),
+            "{check:?}"
+        );
+    }
+
+    /// An executable script in `dir` named `name` with `body`.
+    fn script(dir: &Path, name: &str, body: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write a script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path.display().to_string()
+    }
+
+    /// The `opencode` check reads `--version`: the pinned one is fine, another a warning; a
+    /// command that fails, prints nothing, hangs or is not there is a blocker saying which.
+    #[tokio::test]
+    async fn the_opencode_command_is_judged_by_its_version() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let check_of = |command: String| {
+            let mut config = crate::gateway::test_config();
+            config.opencode.command = command;
+            config.timeouts.server_start = "1s".parse().expect("a duration");
+            async move { binary_check(&config).await }
+        };
+        let pinned = script(
+            tmp.path(),
+            "pinned",
+            &format!("echo {OPENCODE_API_VERSION}"),
+        );
+        assert_eq!(check_of(pinned).await.status, Status::Ok);
+        let other = check_of(script(tmp.path(), "other", "echo 0.0.1")).await;
+        assert_eq!(other.status, Status::Warn, "{other:?}");
+        assert!(other.fix.unwrap_or_default().contains(OPENCODE_API_VERSION));
+        let cases = [
+            ("failing", "echo broken >&2; exit 3", "failed ("),
+            ("silent", "exit 0", "printed no version"),
+            ("hung", "exec sleep 30", "printed nothing within"),
+        ];
+        for (name, body, says) in cases {
+            let c = check_of(script(tmp.path(), name, body)).await;
+            assert_eq!(c.status, Status::Fail, "{name}: {c:?}");
+            assert!(c.detail.contains(says), "{name}: {c:?}");
+        }
+        let gone = check_of(tmp.path().join("gone").display().to_string()).await;
+        assert!(gone.detail.contains("no such file"), "{gone:?}");
+        let unknown = check_of("surely-no-such-binary-on-path-xyz".into()).await;
+        assert!(unknown.detail.contains("not on PATH"), "{unknown:?}");
+    }
+
+    /// The state directory: private and writable is fine; reachable by others a warning; not
+    /// there yet fine when its parent lets the gateway make it; a file, or a parent that is not
+    /// a writable directory, a blocker.
+    #[test]
+    fn the_state_directory_is_judged_without_being_changed() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let check_at = |dir: &Path| {
+            let mut config = crate::gateway::test_config();
+            config.state_dir = Some(dir.display().to_string());
+            state_dir_check(&config)
+        };
+        let private = tmp.path().join("private");
+        std::fs::create_dir(&private).expect("mkdir");
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(check_at(&private).status, Status::Ok);
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let open = check_at(&private);
+        assert_eq!(open.status, Status::Warn, "{open:?}");
+        assert_eq!(
+            open.fix.as_deref(),
+            Some(&*format!("chmod 700 {}", private.display()))
+        );
+        let later = private.join("a/b");
+        assert_eq!(check_at(&later).status, Status::Ok);
+        assert!(!later.exists(), "the check made it");
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").expect("a file");
+        let not_dir = check_at(&file);
+        assert!(not_dir.detail.contains("is not a directory"), "{not_dir:?}");
+        let under_file = check_at(&file.join("state"));
+        assert_eq!(under_file.status, Status::Fail, "{under_file:?}");
+        assert!(
+            under_file.detail.contains("cannot be created"),
+            "{under_file:?}"
+        );
+    }
+
+    /// A server that did not start names what to do: in attach mode, start it or unset the URL;
+    /// managed, run `opencode serve` to see OpenCode's own error.
+    #[test]
+    fn a_server_that_did_not_start_says_what_to_do() {
+        let mut config = crate::gateway::test_config();
+        let managed = start_failure(&config, "boom");
+        assert_eq!(managed.name, "providers");
+        assert!(managed.fix.unwrap_or_default().contains("serve"));
+        config.opencode.url = Some("http://127.0.0.1:1".into());
+        let attached = start_failure(&config, "boom");
+        assert_eq!(
+            (attached.name.as_str(), attached.status),
+            ("opencode", Status::Fail)
+        );
+        assert!(attached.fix.unwrap_or_default().contains("opencode.url"));
+    }
 }

@@ -1856,7 +1856,10 @@ fn every_subcommand_refuses_a_malformed_file_naming_it() {
             "{args:?} did not name the file and the key:\n{stderr}"
         );
     }
-    assert!(!state.exists(), "a refused command made the state directory");
+    assert!(
+        !state.exists(),
+        "a refused command made the state directory"
+    );
 }
 
 /// The subcommands that read the state directory say so when there is none (no `state_dir`,
