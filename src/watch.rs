@@ -387,4 +387,100 @@ mod tests {
             .get_envs()
             .any(|(k, v)| k == PASSWORD_ENV && v.is_none()));
     }
+
+    /// Writes `record` where the gateway keeps it under `state_dir`.
+    fn store(state_dir: &Path, record: &TaskRecord) {
+        let dir = state_dir.join("tasks");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let bytes = serde_json::to_vec(record).expect("json");
+        std::fs::write(dir.join(format!("{}.json", record.id)), bytes).expect("write");
+    }
+
+    fn record(id: &str, directory: &Path) -> TaskRecord {
+        let mut r = TaskRecord::new(
+            id.into(),
+            "srv_1".into(),
+            "ses_1".into(),
+            directory.display().to_string(),
+            "t".into(),
+        );
+        r.owner_pid = u32::MAX;
+        r
+    }
+
+    /// Each step that cannot lead to a session says which and why: no state directory, no such
+    /// task, an unreadable record, a managed server whose gateway is gone, an attached server
+    /// with no URL yet or that does not answer, a directory gone, no `opencode` to run.
+    #[tokio::test]
+    async fn each_step_that_fails_says_which() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        std::fs::create_dir_all(&work).expect("mkdir");
+        let mut config = crate::gateway::test_config();
+        config.opencode.command = "/bin/sh".into();
+        config.timeouts.request = "2s".parse().expect("a duration");
+        let plan_of = |config: Config, id: &'static str| {
+            let state = state.clone();
+            async move { plan(&config, Some(&state), id, |_| None).await }
+        };
+        assert!(matches!(
+            plan(&config, None, "tsk_a", |_| None).await,
+            Err(WatchError::NoStateDir)
+        ));
+        assert!(matches!(
+            plan_of(config.clone(), "tsk_none").await,
+            Err(WatchError::UnknownTask { .. })
+        ));
+        std::fs::create_dir_all(state.join("tasks")).expect("mkdir");
+        std::fs::write(state.join("tasks/tsk_torn.json"), "{").expect("write");
+        assert!(matches!(
+            plan_of(config.clone(), "tsk_torn").await,
+            Err(WatchError::UnreadableRecord { .. })
+        ));
+
+        let mut managed = record("tsk_managed", &work);
+        managed.managed = true;
+        managed.server_url = "http://127.0.0.1:9".into();
+        store(&state, &managed);
+        match plan_of(config.clone(), "tsk_managed").await {
+            Err(WatchError::ServerGone { reason, .. }) => {
+                assert!(reason.contains("has exited"), "{reason}")
+            }
+            other => panic!("{:?}", other.map(|p| p.url)),
+        }
+
+        let mut attached = record("tsk_attached", &work);
+        store(&state, &attached);
+        match plan_of(config.clone(), "tsk_attached").await {
+            Err(WatchError::ServerGone { reason, .. }) => {
+                assert!(reason.contains("has not reached its server"), "{reason}")
+            }
+            other => panic!("{:?}", other.map(|p| p.url)),
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        attached.server_url = format!("http://127.0.0.1:{port}");
+        store(&state, &attached);
+        match plan_of(config.clone(), "tsk_attached").await {
+            Err(WatchError::ServerGone { reason, .. }) => {
+                assert!(reason.contains("does not answer"), "{reason}")
+            }
+            other => panic!("{:?}", other.map(|p| p.url)),
+        }
+        let mut missing = config.clone();
+        missing.opencode.command = "/nonexistent/opencode".into();
+        assert!(matches!(
+            plan_of(missing, "tsk_attached").await,
+            Err(WatchError::BinaryMissing { .. })
+        ));
+        let mut moved = record("tsk_moved", &tmp.path().join("gone"));
+        moved.server_url = attached.server_url.clone();
+        store(&state, &moved);
+        assert!(matches!(
+            plan_of(config, "tsk_moved").await,
+            Err(WatchError::DirectoryGone { .. })
+        ));
+    }
 }
