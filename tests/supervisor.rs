@@ -217,3 +217,86 @@ fn a_grace_period_ends_in_a_stop() {
         "the work outlived the grace period"
     );
 }
+
+/// A lifeline line it cannot act on is answered, and changes nothing: a linger request with no
+/// socket, a deadline without its parts, a socket where none can be made. The supervisor still
+/// lingers when asked properly; once no gateway holds it, a session past its deadline is
+/// aborted (here the port it names is closed, and the supervisor says the abort failed).
+#[test]
+fn a_line_it_cannot_act_on_is_answered_and_a_deadline_is_acted_on() {
+    use opencode_mcp::opencode::supervisor::{ABORT_REQUEST, LINGER_REQUEST};
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("a directory");
+    let (mut supervisor, mut lifeline, mut stderr, child, _sleep) = supervised();
+    let mut answer = |line: &str| -> String {
+        writeln!(lifeline, "{line}").expect("a line");
+        lifeline.flush().expect("sent");
+        let mut got = String::new();
+        stderr.read_line(&mut got).expect("an answer");
+        got
+    };
+    let no_socket = answer(&format!("{LINGER_REQUEST} 5"));
+    assert!(
+        no_socket.contains("needs seconds and a socket path"),
+        "{no_socket}"
+    );
+    let bad_deadline = answer(&format!("{ABORT_REQUEST} soon 4096 ses /w"));
+    assert!(bad_deadline.contains("a deadline needs"), "{bad_deadline}");
+    let unbindable = dir.path().join("no/such/dir/s.sock");
+    let cannot = answer(&format!("{LINGER_REQUEST} 5 {}", unbindable.display()));
+    assert!(cannot.contains("cannot listen on"), "{cannot}");
+    assert_eq!(supervisor.try_wait().expect("wait"), None, "it still runs");
+
+    let socket = dir.path().join("s.sock");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    writeln!(lifeline, "{ABORT_REQUEST} 0 {closed} ses_x /w").expect("a deadline");
+    linger(&mut lifeline, &mut stderr, 3600, &socket);
+    drop(lifeline);
+    let said = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).expect("a line") > 0,
+            "the supervisor ended without acting on the deadline"
+        );
+        if line.contains("reached its deadline") {
+            break line;
+        }
+    };
+    assert!(
+        said.contains("ses_x") && said.contains("the abort failed"),
+        "{said}"
+    );
+    // A gateway takes it over, then lets go without a grace period: it stops.
+    let (stream, answers) = attach(&socket, child);
+    drop((stream, answers));
+    let status = supervisor.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
+/// Without a command, or with one that cannot run, the supervisor says so and exits as a shell
+/// would (2; 127 for a command not found, 126 for one that is not executable).
+#[test]
+fn a_command_that_cannot_run_is_named() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, "not a program").expect("a file");
+    let missing = dir.path().join("missing");
+    for (args, code, says) in [
+        (vec![], 2, "no command given"),
+        (vec![missing.display().to_string()], 127, "cannot run"),
+        (vec![plain.display().to_string()], 126, "cannot run"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"))
+            .arg(SUBCOMMAND)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the supervisor");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
