@@ -976,4 +976,65 @@ mod tests {
         .expect("json");
         assert_eq!(fresh["permission"], "ask");
     }
+
+    /// A server that prints no `listening on` line within `timeouts.server_start` is stopped,
+    /// with its process group, and the error says so with what it printed; a command that is
+    /// not there is named with how to install OpenCode.
+    #[tokio::test]
+    async fn a_server_that_never_listens_is_stopped_at_the_start_timeout() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a directory");
+        let pidfile = dir.path().join("pid");
+        let script = dir.path().join("opencode");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho $$ > {}\necho warming up\nexec sleep 30\n",
+                pidfile.display()
+            ),
+        )
+        .expect("a script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut config = crate::gateway::test_config().opencode;
+        config.command = script.display().to_string();
+        let request = |config| SpawnRequest {
+            config,
+            port: 0,
+            directory: dir.path(),
+            password: "pw",
+            start_timeout: Duration::from_millis(1500),
+            shell: None,
+        };
+        let err = match ManagedProcess::spawn(request(&config)).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a server that never listens started"),
+        };
+        assert!(err.contains("printed no `listening on` line"), "{err}");
+        assert!(err.contains("warming up"), "{err}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .expect("the script ran")
+            .trim()
+            .parse()
+            .expect("a pid");
+        // Killed, then reaped by the process's own waiter (a task of this runtime: the wait
+        // yields to it).
+        let mut gone = false;
+        for _ in 0..100 {
+            // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+            gone = unsafe { libc::kill(pid, 0) } != 0;
+            if gone {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone, "the server outlived its failed start");
+
+        let mut missing = config.clone();
+        missing.command = dir.path().join("missing").display().to_string();
+        let err = match ManagedProcess::spawn(request(&missing)).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a missing command started"),
+        };
+        assert!(err.contains("npm install -g"), "{err}");
+    }
 }
