@@ -1433,6 +1433,32 @@ fn a_default_yields_to_the_users_own_values() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("  wait_default: 40s\n"), "{stdout}");
     assert!(!stdout.contains("wait_max: 10m"), "{stdout}");
+    // The other way round: a longer stall lengthens the default deadline, a longer default
+    // wait the largest one, and a short default wait the progress interval.
+    for (var, value, lines) in [
+        (
+            "OPENCODE_MCP_TIMEOUTS__STALL",
+            "2h",
+            &["  task: 4h\n", "# derived: timeouts.task = 4h"][..],
+        ),
+        (
+            "OPENCODE_MCP_TIMEOUTS__WAIT_DEFAULT",
+            "20m",
+            &["  wait_max: 20m\n", "# derived: timeouts.wait_max = 20m"],
+        ),
+        (
+            "OPENCODE_MCP_TIMEOUTS__WAIT_DEFAULT",
+            "8s",
+            &[
+                "  progress_interval: 4s\n",
+                "# derived: timeouts.progress_interval = 4s",
+            ],
+        ),
+    ] {
+        let (ok, stdout, stderr) = run(dir.path(), &["print-config"], &[(var, value)]);
+        assert!(ok, "{var}={value}: {stderr}");
+        assert_mentions(&stdout, lines);
+    }
     // Both set by the user, and at odds: refused, naming both.
     let (ok, _, stderr) = run(
         dir.path(),
@@ -1822,6 +1848,49 @@ fn a_repository_may_only_lower_the_limits_that_multiply_spend() {
     assert_eq!(cfg.limits.structured_retries, 0);
     assert_eq!(cfg.timeouts.task.get(), std::time::Duration::from_secs(60));
     assert!(cfg.withheld.is_empty(), "{:?}", cfg.withheld);
+}
+
+/// A layer that is not a mapping at its top, or larger than any delegation.yaml, is refused
+/// naming the file and what it is.
+#[test]
+fn a_layer_that_is_not_a_delegation_yaml_is_refused_naming_what_it_is() {
+    let dir = workdir();
+    for (text, says) in [
+        ("- a\n- b\n".to_string(), "a list"),
+        ("just words\n".to_string(), "a string"),
+        ("42\n".to_string(), "a number"),
+        ("true\n".to_string(), "a boolean"),
+        (
+            format!("# {}\n", "x".repeat(1 << 20)),
+            "is larger than 1024 KiB",
+        ),
+    ] {
+        let file = write_user_file(dir.path(), &text);
+        let (ok, stdout, stderr) = run(dir.path(), &["check-config"], &[]);
+        assert!(!ok, "{says}: accepted");
+        assert!(stdout.is_empty(), "{stdout}");
+        assert_mentions(&stderr, &[&file.display().to_string(), says]);
+    }
+}
+
+/// A value of the wrong kind is named by its kind, never by its value (a value may be a
+/// secret).
+#[test]
+fn a_value_of_the_wrong_kind_is_named_by_its_kind() {
+    for (yaml, found) in [
+        ("limits:\n  max_tasks: true\n", "found a boolean"),
+        ("limits:\n  max_tasks: 1.5\n", "found a number"),
+        ("limits:\n  max_tasks: [1]\n", "found a list"),
+        ("limits:\n  max_tasks: {a: 1}\n", "found a mapping"),
+        ("limits:\n  max_tasks: ~\n", "found nothing"),
+        ("limits:\n  max_tasks: s3cret-token\n", "found a string"),
+    ] {
+        let (dir, result) = load_trusted(yaml, &[]);
+        let err = result.expect_err(yaml).to_string();
+        let file = dir.path().join("delegation.yaml").display().to_string();
+        assert_mentions(&err, &[&file, "limits.max_tasks", found]);
+        assert!(!err.contains("s3cret"), "the value was echoed: {err}");
+    }
 }
 
 /// Every subcommand that reads the configuration refuses a malformed file: it exits non-zero,
