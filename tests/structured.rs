@@ -356,3 +356,29 @@ async fn a_corrected_tasks_changed_files_include_the_first_answers() {
         .collect();
     assert_eq!(files, ["ada.txt"], "{result}");
 }
+
+/// A structured task with checks: its answer is checked against the schema first, then its
+/// commands run, and only then does it end, with both verdicts in its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_answer_is_checked_then_its_commands_run() {
+    let rig = Rig::start(&[("OPENCODE_MCP_CHECKS__FROM_CALLS", "true")]).await;
+    let marker = rig.env.work_dir().join("checked");
+    let right = r#"Done:\n```json\n{"name": "Ada", "age": 36}\n```"#;
+    let started = rig
+        .start_task_with(json!({
+            "prompt": format!("describe Ada [[answers:{right}]]"),
+            "output_schema": person_schema(),
+            "checks": [format!("touch {}", marker.display())],
+        }))
+        .await;
+    let id = started["task_id"].as_str().expect("task_id").to_string();
+    let result = rig.finish(&id).await;
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(
+        result["structured"],
+        json!({"name": "Ada", "age": 36}),
+        "{result}"
+    );
+    assert_eq!(result["checks"]["status"], "passed", "{result}");
+    assert!(marker.exists(), "the check did not run");
+}
