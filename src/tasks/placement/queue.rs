@@ -271,3 +271,90 @@ pub(in crate::tasks) async fn drain_queue(service: Weak<Placement>) {
         tokio::time::sleep(DRAIN_PAUSE).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A service whose queue holds `bound` tasks, on a state directory of its own.
+    fn service(bound: u32) -> (crate::tasks::TaskService, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("a state directory");
+        let mut config = crate::gateway::test_config();
+        config.state_dir = Some(dir.path().display().to_string());
+        config.limits.queue = bound;
+        (crate::tasks::TaskService::new(Arc::new(config)), dir)
+    }
+
+    fn request() -> StartTask {
+        StartTask {
+            prompt: "wait your turn".into(),
+            ..StartTask::default()
+        }
+    }
+
+    /// A start that finds no slot waits in the queue, answered `queued` with its place; one
+    /// more than `limits.queue` holds is refused, saying why and naming the bound; with no
+    /// queue, the slot's refusal stands.
+    #[tokio::test]
+    async fn a_full_queue_refuses_naming_its_bound() {
+        let (s, _dir) = service(1);
+        let first = s
+            .placement
+            .enqueue(request(), "/w".into(), None, "every slot is taken".into())
+            .await
+            .expect("queued");
+        assert_eq!(first.status, TaskStatus::Queued);
+        let refused = s
+            .placement
+            .enqueue(request(), "/w".into(), None, "every slot is taken".into())
+            .await
+            .expect_err("the queue is full")
+            .to_string();
+        assert!(
+            refused.contains("every slot is taken")
+                && refused.contains("the queue is full")
+                && refused.contains("limits.queue is 1"),
+            "{refused}"
+        );
+        let (off, _dir) = service(0);
+        let why = off
+            .placement
+            .enqueue(request(), "/w".into(), None, "every slot is taken".into())
+            .await
+            .expect_err("no queue")
+            .to_string();
+        assert!(why.contains("every slot is taken"), "{why}");
+    }
+
+    /// A queued task whose saved request cannot be read (a record from another version, or
+    /// altered) fails `StartFailed`, saying so, rather than wait for ever; so does one with none.
+    #[tokio::test]
+    async fn a_queued_request_that_cannot_be_read_fails_the_task() {
+        let (s, _dir) = service(4);
+        for (id, request) in [
+            ("tsk_garbled", Some(serde_json::json!("not a request"))),
+            ("tsk_empty", None),
+        ] {
+            let mut rec = TaskRecord::new(
+                id.into(),
+                String::new(),
+                String::new(),
+                "/w".into(),
+                "t".into(),
+            );
+            rec.queued = request;
+            s.registry.insert(TaskEntry::queued(rec));
+        }
+        s.placement.drain().await;
+        for (id, says) in [
+            ("tsk_garbled", "cannot be read"),
+            ("tsk_empty", "is missing"),
+        ] {
+            let e = s.registry.get(id).expect("still known");
+            assert_eq!(e.rec.status(), TaskStatus::Failed, "{id}");
+            let error = e.rec.error.expect("an error");
+            assert_eq!(error.name, "StartFailed", "{id}");
+            assert!(error.message.contains(says), "{id}: {}", error.message);
+        }
+    }
+}
