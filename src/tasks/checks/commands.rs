@@ -575,6 +575,13 @@ mod tests {
         assert!(commands_for(&c, None, &["a\nb".into()]).is_err());
         let many: Vec<String> = (0..=MAX_CHECKS).map(|i| format!("c{i}")).collect();
         assert!(commands_for(&c, None, &many).is_err_and(|e| e.contains(&MAX_CHECKS.to_string())));
+        let long = "x".repeat(MAX_COMMAND_CHARS + 1);
+        assert!(commands_for(&c, None, &[long]).is_err_and(|e| e.contains("longer than")));
+        // A call naming a check where the user's file names none is told where they go.
+        c.checks.from_calls = false;
+        c.checks.named.clear();
+        let none = commands_for(&c, None, &["test".into()]).expect_err("none named");
+        assert!(none.contains("it names none"), "{none}");
     }
 
     #[test]
