@@ -1011,6 +1011,10 @@ mod tests {
             issues("local:\n  max_tasks: 1\n  tiers: [fast]\n"),
             ["workers.local.tiers"]
         );
+        assert_eq!(
+            issues("local:\n  max_tasks: 1\n  lost_after: 5m\n"),
+            ["workers.local.lost_after"]
+        );
         for destination in ["-oProxyCommand=sh", "'me@box rm'", "box:2222", "ssh://box"] {
             let yaml = format!("box:\n  ssh: {destination}\n  max_tasks: 1\n");
             assert_eq!(issues(&yaml), ["workers.box.ssh"], "{destination}");
@@ -1238,5 +1242,51 @@ mod tests {
         assert!(check_url("127.0.0.1:4096").is_err());
         assert!(check_url("").is_err());
         assert!(check_url("http://u:p@127.0.0.1:4096").is_err());
+    }
+
+    /// A prompt's arguments are named as templates can use them: letters, digits, `_` and `-`,
+    /// once each, and never `tiers` (the gateway fills it in).
+    #[test]
+    fn prompt_arguments_are_named_once_and_never_tiers() {
+        let found = issues(&|c| {
+            let arg = |name: &str| crate::config::PromptArgument {
+                name: name.into(),
+                description: "d".into(),
+                required: false,
+            };
+            c.prompts.insert(
+                "p".into(),
+                crate::config::PromptConfig {
+                    description: "a prompt".into(),
+                    arguments: vec![arg("ok-1"), arg("bad name"), arg("tiers"), arg("ok-1")],
+                    template: "{{ok-1}}".into(),
+                },
+            );
+        });
+        assert_eq!(
+            found,
+            [
+                "prompts.p.arguments.1.name",
+                "prompts.p.arguments.2.name",
+                "prompts.p.arguments.3.name"
+            ]
+        );
+    }
+
+    /// Settings that would make the gateway useless are refused by their key: a password
+    /// variable that is no variable name, records that expire at once, an empty variant.
+    #[test]
+    fn settings_that_cannot_work_are_named() {
+        assert_eq!(
+            issues(&|c| c.opencode.password_env = "A=B".into()),
+            ["opencode.password_env"]
+        );
+        assert_eq!(
+            issues(&|c| c.limits.finished_task_ttl = Duration::ZERO.into()),
+            ["limits.finished_task_ttl"]
+        );
+        let variant = issues(&|c| c.tiers[0].variant = Some(" ".into()));
+        assert_eq!(variant.len(), 1, "{variant:?}");
+        assert!(variant[0].ends_with(".variant"), "{variant:?}");
     }
 }
