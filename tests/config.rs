@@ -1977,3 +1977,18 @@ fn an_unreadable_task_record_is_named_and_skipped() {
         assert!(!stdout.contains("not json"), "{args:?}: {stdout}");
     }
 }
+
+/// A host that closes the gateway's stdin before its handshake (a launcher probing the command,
+/// a host that gave up) ends it at once and cleanly: exit 0, nothing on stdout, and why on
+/// stderr.
+#[test]
+fn a_host_that_leaves_before_the_handshake_ends_the_gateway_cleanly() {
+    let dir = workdir();
+    let (ok, stdout, stderr) = run(dir.path(), &["serve"], &[]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("closed stdin before initializing"),
+        "{stderr}"
+    );
+}
