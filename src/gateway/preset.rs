@@ -670,5 +670,23 @@ mod tests {
         assert!(found.is_empty(), "{found:?}");
         let found = keys(base(json!({"output_schema": {"type": "no-such-type"}})));
         assert!(found[0].starts_with("tools.p.output_schema: "), "{found:?}");
+        // Arguments are identifiers, each declared once.
+        let found = keys(base(json!({"prompt": "{{ a }}", "arguments": [
+            {"name": "a", "description": "a"},
+            {"name": "9lives", "description": "n"},
+            {"name": "a", "description": "again"}
+        ]})));
+        assert!(
+            found
+                .iter()
+                .any(|f| f.starts_with("tools.p.arguments.1.name: expected an argument name")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.starts_with("tools.p.arguments.2.name: argument `a` is declared twice")),
+            "{found:?}"
+        );
     }
 }
