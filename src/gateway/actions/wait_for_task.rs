@@ -576,4 +576,55 @@ mod tests {
         assert_eq!(shorten("abcdef", 3), "abc…");
         assert_eq!(shorten("abc", 3), "abc");
     }
+
+    /// Each other state a waiting task can be in has its words: starting, one ask or several,
+    /// a failing provider, a tool without a title, a step under way, no progress at all; and
+    /// long times read in hours.
+    #[test]
+    fn every_state_of_a_waiting_task_has_its_words() {
+        let ask = |id: &str| crate::opencode::PermissionAsk {
+            id: id.into(),
+            session_id: "ses_1".into(),
+            permission: "bash".into(),
+            patterns: vec!["rm -rf build".into()],
+            metadata: serde_json::Value::Null,
+        };
+        let with = |status, progress: Option<Progress>| {
+            let mut t = snapshot("tsk", status, None);
+            t.progress = progress;
+            describe(&t)
+        };
+        assert!(with(TaskStatus::Pending, None).ends_with(": starting."));
+        let mut one = snapshot("tsk", TaskStatus::WaitingPermission, None);
+        one.permissions = vec![ask("per_1")];
+        assert!(describe(&one).contains("waiting for permission: bash rm -rf build."));
+        one.permissions.push(ask("per_2"));
+        assert!(
+            describe(&one).contains("(and 1 more)"),
+            "{}",
+            describe(&one)
+        );
+        let retry = Progress {
+            retry: Some(crate::tasks::RetryInfo {
+                attempt: 3,
+                message: "overloaded".into(),
+            }),
+            ..Progress::default()
+        };
+        assert!(with(TaskStatus::Running, Some(retry))
+            .contains("the model provider is failing, retry 3: overloaded"));
+        let untitled = Progress {
+            current_tool: Some("read".into()),
+            ..Progress::default()
+        };
+        assert!(with(TaskStatus::Running, Some(untitled)).ends_with(": running read."));
+        let stepping = Progress {
+            steps: 2,
+            ..Progress::default()
+        };
+        assert!(with(TaskStatus::Running, Some(stepping)).ends_with(": thinking (step 3)."));
+        assert!(with(TaskStatus::Running, Some(Progress::default())).ends_with(": thinking."));
+        assert!(with(TaskStatus::Running, None).ends_with(": running."));
+        assert_eq!(human(Duration::from_secs(3_720)), "1 h 2 min");
+    }
 }
