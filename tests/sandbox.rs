@@ -561,3 +561,48 @@ async fn an_unprivileged_user_gets_the_same_confinement_end_to_end() {
     assert!(!home.join("owned").exists(), "{out}");
     assert!(!home.join("owned-by-check").exists(), "{done}");
 }
+
+/// **An OpenCode that drops the confining shell.** A wrapper around `opencode` that sets
+/// `OPENCODE_CONFIG_CONTENT` itself replaces the configuration the gateway gives OpenCode, so
+/// its agents' commands would run with OpenCode's own shell, unconfined. The gateway reads the
+/// shell OpenCode actually uses before a task starts: the start is refused, saying why and what
+/// to do, and no prompt reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opencode_that_drops_the_confining_shell_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = OpenCodeEnv::new();
+    let wrapper = env.root().join("opencode-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nOPENCODE_CONFIG_CONTENT='{{}}'\nexport OPENCODE_CONFIG_CONTENT\nexec {} \"$@\"\n",
+            support::opencode_bin().display()
+        ),
+    )
+    .expect("the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let command = wrapper.display().to_string();
+    let rig = Rig::start_in(
+        FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_OPENCODE__COMMAND", command.as_str())],
+    )
+    .await;
+    let (code, message) = rig
+        .err(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "must not run [[bash:touch escaped]]" }),
+        )
+        .await;
+    assert!(
+        message.contains("would not run confined") && message.contains("config file"),
+        "{code}: {message}"
+    );
+    assert!(
+        !rig.fake
+            .requests()
+            .iter()
+            .any(|r| r.last_user_text.contains("must not run")),
+        "the prompt reached the model"
+    );
+}
