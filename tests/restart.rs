@@ -863,15 +863,7 @@ async fn checks_under_way_are_run_again_after_a_restart() {
 
     let r = rig.finish(&task).await;
     assert_eq!(r["status"], "completed", "{r}");
-    assert_eq!(r["checks"]["status"], "passed", "{r}");
-    assert_eq!(r["checks"]["rounds"], 0, "{r}");
-    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
-    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?} {r}");
-    assert_eq!(
-        rig.model_calls(&session),
-        1,
-        "no model call after the restart"
-    );
+    checks_ran_again(&rig, &runs, &session, &r);
 }
 
 /// **Cancelled is on disk before it is said.** A task cancelled while it runs, its gateway
@@ -1081,14 +1073,7 @@ async fn checks_under_way_run_again_across_a_clean_reconnect() {
         said(),
         rig.client.stderr()
     );
-    assert_eq!(r["checks"]["status"], "passed", "{r}");
-    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
-    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?} {r}");
-    assert_eq!(
-        rig.model_calls(&session),
-        1,
-        "no model call after the reconnect"
-    );
+    checks_ran_again(&rig, &runs, &session, &r);
 }
 
 /// **Each task's deadline holds while no gateway runs.** Task B is held for its checks when its
@@ -1171,6 +1156,16 @@ fn gated_check(rig: &Rig) -> (std::path::PathBuf, std::path::PathBuf, String) {
         gate = gate.display()
     );
     (runs, gate, check)
+}
+
+/// The task's [`gated_check`] passed in the next gateway, which ran it again, with no fix round
+/// and no model call after the first.
+fn checks_ran_again(rig: &Rig, runs: &std::path::Path, session: &str, r: &serde_json::Value) {
+    assert_eq!(r["checks"]["status"], "passed", "{r}");
+    assert_eq!(r["checks"]["rounds"], 0, "{r}");
+    let ran = std::fs::read_to_string(runs).unwrap_or_default();
+    assert!(ran.lines().count() >= 2, "the check ran again: {ran:?} {r}");
+    assert_eq!(rig.model_calls(session), 1, "a model call after the first");
 }
 
 /// Waits until a [`gated_check`] has begun its first run.

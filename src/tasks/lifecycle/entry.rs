@@ -551,13 +551,9 @@ impl TaskEntry {
             .expect("a new task opens its first turn");
         e
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn queued(id: &str) -> TaskEntry {
+    /// Task `id` in the queue, its saved start request `request`.
+    pub(crate) fn queued_for_test(id: &str, request: Option<serde_json::Value>) -> Self {
         let mut rec = TaskRecord::new(
             id.into(),
             String::new(),
@@ -565,8 +561,17 @@ mod tests {
             "/w".into(),
             "t".into(),
         );
-        rec.queued = Some(serde_json::json!({ "prompt": "x" }));
+        rec.queued = request;
         TaskEntry::queued(rec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(id: &str) -> TaskEntry {
+        TaskEntry::queued_for_test(id, Some(serde_json::json!({ "prompt": "x" })))
     }
 
     /// The queue's race, forced both ways: the drainer read the task as queued, then a cancel

@@ -335,15 +335,7 @@ mod tests {
             ("tsk_garbled", Some(serde_json::json!("not a request"))),
             ("tsk_empty", None),
         ] {
-            let mut rec = TaskRecord::new(
-                id.into(),
-                String::new(),
-                String::new(),
-                "/w".into(),
-                "t".into(),
-            );
-            rec.queued = request;
-            s.registry.insert(TaskEntry::queued(rec));
+            s.registry.insert(TaskEntry::queued_for_test(id, request));
         }
         s.placement.drain().await;
         for (id, says) in [
