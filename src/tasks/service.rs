@@ -470,16 +470,21 @@ mod tests {
             "only a finished one"
         );
         running(&service, "tsk_open", TaskStatus::Running);
-        assert_eq!(
-            service.placement.linger_for("srv"),
-            Some((Duration::from_secs(600), 1))
-        );
+        let linger = service.placement.linger_for("srv").expect("lingers");
+        assert_eq!((linger.grace, linger.tasks), (Duration::from_secs(600), 1));
+        assert_eq!(linger.open.len(), 1, "{linger:?}");
+        assert_eq!(linger.open[0].session_id, "ses_tsk_open");
         assert_eq!(service.placement.linger_for("srv_other"), None);
 
         let service = service_with(600, 120);
         running(&service, "tsk_open", TaskStatus::Running);
-        let (grace, tasks) = service.placement.linger_for("srv").expect("lingers");
+        let linger = service.placement.linger_for("srv").expect("lingers");
+        let (grace, tasks) = (linger.grace, linger.tasks);
         assert_eq!(tasks, 1);
+        assert!(
+            linger.open[0].left <= grace,
+            "{linger:?}: the turn's own deadline is at most the linger"
+        );
         assert!(
             grace <= Duration::from_secs(120) && grace > Duration::from_secs(100),
             "{grace:?}: not bounded by the deadline"

@@ -443,7 +443,12 @@ impl Placement {
                 // Its tasks outlive this gateway (a host's reconnect ends it): their OpenCode
                 // runs on for `limits.linger`, and the next gateway on this state directory
                 // takes them over from its saved file, as after a crash.
-                let Some((linger, tasks)) = self.linger_for(&link.server_id) else {
+                let Some(super::servers::Linger {
+                    grace: linger,
+                    tasks,
+                    ..
+                }) = self.linger_for(&link.server_id)
+                else {
                     link.serve.stop(&link.remote).await;
                     self.forget_serve(&name);
                     return;

@@ -18,6 +18,22 @@ use crate::tasks::turn::outcome;
 /// How long `stop_server` waits for what is unread of its finished turns.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
 
+/// How an OpenCode runs on for its unfinished tasks once this gateway is gone (a host's
+/// reconnect or update ends the gateway while tasks run).
+#[derive(Debug, PartialEq)]
+pub(in crate::tasks) struct Linger {
+    /// `limits.linger`, but never past the last of the open turns' deadlines (`timeouts.task`):
+    /// no gateway enforces a deadline meanwhile (on this machine the supervisor aborts each
+    /// open turn at its own; a worker's OpenCode only stops), so this bounds what an agent can
+    /// spend unwatched.
+    pub grace: Duration,
+    /// Its unfinished tasks.
+    pub tasks: usize,
+    /// Its open turns and what is left of each one's `timeouts.task`: the supervisor of a
+    /// server on this machine aborts each at its deadline while no gateway runs.
+    pub open: Vec<OpenTurn>,
+}
+
 impl Placement {
     pub(in crate::tasks) fn server(&self, server_id: &str) -> Result<Arc<Server>, TaskError> {
         let server = self
@@ -237,10 +253,9 @@ impl Placement {
             .all()
             .into_iter()
             .filter(|s| s.process.is_some() && s.worker.is_none() && s.exited().is_none())
-            .filter_map(|s| self.linger_for(&s.id).map(|(grace, tasks)| (s, grace, tasks)))
-            .map(|(s, grace, tasks)| async move {
-                let deadlines = self.open_turns(&s.id);
-                match self.pool.let_linger(&s.id, grace, &deadlines).await {
+            .filter_map(|s| self.linger_for(&s.id).map(|linger| (s, linger)))
+            .map(|(s, Linger { grace, tasks, open })| async move {
+                match self.pool.let_linger(&s.id, grace, &open).await {
                     Ok(()) => tracing::info!(server_id = %s.id, tasks, ?grace, "the OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
                     Err(e) => tracing::warn!(server_id = %s.id, error = %e, "cannot let the OpenCode run on for its tasks; stopping it"),
                 }
@@ -248,30 +263,10 @@ impl Placement {
         futures::future::join_all(lingers).await;
     }
 
-    /// How long an OpenCode may run on for its unfinished tasks on `server_id` once this gateway
-    /// is gone, and how many those are; `None` when there are none or `limits.linger` is 0.
-    /// It is `limits.linger`, but never past the last of their open turns' deadlines
-    /// (`timeouts.task`): no gateway enforces a deadline meanwhile (on this machine the
-    /// supervisor aborts each open turn at its own, see [`Self::open_turns`]; a worker's
-    /// OpenCode only stops), so this bounds what an agent can spend unwatched. A held turn (its
-    /// answer under check) has no deadline of its own.
-    /// The open turns on `server_id` and what is left of each one's `timeouts.task`: the
-    /// supervisor of a server let linger aborts each at its deadline while no gateway runs.
-    pub(in crate::tasks) fn open_turns(&self, server_id: &str) -> Vec<OpenTurn> {
-        let limit = self.tracker.config().timeouts.task.get();
-        self.registry
-            .ids_where(|e| e.rec.server_id == server_id && e.is_open())
-            .iter()
-            .filter_map(|id| self.registry.get(id))
-            .map(|e| OpenTurn {
-                left: limit.saturating_sub(e.live.turn_started.elapsed()),
-                session_id: e.rec.session_id.clone(),
-                directory: e.rec.directory.clone(),
-            })
-            .collect()
-    }
-
-    pub(in crate::tasks) fn linger_for(&self, server_id: &str) -> Option<(Duration, usize)> {
+    /// How an OpenCode may run on for its unfinished tasks on `server_id` once this gateway is
+    /// gone; `None` when there are none or `limits.linger` is 0. One pass over the server's
+    /// tasks (see [`Linger`]).
+    pub(in crate::tasks) fn linger_for(&self, server_id: &str) -> Option<Linger> {
         let config = self.tracker.config();
         let (grace, limit) = (config.limits.linger.get(), config.timeouts.task.get());
         if grace.is_zero() {
@@ -280,14 +275,27 @@ impl Placement {
         let ids = self
             .registry
             .ids_where(|e| e.rec.server_id == server_id && !e.rec.status().is_terminal());
-        let last = ids
-            .iter()
-            .filter_map(|id| self.registry.get(id))
-            .map(|e| match e.rec.is_held() {
+        let mut open = Vec::new();
+        let mut last = None;
+        for e in ids.iter().filter_map(|id| self.registry.get(id)) {
+            // A held turn (its answer under check) has no deadline of its own.
+            let left = match e.rec.is_held() {
                 true => grace,
                 false => limit.saturating_sub(e.live.turn_started.elapsed()),
-            })
-            .max()?;
-        Some((grace.min(last.max(Duration::from_secs(1))), ids.len()))
+            };
+            if e.is_open() {
+                open.push(OpenTurn {
+                    left,
+                    session_id: e.rec.session_id.clone(),
+                    directory: e.rec.directory.clone(),
+                });
+            }
+            last = last.max(Some(left));
+        }
+        Some(Linger {
+            grace: grace.min(last?.max(Duration::from_secs(1))),
+            tasks: ids.len(),
+            open,
+        })
     }
 }
