@@ -439,9 +439,6 @@ impl ManagedProcess {
         let Some(line) = lifeline.as_mut() else {
             return Err("no lifeline: it runs without a supervisor, or was let go".into());
         };
-        let port = reqwest::Url::parse(&self.url)
-            .ok()
-            .and_then(|u| u.port_or_known_default());
         let mut request = String::new();
         // Each open turn's deadline first, so the supervisor holds them once it lingers. A
         // directory that would break the line (a newline in it) is left out: that turn's
@@ -450,16 +447,14 @@ impl ManagedProcess {
             .iter()
             .filter(|t| !t.directory.contains(['\n', '\r']))
         {
-            if let Some(port) = port {
-                request.push_str(&format!(
-                    "{} {} {port} {} {}\n",
-                    super::supervisor::ABORT_REQUEST,
-                    // Whole seconds, rounded up: never before the deadline.
-                    turn.left.as_millis().div_ceil(1000),
-                    turn.session_id,
-                    turn.directory
-                ));
-            }
+            request.push_str(&format!(
+                "{} {} {} {}\n",
+                super::supervisor::ABORT_REQUEST,
+                // Whole seconds, rounded up: never before the deadline.
+                turn.left.as_millis().div_ceil(1000),
+                turn.session_id,
+                turn.directory
+            ));
         }
         request.push_str(&format!(
             "{} {} {}\n",

@@ -47,11 +47,13 @@
 //! there fails in the supervisor (which drops it), never in OpenCode.
 //!
 //! **Deadlines while no gateway runs.** Before the linger request, the gateway names each open
-//! turn's deadline: `abort-at <seconds> <port> <session id> <directory>` ([`ABORT_REQUEST`]).
+//! turn's deadline: `abort-at <seconds> <session id> <directory>` ([`ABORT_REQUEST`]).
 //! While the supervisor lingers with no gateway, it aborts each such session at its deadline
-//! (`POST /session/<id>/abort` to its own OpenCode on 127.0.0.1, with the password it was
-//! started with), so a task's `timeouts.task` holds between two gateways too. A gateway that
-//! connects takes the deadlines back: they are forgotten, and it arms its own.
+//! (`POST /session/<id>/abort`, with the password it was started with), so a task's
+//! `timeouts.task` holds between two gateways too. Where that goes is the supervisor's own
+//! command line (`--hostname`, a loopback address, and `--port` of the `opencode serve` it
+//! started), never a lifeline's words: no message can send OpenCode's password elsewhere. A
+//! gateway that connects takes the deadlines back: they are forgotten, and it arms its own.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -78,8 +80,8 @@ pub const LINGERING_LINE: &str = "opencode-mcp supervisor: lingering";
 /// connection is the lifeline now.
 pub const ATTACHED_LINE: &str = "opencode-mcp supervisor: attached ";
 /// The message (a line on the lifeline) that names an open turn's deadline: this word, the
-/// seconds from now, OpenCode's port on 127.0.0.1, the session's id and its directory (the rest
-/// of the line). Acted on only while the supervisor lingers with no gateway.
+/// seconds from now, the session's id and its directory (the rest of the line). Acted on only
+/// while the supervisor lingers with no gateway.
 pub const ABORT_REQUEST: &str = "abort-at";
 /// The most deadlines a supervisor keeps (a bound on what a lifeline can make it hold).
 const MAX_DEADLINES: usize = 1024;
@@ -145,18 +147,16 @@ enum Wake {
 #[derive(Debug, Clone, PartialEq)]
 struct Deadline {
     at: Instant,
-    port: u16,
     session: String,
     directory: String,
 }
 
 impl Deadline {
-    /// Reads the words after [`ABORT_REQUEST`]: seconds, port, session id, directory. `None`
-    /// for anything else: a session id is letters, digits, `_` and `-`, a directory is absolute.
+    /// Reads the words after [`ABORT_REQUEST`]: seconds, session id, directory. `None` for
+    /// anything else: a session id is letters, digits, `_` and `-`, a directory is absolute.
     fn parse(rest: &str, now: Instant) -> Option<Deadline> {
-        let mut words = rest.splitn(4, ' ');
+        let mut words = rest.splitn(3, ' ');
         let secs = words.next()?.parse::<u64>().ok()?;
-        let port = words.next()?.parse::<u16>().ok().filter(|p| *p != 0)?;
         let session = words.next().filter(|s| {
             !s.is_empty()
                 && s.len() <= 128
@@ -166,7 +166,6 @@ impl Deadline {
         let directory = words.next().filter(|d| d.starts_with('/'))?;
         Some(Deadline {
             at: now + Duration::from_secs(secs).min(MAX_LINGER),
-            port,
             session: session.to_string(),
             directory: directory.to_string(),
         })
@@ -176,35 +175,37 @@ impl Deadline {
     fn abort(self) {
         let spawned = std::thread::Builder::new()
             .name("abort".into())
-            .spawn(move || match abort_session(&self) {
-                Ok(status) => say(&format!(
+            .spawn(
+                move || match abort_session(&self, OPENCODE_ADDRESS.get().copied()) {
+                    Ok(status) => say(&format!(
                     "opencode-mcp supervisor: session {} reached its deadline with no gateway; \
                      aborted ({status})",
                     self.session
                 )),
-                Err(e) => say(&format!(
+                    Err(e) => say(&format!(
                     "opencode-mcp supervisor: session {} reached its deadline with no gateway; \
                      the abort failed: {e}",
                     self.session
                 )),
-            });
+                },
+            );
         if spawned.is_err() {
             say("opencode-mcp supervisor: cannot start a thread to abort a session");
         }
     }
 }
 
-/// `POST /session/<id>/abort?directory=<dir>` to OpenCode on 127.0.0.1, with the password the
-/// supervisor was started with (OpenCode's own, from the same environment); the answer's status
-/// line.
-fn abort_session(d: &Deadline) -> std::io::Result<String> {
+/// `POST /session/<id>/abort?directory=<dir>` to OpenCode at `address` (see
+/// [`opencode_address`]), with the password the supervisor was started with (OpenCode's own,
+/// from the same environment); the answer's status line.
+fn abort_session(d: &Deadline, address: Option<std::net::SocketAddr>) -> std::io::Result<String> {
     use std::io::{BufRead, Write};
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
-    let mut url = reqwest::Url::parse(&format!(
-        "http://127.0.0.1:{}/session/{}/abort",
-        d.port, d.session
-    ))
-    .map_err(|_| bad("not a URL"))?;
+    let address = address.ok_or_else(|| {
+        bad("OpenCode's address is not on the supervisor's command line (--hostname, --port)")
+    })?;
+    let mut url = reqwest::Url::parse(&format!("http://{address}/session/{}/abort", d.session))
+        .map_err(|_| bad("not a URL"))?;
     url.query_pairs_mut().append_pair("directory", &d.directory);
     let target = format!("{}?{}", url.path(), url.query().unwrap_or_default());
     let auth = std::env::var("OPENCODE_SERVER_PASSWORD")
@@ -215,14 +216,12 @@ fn abort_session(d: &Deadline) -> std::io::Result<String> {
             )
         })
         .unwrap_or_default();
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], d.port));
     let mut stream = std::net::TcpStream::connect_timeout(&address, ABORT_BOUND)?;
     stream.set_read_timeout(Some(ABORT_BOUND))?;
     stream.set_write_timeout(Some(ABORT_BOUND))?;
     write!(
         stream,
-        "POST {target} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
-        d.port
+        "POST {target} HTTP/1.1\r\nHost: {address}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut status = Vec::new();
     std::io::BufReader::new(std::io::Read::take(stream, 256)).read_until(b'\n', &mut status)?;
@@ -378,6 +377,29 @@ fn opencode_pid() -> libc::pid_t {
     OPENCODE_PID.get().copied().unwrap_or(0)
 }
 
+/// Where the OpenCode this supervisor started listens, read from its own command line: the
+/// only place an abort at a deadline goes.
+static OPENCODE_ADDRESS: OnceLock<std::net::SocketAddr> = OnceLock::new();
+
+/// The address `opencode serve --hostname <h> --port <p>` (in `args`) listens on, if `<h>` is a
+/// loopback address (or `localhost`) and `<p>` a port: the gateway starts every managed server
+/// so, on a port it picked.
+fn opencode_address(args: &[OsString]) -> Option<std::net::SocketAddr> {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.to_str())
+    };
+    let port = value("--port")?.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let ip = match value("--hostname")? {
+        "localhost" => std::net::IpAddr::from([127, 0, 0, 1]),
+        other => other.parse::<std::net::IpAddr>().ok()?,
+    };
+    ip.is_loopback()
+        .then_some(std::net::SocketAddr::new(ip, port))
+}
+
 /// A line on the supervisor's stderr. Never fails: once no gateway reads it, it is lost.
 fn say(line: &str) {
     use std::io::Write;
@@ -408,6 +430,9 @@ fn run(command: &[OsString], lifeline: bool) -> ExitCode {
         say("opencode-mcp supervisor: no command given");
         return ExitCode::from(2);
     };
+    if let Some(address) = opencode_address(args) {
+        let _ = OPENCODE_ADDRESS.set(address);
+    }
     let set = handled_signals();
     // Blocked before any thread starts, so every thread inherits the mask and the signals wait
     // for `sigwait` instead of their default action.
@@ -735,22 +760,21 @@ mod tests {
     #[test]
     fn a_deadline_is_read_only_when_whole() {
         let now = Instant::now();
-        let d = Deadline::parse("12 4096 ses_A-1 /w/my repo", now).expect("a deadline");
+        let d = Deadline::parse("12 ses_A-1 /w/my repo", now).expect("a deadline");
         assert_eq!(
-            (d.at - now, d.port, d.session.as_str(), d.directory.as_str()),
-            (Duration::from_secs(12), 4096, "ses_A-1", "/w/my repo")
+            (d.at - now, d.session.as_str(), d.directory.as_str()),
+            (Duration::from_secs(12), "ses_A-1", "/w/my repo")
         );
-        let far = Deadline::parse("999999999 1 s /w", now).expect("a far deadline");
+        let far = Deadline::parse("999999999 s /w", now).expect("a far deadline");
         assert_eq!(far.at - now, MAX_LINGER);
         for bad in [
             "",
-            "x 4096 ses /w",
-            "12 0 ses /w",
-            "12 70000 ses /w",
-            "12 4096 ses/../x /w",
-            "12 4096 ses w",
-            "12 4096 ses",
-            "12 4096  /w",
+            "x ses /w",
+            "-1 ses /w",
+            "12 ses/../x /w",
+            "12 ses w",
+            "12 ses",
+            "12  /w",
         ] {
             assert_eq!(Deadline::parse(bad, now), None, "{bad:?}");
         }
@@ -780,11 +804,11 @@ mod tests {
         });
         let d = Deadline {
             at: Instant::now(),
-            port,
             session: "ses_1".into(),
             directory: "/w/a b&c".into(),
         };
-        let status = abort_session(&d).expect("answered");
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let status = abort_session(&d, Some(address)).expect("answered");
         assert_eq!(status, "HTTP/1.1 200 OK");
         let request = server.join().expect("the listener");
         assert!(
@@ -806,10 +830,41 @@ mod tests {
             .expect("a free port");
         let d = Deadline {
             at: Instant::now(),
-            port,
             session: "ses_1".into(),
             directory: "/w".into(),
         };
-        assert!(abort_session(&d).is_err());
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        assert!(abort_session(&d, Some(address)).is_err());
+        let unknown = abort_session(&d, None).expect_err("no address").to_string();
+        assert!(unknown.contains("--port"), "{unknown}");
+    }
+
+    /// The abort's address is the supervisor's own command line: `--hostname` a loopback
+    /// address (or `localhost`) and `--port` a port; anything else gives none.
+    #[test]
+    fn the_abort_goes_only_where_opencode_was_told_to_listen() {
+        let args = |line: &str| -> Vec<OsString> { line.split(' ').map(OsString::from).collect() };
+        assert_eq!(
+            opencode_address(&args("serve --hostname 127.0.0.1 --port 4242")),
+            Some(std::net::SocketAddr::from(([127, 0, 0, 1], 4242)))
+        );
+        assert_eq!(
+            opencode_address(&args("serve --hostname localhost --port 1")),
+            Some(std::net::SocketAddr::from(([127, 0, 0, 1], 1)))
+        );
+        assert_eq!(
+            opencode_address(&args("serve --hostname ::1 --port 9")).map(|a| a.port()),
+            Some(9)
+        );
+        for bad in [
+            "serve --hostname 10.0.0.1 --port 4242",
+            "serve --hostname example.com --port 4242",
+            "serve --hostname 127.0.0.1 --port 0",
+            "serve --hostname 127.0.0.1",
+            "serve --port 4242",
+            "serve --hostname 127.0.0.1 --port",
+        ] {
+            assert_eq!(opencode_address(&args(bad)), None, "{bad}");
+        }
     }
 }
