@@ -83,7 +83,7 @@ fn day_spend(record: &TaskRecord, now: u64) -> f64 {
     if !record.status().is_terminal() || record.finished_ms.unwrap_or_default() / DAY_MS != today {
         return 0.0;
     }
-    let turn = record.outcome.as_ref().map_or(0.0, |o| o.cost);
+    let turn = record.outcome_cost();
     let earlier = if record.started_ms() / DAY_MS == today {
         record.spend.earlier().cost
     } else {

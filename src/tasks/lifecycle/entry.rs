@@ -101,7 +101,7 @@ impl TaskEntry {
         // now on is new. A task of yesterday read back today (for an apply, say) must not count
         // toward today.
         let mut entry = Self { rec, live };
-        let read = entry.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+        let read = entry.rec.outcome_cost();
         entry.live.spending.ledgered_already(read);
         entry
     }

@@ -255,6 +255,11 @@ impl TaskRecord {
         }
     }
 
+    /// What the current turn cost as its outcome was read over HTTP (0 until it is read).
+    pub fn outcome_cost(&self) -> f64 {
+        self.outcome.as_ref().map_or(0.0, |o| o.cost)
+    }
+
     /// What hosts read of where the task stands.
     pub fn status(&self) -> TaskStatus {
         self.status

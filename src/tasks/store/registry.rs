@@ -431,7 +431,7 @@ impl Registry {
         let wake = seen != observable(entry);
         // Spend is observed here, where every change of a task passes: a turn's spend
         // that grew is written to the day's ledger (once per step at most).
-        let read = entry.rec.outcome.as_ref().map_or(0.0, |o| o.cost);
+        let read = entry.rec.outcome_cost();
         let grew = entry
             .live
             .spending
