@@ -17,6 +17,10 @@ fn id(v: &serde_json::Value) -> String {
     v["task_id"].as_str().expect("task_id").to_string()
 }
 
+fn session(v: &serde_json::Value) -> String {
+    v["session_id"].as_str().expect("session_id").to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_gateway_answers_for_finished_tasks_and_reports_interrupted_ones() {
     // Finished tasks leave memory after a second: the follow-up below is of a task that left
@@ -429,10 +433,7 @@ async fn a_structured_correction_under_way_is_adopted_and_checked_after_a_restar
         .start_answering("describe Ada", &[wrong, right], person_schema())
         .await;
     let task = id(&started);
-    let session = started["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_string();
+    let session = session(&started);
     rig.wait_for_correction(&session).await;
     let during = rig.status(&task).await;
     assert!(
@@ -845,10 +846,7 @@ async fn checks_under_way_are_run_again_after_a_restart() {
         .start_task_with(json!({ "prompt": "checked work", "checks": [check] }))
         .await;
     let task = id(&started);
-    let session = started["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_string();
+    let session = session(&started);
     // The check's first run is under way (the task is still running meanwhile).
     check_started(&runs).await;
     let during = rig.status(&task).await;
@@ -1048,10 +1046,7 @@ async fn checks_under_way_run_again_across_a_clean_reconnect() {
         .start_task_with(json!({ "prompt": "checked across a reconnect", "checks": [check] }))
         .await;
     let task = id(&started);
-    let session = started["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_string();
+    let session = session(&started);
     check_started(&runs).await;
     let opencode = rig.opencode_pid();
 
