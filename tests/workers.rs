@@ -2210,6 +2210,101 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
     );
 }
 
+/// **A task's deadline holds on a worker while no gateway runs.** Task A streams on worker
+/// `w1` (its model answers for 90 s) while task H is held for its check there, so the worker's
+/// OpenCode lingers for the whole `limits.linger` once the gateway exits cleanly. No gateway
+/// runs at A's `timeouts.task` (15 s), yet its session is aborted then by the linger timer on
+/// the worker (it used to run on until the next gateway took it over), and OpenCode keeps
+/// running H. The next gateway reports A `timed_out`, saying no gateway ran, and H completes
+/// there once its check passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        mut rig,
+        ..
+    } = OneWorker::start_with(
+        &[("app.txt", "one\n")],
+        |_| {},
+        None,
+        3,
+        "timeouts:\n  task: 15s\nlimits:\n  linger: 10m\n",
+    )
+    .await;
+    let held = rig
+        .start_task_with(json!({
+            "prompt": "held for its check [[write:held.txt:held\\n]]",
+            "worker": "w1",
+            "checks": ["echo run >> check-runs; test -f check-gate || sleep 60; test -f check-gate"],
+        }))
+        .await;
+    let worktree = std::path::PathBuf::from(held["workspace"]["path"].as_str().expect("path"));
+    let held = held["task_id"].as_str().expect("task_id").to_string();
+    let began = support::rig::poll_for(std::time::Duration::from_secs(60), || {
+        worktree.join("check-runs").exists().then_some(())
+    })
+    .await;
+    assert!(began.is_some(), "the check did not start on the worker");
+
+    let started = std::time::Instant::now();
+    let open = rig
+        .start_task_with(
+            json!({ "prompt": "streams past its deadline [[slow:90000]]", "worker": "w1" }),
+        )
+        .await;
+    let open = open["task_id"].as_str().expect("task_id").to_string();
+    let request = rig
+        .fake
+        .wait_for_request(std::time::Duration::from_secs(30), |r| {
+            r.last_user_text.contains("streams past its deadline")
+        })
+        .await;
+    let running = reaper.servers();
+    assert_eq!(running.len(), 1, "the worker's OpenCode runs");
+
+    let next = rig.launch.connect().await.expect("a gateway to replace it");
+    let old = std::mem::replace(&mut rig.client, next);
+    let said = old.stderr_handle();
+    // The replacement is killed first, so that no gateway runs until the relaunch below.
+    rig.kill_gateway().await;
+    old.close().await.expect("the gateway exits cleanly");
+    let end = rig
+        .fake
+        .wait_for_stream_end(request.index, std::time::Duration::from_secs(45))
+        .await;
+    assert!(
+        end.client_closed,
+        "the stream ended on its own, not by an abort: {end:?}"
+    );
+    let after = end.at.saturating_duration_since(started);
+    assert!(
+        after >= std::time::Duration::from_secs(15),
+        "the session was aborted {after:?} after its start, before its 15 s deadline:\n{}",
+        said()
+    );
+    assert_eq!(
+        reaper.servers(),
+        running,
+        "the worker's OpenCode stopped: the held task keeps it for limits.linger"
+    );
+
+    std::fs::write(worktree.join("check-gate"), "open").expect("open the gate");
+    rig.relaunch().await;
+    let w = rig.wait(&[&open], "all", 30_000).await;
+    assert_eq!(w["done"], true, "{w}");
+    let st = rig.status(&open).await;
+    assert_eq!(st["status"], "timed_out", "{st}\n{}", rig.client.stderr());
+    let message = st["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no gateway"), "{st}");
+    let h = rig.finish(&held).await;
+    assert_eq!(h["status"], "completed", "{h}\n{}", rig.client.stderr());
+}
+
 /// **A queued task waits out a short worker drop.** A task queued for worker `w1` (its one
 /// slot taken) is due to start while `w1` refuses every new session: its start fails, and the
 /// task goes back to the queue instead of failing, since the worker has been out of reach for

@@ -23,6 +23,7 @@ mod process;
 pub mod supervisor;
 mod types;
 
+pub(crate) use api::basic_auth_header;
 pub use api::{Api, ForcedRule, RunOn, AUTH_USER};
 pub use error::OpencodeError;
 pub use listings::{Listing, FRESH_FOR};

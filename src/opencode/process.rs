@@ -111,6 +111,39 @@ pub struct OpenTurn {
     pub directory: String,
 }
 
+impl OpenTurn {
+    /// Whole seconds left, rounded up: an abort at them is never before the deadline.
+    pub fn left_secs(&self) -> u128 {
+        self.left.as_millis().div_ceil(1000)
+    }
+
+    /// The path and query of this session's abort (`/session/<id>/abort?directory=<dir>`),
+    /// or `None` when the session id is not one OpenCode makes (letters, digits, `_`, `-`;
+    /// it comes from OpenCode's answers) or the directory is not absolute.
+    pub fn abort_target(&self) -> Option<String> {
+        abort_target(&self.session_id, &self.directory)
+    }
+}
+
+/// See [`OpenTurn::abort_target`]; the supervisor's abort at a deadline builds the same.
+pub(crate) fn abort_target(session: &str, directory: &str) -> Option<String> {
+    let session_ok = !session.is_empty()
+        && session.len() <= 128
+        && session
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !session_ok || !directory.starts_with('/') {
+        return None;
+    }
+    let mut url = reqwest::Url::parse(&format!("http://127.0.0.1/session/{session}/abort")).ok()?;
+    url.query_pairs_mut().append_pair("directory", directory);
+    Some(format!(
+        "{}?{}",
+        url.path(),
+        url.query().unwrap_or_default()
+    ))
+}
+
 /// A running managed server.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -450,8 +483,7 @@ impl ManagedProcess {
             request.push_str(&format!(
                 "{} {} {} {}\n",
                 super::supervisor::ABORT_REQUEST,
-                // Whole seconds, rounded up: never before the deadline.
-                turn.left.as_millis().div_ceil(1000),
+                turn.left_secs(),
                 turn.session_id,
                 turn.directory
             ));

@@ -157,13 +157,8 @@ impl Deadline {
     fn parse(rest: &str, now: Instant) -> Option<Deadline> {
         let mut words = rest.splitn(3, ' ');
         let secs = words.next()?.parse::<u64>().ok()?;
-        let session = words.next().filter(|s| {
-            !s.is_empty()
-                && s.len() <= 128
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        })?;
-        let directory = words.next().filter(|d| d.starts_with('/'))?;
+        let (session, directory) = (words.next()?, words.next()?);
+        super::process::abort_target(session, directory)?;
         Some(Deadline {
             at: now + Duration::from_secs(secs).min(MAX_LINGER),
             session: session.to_string(),
@@ -204,10 +199,8 @@ fn abort_session(d: &Deadline, address: Option<std::net::SocketAddr>) -> std::io
     let address = address.ok_or_else(|| {
         bad("OpenCode's address is not on the supervisor's command line (--hostname, --port)")
     })?;
-    let mut url = reqwest::Url::parse(&format!("http://{address}/session/{}/abort", d.session))
-        .map_err(|_| bad("not a URL"))?;
-    url.query_pairs_mut().append_pair("directory", &d.directory);
-    let target = format!("{}?{}", url.path(), url.query().unwrap_or_default());
+    let target = super::process::abort_target(&d.session, &d.directory)
+        .ok_or_else(|| bad("not a session OpenCode makes, or a directory that is not absolute"))?;
     let auth = std::env::var("OPENCODE_SERVER_PASSWORD")
         .map(|pw| {
             format!(

@@ -22,6 +22,7 @@ use tokio::process::Child;
 
 use super::ssh::{read_line_capped, read_tail, SshError, FORWARDING, LINE_LIMIT, STDERR_KEPT};
 use super::Remote;
+use crate::opencode::OpenTurn;
 
 /// The fixed script that starts OpenCode there: the password is the first line of stdin; `$1`
 /// the OpenCode command, `$2` the port, `$3` the directory it serves from (made when missing:
@@ -49,30 +50,72 @@ const WATCH: &str = "kill -0 \"$1\" 2>/dev/null || exit 96; rm -f \"$2\"; \
 /// The fixed script that lets a worker's OpenCode run on after a clean exit of its gateway (a
 /// host's reconnect or update ends the gateway while tasks run there): `$1` its pid, `$2` the
 /// grace period in seconds, `$3` the timer's file, `$4` the directory it serves from (the
-/// worker's root). A timer already there is stopped first (its file removed).
+/// worker's root), `$5` the port it listens on, `$6` the timer ([`TIMER`]), `$7` [`NO_CURL`]. A timer already
+/// there is stopped first (its file removed).
 ///
-/// The timer checks every second that OpenCode still runs and that its file still names it; it
+/// Stdin holds the `Authorization` header's value for OpenCode, then one line per open turn,
+/// `<seconds left> <path of its abort>`, which the timer gets through a pipe: neither is on a
+/// command line or in an environment, which a worker's other processes can read. Where the
+/// worker has no `curl` to send the aborts with, it says so ([`NO_CURL`]) and the
+/// timer holds only the grace period's end.
+const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"; rm -f \"$f\"; \
+    IFS= read -r h; d=$(cat); \
+    if [ -n \"$d\" ] && ! command -v curl >/dev/null 2>&1; then echo \"$7\"; d=; fi; \
+    printf '%s\\n%s\\n' \"$h\" \"$d\" | nohup sh -c \"$6\" linger \"$2\" \"$1\" \"$f\" \"$4\" \"$5\" \
+    >/dev/null 2>&1 & echo $! > \"$f\"";
+
+/// The linger timer itself, started by [`LINGER`]: `$1` the grace period in seconds, `$2`
+/// OpenCode's pid, `$3` its file, `$4` the worker's root, `$5` OpenCode's port; stdin as
+/// [`LINGER`] passes it on.
+///
+/// It checks every second that OpenCode still runs and that its file still names it; it
 /// ends as soon as either is no longer so, and never signals a pid it has not just seen alive
 /// (a pid reused after OpenCode ended must not be hit: on a busy machine pids come round within
-/// seconds). When the grace period passes, OpenCode gets SIGTERM, and, if still there 5 s later,
+/// seconds). Each open turn's session is aborted once its seconds have passed (`POST` to
+/// OpenCode on the worker's loopback), so a task's `timeouts.task` holds while no gateway
+/// runs. When the grace period passes, OpenCode gets SIGTERM, and, if still there 5 s later,
 /// its whole process group SIGKILL: OpenCode's npm launcher runs the real server as its child,
 /// which a SIGKILL of the launcher alone leaves running (OpenCode leads its group: the serve
 /// session's shell `exec`s it, and sshd starts each session in a new one). Then the agents'
 /// commands it left are stopped: OpenCode starts each in a session of its own, through the
 /// confining shell under the root, which runs on once OpenCode is gone (measured: a command
 /// waiting on a file outlived it).
-const LINGER: &str = "umask 077; kill -0 \"$1\" 2>/dev/null || exit 96; f=\"$3\"; rm -f \"$f\"; \
-    nohup sh -c 'i=0; \
-      while sleep 1 && kill -0 \"$2\" 2>/dev/null && [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ]; do \
-        i=$((i + 1)); [ \"$i\" -ge \"$1\" ] || continue; rm -f \"$3\"; \
-        kill -TERM \"$2\" 2>/dev/null; j=0; \
-        while [ \"$j\" -lt 5 ] && kill -0 \"$2\" 2>/dev/null; do sleep 1; j=$((j + 1)); done; \
-        if kill -0 \"$2\" 2>/dev/null; then kill -KILL -\"$2\" 2>/dev/null; kill -KILL \"$2\" 2>/dev/null; fi; \
-        ps -eo pid=,args= | while read -r p a; do case \"$a\" in \
-          *\" $4/sandbox/shell \"*) kill -KILL -\"$p\" 2>/dev/null; kill -KILL \"$p\" 2>/dev/null;; \
-        esac; done; exit 0; \
-      done; [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ] && rm -f \"$3\"' \
-    linger \"$2\" \"$1\" \"$f\" \"$4\" </dev/null >/dev/null 2>&1 & echo $! > \"$f\"";
+const TIMER: &str = "IFS= read -r h; d=$(cat); i=0; \
+    while sleep 1 && kill -0 \"$2\" 2>/dev/null && [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ]; do \
+      i=$((i + 1)); \
+      if [ -n \"$d\" ]; then d=$(printf '%s\\n' \"$d\" | while read -r s u; do \
+        [ -n \"$u\" ] || continue; \
+        if [ \"$s\" -le \"$i\" ]; then \
+          printf 'header = \"Authorization: %s\"\\n' \"$h\" | \
+            curl -s -m 10 -o /dev/null -X POST -K - \"http://127.0.0.1:$5$u\" >/dev/null 2>&1; \
+        else echo \"$s $u\"; fi; done); fi; \
+      [ \"$i\" -ge \"$1\" ] || continue; rm -f \"$3\"; \
+      kill -TERM \"$2\" 2>/dev/null; j=0; \
+      while [ \"$j\" -lt 5 ] && kill -0 \"$2\" 2>/dev/null; do sleep 1; j=$((j + 1)); done; \
+      if kill -0 \"$2\" 2>/dev/null; then kill -KILL -\"$2\" 2>/dev/null; kill -KILL \"$2\" 2>/dev/null; fi; \
+      ps -eo pid=,args= | while read -r p a; do case \"$a\" in \
+        *\" $4/sandbox/shell \"*) kill -KILL -\"$p\" 2>/dev/null; kill -KILL \"$p\" 2>/dev/null;; \
+      esac; done; exit 0; \
+    done; [ \"$(cat \"$3\" 2>/dev/null)\" = \"$$\" ] && rm -f \"$3\"";
+
+/// What [`LINGER`] prints when the worker has no `curl`.
+const NO_CURL: &str = "opencode-mcp-no-curl";
+
+/// [`LINGER`]'s stdin: the `Authorization` header's value, then `<seconds left> <abort path>`
+/// for each open turn (one whose session id or directory could not be sent is left out: its
+/// deadline is then the grace period's end).
+fn linger_input(password: &str, open: &[OpenTurn]) -> String {
+    let mut input = format!(
+        "{}\n",
+        crate::opencode::basic_auth_header(crate::opencode::AUTH_USER, password)
+    );
+    for turn in open {
+        if let Some(target) = turn.abort_target() {
+            input.push_str(&format!("{} {target}\n", turn.left_secs()));
+        }
+    }
+    input
+}
 
 /// SIGTERM to the OpenCode at `pid` on the worker, only while that pid is still a process
 /// serving on `port`: it may have ended on its own since (a hostile agent can kill it), and on
@@ -519,13 +562,22 @@ impl RemoteServe {
 
     /// Lets OpenCode there run on for `grace` after this gateway is gone (it exits cleanly while
     /// tasks run there), then stop, unless a gateway reaches it again first: the session here
-    /// ends, OpenCode and its saved file stay.
-    pub async fn linger(mut self, remote: &Remote, grace: Duration) -> Result<(), SshError> {
-        let (pid, secs) = (
+    /// ends, OpenCode and its saved file stay. Each of the `open` turns is aborted at its
+    /// deadline meanwhile (see [`TIMER`]); `Ok(false)` when the worker cannot send those aborts
+    /// (no `curl` there), so only the grace period's end holds.
+    pub async fn linger(
+        mut self,
+        remote: &Remote,
+        grace: Duration,
+        open: &[OpenTurn],
+    ) -> Result<bool, SshError> {
+        let (pid, secs, port) = (
             self.remote_pid.to_string(),
             grace.as_secs().max(1).to_string(),
+            self.remote_port.to_string(),
         );
         let timer = timer_file(&self.directory);
+        let input = linger_input(&self.password, open);
         let out = remote
             .ssh
             .run(
@@ -538,14 +590,17 @@ impl RemoteServe {
                     &secs,
                     &timer,
                     &self.directory,
+                    &port,
+                    TIMER,
+                    NO_CURL,
                 ],
-                None,
+                Some(input.as_bytes()),
                 Duration::from_secs(10),
             )
             .await;
         let _ = self.session.start_kill();
         let _ = tokio::time::timeout(END_WAIT, self.session.wait()).await;
-        out.map(|_| ())
+        out.map(|o| !o.stdout.contains(NO_CURL))
     }
 
     /// Whether the serve session (and so the forward) still runs.
@@ -609,6 +664,175 @@ mod tests {
         let back: Saved =
             serde_json::from_slice(&serde_json::to_vec(&saved).expect("json")).expect("read back");
         assert_eq!(back, saved);
+    }
+
+    fn turn(left_ms: u64, session: &str, directory: &str) -> OpenTurn {
+        OpenTurn {
+            left: Duration::from_millis(left_ms),
+            session_id: session.into(),
+            directory: directory.into(),
+        }
+    }
+
+    /// The linger timer's input: the header first, then each open turn it can abort, its
+    /// seconds rounded up (never early) and its directory encoded; a session id OpenCode
+    /// would not make (it comes from OpenCode's answers) or a relative directory is left out.
+    #[test]
+    fn the_linger_input_names_each_turn_it_can_abort() {
+        let input = linger_input(
+            "pw",
+            &[
+                turn(15_200, "ses_1", "/w/a b&c"),
+                turn(3_000, "ses_2; rm -rf ~", "/w"),
+                turn(3_000, "ses_3", "w"),
+                turn(0, "ses-4", "/w"),
+            ],
+        );
+        let header = crate::opencode::basic_auth_header("opencode", "pw");
+        assert_eq!(
+            input,
+            format!(
+                "{header}\n16 /session/ses_1/abort?directory=%2Fw%2Fa+b%26c\n\
+                 0 /session/ses-4/abort?directory=%2Fw\n"
+            )
+        );
+    }
+
+    /// A process to stand for OpenCode, ended when dropped.
+    struct Standing(std::process::Child);
+
+    impl Standing {
+        fn start() -> Self {
+            Self(
+                std::process::Command::new("sleep")
+                    .arg("60")
+                    .spawn()
+                    .expect("sleep runs"),
+            )
+        }
+    }
+
+    impl Drop for Standing {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Runs [`LINGER`] here as a worker's shell would, with `input` on its stdin and `path`
+    /// as its `PATH`; what it printed.
+    fn run_linger(pid: u32, dir: &std::path::Path, port: u16, input: &str, path: &str) -> String {
+        use std::io::Write;
+        let timer = timer_file(&dir.display().to_string());
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", LINGER, "sh", &pid.to_string(), "30", &timer])
+            .arg(dir)
+            .args([&port.to_string(), TIMER, NO_CURL])
+            .env("PATH", path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input.as_bytes()).expect("input written");
+        drop(stdin);
+        let out = child.wait_with_output().expect("it ends");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The timer on the worker aborts a turn at its deadline: a `POST` of its abort path to
+    /// OpenCode's port on the loopback, with the password's header, which is on no command
+    /// line of the timer's (other users of the worker read those).
+    #[test]
+    fn the_linger_timer_aborts_a_turn_at_its_deadline() {
+        use std::io::{BufRead, BufReader};
+        if std::process::Command::new("curl")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            panic!("this test needs curl (apt-get install curl)");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let opencode = Standing::start();
+        let path = std::env::var("PATH").unwrap_or_default();
+        let input = linger_input("secret-pw", &[turn(1_000, "ses_1", "/w")]);
+        let said = run_linger(opencode.0.id(), dir.path(), port, &input, &path);
+        assert!(!said.contains(NO_CURL), "{said}");
+        let timer: u32 = std::fs::read_to_string(dir.path().join("linger.pid"))
+            .expect("the timer's file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let line = std::fs::read(format!("/proc/{timer}/cmdline")).expect("the timer runs");
+        let header = input.lines().next().unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&line).contains(header),
+            "the header is on the timer's command line"
+        );
+
+        listener.set_nonblocking(true).expect("nonblocking");
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        let stream = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < until, "no abort within 20 s");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        stream.set_nonblocking(false).expect("blocking");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut request = String::new();
+        let mut reader = BufReader::new(stream);
+        while reader
+            .read_line(&mut request)
+            .map(|n| n > 2)
+            .unwrap_or(false)
+        {}
+        assert!(
+            request.starts_with("POST /session/ses_1/abort?directory=%2Fw HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(
+            request.contains(&format!("Authorization: {header}\r\n")),
+            "{request}"
+        );
+        // Its file removed, the timer ends within a second or so, signalling nothing.
+        let _ = std::fs::remove_file(dir.path().join("linger.pid"));
+    }
+
+    /// A worker without `curl` says so when there are deadlines to hold (the gateway then
+    /// warns that only the grace period's end holds), and not when there are none.
+    #[test]
+    fn a_worker_without_curl_says_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).expect("bin");
+        for tool in ["rm", "cat", "nohup", "sh", "sleep", "ps"] {
+            let found = ["/bin", "/usr/bin"]
+                .iter()
+                .map(|d| std::path::Path::new(d).join(tool))
+                .find(|p| p.exists())
+                .unwrap_or_else(|| panic!("no {tool} in /bin or /usr/bin"));
+            std::os::unix::fs::symlink(found, bin.join(tool)).expect("symlink");
+        }
+        let path = bin.display().to_string();
+        let opencode = Standing::start();
+        let with = linger_input("pw", &[turn(1_000, "ses_1", "/w")]);
+        let said = run_linger(opencode.0.id(), dir.path(), 1, &with, &path);
+        assert!(said.contains(NO_CURL), "{said:?}");
+        let without = linger_input("pw", &[]);
+        let said = run_linger(opencode.0.id(), dir.path(), 1, &without, &path);
+        assert!(!said.contains(NO_CURL), "{said:?}");
+        let _ = std::fs::remove_file(dir.path().join("linger.pid"));
     }
 
     /// Ports for OpenCode on a worker come from the dynamic range.

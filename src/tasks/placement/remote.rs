@@ -446,15 +446,16 @@ impl Placement {
                 let Some(super::servers::Linger {
                     grace: linger,
                     tasks,
-                    ..
+                    open,
                 }) = self.linger_for(&link.server_id)
                 else {
                     link.serve.stop(&link.remote).await;
                     self.forget_serve(&name);
                     return;
                 };
-                match link.serve.linger(&link.remote, linger).await {
-                    Ok(()) => tracing::info!(worker = %name, tasks, ?linger, "the worker's OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
+                match link.serve.linger(&link.remote, linger, &open).await {
+                    Ok(true) => tracing::info!(worker = %name, tasks, ?linger, "the worker's OpenCode runs on for its unfinished tasks; the next gateway takes them over"),
+                    Ok(false) => tracing::warn!(worker = %name, tasks, ?linger, "the worker's OpenCode runs on for its unfinished tasks, but the worker has no curl to abort each at its deadline: they run on until the next gateway takes them over or the grace period ends"),
                     Err(e) => tracing::warn!(worker = %name, error = %e, "could not bound how long the worker's OpenCode runs on; it runs its tasks on until a gateway takes them over"),
                 }
             });
