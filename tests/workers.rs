@@ -2305,6 +2305,149 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     assert_eq!(h["status"], "completed", "{h}\n{}", rig.client.stderr());
 }
 
+/// Starts `args` (on `w1`, detail `full`) and returns the answer as it came: before the
+/// task's start is done (see `Rig::start_task_with`, which waits for it).
+async fn start_raw(rig: &support::rig::Rig, args: serde_json::Value) -> serde_json::Value {
+    let mut args = args;
+    args["server_id"] = serde_json::json!(rig.server_id());
+    args["worker"] = serde_json::json!("w1");
+    args["detail"] = serde_json::json!("full");
+    let started = rig.ok("opencode_start_task", args.clone()).await;
+    assert_eq!(started["status"], "pending", "{args}: {started}");
+    assert_eq!(started["phase"], "starting", "{args}: {started}");
+    started
+}
+
+/// Whether a file or directory named `name` is anywhere under `dir` (a few levels down).
+fn found_under(dir: &std::path::Path, name: &str, depth: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name().to_string_lossy().contains(name)
+            || (depth > 0
+                && e.file_type().is_ok_and(|t| t.is_dir())
+                && found_under(&e.path(), name, depth - 1))
+    })
+}
+
+/// **A start on a worker answers at once**, the task `pending` in phase `starting`, while its
+/// OpenCode starts there, its base is pushed, its worktree made and its session created:
+/// - a step that fails then ends the task `StartFailed`, naming the step, as wait, status and
+///   the list see it;
+/// - the same `idempotency_key` while it starts is the same task, which then completes;
+/// - a cancel while it starts wins: the task stays cancelled, its prompt never reaches a
+///   model and nothing of it is left on the worker;
+/// - a gateway killed while it starts: the next one starts it again, and it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
+    use serde_json::json;
+
+    let OneWorker {
+        _key,
+        _worker,
+        _worker_env,
+        reaper,
+        mut rig,
+        root,
+        ..
+    } = OneWorker::start(&[("app.txt", "one\n")], |_| {}, None, 3).await;
+    let id = |v: &serde_json::Value| v["task_id"].as_str().expect("task_id").to_string();
+    let wrapper = _worker.root.join("opencode-here");
+    let off = _worker.root.join("opencode-here.off");
+
+    // OpenCode cannot start on the worker: the start still answers, then fails.
+    std::fs::rename(&wrapper, &off).expect("break the worker's OpenCode");
+    let failing = id(&start_raw(&rig, json!({ "prompt": "never runs" })).await);
+    let w = rig.wait(&[&failing], "all", 60_000).await;
+    assert_eq!(w["done"], true, "{w}\n{}", rig.client.stderr());
+    let st = rig.status(&failing).await;
+    assert_eq!(st["status"], "failed", "{st}");
+    assert_eq!(st["error"]["name"], "StartFailed", "{st}");
+    let message = st["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("starting OpenCode on its worker"),
+        "the step is named: {st}"
+    );
+    let listed = rig.ok("opencode_list_tasks", json!({})).await;
+    let row = listed["tasks"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["task_id"] == failing.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["status"], "failed", "{listed}");
+    std::fs::rename(&off, &wrapper).expect("mend the worker's OpenCode");
+
+    // A cancel while OpenCode starts there (no OpenCode runs on the worker yet).
+    assert!(reaper.servers().is_empty(), "no OpenCode on the worker yet");
+    let cancelled = id(&start_raw(&rig, json!({ "prompt": "cancelled while starting" })).await);
+    let answer = rig
+        .ok("opencode_cancel_task", json!({ "task_id": cancelled }))
+        .await;
+    assert_eq!(answer["status"], "cancelled", "{answer}");
+
+    // The same key while it starts is the same task.
+    let keyed = json!({ "prompt": "keyed [[write:keyed.txt:k\\n]]", "idempotency_key": "k1" });
+    let first = id(&start_raw(&rig, keyed.clone()).await);
+    let again = rig
+        .ok(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "worker": "w1", "prompt": keyed["prompt"], "idempotency_key": "k1" }),
+        )
+        .await;
+    assert_eq!(id(&again), first, "{again}");
+    let done = rig.finish(&first).await;
+    assert_eq!(
+        done["status"],
+        "completed",
+        "{done}\n{}",
+        rig.client.stderr()
+    );
+
+    // The cancelled start has ended by now (its OpenCode is up): it never ran, and nothing of
+    // it is on the worker.
+    let st = rig.status(&cancelled).await;
+    assert_eq!(st["status"], "cancelled", "{st}");
+    assert!(
+        !found_under(&root, &cancelled, 4),
+        "something of the cancelled start is on the worker under {}",
+        root.display()
+    );
+
+    // A gateway killed while a start is under way: its OpenCode on the worker stopped first,
+    // so the start has to start one again.
+    let server_id = rig.status(&first).await["server_id"]
+        .as_str()
+        .expect("server_id")
+        .to_string();
+    rig.ok("opencode_stop_server", json!({ "server_id": server_id }))
+        .await;
+    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
+        reaper.servers().is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the worker's OpenCode still runs");
+    let across = id(&start_raw(
+        &rig,
+        json!({ "prompt": "started across a restart [[write:across.txt:a\\n]]" }),
+    )
+    .await);
+    rig.kill_gateway().await;
+    rig.relaunch().await;
+    let r = rig.finish(&across).await;
+    assert_eq!(r["status"], "completed", "{r}\n{}", rig.client.stderr());
+    assert_eq!(r["workspace"]["changes"][0]["file"], "across.txt", "{r}");
+
+    let requests = rig.fake.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| !r.last_user_text.contains("cancelled while starting")
+                && !r.last_user_text.contains("never runs")),
+        "a start that did not happen reached the model"
+    );
+}
+
 /// **A queued task waits out a short worker drop.** A task queued for worker `w1` (its one
 /// slot taken) is due to start while `w1` refuses every new session: its start fails, and the
 /// task goes back to the queue instead of failing, since the worker has been out of reach for

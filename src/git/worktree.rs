@@ -94,6 +94,9 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
     })?;
     let path = root.join(name);
     let branch = format!("{BRANCH_PREFIX}{name}");
+    // What an earlier attempt at this same start made (a gateway that stopped while the task
+    // was starting: the next one starts it again) is removed first; task names are unique.
+    remove(&origin, &path, &branch).await?;
     repo.cmd(&["worktree", "add", "--quiet", "-b", &branch])
         .arg(path.as_os_str())
         .arg(OsStr::new(&base_commit))
@@ -122,6 +125,14 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
         branch,
         base: base_commit,
     })
+}
+
+/// Refuses a `dir` a worktree cannot be made of (git missing, not inside a repository, a
+/// repository with no commit yet), with two quick `git rev-parse`: what a start refuses at
+/// once, before its worktree is made in the background.
+pub async fn can_branch(dir: &Path) -> Result<(), GitError> {
+    let origin = toplevel(dir).await?;
+    head(&Repo::at(&origin)).await.map(drop)
 }
 
 /// The top directory of the repository around `dir` (canonical).

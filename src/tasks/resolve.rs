@@ -58,6 +58,32 @@ pub(super) async fn catalog(server: &Server, config: &Config) -> Result<AgentCat
     })
 }
 
+/// The configured tier named `tier`, if one is named; an unknown name is refused.
+pub(super) fn known_tier<'c>(
+    config: &'c Config,
+    tier: Option<&str>,
+) -> Result<Option<&'c crate::config::Tier>, TaskError> {
+    let Some(name) = tier else {
+        return Ok(None);
+    };
+    config
+        .tiers
+        .iter()
+        .find(|t| t.name == name)
+        .map(Some)
+        .ok_or_else(|| {
+            TaskError::InvalidArgument(format!(
+                "unknown tier `{name}`; configured tiers: {}",
+                config
+                    .tiers
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
 /// Checks agent, model, tier and variant against the live server; returns the model and
 /// variant to use. The variant is the call's, else the tier's; it must be one the chosen
 /// model offers (OpenCode itself takes any word and silently runs the model without it).
@@ -74,26 +100,7 @@ pub(super) async fn choose(
     tier: Option<&str>,
     variant: Option<&str>,
 ) -> Result<Choice, TaskError> {
-    let tier = match tier {
-        Some(name) => Some(
-            config
-                .tiers
-                .iter()
-                .find(|t| t.name == name)
-                .ok_or_else(|| {
-                    TaskError::InvalidArgument(format!(
-                        "unknown tier `{name}`; configured tiers: {}",
-                        config
-                            .tiers
-                            .iter()
-                            .map(|t| t.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?,
-        ),
-        None => None,
-    };
+    let tier = known_tier(config, tier)?;
     let asked = Asked {
         agent,
         model,

@@ -98,6 +98,34 @@ impl Rig {
         status
     }
 
+    /// The status of task `id` once its start is done: a start that makes a worktree or runs
+    /// on a worker answers before that (phase `starting`), and its worktree is known only
+    /// then. Panics, with the status, if it is not done within 60 s.
+    pub async fn started(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.status(id).await;
+            if status["phase"] != "starting" && status["status"] != "queued" {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {id} still starting after 60 s: {status}\n{}",
+                self.client.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The worktree of task `id` (see [`Self::started`]).
+    pub async fn worktree(&self, id: &str) -> std::path::PathBuf {
+        let status = self.started(id).await;
+        let path = status["workspace"]["path"].as_str();
+        std::path::PathBuf::from(
+            path.unwrap_or_else(|| panic!("task {id} has no worktree: {status}")),
+        )
+    }
+
     /// SIGKILLs the gateway (no chance to clean up) and waits until it is gone.
     pub async fn kill_gateway(&self) {
         let pid = self.client.pid().expect("gateway pid");
@@ -220,7 +248,15 @@ impl Rig {
         if args.get("detail").is_none() {
             args["detail"] = json!("full");
         }
-        self.ok("opencode_start_task", args).await
+        let answer = self.ok("opencode_start_task", args).await;
+        if answer["phase"] != "starting" {
+            return answer;
+        }
+        // A worktree's or a worker's start answers before its session and worktree exist
+        // (the tests of that call the tool themselves); most tests read them, so they get the
+        // task as it stands once started.
+        let id = answer["task_id"].as_str().expect("task_id").to_string();
+        self.started(&id).await
     }
 
     /// Starts a task with `output_schema` (detail `full`) whose turns the fake model answers

@@ -31,6 +31,9 @@ pub enum Claim {
     Aborted(u32),
     /// The queue, which holds a task not started yet.
     Queued,
+    /// A start under way (its worktree, session and prompt on their way in the background),
+    /// which holds the task until its first turn opens.
+    Starting,
     /// The turn is gone whoever holds it: its session was deleted, its server died, or the
     /// gateway that ran it exited.
     Gone(u32),
@@ -48,7 +51,7 @@ impl Claim {
             Claim::Open(_) => matches!(status, Completed | Failed | TimedOut),
             Claim::Checked(_) => matches!(status, Completed | Failed),
             Claim::Aborted(_) => matches!(status, Cancelled | TimedOut | Failed),
-            Claim::Queued => matches!(status, Cancelled | Failed),
+            Claim::Queued | Claim::Starting => matches!(status, Cancelled | Failed),
             Claim::Gone(_) => matches!(status, Failed | Cancelled),
         }
     }
@@ -73,6 +76,14 @@ impl TaskEntry {
     /// A task queued for a slot (`limits.queue`), its start request kept in its record.
     pub fn queued(mut rec: TaskRecord) -> Self {
         rec.set_phase(Phase::Queued, TaskStatus::Queued);
+        Self::new(rec)
+    }
+
+    /// A task recorded and answered at once, whose start (its worktree, its session, its
+    /// prompt) runs in the background; its start request is kept in its record, so a gateway
+    /// that takes it over can start it again (see [`Self::adopt`]).
+    pub fn starting(mut rec: TaskRecord) -> Self {
+        rec.set_phase(Phase::Starting, TaskStatus::Pending);
         Self::new(rec)
     }
 
@@ -346,6 +357,7 @@ impl TaskEntry {
             Claim::Checked(turn) => self.is_checking(turn),
             Claim::Aborted(turn) => self.is_aborting(turn),
             Claim::Queued => phase == Phase::Queued,
+            Claim::Starting => phase == Phase::Starting,
             Claim::Gone(turn) => phase != Phase::Finished && self.rec.turn == turn,
         };
         if !held || !claim.may_end_in(status) {

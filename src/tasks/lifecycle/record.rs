@@ -501,13 +501,14 @@ pub fn worker_lost(message: &str) -> ErrorInfo {
     }
 }
 
-/// The error of a queued task that could not start when its turn came (`why`).
+/// The error of a task whose start failed after it was answered (`why`: the step, and the
+/// cause): a start in the background, or a queued task's when its turn came.
 pub fn start_failed(why: impl std::fmt::Display) -> ErrorInfo {
     ErrorInfo {
         provider_status: None,
         retryable: None,
         name: "StartFailed".into(),
-        message: format!("the queued task could not start: {why}"),
+        message: format!("the task could not start: {why}"),
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::links::WorkerServes;
-use super::start::{default_title, StartTask};
+use super::start::{default_title, StartTask, Step};
 use super::Placement;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
@@ -154,37 +154,54 @@ impl Placement {
             if claimed != Some(true) {
                 continue;
             }
-            let this = self.clone();
-            let idempotency = entry.rec.idempotency.clone();
-            let worker = req.worker.clone();
-            tokio::spawn(async move {
-                let started = this.start_queued(req, idempotency, slot, &id).await;
-                let Err(e) = started else {
-                    // It answered: a drop noted before is over (a later one counts afresh).
-                    if let Some(w) = worker.as_deref() {
-                        WorkerServes::mark_up(&this.workers.down, w);
-                    }
-                    return;
-                };
-                // A worker out of reach for less than its `lost_after` is a drop the gateway
-                // rides out for running tasks: a queued one waits for it the same way.
-                if let Some(w) = worker.as_deref().filter(|_| e.worker_unreachable()) {
-                    WorkerServes::mark_down(&this.workers.down, w, e.to_string());
-                }
-                let briefly_down = worker.as_deref().is_some_and(|w| this.briefly_down(w));
-                if briefly_down
-                    && this.registry.update(&id, |e| e.back_to_queue().is_ok()) == Some(true)
-                {
-                    tracing::info!(task_id = %id, error = %e, "its worker is out of reach for now; the queued task waits for it");
-                    return;
-                }
-                tracing::warn!(task_id = %id, error = %e, "a queued task could not start");
-                this.fail_queued(&id, e.to_string());
-            });
+            self.spawn_start(req, entry.rec.idempotency.clone(), slot, id);
         }
     }
 
-    /// Worker `w` is out of reach, and has been for less than its `lost_after`.
+    /// Runs the start of task `id`, recorded as starting, in the background, in `slot` taken
+    /// for it: a start answered at once, or a queued one whose turn came. A start its worker
+    /// could not take while that worker is only briefly out of reach waits in the queue for
+    /// it; any other failure ends the task `StartFailed`, naming the step and the cause. A
+    /// start a cancel ended is left as the cancel left it.
+    pub(in crate::tasks) fn spawn_start(
+        self: &Arc<Self>,
+        req: StartTask,
+        idempotency: Option<(String, u64)>,
+        slot: crate::tasks::store::capacity::Slots,
+        id: String,
+    ) {
+        let this = self.clone();
+        let worker = req.worker.clone();
+        tokio::spawn(async move {
+            let started = this.start_queued(req, idempotency, slot, &id).await;
+            let Err((step, e)) = started else {
+                if let Some(w) = worker.as_deref() {
+                    WorkerServes::mark_up(&this.workers.down, w);
+                }
+                return;
+            };
+            if let Some(w) = worker.as_deref().filter(|_| e.worker_unreachable()) {
+                WorkerServes::mark_down(&this.workers.down, w, e.to_string());
+            }
+            // Only a worker out of reach is waited for: one that answered and refused (its
+            // OpenCode would not start, say) fails the start.
+            let briefly_down =
+                e.worker_unreachable() && worker.as_deref().is_some_and(|w| this.briefly_down(w));
+            if briefly_down
+                && this.registry.update(&id, |e| e.back_to_queue().is_ok()) == Some(true)
+            {
+                tracing::info!(task_id = %id, error = %e, "its worker is out of reach for now; the task waits in the queue for it");
+                return;
+            }
+            if !this.still_starting(Some(&id)) {
+                tracing::debug!(task_id = %id, step = step.doing(), "a cancelled start stopped");
+                return;
+            }
+            tracing::warn!(task_id = %id, step = step.doing(), error = %e, "a task could not start");
+            this.fail_queued(&id, format!("{}: {e}", step.doing()));
+        });
+    }
+
     fn briefly_down(&self, w: &str) -> bool {
         let lost_after = crate::workers::lost_after(&self.tracker.config(), w);
         self.workers
@@ -200,13 +217,16 @@ impl Placement {
         idempotency: Option<(String, u64)>,
         slot: crate::tasks::store::capacity::Slots,
         id: &str,
-    ) -> Result<TaskSnapshot, TaskError> {
+    ) -> Result<TaskSnapshot, (Step, TaskError)> {
         if self.server(&req.server_id).is_err() {
-            req.server_id = self.start_server(None, None).await?.server_id;
+            req.server_id = self
+                .start_server(None, None)
+                .await
+                .map_err(|e| (Step::Checks, e))?
+                .server_id;
         }
-        tracing::info!(task_id = id, "a slot is free; starting the queued task");
-        self.start_new(req, idempotency, Some(slot), Some(id.to_string()))
-            .await
+        tracing::debug!(task_id = id, "starting the task");
+        self.start_recorded(req, idempotency, slot, id).await
     }
 
     /// Ends queued task `id` `failed` (`StartFailed`, with `why`), unless it started or ended
@@ -215,7 +235,7 @@ impl Placement {
         self.registry.update(id, |e| {
             let claim = match e.phase() {
                 Phase::Queued => Claim::Queued,
-                Phase::Starting => Claim::Gone(e.rec.turn),
+                Phase::Starting => Claim::Starting,
                 _ => return,
             };
             e.finish(claim, TaskStatus::Failed, Some(start_failed(&why)));
@@ -231,15 +251,20 @@ impl Placement {
         // One move under the registry's lock, like the drainer's claim: whichever comes first
         // wins, never both.
         let cancelled = self.registry.update(id, |e| {
-            let left = e.finish(Claim::Queued, TaskStatus::Cancelled, None);
+            let claim = match e.phase() {
+                Phase::Starting => Claim::Starting,
+                _ => Claim::Queued,
+            };
+            let left = e.finish(claim, TaskStatus::Cancelled, None);
             if left {
                 e.rec.queued = None;
             }
             left || e.rec.status().is_terminal()
         });
         if cancelled != Some(true) {
+            // Its start registered its first turn just now: that turn is aborted instead.
             return Err(TaskError::Conflict(format!(
-                "task {id} is leaving the queue and starting right now; cancel it again"
+                "task {id} finished starting right now; cancel it again"
             )));
         }
         if let Some(store) = self.registry.store() {

@@ -2,6 +2,7 @@
 //! start itself (its server chosen, its worktree made, its session created and its first turn
 //! opened). A queued start (`queue.rs`) comes back here once room frees up.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::Placement;
@@ -15,6 +16,7 @@ use crate::opencode::{resolve_directory, RunOn};
 use crate::tasks::checks::structured;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
+use crate::tasks::lifecycle::phase::Phase;
 use crate::tasks::lifecycle::record::StructuredState;
 use crate::tasks::lifecycle::record::{GroupMember, TaskRecord};
 use crate::tasks::model::{TaskSnapshot, TaskStatus};
@@ -154,19 +156,19 @@ impl Placement {
     /// Creates a session, sends the prompt, and returns as soon as OpenCode accepted it. With an
     /// `idempotency_key`, a retry returns the task the first call started (concurrent calls with
     /// one key run one after the other); a first call that failed leaves the key free.
-    pub async fn start(&self, req: StartTask) -> Result<TaskSnapshot, TaskError> {
+    pub async fn start(self: &Arc<Self>, req: StartTask) -> Result<TaskSnapshot, TaskError> {
         self.start_with(req, None).await
     }
 
     /// [`Placement::start`] in room already taken (`room`, one slot), or taking its own.
     pub async fn start_with(
-        &self,
+        self: &Arc<Self>,
         req: StartTask,
         room: Option<Slots>,
     ) -> Result<TaskSnapshot, TaskError> {
         self.tracker.restored().await;
         let Some(key) = req.idempotency_key.clone() else {
-            return self.start_new(req, None, room, None).await;
+            return self.start_new(req, None, room).await;
         };
         let fingerprint = req.fingerprint();
         let slot = self.key_slot(&key);
@@ -183,9 +185,7 @@ impl Placement {
             }
             // The task it started has expired: the key starts anew.
         }
-        let snapshot = self
-            .start_new(req, Some((key, fingerprint)), room, None)
-            .await?;
+        let snapshot = self.start_new(req, Some((key, fingerprint)), room).await?;
         *bound = Some((fingerprint, snapshot.task_id.clone()));
         Ok(snapshot)
     }
@@ -232,15 +232,87 @@ impl Placement {
         }
     }
 
-    /// Starts `req` as a new task, or, with `queued_id`, starts that queued task (in `room`
-    /// taken for it) in its place.
+    /// Starts `req` as a new task. A start that makes a worktree or runs on a worker answers
+    /// as soon as the task is recorded (`pending`, phase `starting`), and its steps run in the
+    /// background ([`Placement::spawn_start`]); one that works in place (isolation `none`)
+    /// answers once its prompt is sent, which is as quick. What can be decided without I/O is
+    /// refused at once either way: the arguments, the limits, an unknown worker, a directory
+    /// that is not in a git repository, and, for this machine, the agent and model.
     pub(in crate::tasks) async fn start_new(
+        self: &Arc<Self>,
+        req: StartTask,
+        idempotency: Option<(String, u64)>,
+        room: Option<Slots>,
+    ) -> Result<TaskSnapshot, TaskError> {
+        let admitted = match self.admit(req, idempotency, room).await? {
+            Admitted::Run(admitted) => *admitted,
+            Admitted::Queued(snapshot) => return Ok(*snapshot),
+        };
+        if admitted.worker.is_none() && admitted.req.isolation == Isolation::None {
+            return self.run_steps(admitted, None).await.map_err(|(_, e)| e);
+        }
+        crate::git::can_branch(Path::new(&admitted.directory)).await?;
+        if admitted.worker.is_none() {
+            // This machine's listings are at hand (remembered): a model or agent it does not
+            // have is refused now rather than in the background.
+            let Ready {
+                req,
+                local,
+                directory,
+                ..
+            } = &admitted;
+            resolve::choose(
+                &self.tracker.config(),
+                local,
+                directory,
+                req.agent.as_deref(),
+                req.model.as_deref(),
+                req.tier.as_deref(),
+                req.variant.as_deref(),
+            )
+            .await?;
+        }
+        let Ready {
+            mut req,
+            idempotency,
+            room,
+            directory,
+            ..
+        } = admitted;
+        let task_id = ids::task_id();
+        let title = req
+            .title
+            .clone()
+            .unwrap_or_else(|| default_title(&req.prompt));
+        req.directory = Some(directory.clone());
+        let request = serde_json::to_value(&req)
+            .map_err(|e| TaskError::InvalidArgument(format!("the start cannot be kept: {e}")))?;
+        let mut rec = TaskRecord::new(
+            task_id.clone(),
+            String::new(),
+            String::new(),
+            directory,
+            title,
+        );
+        rec.queued = Some(request);
+        rec.idempotency = idempotency.clone();
+        rec.group = req.group.clone();
+        rec.tier = req.tier.clone();
+        self.registry.insert(TaskEntry::starting(rec));
+        tracing::info!(task_id, "the task is recorded; it starts in the background");
+        self.spawn_start(req, idempotency, room, task_id.clone());
+        self.tracker.snapshot(&task_id, false)
+    }
+
+    /// The checks of a start that need no I/O, and its room: taken here unless given (a
+    /// queued start's, a fan-out's); none anywhere, and the task is queued when the user
+    /// allows it (`queue.rs`).
+    async fn admit(
         &self,
         req: StartTask,
         idempotency: Option<(String, u64)>,
         room: Option<Slots>,
-        queued_id: Option<String>,
-    ) -> Result<TaskSnapshot, TaskError> {
+    ) -> Result<Admitted, TaskError> {
         if let Some(schema) = &req.output_schema {
             structured::check_schema(schema)
                 .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
@@ -251,6 +323,7 @@ impl Placement {
             &req.checks,
         )
         .map_err(TaskError::InvalidArgument)?;
+        resolve::known_tier(&self.tracker.config(), req.tier.as_deref())?;
         let local = self.server(&req.server_id)?;
         let budget = caps::caps(&self.tracker.config(), req.tier.as_deref(), req.budget)?;
         caps::within_daily_cap(&self.tracker.config(), self.registry.spent_today())?;
@@ -258,9 +331,8 @@ impl Placement {
             Some(d) => resolve_directory(Some(d))?,
             None => local.directory.clone(),
         };
-        // Held until the task is registered: until then it counts as an unfinished task of
-        // the worker it was taken on, which is where the task runs. No room anywhere: the
-        // task is queued when the user allows it (`queue.rs`).
+        // Held until the task is registered as started: until then it counts as an unfinished
+        // task of the worker it was taken on, which is where the task runs.
         let room = match room {
             Some(room) => room,
             None => {
@@ -269,17 +341,88 @@ impl Placement {
                         .pop()
                         .ok_or_else(|| TaskError::LimitExceeded("no room for the task".into()))?,
                     Err(TaskError::LimitExceeded(why)) => {
-                        return self.enqueue(req, directory, idempotency, why).await
+                        return self
+                            .enqueue(req, directory, idempotency, why)
+                            .await
+                            .map(|s| Admitted::Queued(Box::new(s)))
                     }
                     Err(e) => return Err(e),
                 }
             }
         };
         let worker = self.remote_worker(room.worker(), req.isolation)?;
+        Ok(Admitted::Run(Box::new(Ready {
+            req,
+            idempotency,
+            room,
+            worker,
+            local,
+            directory,
+            budget,
+            checks,
+        })))
+    }
+
+    /// Starts the task `id`, recorded as starting, in `room` taken for it (a start answered
+    /// at once, or a queued one whose turn came): the steps after the checks, then the task's
+    /// first turn in place of its entry. Where it fails, the step it failed at.
+    pub(in crate::tasks) async fn start_recorded(
+        &self,
+        req: StartTask,
+        idempotency: Option<(String, u64)>,
+        room: Slots,
+        id: &str,
+    ) -> Result<TaskSnapshot, (Step, TaskError)> {
+        match self.admit(req, idempotency, Some(room)).await {
+            Ok(Admitted::Run(admitted)) => self.run_steps(*admitted, Some(id)).await,
+            Ok(Admitted::Queued(_)) => Err((
+                Step::Checks,
+                TaskError::LimitExceeded("no room for the task".into()),
+            )),
+            Err(e) => Err((Step::Checks, e)),
+        }
+    }
+
+    /// Whether the task `id` is still being started (a cancel may have finished it); `None`
+    /// (no task recorded) for a start that answers only once done.
+    pub(super) fn still_starting(&self, id: Option<&str>) -> bool {
+        id.is_none_or(|id| {
+            self.registry
+                .get(id)
+                .is_some_and(|e| e.phase() == Phase::Starting)
+        })
+    }
+
+    /// The steps of a start that do I/O: its server (OpenCode on its worker), its model, its
+    /// worktree, its confinement, its session, then its first turn, registered before its
+    /// prompt is sent so that no event of it can be missed. `starting`: the id of the task
+    /// recorded as starting, which a cancel may end between two steps; what was made for it
+    /// is then undone, and nothing more is done.
+    async fn run_steps(
+        &self,
+        admitted: Ready,
+        starting: Option<&str>,
+    ) -> Result<TaskSnapshot, (Step, TaskError)> {
+        let Ready {
+            req,
+            idempotency,
+            room,
+            worker,
+            local,
+            directory,
+            budget,
+            checks,
+        } = admitted;
+        let cancelled = |step| {
+            (
+                step,
+                TaskError::Conflict("the task was cancelled while it was starting".into()),
+            )
+        };
         // A remote task runs on its worker's OpenCode, whose agents and models are that
         // worker's own.
         let server = match &worker {
-            Some(w) => self.worker_server(w).await?,
+            Some(w) => self.worker_server(w).await.map_err(|e| (Step::Server, e))?,
             None => local,
         };
         let Choice {
@@ -299,24 +442,37 @@ impl Placement {
             req.tier.as_deref(),
             req.variant.as_deref(),
         )
-        .await?;
+        .await
+        .map_err(|e| (Step::Model, e))?;
+        if !self.still_starting(starting) {
+            return Err(cancelled(Step::Model));
+        }
         let title = req
             .title
             .clone()
             .unwrap_or_else(|| default_title(&req.prompt));
-        let from_queue = queued_id.is_some();
-        let task_id = queued_id.unwrap_or_else(ids::task_id);
+        let task_id = starting.map_or_else(ids::task_id, str::to_string);
         let workspace = match (&worker, req.isolation) {
             (Some(w), _) => Some(
                 self.place(w, &server, &directory, &task_id, req.base)
-                    .await?,
+                    .await
+                    .map_err(|e| (Step::Worktree, e))?,
             ),
             (None, Isolation::None) => None,
             (None, Isolation::Worktree) => Some(
                 self.create_workspace(&directory, &task_id, req.base)
-                    .await?,
+                    .await
+                    .map_err(|e| (Step::Worktree, e))?,
             ),
         };
+        let made = workspace.as_ref().map(|(w, _)| w);
+        let undo = |step: Step, e: TaskError| async move {
+            self.drop_workspace(made).await;
+            Err((step, e))
+        };
+        if !self.still_starting(starting) {
+            return undo(Step::Worktree, cancelled(Step::Worktree).1).await;
+        }
         let directory = workspace
             .as_ref()
             .map_or(directory, |(_, session_dir)| session_dir.clone());
@@ -329,20 +485,12 @@ impl Placement {
         let opt_out = crate::sandbox::tier_opt_out(&self.tracker.config(), req.tier.as_deref());
         let confinement = match admit(&server, root, opt_out).await {
             Ok(confinement) => confinement,
-            Err(e) => {
-                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
-                    .await;
-                return Err(e);
-            }
+            Err(e) => return undo(Step::Confinement, e).await,
         };
         let forced = forced_rules(&self.tracker.config(), &server);
         let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
-            Err(e) => {
-                self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
-                    .await;
-                return Err(e.into());
-            }
+            Err(e) => return undo(Step::Session, e.into()).await,
         };
         let message_id = ids::message_id();
         let mut rec = TaskRecord::new(
@@ -356,7 +504,7 @@ impl Placement {
         rec.managed = server.process.is_some();
         rec.confinement = Some(confinement);
         rec.idempotency = idempotency;
-        rec.workspace = workspace.as_ref().map(|(w, _)| w.clone());
+        rec.workspace = made.cloned();
         rec.tier = req.tier.clone();
         rec.budget = (!budget.is_unlimited()).then_some(budget);
         rec.variant = variant.clone();
@@ -369,15 +517,25 @@ impl Placement {
             Some(schema) => format!("{}{}", req.prompt, structured::instruction(schema)),
             None => req.prompt.clone(),
         };
+        // A new record's phase is `starting`, which `begin_turn` moves from.
         let mut entry = TaskEntry::new(rec);
         if let Err(refused) = entry.begin_turn(message_id.clone(), req.agent.clone(), model.clone())
         {
-            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
-                .await;
-            return Err(TaskError::Conflict(format!("task {task_id}: {refused}")));
+            let e = TaskError::Conflict(format!("task {task_id}: {refused}"));
+            return undo(Step::Session, e).await;
         }
-        // Registered before the prompt goes out, so no event of this turn can be missed.
-        self.registry.insert(entry);
+        // Registered before the prompt goes out, so no event of this turn can be missed; a
+        // task a cancel ended meanwhile is not (its session stays empty and idle).
+        let registered = match starting {
+            Some(_) => self.registry.insert_started(entry),
+            None => {
+                self.registry.insert(entry);
+                true
+            }
+        };
+        if !registered {
+            return undo(Step::Session, cancelled(Step::Session).1).await;
+        }
         drop(room);
         if let Err(e) = server
             .api
@@ -394,10 +552,12 @@ impl Placement {
             )
             .await
         {
-            // A task that was queued keeps its id: it ends failed (by the queue) rather than
-            // vanishing.
-            if from_queue {
-                let error = crate::tasks::lifecycle::record::start_failed(&e);
+            // A task that was answered keeps its id: it ends failed rather than vanishing.
+            if starting.is_some() {
+                let error = crate::tasks::lifecycle::record::start_failed(format_args!(
+                    "{}: {e}",
+                    Step::Prompt.doing()
+                ));
                 self.registry.update(&task_id, |entry| {
                     let turn = entry.rec.turn;
                     entry.finish(Claim::Gone(turn), TaskStatus::Failed, Some(error));
@@ -405,13 +565,60 @@ impl Placement {
             } else {
                 self.registry.remove(&task_id);
             }
-            self.drop_workspace(workspace.as_ref().map(|(w, _)| w))
-                .await;
-            return Err(e.into());
+            return undo(Step::Prompt, e.into()).await;
         }
         let limit = self.tracker.config().timeouts.task.get();
         self.tracker.arm_turn_deadline(&server, &task_id, 1, limit);
-        self.tracker.snapshot(&task_id, false)
+        self.tracker
+            .snapshot(&task_id, false)
+            .map_err(|e| (Step::Prompt, e))
+    }
+}
+
+/// A start past its checks ([`Placement::admit`]): queued, or ready to run.
+enum Admitted {
+    Run(Box<Ready>),
+    Queued(Box<TaskSnapshot>),
+}
+
+/// What a start's checks decided: its room, its worker, its server here, its directory and
+/// caps, and its checks' commands.
+struct Ready {
+    req: StartTask,
+    idempotency: Option<(String, u64)>,
+    room: Slots,
+    worker: Option<crate::tasks::placement::remote::Named>,
+    local: Arc<crate::opencode::Server>,
+    directory: String,
+    budget: Budget,
+    checks: Vec<String>,
+}
+
+/// The step a start failed at, named in its `StartFailed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::tasks) enum Step {
+    /// Its arguments and room, checked again when a queued start's turn comes.
+    Checks,
+    Server,
+    Model,
+    Worktree,
+    Confinement,
+    Session,
+    Prompt,
+}
+
+impl Step {
+    /// What the start was doing, for its `StartFailed`.
+    pub(in crate::tasks) fn doing(self) -> &'static str {
+        match self {
+            Step::Checks => "checking its arguments and room",
+            Step::Server => "starting OpenCode on its worker",
+            Step::Model => "choosing its agent and model",
+            Step::Worktree => "making its worktree",
+            Step::Confinement => "confining its agent",
+            Step::Session => "creating its session",
+            Step::Prompt => "sending its prompt",
+        }
     }
 }
 

@@ -246,6 +246,28 @@ impl Registry {
         self.add(entry, true);
     }
 
+    /// Puts a task whose first turn is open in place of its entry, only while that entry is
+    /// still being started: a cancel may have finished it meanwhile, and then nothing changes
+    /// (`false`), so a cancelled start never runs.
+    pub fn insert_started(&self, entry: TaskEntry) -> bool {
+        use crate::tasks::lifecycle::phase::Phase;
+        {
+            let mut t = self.lock();
+            let starting = t
+                .tasks
+                .get(&entry.rec.id)
+                .is_some_and(|e| e.phase() == Phase::Starting);
+            if !starting {
+                return false;
+            }
+            self.persist(&entry.rec);
+            t.index(&entry);
+            t.tasks.insert(entry.rec.id.clone(), Box::new(entry));
+        }
+        self.bump();
+        true
+    }
+
     fn add(&self, entry: TaskEntry, write: bool) {
         {
             let mut t = self.lock();
