@@ -252,16 +252,21 @@ pub struct FanoutTimes {
     pub slots: u32,
     pub three: Vec<f64>,
     pub one: Vec<f64>,
-    /// `start_task` answered (ms): a worktree task placed on a worker (its OpenCode already
-    /// running), against a worktree task on this machine, in the same gateway.
+    /// `start_task` answered (ms), in the same gateway, in turn: a worktree task placed on a
+    /// worker (its OpenCode already running), a worktree task on this machine, and a task
+    /// working in place here (isolation `none`), the baseline.
     pub start_remote: Vec<f64>,
     pub start_local: Vec<f64>,
+    pub start_none: Vec<f64>,
+    /// From the first start until every task of the round runs (or is done) (ms).
+    pub running_three: Vec<f64>,
+    pub running_one: Vec<f64>,
 }
 
 /// **A fan-out of `tasks` across three workers against the same tasks on one**, through the
 /// real gateway: three real `sshd` workers on 127.0.0.1, each with `slots` slots and its own
 /// OpenCode (started by the gateway on first use, before the clock), the queue on; each task's
-/// agent runs `sleep 1` (a build or a test run standing in: wall time, not this machine's two
+/// agent runs `sleep 5` (a build or a test run standing in: wall time, not this machine's two
 /// cores). On one worker the tasks beyond its slots queue and run in waves; over three they
 /// run side by side. `reps` rounds, the two sides alternating.
 pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<FanoutTimes, BoxError> {
@@ -330,17 +335,17 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
     let start = |prompt: String, worker: &'static str| {
         let gw = &gw;
         async move {
-            let v = gw
-                .ok(
-                    "opencode_start_task",
-                    json!({
-                        "server_id": gw.server_id,
-                        "prompt": prompt,
-                        "worker": worker,
-                        "isolation": "worktree",
-                    }),
-                )
-                .await?;
+            // `none`: this machine, in place (the baseline of a start's answer).
+            let args = match worker {
+                "none" => json!({ "server_id": gw.server_id, "prompt": prompt }),
+                _ => json!({
+                    "server_id": gw.server_id,
+                    "prompt": prompt,
+                    "worker": worker,
+                    "isolation": "worktree",
+                }),
+            };
+            let v = gw.ok("opencode_start_task", args).await?;
             v["task_id"]
                 .as_str()
                 .map(String::from)
@@ -361,19 +366,20 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         one: Vec::new(),
         start_remote: Vec::new(),
         start_local: Vec::new(),
+        start_none: Vec::new(),
+        running_three: Vec::new(),
+        running_one: Vec::new(),
     };
-    // One start at a time, alternating sides: what a host waits for a task id.
+    // One start at a time, the three kinds in turn (the order rotating each round): what a
+    // host waits for a task id.
     let mut started = Vec::new();
-    for i in 0..reps * 4 {
-        let worker = if i % 2 == 0 { names[0] } else { "local" };
+    for i in 0..reps * 12 {
+        let kind = (i + i / 3) % 3;
+        let worker = [names[0], "local", "none"][kind];
         let t = Instant::now();
         started.push(start(format!("quick {i}"), worker).await?);
         let took = ms(t.elapsed());
-        if i % 2 == 0 {
-            out.start_remote.push(took);
-        } else {
-            out.start_local.push(took);
-        }
+        [&mut out.start_remote, &mut out.start_local, &mut out.start_none][kind].push(took);
     }
     gw.wait_all(&started, std::time::Duration::from_secs(120))
         .await?;
@@ -387,15 +393,34 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
             } else {
                 names[0]
             };
-            ids.push(start(format!("fan {r}.{i} [[bash:sleep 1]]"), worker).await?);
+            ids.push(start(format!("fan {r}.{i} [[bash:sleep 5]]"), worker).await?);
         }
+        // Every task past `pending` (running, or already done); on one worker, those past its
+        // slots wait in the queue, so this is when the last wave begins.
+        loop {
+            let listed = gw.ok("opencode_list_tasks", json!({ "limit": 1000 })).await?;
+            let waiting = listed["tasks"].as_array().map_or(0, |tasks| {
+                tasks
+                    .iter()
+                    .filter(|t| ids.iter().any(|id| t["task_id"] == id.as_str()))
+                    .filter(|t| ["pending", "queued"].contains(&t["status"].as_str().unwrap_or("")))
+                    .count()
+            });
+            if waiting == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let running = ms(t.elapsed());
         gw.wait_all(&ids, std::time::Duration::from_secs(600))
             .await?;
         let took = ms(t.elapsed());
         if spread {
             out.three.push(took);
+            out.running_three.push(running);
         } else {
             out.one.push(took);
+            out.running_one.push(running);
         }
     }
     gw.client.close().await?;
