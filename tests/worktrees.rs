@@ -380,6 +380,23 @@ async fn worktree_edge_cases_and_clear_errors() {
         .await;
     assert_eq!(code, "invalid_argument", "{message}");
 
+    // A worktree start answers once the task is recorded, before its worktree and session
+    // exist; they follow in the background.
+    let raw = rig
+        .ok(
+            "opencode_start_task",
+            json!({ "server_id": rig.server_id(), "prompt": "made after the answer", "isolation": "worktree", "detail": "full" }),
+        )
+        .await;
+    assert_eq!(raw["status"], "pending", "{raw}");
+    assert_eq!(raw["phase"], "starting", "{raw}");
+    assert!(raw.get("workspace").is_none(), "{raw}");
+    let early = id(&raw);
+    let made = rig.worktree(&early).await;
+    assert!(made.join("a.txt").exists(), "{}", made.display());
+    let done = rig.finish(&early).await;
+    assert_eq!(done["status"], "completed", "{done}");
+
     // A running task is neither applied nor discarded.
     let slow = id(&rig
         .start_task_with(

@@ -379,7 +379,12 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         let t = Instant::now();
         started.push(start(format!("quick {i}"), worker).await?);
         let took = ms(t.elapsed());
-        [&mut out.start_remote, &mut out.start_local, &mut out.start_none][kind].push(took);
+        [
+            &mut out.start_remote,
+            &mut out.start_local,
+            &mut out.start_none,
+        ][kind]
+            .push(took);
     }
     gw.wait_all(&started, std::time::Duration::from_secs(120))
         .await?;
@@ -398,7 +403,9 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         // Every task past `pending` (running, or already done); on one worker, those past its
         // slots wait in the queue, so this is when the last wave begins.
         loop {
-            let listed = gw.ok("opencode_list_tasks", json!({ "limit": 1000 })).await?;
+            let listed = gw
+                .ok("opencode_list_tasks", json!({ "limit": 1000 }))
+                .await?;
             let waiting = listed["tasks"].as_array().map_or(0, |tasks| {
                 tasks
                     .iter()

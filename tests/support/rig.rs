@@ -98,19 +98,22 @@ impl Rig {
         status
     }
 
-    /// The status of task `id` once its start is done: a start that makes a worktree or runs
-    /// on a worker answers before that (phase `starting`), and its worktree is known only
-    /// then. Panics, with the status, if it is not done within 60 s.
+    /// The status of task `id` once its start is done and its turn under way (or over): a
+    /// start that makes a worktree or runs on a worker answers before that (phase
+    /// `starting`), and its worktree is known only then. Panics, with the status, if that
+    /// takes more than 60 s.
     pub async fn started(&self, id: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let status = self.status(id).await;
-            if status["phase"] != "starting" && status["status"] != "queued" {
+            // Past `pending`: its prompt was taken (a task whose first turn is registered may
+            // still be sending it).
+            if !["pending", "queued"].contains(&status["status"].as_str().unwrap_or_default()) {
                 return status;
             }
             assert!(
                 Instant::now() < deadline,
-                "task {id} still starting after 60 s: {status}\n{}",
+                "task {id} still pending after 60 s: {status}\n{}",
                 self.client.stderr()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;

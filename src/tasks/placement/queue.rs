@@ -154,21 +154,23 @@ impl Placement {
             if claimed != Some(true) {
                 continue;
             }
-            self.spawn_start(req, entry.rec.idempotency.clone(), slot, id);
+            self.spawn_start(req, entry.rec.idempotency.clone(), slot, id, true);
         }
     }
 
     /// Runs the start of task `id`, recorded as starting, in the background, in `slot` taken
-    /// for it: a start answered at once, or a queued one whose turn came. A start its worker
-    /// could not take while that worker is only briefly out of reach waits in the queue for
-    /// it; any other failure ends the task `StartFailed`, naming the step and the cause. A
-    /// start a cancel ended is left as the cancel left it.
+    /// for it: a start answered at once, or a queued one whose turn came (`from_queue`). A
+    /// queued start its worker could not take while that worker is only briefly out of reach
+    /// waits in the queue for it (it was waiting anyway); any other failure ends the task
+    /// `StartFailed`, naming the step and the cause, so a host that named an unreachable
+    /// worker learns it at once. A start a cancel ended is left as the cancel left it.
     pub(in crate::tasks) fn spawn_start(
         self: &Arc<Self>,
         req: StartTask,
         idempotency: Option<(String, u64)>,
         slot: crate::tasks::store::capacity::Slots,
         id: String,
+        from_queue: bool,
     ) {
         let this = self.clone();
         let worker = req.worker.clone();
@@ -185,8 +187,9 @@ impl Placement {
             }
             // Only a worker out of reach is waited for: one that answered and refused (its
             // OpenCode would not start, say) fails the start.
-            let briefly_down =
-                e.worker_unreachable() && worker.as_deref().is_some_and(|w| this.briefly_down(w));
+            let briefly_down = from_queue
+                && e.worker_unreachable()
+                && worker.as_deref().is_some_and(|w| this.briefly_down(w));
             if briefly_down
                 && this.registry.update(&id, |e| e.back_to_queue().is_ok()) == Some(true)
             {

@@ -300,7 +300,7 @@ impl Placement {
         rec.tier = req.tier.clone();
         self.registry.insert(TaskEntry::starting(rec));
         tracing::info!(task_id, "the task is recorded; it starts in the background");
-        self.spawn_start(req, idempotency, room, task_id.clone());
+        self.spawn_start(req, idempotency, room, task_id.clone(), false);
         self.tracker.snapshot(&task_id, false)
     }
 
