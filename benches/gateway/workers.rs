@@ -404,7 +404,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         // slots wait in the queue, so this is when the last wave begins.
         loop {
             let listed = gw
-                .ok("opencode_list_tasks", json!({ "limit": 1000 }))
+                .ok("opencode_list_tasks", json!({ "limit": 200 }))
                 .await?;
             let waiting = listed["tasks"].as_array().map_or(0, |tasks| {
                 tasks

@@ -131,7 +131,36 @@ pub async fn push(
         &placed.worktree,
         base,
     ]);
-    on_worker(worker, remote, "worktree add", &add).await?;
+    if on_worker(worker, remote, "worktree add", &add)
+        .await
+        .is_err()
+    {
+        // An earlier attempt at this same start (its gateway stopped while the task was
+        // starting; the next one starts it again) left the task's worktree or branch: task
+        // names are unique, so they are removed, and the worktree is added once more.
+        let remove = git_argv(&[
+            "-C",
+            &placed.bare,
+            "worktree",
+            "remove",
+            "--force",
+            "--force",
+            &placed.worktree,
+        ]);
+        let _ = on_worker(worker, remote, "worktree remove", &remove).await;
+        let prune = git_argv(&["-C", &placed.bare, "worktree", "prune"]);
+        let _ = on_worker(worker, remote, "worktree prune", &prune).await;
+        let branch = git_argv(&[
+            "-C",
+            &placed.bare,
+            "branch",
+            "-D",
+            "--quiet",
+            &placed.branch,
+        ]);
+        let _ = on_worker(worker, remote, "branch delete", &branch).await;
+        on_worker(worker, remote, "worktree add", &add).await?;
+    }
     Ok(placed)
 }
 

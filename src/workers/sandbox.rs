@@ -54,13 +54,15 @@ fi"#
 /// whose turn opens (its worktree's name) and `$4` `open` when that task runs unconfined (its
 /// tier's `sandbox: off`: a marker `sandbox/open/<task>` the script reads; no task can write
 /// there). It prints the script's absolute path, OpenCode's data directory there, and what the
-/// probe found.
+/// probe found. Starts on one worker run side by side (a fan-out's, a series answered at
+/// once), so each writes the script under a name of its own (its pid) before the rename.
 const INSTALL: &str = concat!(
     r#"umask 077
 mkdir -p -- "$1/sandbox" && cd -- "$1" || exit 98
 d=$(pwd -P) || exit 98
 case $d in *[\"\\]*|*[![:print:]]*) echo "unsafe-root"; exit 93;; esac
-cat > sandbox/shell.new && chmod 700 sandbox/shell.new && mv -f sandbox/shell.new sandbox/shell || exit 94
+n="sandbox/shell.new.$$"
+cat > "$n" && chmod 700 "$n" && mv -f "$n" sandbox/shell || { rm -f "$n"; exit 94; }
 echo "shell=$d/sandbox/shell"
 echo "data=${XDG_DATA_HOME:-$HOME/.local/share}/opencode"
 if [ -n "$3" ]; then
@@ -403,6 +405,43 @@ exit "$s"
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Installs run side by side on one worker (a fan-out's starts) all succeed, and leave the
+    /// one script and no half-written copy: each writes under a name of its own first (they
+    /// once shared `shell.new`, and one's rename took the other's file from under its chmod).
+    #[test]
+    fn installs_side_by_side_all_succeed() {
+        use std::io::Write;
+        let root = tempfile::tempdir().expect("tempdir");
+        let runs: Vec<_> = (0..12)
+            .map(|i| {
+                let mut child = std::process::Command::new("/bin/sh")
+                    .args(["-c", INSTALL, "sh"])
+                    .arg(root.path())
+                    .args(["", "", ""])
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("sh runs");
+                let script = format!("#!/bin/sh\n# install {i}\n{}", "x".repeat(64 * 1024));
+                let mut stdin = child.stdin.take().expect("stdin");
+                std::thread::spawn(move || {
+                    let _ = stdin.write_all(script.as_bytes());
+                });
+                child
+            })
+            .collect();
+        for mut child in runs {
+            let status = child.wait().expect("it ends");
+            assert!(status.success(), "an install failed: {status}");
+        }
+        let left: Vec<_> = std::fs::read_dir(root.path().join("sandbox"))
+            .expect("sandbox")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, vec!["shell".to_string()], "{left:?}");
+    }
 
     #[test]
     fn paths_of_the_settings_become_words_the_worker_expands() {
