@@ -129,6 +129,42 @@ impl Rig {
         )
     }
 
+    /// Ends this gateway cleanly with no gateway left running (as a host's reconnect would,
+    /// but with the new one gone at once), then waits for the stream of the model's request
+    /// `request` to be closed by an abort, no sooner than `deadline` after `started`: a task's
+    /// deadline held while no gateway ran.
+    pub async fn exit_and_see_aborted_at(
+        &mut self,
+        request: usize,
+        started: std::time::Instant,
+        deadline: Duration,
+    ) {
+        let next = self
+            .launch
+            .connect()
+            .await
+            .expect("a gateway to replace it");
+        let old = std::mem::replace(&mut self.client, next);
+        let said = old.stderr_handle();
+        // The replacement is killed first, so that no gateway runs until a relaunch.
+        self.kill_gateway().await;
+        old.close().await.expect("the gateway exits cleanly");
+        let end = self
+            .fake
+            .wait_for_stream_end(request, deadline + Duration::from_secs(30))
+            .await;
+        assert!(
+            end.client_closed,
+            "the stream ended on its own, not by an abort: {end:?}"
+        );
+        let after = end.at.saturating_duration_since(started);
+        assert!(
+            after >= deadline,
+            "the session was aborted {after:?} after its start, before its {deadline:?} deadline:\n{}",
+            said()
+        );
+    }
+
     /// SIGKILLs the gateway (no chance to clean up) and waits until it is gone.
     pub async fn kill_gateway(&self) {
         let pid = self.client.pid().expect("gateway pid");

@@ -18,12 +18,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::links::WorkerServes;
-use super::start::{default_title, StartTask, Step};
+use super::start::{unstarted_record, StartTask, Step};
 use super::Placement;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::entry::{Claim, TaskEntry};
 use crate::tasks::lifecycle::phase::Phase;
-use crate::tasks::lifecycle::record::{start_failed, TaskRecord};
+use crate::tasks::lifecycle::record::start_failed;
 use crate::tasks::model::{TaskSnapshot, TaskStatus};
 
 /// The drainer's pace: at least this long between passes, at most this long without one.
@@ -58,26 +58,7 @@ impl Placement {
                     "{why}; and the queue is full ({queued} tasks wait, limits.queue is {bound})"
                 )));
             }
-            let title = req
-                .title
-                .clone()
-                .unwrap_or_else(|| default_title(&req.prompt));
-            // It starts where it would have started now, whatever the default is by then.
-            req.directory = Some(directory.clone());
-            let request = serde_json::to_value(&req).map_err(|e| {
-                TaskError::InvalidArgument(format!("the start cannot be queued: {e}"))
-            })?;
-            let mut rec = TaskRecord::new(
-                task_id.clone(),
-                String::new(),
-                String::new(),
-                directory,
-                title,
-            );
-            rec.queued = Some(request);
-            rec.idempotency = idempotency;
-            rec.group = req.group.clone();
-            rec.tier = req.tier.clone();
+            let rec = unstarted_record(&task_id, &mut req, directory, idempotency)?;
             self.registry.insert(TaskEntry::queued(rec));
         }
         if let Some(store) = self.registry.store() {

@@ -280,24 +280,7 @@ impl Placement {
             ..
         } = admitted;
         let task_id = ids::task_id();
-        let title = req
-            .title
-            .clone()
-            .unwrap_or_else(|| default_title(&req.prompt));
-        req.directory = Some(directory.clone());
-        let request = serde_json::to_value(&req)
-            .map_err(|e| TaskError::InvalidArgument(format!("the start cannot be kept: {e}")))?;
-        let mut rec = TaskRecord::new(
-            task_id.clone(),
-            String::new(),
-            String::new(),
-            directory,
-            title,
-        );
-        rec.queued = Some(request);
-        rec.idempotency = idempotency.clone();
-        rec.group = req.group.clone();
-        rec.tier = req.tier.clone();
+        let rec = unstarted_record(&task_id, &mut req, directory, idempotency.clone())?;
         self.registry.insert(TaskEntry::starting(rec));
         tracing::info!(task_id, "the task is recorded; it starts in the background");
         self.spawn_start(req, idempotency, room, task_id.clone(), false);
@@ -620,6 +603,37 @@ impl Step {
             Step::Prompt => "sending its prompt",
         }
     }
+}
+
+/// The record of task `task_id` not started yet (queued, or starting in the background), with
+/// its start request kept in it so that whoever starts it (the queue, a gateway that takes it
+/// over) starts it as asked: in `directory`, the one it would have started in now, whatever
+/// the default is by then.
+pub(in crate::tasks) fn unstarted_record(
+    task_id: &str,
+    req: &mut StartTask,
+    directory: String,
+    idempotency: Option<(String, u64)>,
+) -> Result<TaskRecord, TaskError> {
+    let title = req
+        .title
+        .clone()
+        .unwrap_or_else(|| default_title(&req.prompt));
+    req.directory = Some(directory.clone());
+    let request = serde_json::to_value(&*req)
+        .map_err(|e| TaskError::InvalidArgument(format!("the start cannot be kept: {e}")))?;
+    let mut rec = TaskRecord::new(
+        task_id.to_string(),
+        String::new(),
+        String::new(),
+        directory,
+        title,
+    );
+    rec.queued = Some(request);
+    rec.idempotency = idempotency;
+    rec.group = req.group.clone();
+    rec.tier = req.tier.clone();
+    Ok(rec)
 }
 
 /// A session title from the prompt's first line (OpenCode would otherwise spend an LLM call).
