@@ -339,6 +339,9 @@ async fn the_issues_preset_works_in_its_own_worktree() {
         )
         .await;
     let id = start["task_id"].as_str().expect("task_id").to_string();
+    // A worktree's start answers before the worktree exists (phase `starting`).
+    assert_eq!(start["phase"], "starting", "{start}");
+    let start = rig.started(&id).await;
     let ws = &start["workspace"];
     assert_eq!(ws["branch"], format!("opencode-mcp/{id}"), "{start}");
     let worktree = std::path::PathBuf::from(ws["path"].as_str().expect("workspace.path"));
