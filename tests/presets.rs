@@ -376,7 +376,12 @@ async fn the_issues_preset_works_in_its_own_worktree() {
         .await;
     let id = start["task_id"].as_str().expect("task_id");
     assert_eq!(rig.finish(id).await["status"], "completed");
-    let sent = user_text(&rig, start["session_id"].as_str().expect("session_id"));
+    // Its session is made after the answer (a worktree's start): read it from the task.
+    let session = rig.status(id).await["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let sent = user_text(&rig, &session);
     assert!(
         sent.contains(
             "Write unit tests for src/lib.rs. \nRun the test command; they must pass. Do not \
