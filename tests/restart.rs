@@ -1149,8 +1149,12 @@ fn checks_ran_again(rig: &Rig, runs: &std::path::Path, session: &str, r: &serde_
 
 /// Waits until a [`gated_check`] has begun its first run.
 async fn check_started(runs: &std::path::Path) {
+    // Its line, not just the file: `>>` makes the file before it writes, and a gateway killed
+    // in between took that first run with it (a loaded machine once saw one line in all).
     let began = poll_for(std::time::Duration::from_secs(60), || {
-        runs.exists().then_some(())
+        std::fs::read_to_string(runs)
+            .is_ok_and(|t| t.contains("run\n"))
+            .then_some(())
     })
     .await;
     assert!(began.is_some(), "the check never started");
