@@ -182,6 +182,39 @@ mod tests {
         );
     }
 
+    /// A start made again (its gateway stopped while the task was starting) finds the
+    /// worktree and branch of the first attempt: they are replaced, from the new base; a name
+    /// in the way that is no worktree is left alone, and the start fails.
+    #[tokio::test]
+    async fn a_worktree_made_again_replaces_the_first_attempts() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = init_repo(tmp.path(), &[], &[]);
+        let root = tmp.path().join("worktrees");
+        let first = create(&repo, &root, "tsk_again", Base::Head)
+            .await
+            .unwrap_or_else(|e| panic!("first: {e}"));
+        std::fs::write(first.path.join("left.txt"), "by the first attempt\n").expect("write");
+        std::fs::write(repo.join("a.txt"), "two\n").expect("write");
+        sh(&repo, &["commit", "--quiet", "-am", "second"]);
+        let again = create(&repo, &root, "tsk_again", Base::Head)
+            .await
+            .unwrap_or_else(|e| panic!("again: {e}"));
+        assert_eq!(again.path, first.path);
+        assert_ne!(again.base, first.base, "from the new base");
+        assert!(!again.path.join("left.txt").exists());
+        assert_eq!(
+            std::fs::read_to_string(again.path.join("a.txt")).expect("read"),
+            "two\n"
+        );
+        // A directory in the way that is no worktree is neither added over nor deleted.
+        let stray = root.join("tsk_stray");
+        std::fs::create_dir_all(&stray).expect("mkdir");
+        std::fs::write(stray.join("x"), "x").expect("write");
+        let refused = create(&repo, &root, "tsk_stray", Base::Head).await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert!(stray.join("x").exists(), "the stray directory was deleted");
+    }
+
     /// An apply is all or nothing: a task that adds `foo/bar` where the working tree has an
     /// ignored file `foo` fails before writing anything (a.txt was rewritten first, then the
     /// apply failed with "Not a directory" and reported nothing applied).

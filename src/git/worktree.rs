@@ -94,14 +94,22 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
     })?;
     let path = root.join(name);
     let branch = format!("{BRANCH_PREFIX}{name}");
-    // What an earlier attempt at this same start made (a gateway that stopped while the task
-    // was starting: the next one starts it again) is removed first; task names are unique.
-    remove(&origin, &path, &branch).await?;
-    repo.cmd(&["worktree", "add", "--quiet", "-b", &branch])
-        .arg(path.as_os_str())
-        .arg(OsStr::new(&base_commit))
-        .ok()
-        .await?;
+    let add = || {
+        repo.cmd(&["worktree", "add", "--quiet", "-b", &branch])
+            .arg(path.as_os_str())
+            .arg(OsStr::new(&base_commit))
+            .ok()
+    };
+    if let Err(e) = add().await {
+        // What an earlier attempt at this same start made (a gateway that stopped while the
+        // task was starting: the next one starts it again) is removed, and the worktree added
+        // once more; task names are unique. Only then: every start would pay for the look.
+        if !path.exists() && !branch_exists(&repo, &branch).await? {
+            return Err(e);
+        }
+        remove(&origin, &path, &branch).await?;
+        add().await?;
+    }
     let path = path.canonicalize().unwrap_or(path);
     // The session works at the same place inside the worktree as `dir` is inside the repository.
     let canonical_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
@@ -133,6 +141,20 @@ pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<C
 pub async fn can_branch(dir: &Path) -> Result<(), GitError> {
     let origin = toplevel(dir).await?;
     head(&Repo::at(&origin)).await.map(drop)
+}
+
+/// Whether `branch` is a branch of `repo`.
+async fn branch_exists(repo: &Repo, branch: &str) -> Result<bool, GitError> {
+    let out = repo
+        .cmd(&[
+            "rev-parse",
+            "--verify",
+            "-q",
+            &format!("refs/heads/{branch}"),
+        ])
+        .output()
+        .await?;
+    Ok(out.code == Some(0))
 }
 
 /// The top directory of the repository around `dir` (canonical).
@@ -346,18 +368,7 @@ pub async fn remove(origin: &Path, path: &Path, branch: &str) -> Result<(), GitE
     }
     // A worktree directory deleted by hand leaves its registration behind.
     repo.git(&["worktree", "prune"]).await?;
-    let exists = repo
-        .cmd(&[
-            "rev-parse",
-            "--verify",
-            "-q",
-            &format!("refs/heads/{branch}"),
-        ])
-        .output()
-        .await?
-        .code
-        == Some(0);
-    if exists {
+    if branch_exists(&repo, branch).await? {
         repo.git(&["branch", "-D", "--quiet", branch]).await?;
     }
     Ok(())
