@@ -1112,15 +1112,7 @@ async fn a_tasks_deadline_holds_while_no_gateway_runs() {
     );
 
     std::fs::write(&gate, "open").expect("open the gate");
-    rig.relaunch().await;
-    let w = rig.wait(&[&open], "all", 30_000).await;
-    assert_eq!(w["done"], true, "{w}");
-    let st = rig.status(&open).await;
-    assert_eq!(st["status"], "timed_out", "{st}\n{}", rig.client.stderr());
-    let message = st["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("no gateway"), "{st}");
-    let b = rig.finish(&held).await;
-    assert_eq!(b["status"], "completed", "{b}\n{}", rig.client.stderr());
+    rig.relaunch_and_see_timed_out(&open, &held).await;
 }
 
 /// A check that records each run in `check-runs` and passes only once `check-gate` exists

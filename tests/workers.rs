@@ -2269,24 +2269,25 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     );
 
     std::fs::write(worktree.join("check-gate"), "open").expect("open the gate");
-    rig.relaunch().await;
-    let w = rig.wait(&[&open], "all", 30_000).await;
-    assert_eq!(w["done"], true, "{w}");
-    let st = rig.status(&open).await;
-    assert_eq!(st["status"], "timed_out", "{st}\n{}", rig.client.stderr());
-    let message = st["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("no gateway"), "{st}");
-    let h = rig.finish(&held).await;
-    assert_eq!(h["status"], "completed", "{h}\n{}", rig.client.stderr());
+    rig.relaunch_and_see_timed_out(&open, &held).await;
 }
 
 /// Starts `args` (on `w1`, detail `full`) and returns the answer as it came: before the
 /// task's start is done (see `Rig::start_task_with`, which waits for it).
 async fn start_raw(rig: &support::rig::Rig, args: serde_json::Value) -> serde_json::Value {
     let mut args = args;
-    args["server_id"] = serde_json::json!(rig.server_id());
     args["worker"] = serde_json::json!("w1");
     args["detail"] = serde_json::json!("full");
+    start_answered(rig, args).await
+}
+
+/// Starts `args` (with the rig's server unless they name one), which answers at once:
+/// `pending`, phase `starting`. The answer.
+async fn start_answered(rig: &support::rig::Rig, args: serde_json::Value) -> serde_json::Value {
+    let mut args = args;
+    if args.get("server_id").is_none() {
+        args["server_id"] = serde_json::json!(rig.server_id());
+    }
     let started = rig.ok("opencode_start_task", args.clone()).await;
     assert_eq!(started["status"], "pending", "{args}: {started}");
     assert_eq!(started["phase"], "starting", "{args}: {started}");
@@ -2297,12 +2298,7 @@ async fn start_raw(rig: &support::rig::Rig, args: serde_json::Value) -> serde_js
 /// phase `starting`), and whose start then fails in the background: the task's `StartFailed`
 /// message, read once the task is done (within 90 s).
 async fn start_fails(rig: &support::rig::Rig, args: serde_json::Value) -> String {
-    let mut args = args;
-    if args.get("server_id").is_none() {
-        args["server_id"] = serde_json::json!(rig.server_id());
-    }
-    let started = rig.ok("opencode_start_task", args.clone()).await;
-    assert_eq!(started["phase"], "starting", "{args}: {started}");
+    let started = start_answered(rig, args.clone()).await;
     let id = started["task_id"].as_str().expect("task_id").to_string();
     let w = rig.wait(&[&id], "all", 90_000).await;
     assert_eq!(w["done"], true, "{args}: {w}\n{}", rig.client.stderr());

@@ -289,7 +289,7 @@ impl TaskService {
             return self.tracker.snapshot(task_id, false);
         }
         if matches!(entry.phase(), Phase::Queued | Phase::Starting) {
-            return self.placement.cancel_queued(task_id).await;
+            return self.placement.cancel_unstarted(task_id).await;
         }
         let server = self.placement.server(&entry.rec.server_id)?;
         let finished = crate::tasks::tracking::abort::abort_turn(

@@ -165,6 +165,21 @@ impl Rig {
         );
     }
 
+    /// After [`Self::exit_and_see_aborted_at`]: a new gateway on the same state directory
+    /// reports the aborted task `open` `timed_out`, saying no gateway ran, and the task `held`
+    /// (whose gate the test opened) completes.
+    pub async fn relaunch_and_see_timed_out(&mut self, open: &str, held: &str) {
+        self.relaunch().await;
+        let w = self.wait(&[open], "all", 30_000).await;
+        assert_eq!(w["done"], true, "{w}");
+        let st = self.status(open).await;
+        assert_eq!(st["status"], "timed_out", "{st}\n{}", self.client.stderr());
+        let message = st["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("no gateway"), "{st}");
+        let h = self.finish(held).await;
+        assert_eq!(h["status"], "completed", "{h}\n{}", self.client.stderr());
+    }
+
     /// SIGKILLs the gateway (no chance to clean up) and waits until it is gone.
     pub async fn kill_gateway(&self) {
         let pid = self.client.pid().expect("gateway pid");

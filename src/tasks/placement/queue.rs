@@ -92,7 +92,7 @@ impl Placement {
                         Some(Err(e)) => format!("its queued start request cannot be read: {e}"),
                         _ => "its queued start request is missing".to_string(),
                     };
-                    self.fail_queued(&id, why);
+                    self.fail_start(&id, why);
                     continue;
                 }
             };
@@ -120,7 +120,7 @@ impl Placement {
                     Err(TaskError::LimitExceeded(_)) => None,
                     // It can never start as asked (its worker is no longer declared, say).
                     Err(e) => {
-                        self.fail_queued(&id, e.to_string());
+                        self.fail_start(&id, e.to_string());
                         continue;
                     }
                 };
@@ -178,11 +178,13 @@ impl Placement {
                 return;
             }
             if !this.still_starting(Some(&id)) {
-                tracing::debug!(task_id = %id, step = step.doing(), "a cancelled start stopped");
+                // A cancel ended it, or its prompt failed after its turn was registered (that
+                // turn ended it `StartFailed` already).
+                tracing::debug!(task_id = %id, step = step.doing(), error = %e, "a start stopped; its task has ended");
                 return;
             }
             tracing::warn!(task_id = %id, step = step.doing(), error = %e, "a task could not start");
-            this.fail_queued(&id, format!("{}: {e}", step.doing()));
+            this.fail_start(&id, format!("{}: {e}", step.doing()));
         });
     }
 
@@ -213,9 +215,9 @@ impl Placement {
         self.start_recorded(req, idempotency, slot, id).await
     }
 
-    /// Ends queued task `id` `failed` (`StartFailed`, with `why`), unless it started or ended
-    /// meanwhile: in the queue, or in the start it was claimed for.
-    fn fail_queued(&self, id: &str, why: String) {
+    /// Ends task `id`, queued or starting, `failed` (`StartFailed`, with `why`), unless it
+    /// started or ended meanwhile.
+    fn fail_start(&self, id: &str, why: String) {
         self.registry.update(id, |e| {
             let claim = match e.phase() {
                 Phase::Queued => Claim::Queued,
@@ -226,9 +228,11 @@ impl Placement {
         });
     }
 
-    /// Cancels a task still in the queue: it leaves the queue `cancelled`, and never starts
-    /// (the answer waits for the record on disk, so a restart cannot start it after all).
-    pub(in crate::tasks) async fn cancel_queued(
+    /// Cancels a task not started yet, in the queue or starting in the background: it ends
+    /// `cancelled` and never starts (a start under way stops at its next step and undoes what
+    /// it made; the answer waits for the record on disk, so a restart cannot start it after
+    /// all).
+    pub(in crate::tasks) async fn cancel_unstarted(
         &self,
         id: &str,
     ) -> Result<TaskSnapshot, TaskError> {
