@@ -269,6 +269,49 @@ async fn a_failed_task_fails_with_its_error_and_a_cancelled_one_is_cancelled_at_
         .expect("cancelling a cancelled task is acknowledged");
 }
 
+/// A worktree start answers at once, its task a handle at once too; a start that then fails
+/// in the background (here its worktree cannot be made: the state directory's `worktrees` is a
+/// file) fails its task with `StartFailed`, naming the step, and its prompt reaches no model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_in_the_background_fails_its_task() {
+    let env = OpenCodeEnv::new();
+    support::git::init_repo(&env.work_dir(), &[("app.txt", "one\n")]);
+    let worktrees = env.root().join("state/opencode-mcp/worktrees");
+    let rig = modern_rig(env, true, &[]).await;
+    if worktrees.is_dir() {
+        std::fs::remove_dir_all(&worktrees).expect("remove the worktrees directory");
+    }
+    if let Some(parent) = worktrees.parent() {
+        std::fs::create_dir_all(parent).expect("the state directory");
+    }
+    std::fs::write(&worktrees, "a file where the worktrees go\n").expect("a file");
+
+    let failing = handle(
+        &rig,
+        "opencode_start_task",
+        json!({"server_id": rig.server_id(), "prompt": "never runs", "isolation": "worktree"}),
+    )
+    .await;
+    let failed = poll_terminal(&rig, &failing.task.task_id).await;
+    let TaskPayload::Failed { error } = &failed.task.payload else {
+        panic!("not failed: {failed:?}\n{}", rig.client.stderr());
+    };
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("could not start") && message.contains("making its worktree"),
+        "{error:?}"
+    );
+    assert_eq!(error["data"]["code"], "failed", "{error:?}");
+    let status = rig
+        .ok(
+            "opencode_get_task_status",
+            json!({"task_id": failing.task.task_id}),
+        )
+        .await;
+    assert_eq!(status["error"]["name"], "StartFailed", "{status}");
+    assert!(!model_saw(&rig, "never runs"));
+}
+
 /// A task that fails after it began its answer hands that partial answer back with its error
 /// (SEP-2663: a failed task's result is its error; what the turn wrote is part of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

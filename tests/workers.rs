@@ -284,7 +284,7 @@ async fn work_goes_to_a_worker_and_back_with_git() {
     let status_before = git(&repo_dir, &["status", "--porcelain"]);
     let scratch = local.path().join("scratch");
     std::fs::create_dir_all(&scratch).expect("scratch");
-    let (origin, base) = base_commit(&repo_dir, &scratch, "tsk_one", Base::WorkingTree)
+    let (origin, base) = base_commit(&repo_dir, &scratch, Base::WorkingTree)
         .await
         .expect("the base commit");
 
@@ -2369,6 +2369,15 @@ async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(row["status"], "failed", "{listed}");
+    // Its result says why, and claims no turn whose text or files were lost.
+    let r = rig
+        .ok("opencode_get_task_result", json!({ "task_id": failing }))
+        .await;
+    assert_eq!(r["error"]["name"], "StartFailed", "{r}");
+    assert!(
+        r.get("text_error").is_none() && r.get("files_error").is_none(),
+        "{r}"
+    );
     std::fs::rename(&off, &wrapper).expect("mend the worker's OpenCode");
 
     // A cancel while OpenCode starts there (no OpenCode runs on the worker yet).
@@ -2546,4 +2555,109 @@ impl Drop for GroupGuard {
         }
         let _ = self.0.wait();
     }
+}
+
+/// The base refs the worker's repositories under `root` hold, one line per ref.
+fn base_refs_there(root: &std::path::Path) -> String {
+    let mut out = String::new();
+    for bare in std::fs::read_dir(root.join("repos"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        out.push_str(&support::git::git(
+            &bare.path(),
+            &[
+                "for-each-ref",
+                "--format=%(refname)",
+                "refs/opencode-mcp/base/",
+            ],
+        ));
+    }
+    out
+}
+
+/// **Starts from one state share one base.** Two tasks started on `w1` from the same
+/// uncommitted work start from one base commit, sent to the worker once (the second start only
+/// adds its worktree: it has no base ref of its own there); a start after the worker's
+/// repositories were removed by hand sends the base again and completes; and a fan-out's
+/// targets here start from one base too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_from_one_state_share_one_base() {
+    use serde_json::json;
+
+    let OneWorker {
+        rig,
+        root,
+        _key,
+        _worker,
+        _worker_env,
+        reaper: _reaper,
+        ..
+    } = OneWorker::start(
+        &[("app.txt", "one\n")],
+        |repo| std::fs::write(repo.join("app.txt"), "one, edited\n").expect("uncommitted work"),
+        None,
+        3,
+    )
+    .await;
+    let id = |v: &serde_json::Value| v["task_id"].as_str().expect("task_id").to_string();
+    let first = id(&start_raw(&rig, json!({ "prompt": "first [[write:a.txt:a\\n]]" })).await);
+    let a = rig.finish(&first).await;
+    let second = id(&start_raw(&rig, json!({ "prompt": "second [[write:b.txt:b\\n]]" })).await);
+    let b = rig.finish(&second).await;
+    for r in [&a, &b] {
+        assert_eq!(r["status"], "completed", "{r}\n{}", rig.client.stderr());
+    }
+    let base = a["workspace"]["base"].as_str().expect("workspace.base");
+    assert_eq!(
+        b["workspace"]["base"], base,
+        "one state, one base: {a}\n{b}"
+    );
+    let refs = base_refs_there(&root);
+    assert!(
+        refs.contains(&first),
+        "the first start sent the base: {refs}"
+    );
+    assert!(
+        !refs.contains(&second),
+        "the second start sent the base again: {refs}"
+    );
+
+    // The worker lost its repositories: the next start sends the base again.
+    std::fs::remove_dir_all(root.join("repos")).expect("remove the worker's repositories");
+    let third = id(&start_raw(&rig, json!({ "prompt": "third [[write:c.txt:c\\n]]" })).await);
+    let c = rig.finish(&third).await;
+    assert_eq!(c["status"], "completed", "{c}\n{}", rig.client.stderr());
+    assert_eq!(c["workspace"]["base"], base, "{c}");
+    assert_eq!(c["workspace"]["changes"][0]["file"], "c.txt", "{c}");
+    assert!(base_refs_there(&root).contains(&third));
+
+    // A fan-out here: its targets share one base.
+    let out = rig
+        .ok(
+            "opencode_fan_out",
+            json!({
+                "server_id": rig.server_id(),
+                "prompt": "Is this sound?",
+                "models": ["fake/fake-model", "fake/fake-strong"],
+                "isolation": "worktree",
+            }),
+        )
+        .await;
+    let ids: Vec<String> = out["task_ids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_str().map(String::from))
+        .collect();
+    assert_eq!(ids.len(), 2, "{out}");
+    let mut bases = Vec::new();
+    for t in &ids {
+        let r = rig.finish(t).await;
+        assert_eq!(r["status"], "completed", "{r}");
+        bases.push(r["workspace"]["base"].clone());
+    }
+    assert_eq!(bases[0], base, "{bases:?}");
+    assert_eq!(bases[0], bases[1], "{bases:?}");
 }

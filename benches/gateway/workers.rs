@@ -117,13 +117,13 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
     make_repo(&local, files).await?;
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
-    let (origin, base) = base_commit(&local, &scratch, "bench", Base::WorkingTree).await?;
+    let (origin, base) = base_commit(&local, &scratch, Base::WorkingTree).await?;
     // The later base: one more file changed.
     std::fs::write(
         local.join("d002/f00200.txt"),
         "changed for the later push\n",
     )?;
-    let (_, later) = base_commit(&local, &scratch, "bench-later", Base::WorkingTree).await?;
+    let (_, later) = base_commit(&local, &scratch, Base::WorkingTree).await?;
 
     // The gateway's side shares one connection per worker, as a serving gateway does.
     share_connections();

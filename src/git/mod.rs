@@ -41,8 +41,8 @@ pub use apply::{apply, Applied};
 pub use diff::{parse_raw_numstat, summary, unified, DiffFile, DiffStatus};
 pub use run::{GitError, Repo, IDENTITY, OVERRIDES};
 pub use worktree::{
-    base_commit, can_branch, commit_state, create, locate, pending, remove, snapshot_tree, Base,
-    Created, Located, Pending, Reading, Worktree,
+    base_commit, can_branch, commit_state, create, create_at, locate, pending, remove,
+    snapshot_tree, Base, Created, Located, Pending, Reading, Worktree,
 };
 
 /// The prefix of every task branch: `opencode-mcp/<task_id>`.

@@ -408,6 +408,19 @@ pub async fn commit_tree(
     parent: &str,
     message: &str,
 ) -> Result<String, GitError> {
+    commit_tree_dated(repo, tree, parent, message, None).await
+}
+
+/// [`commit_tree`] with the commit's author and committer dates set to `date` (git's internal
+/// form, `<unix seconds> <offset>`) when given: the same tree, parent, message and date make the
+/// same commit, whenever and however often it is written.
+pub async fn commit_tree_dated(
+    repo: &Repo,
+    tree: &str,
+    parent: &str,
+    message: &str,
+    date: Option<&str>,
+) -> Result<String, GitError> {
     let mut cmd = repo.cmd(&[
         "commit-tree",
         "--no-gpg-sign",
@@ -419,6 +432,11 @@ pub async fn commit_tree(
     ]);
     for (k, v) in IDENTITY {
         cmd = cmd.env(k, OsStr::new(v));
+    }
+    if let Some(date) = date {
+        for k in ["GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"] {
+            cmd = cmd.env(k, OsStr::new(date));
+        }
     }
     Ok(cmd.ok().await?.line())
 }

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::run::{commit_tree, GitError, Repo};
+use super::run::{commit_tree, commit_tree_dated, GitError, Repo};
 use super::BRANCH_PREFIX;
 
 /// What a task's worktree starts from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Base {
     /// What the orchestrator sees: `HEAD` plus the uncommitted changes (staged, unstaged, and
@@ -48,11 +48,14 @@ pub struct Created {
 /// The repository around `dir` (its top directory, canonical) and the commit a task's work
 /// starts from: `HEAD`, or for [`Base::WorkingTree`] `HEAD` plus the uncommitted changes
 /// (untracked files included) as a commit of the gateway's, written without touching the
-/// user's index (`scratch` holds the temporary one). `name` is the task's, for the message.
+/// user's index (`scratch` holds the temporary one).
+///
+/// The snapshot commit depends only on `HEAD` and the files: its message names no task and its
+/// dates are `HEAD`'s. So starts from the same state share one base, and a worker that has it
+/// already is not sent it again (`workers::repo`).
 pub async fn base_commit(
     dir: &Path,
     scratch: &Path,
-    name: &str,
     base: Base,
 ) -> Result<(PathBuf, String), GitError> {
     let origin = toplevel(dir).await?;
@@ -64,18 +67,32 @@ pub async fn base_commit(
             let tree = snapshot_tree(&repo, scratch)
                 .await
                 .map_err(|e| as_snapshot_error(&origin, e))?;
-            let head_tree = repo
-                .git(&["rev-parse", &format!("{head}^{{tree}}")])
+            // `<tree> <committer seconds> <offset>` of HEAD, in one call.
+            let about = repo
+                .git(&[
+                    "show",
+                    "-s",
+                    "--no-show-signature",
+                    "--format=%T %ct %cz",
+                    &head,
+                ])
                 .await?
                 .line();
+            let mut parts = about.split(' ');
+            let (head_tree, seconds, offset) = (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or("0"),
+                parts.next().unwrap_or("+0000"),
+            );
             if tree == head_tree {
                 head
             } else {
                 let message = format!(
-                    "opencode-mcp: uncommitted changes of {} as the base of task {name}",
+                    "opencode-mcp: uncommitted changes of {} on {head}",
                     origin.display()
                 );
-                commit_tree(&repo, &tree, &head, &message).await?
+                let date = format!("{seconds} {offset}");
+                commit_tree_dated(&repo, &tree, &head, &message, Some(&date)).await?
             }
         }
     };
@@ -84,7 +101,19 @@ pub async fn base_commit(
 
 /// Creates the worktree of task `name` for the repository around `dir`, at `root/<name>`.
 pub async fn create(dir: &Path, root: &Path, name: &str, base: Base) -> Result<Created, GitError> {
-    let (origin, base_commit) = base_commit(dir, root, name, base).await?;
+    let (origin, base_commit) = base_commit(dir, root, base).await?;
+    create_at(dir, root, name, origin, base_commit).await
+}
+
+/// [`create`] from a base already made by [`base_commit`] for the repository `origin` around
+/// `dir` (a fan-out's targets share one).
+pub async fn create_at(
+    dir: &Path,
+    root: &Path,
+    name: &str,
+    origin: PathBuf,
+    base_commit: String,
+) -> Result<Created, GitError> {
     let repo = Repo::at(&origin);
     // Owner-only: the worktrees hold copies of the user's files, untracked ones included.
     crate::private_files::create_dir(root).map_err(|error| GitError::Io {

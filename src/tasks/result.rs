@@ -56,6 +56,9 @@ impl TaskService {
         let mut entry = self.tracker.entry(task_id)?;
         let finished = entry.rec.status().is_terminal();
         let known = self.placement.pool.get(&entry.rec.server_id);
+        // A task that ended before it had a session (its start failed, or it was cancelled
+        // while queued or starting) has no turn to read: its `error` says why.
+        let never_started = entry.rec.session_id.is_empty();
         // Never read, nor tried: a read that failed recorded why.
         let unread = (entry.rec.outcome.is_none() && entry.rec.outcome_error.is_none())
             || (entry.rec.files_changed.is_none() && entry.rec.files_error.is_none());
@@ -66,7 +69,12 @@ impl TaskService {
             // all). Asked for them, read them from the server in use now, which has the
             // session. A server that died under this gateway is left as it is, a stopped one
             // was read from as it stopped, and a wait (`IfKnown`) starts no server.
-            None if known.is_none() && finished && unread && files == Files::Read => {
+            None if known.is_none()
+                && !never_started
+                && finished
+                && unread
+                && files == Files::Read =>
+            {
                 match self.placement.server_in_use_for(&entry).await {
                     Ok(s) => Some(s),
                     Err(e) => {
@@ -104,7 +112,7 @@ impl TaskService {
                         entry.rec.outcome = Some(partial);
                     }
                 }
-            } else if finished && text_error.is_none() {
+            } else if finished && text_error.is_none() && !never_started {
                 text_error = Some(format!(
                     "the turn's final text was never read, and its OpenCode server {} is gone",
                     entry.rec.server_id
@@ -138,7 +146,7 @@ impl TaskService {
         // background read may simply not have landed yet.
         let files_error = match (&entry.rec.files_changed, &entry.rec.files_error) {
             (Some(_), _) => None,
-            _ if !finished => None,
+            _ if !finished || never_started => None,
             (None, Some(why)) => Some(why.clone()),
             (None, None) if server.is_none() => Some(format!(
                 "the turn's changed files were never read, and its OpenCode server {} is gone",
@@ -154,7 +162,7 @@ impl TaskService {
             (None, None) => None,
         };
         let outcome: TurnState = entry.rec.outcome.clone().unwrap_or_default();
-        if finished && entry.rec.outcome.is_none() && text_error.is_none() {
+        if finished && entry.rec.outcome.is_none() && text_error.is_none() && !never_started {
             text_error = Some("the turn's final text could not be read from OpenCode".into());
         }
         let total = outcome.text.chars().count() as u64;

@@ -100,6 +100,20 @@ pub async fn push(
     base: &str,
 ) -> Result<Placed, RepoError> {
     let placed = Placed::new(&remote.root, origin, task, base);
+    send_base(worker, remote, origin, &placed).await?;
+    add_worktree(worker, remote, &placed).await?;
+    Ok(placed)
+}
+
+/// The first half of [`push`]: makes sure the worker's bare repository for `origin` exists and
+/// holds the task's base (under the task's base ref there). Starts from one base share it: the
+/// caller may skip this for a base it sent that worker already.
+pub async fn send_base(
+    worker: &str,
+    remote: &Remote,
+    origin: &Path,
+    placed: &Placed,
+) -> Result<(), RepoError> {
     // `git init` on an existing repository changes nothing of its content: every push can
     // make sure the repository is there, in the same round trip as nothing else.
     on_worker(
@@ -111,7 +125,7 @@ pub async fn push(
         &git_argv(&["init", "--bare", "--quiet", "--shared=0600", &placed.bare]),
     )
     .await?;
-    let refspec = format!("{base}:{BASE_REF_PREFIX}{task}");
+    let refspec = format!("{}:{BASE_REF_PREFIX}{}", placed.base, placed.task());
     over_ssh(
         origin,
         remote,
@@ -120,6 +134,12 @@ pub async fn push(
         &refspec,
     )
     .await?;
+    Ok(())
+}
+
+/// The second half of [`push`]: adds the task's worktree and branch at its base in the
+/// worker's bare repository, which must hold the base already ([`send_base`]).
+pub async fn add_worktree(worker: &str, remote: &Remote, placed: &Placed) -> Result<(), RepoError> {
     let add = git_argv(&[
         "-C",
         &placed.bare,
@@ -129,7 +149,7 @@ pub async fn push(
         "-b",
         &placed.branch,
         &placed.worktree,
-        base,
+        &placed.base,
     ]);
     if on_worker(worker, remote, "worktree add", &add)
         .await
@@ -161,7 +181,7 @@ pub async fn push(
         let _ = on_worker(worker, remote, "branch delete", &branch).await;
         on_worker(worker, remote, "worktree add", &add).await?;
     }
-    Ok(placed)
+    Ok(())
 }
 
 /// Commits what the agent changed in the task's worktree on the worker (if anything) and

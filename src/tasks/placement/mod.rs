@@ -5,6 +5,7 @@
 //!   worktree made there).
 //! - `links`: the workers' OpenCode servers in use, and the workers found out of reach.
 //! - `workspace`: a task's git worktree (create, diff, apply, discard).
+//! - `bases`: what starts side by side share (a fan-out's base, the bases sent to workers).
 //! - `servers`: the servers tasks run on (started, reached, let linger, stopped).
 //! - `start`: a start, from its request to its first turn.
 //!
@@ -12,6 +13,7 @@
 //! holds: the shared [`TaskContext`] and the data rooms, never the service. So the service
 //! calls placement, and placement never calls back.
 
+mod bases;
 pub(crate) mod links;
 pub(crate) mod queue;
 pub(crate) mod remote;
@@ -45,6 +47,8 @@ pub(in crate::tasks) struct Placement {
     /// Git operations that write (creating a worktree, apply, discard) run one at a time, so
     /// two applies never merge against the same snapshot of the user's tree.
     pub(in crate::tasks) git_lock: Arc<tokio::sync::RwLock<()>>,
+    /// The bases made for fan-outs and sent to workers, shared by the starts that follow.
+    pub(in crate::tasks) bases: bases::SharedBases,
 }
 
 impl Placement {
@@ -62,6 +66,7 @@ impl Placement {
             keys: Default::default(),
             enqueueing: Default::default(),
             state_dir,
+            bases: Default::default(),
         }
     }
 }

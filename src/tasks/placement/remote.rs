@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::links::{Link, WorkerServes};
 use super::Placement;
 use crate::config::{Isolation, LOCAL_WORKER};
-use crate::git::{self, Base};
+use crate::git::Base;
 use crate::opencode::Server;
 use crate::tasks::error::TaskError;
 use crate::tasks::lifecycle::record::{RemoteWorkspace, WorkspaceRecord};
@@ -341,8 +341,8 @@ impl Placement {
     }
 
     /// Makes task `task_id`'s worktree on worker `w` (whose OpenCode is `server`, serving from
-    /// the worker's root made absolute) for the repository around the local `directory`;
-    /// returns its record and the directory the session works in there.
+    /// the worker's root made absolute) for the repository around the local `directory`, from
+    /// the base its fan-out `group` shares when it has one; returns its record and the directory the session works in there.
     pub(in crate::tasks) async fn place(
         &self,
         w: &Named,
@@ -350,11 +350,12 @@ impl Placement {
         directory: &str,
         task_id: &str,
         base: Base,
+        group: Option<&str>,
     ) -> Result<(WorkspaceRecord, String), TaskError> {
         let scratch = self.worktrees_dir()?;
         let (origin, base) = {
             let _one_at_a_time = self.git_lock.write().await;
-            git::base_commit(Path::new(directory), &scratch, task_id, base).await?
+            self.base_for(directory, &scratch, base, group).await?
         };
         let Some(origin_text) = origin.to_str().map(str::to_string) else {
             return Err(TaskError::InvalidArgument(format!(
@@ -369,7 +370,9 @@ impl Placement {
             root: server.directory.clone(),
             ..w.remote.clone()
         };
-        let placed = repo::push(&w.name, &remote, &origin, task_id, &base).await?;
+        let placed = repo::Placed::new(&remote.root, &origin, task_id, &base);
+        self.send_and_add(&w.name, &remote, &origin, &placed)
+            .await?;
         // The session works at the same place inside the worktree as `directory` is inside
         // the repository.
         let inside = Path::new(directory)

@@ -435,15 +435,16 @@ impl Placement {
             .clone()
             .unwrap_or_else(|| default_title(&req.prompt));
         let task_id = starting.map_or_else(ids::task_id, str::to_string);
+        let group = req.group.as_ref().map(|g| g.id.as_str());
         let workspace = match (&worker, req.isolation) {
             (Some(w), _) => Some(
-                self.place(w, &server, &directory, &task_id, req.base)
+                self.place(w, &server, &directory, &task_id, req.base, group)
                     .await
                     .map_err(|e| (Step::Worktree, e))?,
             ),
             (None, Isolation::None) => None,
             (None, Isolation::Worktree) => Some(
-                self.create_workspace(&directory, &task_id, req.base)
+                self.create_workspace(&directory, &task_id, req.base, group)
                     .await
                     .map_err(|e| (Step::Worktree, e))?,
             ),

@@ -65,17 +65,19 @@ impl Placement {
             })
     }
 
-    /// Creates task `task_id`'s worktree for the repository around `directory`; returns its
-    /// record and the directory the session works in.
+    /// Creates task `task_id`'s worktree for the repository around `directory`, from the base
+    /// its fan-out `group` shares when it has one; returns its record and the directory the session works in.
     pub(in crate::tasks) async fn create_workspace(
         &self,
         directory: &str,
         task_id: &str,
         base: Base,
+        group: Option<&str>,
     ) -> Result<(WorkspaceRecord, String), TaskError> {
         let root = self.worktrees_dir()?;
         let _one_at_a_time = self.git_lock.write().await;
-        let created = git::create(Path::new(directory), &root, task_id, base).await?;
+        let (origin, commit) = self.base_for(directory, &root, base, group).await?;
+        let created = git::create_at(Path::new(directory), &root, task_id, origin, commit).await?;
         // Records keep paths as text: a path that is not UTF-8 would be stored changed, and a
         // later apply, discard or gc would aim at a directory that does not exist.
         let text = |p: &Path| p.to_str().map(str::to_string);
