@@ -27,13 +27,17 @@ use crate::workers::Remote;
 /// How many entries each memory keeps.
 const REMEMBERED: usize = 256;
 
+/// (group, directory, base kind) -> (the repository's top, the base commit).
+type GroupBases = Bounded<(String, String, Base), (PathBuf, String)>;
+
+/// (worker, bare repository there, commit) -> sent (or being sent: later starts wait for it).
+type SentBases = Bounded<(String, String, String), Arc<OnceCell<()>>>;
+
 /// The bases made for fan-outs, and those sent to workers.
 #[derive(Default)]
 pub(in crate::tasks) struct SharedBases {
-    /// (group, directory, base kind) -> (the repository's top, the base commit).
-    groups: Mutex<Bounded<(String, String, Base), (PathBuf, String)>>,
-    /// (worker, bare repository there, commit) -> sent (or being sent: later starts wait).
-    sent: Mutex<Bounded<(String, String, String), Arc<OnceCell<()>>>>,
+    groups: Mutex<GroupBases>,
+    sent: Mutex<SentBases>,
 }
 
 /// A map that forgets its oldest entry past [`REMEMBERED`].
@@ -141,15 +145,11 @@ impl Placement {
 }
 
 impl SharedBases {
-    fn groups(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Bounded<(String, String, Base), (PathBuf, String)>> {
+    fn groups(&self) -> std::sync::MutexGuard<'_, GroupBases> {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn sent(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Bounded<(String, String, String), Arc<OnceCell<()>>>> {
+    fn sent(&self) -> std::sync::MutexGuard<'_, SentBases> {
         self.sent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
