@@ -17,6 +17,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::FutureExt;
+
 use super::links::WorkerServes;
 use super::start::{unstarted_record, StartTask, Step};
 use super::Placement;
@@ -156,7 +158,21 @@ impl Placement {
         let this = self.clone();
         let worker = req.worker.clone();
         tokio::spawn(async move {
-            let started = this.start_queued(req, idempotency, slot, &id).await;
+            let start = this.start_queued(req, idempotency, slot, &id);
+            let Ok(started) = std::panic::AssertUnwindSafe(start).catch_unwind().await else {
+                // A bug in one of its steps (the panic is on stderr already): the task must not
+                // stay `starting` for ever, and its room went with the unwinding.
+                tracing::error!(task_id = %id, "a task's start panicked; the task fails");
+                if this.still_starting(Some(&id)) {
+                    this.fail_start(
+                        &id,
+                        "an internal error stopped it (a bug of the gateway's: its log says \
+                         more)"
+                            .into(),
+                    );
+                }
+                return;
+            };
             let Err((step, e)) = started else {
                 if let Some(w) = worker.as_deref() {
                     WorkerServes::mark_up(&this.workers.down, w);
@@ -204,6 +220,10 @@ impl Placement {
         slot: crate::tasks::store::capacity::Slots,
         id: &str,
     ) -> Result<TaskSnapshot, (Step, TaskError)> {
+        #[cfg(test)]
+        if req.prompt == tests::PANICS {
+            panic!("a bug in a step of the start (a test's)");
+        }
         if self.server(&req.server_id).is_err() {
             req.server_id = self
                 .start_server(None, None)
@@ -337,6 +357,40 @@ mod tests {
             .expect_err("no queue")
             .to_string();
         assert!(why.contains("every slot is taken"), "{why}");
+    }
+
+    /// The prompt whose start panics in its first step (test builds only).
+    pub(super) const PANICS: &str = "panic in a step of my start";
+
+    /// A start that panics (a bug in one of its steps) fails its task `StartFailed`, saying so,
+    /// rather than leave it starting for ever.
+    #[tokio::test]
+    async fn a_start_that_panics_fails_its_task() {
+        let (s, _dir) = service(4);
+        let request = StartTask {
+            prompt: PANICS.into(),
+            ..StartTask::default()
+        };
+        let request = serde_json::to_value(&request).expect("a request");
+        s.registry
+            .insert(TaskEntry::queued_for_test("tsk_panics", Some(request)));
+        s.placement.drain().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let ended = loop {
+            let e = s.registry.get("tsk_panics").expect("still known");
+            if e.rec.status().is_terminal() || std::time::Instant::now() > deadline {
+                break e;
+            }
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(ended.rec.status(), TaskStatus::Failed);
+        let error = ended.rec.error.expect("an error");
+        assert_eq!(error.name, "StartFailed");
+        assert!(
+            error.message.contains("internal error"),
+            "{}",
+            error.message
+        );
     }
 
     /// A queued task whose saved request cannot be read (a record from another version, or
