@@ -31,11 +31,16 @@ const VERSION: &str = concat!(
     ")"
 );
 
+/// Under every `--help`: where to start, where the configuration lives, how to see more.
+const FOOTER: &str = "Start with `opencode-mcp doctor`: it checks a first run and prints the host setup.
+Configuration: ~/.config/opencode-mcp/delegation.yaml (yours), ./delegation.yaml (the repository's).
+Logs go to stderr; OPENCODE_MCP_LOG=debug shows more.";
+
 /// The variable naming the `--config` file: besides the arguments, the one input of clap's.
 const CONFIG_VAR: &str = "OPENCODE_MCP_CONFIG";
 
 #[derive(Debug, Parser)]
-#[command(name = "opencode-mcp", version = VERSION, about)]
+#[command(name = "opencode-mcp", version = VERSION, about, after_help = FOOTER)]
 struct Cli {
     /// A delegation.yaml layered above the built-in, user and repo files.
     #[arg(long, global = true, env = CONFIG_VAR, value_name = "FILE")]
@@ -48,23 +53,31 @@ struct Cli {
 enum Command {
     /// Serve MCP over stdio (the default).
     Serve,
-    /// Load and validate the configuration; print the errors and exit non-zero if any.
+    /// Check the configuration files and name every error.
+    ///
+    /// Loads the layered delegation.yaml (built-in, your file, the repository's, --config, then
+    /// OPENCODE_MCP_* variables), prints each error with its file and key, and exits non-zero if
+    /// there is one.
     CheckConfig,
     /// Print the resolved configuration as YAML.
     PrintConfig,
     /// Print the JSON Schema of delegation.yaml.
     ConfigSchema,
-    /// Check what a first run needs (the opencode binary, providers and models, every tier, the
-    /// state directory), say how to fix each problem, and print the host setup lines; exits
-    /// non-zero when a blocker failed.
+    /// Check everything a first run needs, and say how to fix it. Start here.
+    ///
+    /// Checks the configuration, confinement, the opencode binary, its providers and models,
+    /// every tier and the state directory, with a fix under each problem. Then prints the lines
+    /// that add the gateway to Claude Code and Codex. Exits non-zero when a blocker failed.
     Doctor {
         /// Print the report as JSON ({checks: [{name, status, detail, fix}], ok, next_steps}).
         #[arg(long)]
         json: bool,
     },
-    /// List the task worktrees under the state directory (`<state_dir>/worktrees/`): each with
-    /// its task if its record still exists, status, whether applied, and changed files. Reads
-    /// the state directory only; a running gateway is neither needed nor disturbed.
+    /// List the tasks' worktrees, and remove those left behind.
+    ///
+    /// Lists each worktree under `<state_dir>/worktrees/` with its task (if its record still
+    /// exists), status, whether it was applied, and its changed files. Reads the state directory
+    /// only: a running gateway is neither needed nor disturbed.
     Gc {
         /// Remove the worktrees (and their branches) whose task record is gone and that hold no
         /// unapplied changes.
@@ -74,9 +87,11 @@ enum Command {
         #[arg(long, requires = "remove_orphans")]
         force: bool,
     },
-    /// Report what the stored tasks used, per tier and per model: tasks by status, tokens, cost
-    /// as OpenCode reported it, wall time, and the saving against `report.reference_price`.
-    /// Reads the state directory only; no gateway is needed.
+    /// Report what delegation cost and saved, per tier and per model.
+    ///
+    /// Counts the stored tasks by status, with tokens, cost as OpenCode reported it, wall time,
+    /// and the saving against `report.reference_price`. Reads the state directory only: no
+    /// gateway is needed.
     Usage {
         /// Only tasks whose latest turn started within this long ago (`24h`, `30m`, `7d`).
         /// Default: every stored task.
@@ -86,8 +101,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the stored tasks, newest first: id, status, tier, model, age, duration, title.
-    /// Reads the state directory only; no gateway is needed.
+    /// List the stored tasks, newest first.
+    ///
+    /// Shows each task's id, status, tier, model, age, duration and title. Reads the state
+    /// directory only: no gateway is needed.
     Tasks {
         /// Only tasks with this status (pending, running, waiting_permission, completed, failed,
         /// cancelled, timed_out).
@@ -97,17 +114,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Open OpenCode's own terminal UI on a task's session (`opencode attach`), to watch the
-    /// agent work or take it over. The task's server must be running: for a managed server,
-    /// the gateway that started the task. Reads the state directory; the server's password
-    /// reaches OpenCode through its environment, never its command line.
+    /// Watch a task's agent work in OpenCode's terminal UI.
+    ///
+    /// Runs `opencode attach` on the task's session, to watch the agent or take it over. The
+    /// task's server must be running: for a managed server, the gateway that started the task.
+    /// The server's password reaches OpenCode through its environment, never its command line.
     Watch {
         /// The task (`opencode-mcp tasks` lists them).
         task_id: String,
     },
-    /// List the workers (`workers:` in your delegation.yaml): this machine and each one reached
-    /// over ssh, with its slots and its health (reachable without a prompt, git, OpenCode and its
-    /// version, a writable root); exits non-zero when a worker is not ready.
+    /// List the workers and check that each one is ready.
+    ///
+    /// Lists this machine and each worker of `workers:` in your delegation.yaml, reached over
+    /// ssh, with its slots and health: reachable without a prompt, git, OpenCode and its
+    /// version, a writable root. Exits non-zero when a worker is not ready.
     Workers {
         /// Print the list as JSON ([{name, where, max_tasks, health, problems}]).
         #[arg(long)]
@@ -126,7 +146,7 @@ fn main() -> ExitCode {
         return code;
     }
     opencode_mcp::logging::init();
-    let cli = without_arguments().unwrap_or_else(Cli::parse);
+    let cli = without_arguments().unwrap_or_else(parse);
     let sources = Sources {
         explicit: cli.config.clone(),
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
@@ -591,6 +611,15 @@ fn without_arguments() -> Option<Cli> {
     })
 }
 
+/// The command line, parsed by clap, with [`FOOTER`] under every subcommand's help too.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command()
+        .mut_subcommands(|c| c.after_help(FOOTER))
+        .get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 /// The async runtime of `serve` and `doctor`: two workers are plenty for an I/O-bound gateway.
 /// `None` (after saying why on stderr, prefixed with `who`) if it cannot be built.
 fn runtime(who: &str) -> Option<tokio::runtime::Runtime> {
@@ -664,6 +693,30 @@ mod tests {
 
     /// [`super::without_arguments`] is right as long as clap, given no argument and no
     /// variable, leaves every field empty, and the config variable is the only one it reads.
+    /// Help reads at a glance: each command's one line is short (its details are in its own
+    /// `--help`), and every help ends by naming where to start.
+    #[test]
+    fn every_command_says_what_it_does_in_one_short_line() {
+        let command = super::Cli::command();
+        for sub in command.get_subcommands() {
+            let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+            assert!(
+                !about.is_empty() && about.chars().count() <= 70,
+                "`{}`: {about:?} ({} characters)",
+                sub.get_name(),
+                about.chars().count()
+            );
+        }
+        let mut with_footer = command.mut_subcommands(|c| c.after_help(super::FOOTER));
+        let help = with_footer
+            .find_subcommand_mut("tasks")
+            .expect("tasks")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("opencode-mcp doctor"), "{help}");
+        assert!(help.contains("OPENCODE_MCP_LOG"), "{help}");
+    }
+
     #[test]
     fn without_arguments_is_what_clap_gives() {
         let command = super::Cli::command();
