@@ -829,7 +829,7 @@ fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
-/// The lines that register this binary with Claude Code and Codex (what README's Install says),
+/// The lines that register this binary with Claude Code and Codex (what docs/hosts.md says),
 /// with this executable's absolute path. Run through `npx`, that path is in npx's cache, which
 /// npx may clear: the lines then say `npx -y opencode-mcp-gateway`, as README does.
 fn next_steps(exe: &Path) -> Vec<String> {

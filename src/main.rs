@@ -32,7 +32,8 @@ const VERSION: &str = concat!(
 );
 
 /// Under every `--help`: where to start, where the configuration lives, how to see more.
-const FOOTER: &str = "Start with `opencode-mcp doctor`: it checks a first run and prints the host setup.
+const FOOTER: &str =
+    "Start with `opencode-mcp doctor`: it checks a first run and prints the host setup.
 Configuration: ~/.config/opencode-mcp/delegation.yaml (yours), ./delegation.yaml (the repository's).
 Logs go to stderr; OPENCODE_MCP_LOG=debug shows more.";
 

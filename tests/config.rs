@@ -235,7 +235,7 @@ fn committed_schema_is_current() {
         .current_dir(dir.path())
         .env_clear()
         .env("HOME", dir.path())
-        // Under coverage (see the README) the binary writes its counts there.
+        // Under coverage (see CONTRIBUTING.md) the binary writes its counts there.
         .envs(std::env::var_os("LLVM_PROFILE_FILE").map(|v| ("LLVM_PROFILE_FILE", v)))
         .output()
         .expect("run opencode-mcp config-schema");

@@ -403,7 +403,7 @@ fn codex_delegates_through_the_gateway() {
 /// `codex exec` cannot ask anyone, so Codex refuses MCP tools it would want approved ("MCP tool
 /// call requires approval, but approval policy is never"): by default those annotated
 /// destructive (start_task, continue_task, reply_permission). `default_tools_approval_mode =
-/// "approve"` on the server, as the README recommends, lets every tool through. Each tool is
+/// "approve"` on the server, as docs/hosts.md recommends, lets every tool through. Each tool is
 /// called once with arguments naming nothing that exists, so no OpenCode starts; a call that
 /// reached the gateway shows its JSON error.
 #[test]

@@ -56,7 +56,7 @@ impl Tree {
     fn isolate<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
         let home = self.path("home");
         cmd.env_clear()
-            // Under coverage (see the README) the packaged binary writes its counts there.
+            // Under coverage (see CONTRIBUTING.md) the packaged binary writes its counts there.
             .envs(std::env::var_os("LLVM_PROFILE_FILE").map(|v| ("LLVM_PROFILE_FILE", v)))
             .current_dir(self.path("cwd"))
             .env("HOME", &home)

@@ -4,7 +4,7 @@
 //! - snapshots of `initialize`, `tools/list`, `prompts/list` and a rendered `delegate_task`;
 //! - a repo-level `delegation.yaml` changes exactly what it says, compared against the default
 //!   run with the same edits applied programmatically;
-//! - the README's rename recipe (a new entry with the same action, the old one disabled) renames
+//! - the rename recipe of docs/configuration.md (a new entry with the same action, the old one disabled) renames
 //!   the tool in every text that names it through `{{tool:<action>}}`;
 //! - every stdout line is JSON-RPC 2.0, and the process exits 0 when stdin closes;
 //! - argument validation over the wire: each bad call is an `isError` result with code
@@ -146,7 +146,7 @@ async fn snapshot_of_a_preset_tool() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The rename recipe from the README, for two tools: `delegate_start` replaces
+/// The rename recipe from docs/configuration.md, for two tools: `delegate_start` replaces
 /// `opencode_start_task` (named by the instructions and the `delegate_task` prompt) and
 /// `delegate_result` replaces `opencode_get_task_result` (named by those and by the wait tool's
 /// description, which does not name the start tool). Every text the host reads follows, and is

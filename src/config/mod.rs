@@ -33,6 +33,7 @@ mod duration;
 mod env;
 mod error;
 mod load;
+pub mod reference;
 mod restart;
 mod template;
 mod trust;

@@ -275,8 +275,8 @@ pub struct IsolationConfig {
     pub base: crate::git::Base,
 }
 
-/// Confinement: what a delegated agent's commands and the checks may reach. See the README's
-/// "Trust and privacy".
+/// Confinement: what a delegated agent's commands and the checks may reach. See
+/// `docs/security.md`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxConfig {

@@ -75,7 +75,7 @@ pub fn decide(settings: &SandboxConfig, state_dir: &Path) -> Decision {
         Availability::Unsupported(os) => {
             tracing::warn!(
                 "delegated agents and checks run unconfined on {os}: the gateway confines them \
-                 on Linux only (see the README's \"Trust and privacy\")"
+                 on Linux only (see docs/security.md)"
             );
             return Decision::Unconfined(format!("no sandbox on {os} yet"));
         }
