@@ -49,6 +49,8 @@ pub(in crate::tasks) struct Placement {
     pub(in crate::tasks) git_lock: Arc<tokio::sync::RwLock<()>>,
     /// The bases made for fan-outs and sent to workers, shared by the starts that follow.
     pub(in crate::tasks) bases: bases::SharedBases,
+    /// Server id -> the line its starts wait in (`start::STARTS_AT_ONCE` at a time).
+    pub(in crate::tasks) start_gates: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Placement {
@@ -67,6 +69,7 @@ impl Placement {
             enqueueing: Default::default(),
             state_dir,
             bases: Default::default(),
+            start_gates: Default::default(),
         }
     }
 }

@@ -116,7 +116,28 @@ pub(in crate::tasks) type KeySlot = Arc<tokio::sync::Mutex<Option<(u64, String)>
 /// How many idempotency keys accumulate between prunes of those that stand for nothing.
 pub(in crate::tasks) const KEYS_PRUNE_AT: usize = 1024;
 
+/// Starts that run their steps on one OpenCode server at the same time; the others wait in
+/// line, still `starting`. A task's first request in a new directory (its worktree) makes
+/// OpenCode boot an instance for it (its configuration, plugins and tools), which takes seconds
+/// on a busy machine: thirty starts answered at once and run side by side made each of them
+/// wait past `timeouts.request` (measured in the `fanout` bench: 30 tasks on three workers of a
+/// 2-core machine failed `StartFailed` at "confining its agent"). Four at a time keeps a
+/// fan-out's starts overlapping without flooding the server.
+pub(in crate::tasks) const STARTS_AT_ONCE: usize = 4;
+
 impl Placement {
+    /// The line a start waits in to run its steps on server `server_id` ([`STARTS_AT_ONCE`]).
+    fn start_gate(&self, server_id: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self
+            .start_gates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        gates
+            .entry(server_id.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(STARTS_AT_ONCE)))
+            .clone()
+    }
+
     /// Takes room for `new` more unfinished tasks, one slot each, on `worker` when the call
     /// names one, else on this machine first and then on the remote workers with free slots
     /// (only for tasks that can run remotely: `isolation` worktree); refuses when the workers
@@ -408,6 +429,8 @@ impl Placement {
             Some(w) => self.worker_server(w).await.map_err(|e| (Step::Server, e))?,
             None => local,
         };
+        // Held until the prompt is sent (or the start fails): see [`STARTS_AT_ONCE`].
+        let _gate = self.start_gate(&server.id).acquire_owned().await;
         let Choice {
             model,
             variant,
