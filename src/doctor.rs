@@ -673,12 +673,19 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
                     Check::new(name, Status::Fail, "uses the server's default model, and it has none")
                         .fix("set `model` in opencode.json, or list models for this tier in delegation.yaml")
                 } else {
+                    // Then delegating to it saves nothing, unless the default happens to be cheap.
                     Check::new(
                         name,
-                        Status::Ok,
-                        "uses the server's default model (opencode.json `model`, else OpenCode's \
-                         own pick); list models for this tier in delegation.yaml to choose",
+                        Status::Warn,
+                        "names no model: its tasks run the server's default model (opencode.json \
+                         `model`, else OpenCode's own pick), so delegating to it may save nothing",
                     )
+                    .fix(format!(
+                        "list cheaper models for tier `{}` under `tiers` in \
+                         ~/.config/opencode-mcp/delegation.yaml; {}",
+                        tier.name,
+                        cheapest(catalog)
+                    ))
                 };
             }
             match resolved.model {
@@ -714,6 +721,31 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// The cheapest models the catalog prices (input plus output, per million tokens), as a
+/// proposal; without prices, some of the offered models, saying so.
+fn cheapest(catalog: &ModelCatalog) -> String {
+    let mut priced: Vec<(&String, f64)> = catalog
+        .prices
+        .iter()
+        .filter(|(model, _)| catalog.models.contains(model))
+        .map(|(model, p)| (model, p.input + p.output))
+        .filter(|(_, total)| total.is_finite())
+        .collect();
+    priced.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(b.0)));
+    if priced.is_empty() {
+        return format!(
+            "the catalog lists no prices; offered: {}",
+            some_of(&catalog.models)
+        );
+    }
+    let list: Vec<String> = priced
+        .iter()
+        .take(3)
+        .map(|(model, total)| format!("{model} (${total:.2}/M tokens in+out)"))
+        .collect();
+    format!("the cheapest offered: {}", list.join(", "))
 }
 
 fn some_of(models: &[String]) -> String {
@@ -924,6 +956,62 @@ mod tests {
         assert_eq!(checks[1].status, Status::Fail, "{:?}", checks[1]);
         assert!(checks[1].detail.contains("high, low"), "{:?}", checks[1]);
         assert!(checks[1].fix.as_deref().unwrap_or_default().contains("odd"));
+    }
+
+    /// A tier that names no model runs the server's default, so delegating to it may save
+    /// nothing: a warning, whose fix proposes the cheapest priced models (or, without prices,
+    /// names some offered ones and says so).
+    #[test]
+    fn a_tier_without_models_is_a_warning_proposing_cheap_ones() {
+        let mut config = crate::gateway::test_config();
+        config.tiers = vec![crate::config::Tier {
+            name: "fast".into(),
+            handles: "x".into(),
+            ..Default::default()
+        }];
+        let price = |input, output| crate::opencode::Price {
+            input,
+            output,
+            ..Default::default()
+        };
+        let catalog = ModelCatalog {
+            models: vec![
+                "p/dear".into(),
+                "p/cheap".into(),
+                "p/mid".into(),
+                "p/free".into(),
+            ],
+            defaults: [("p".to_string(), "dear".to_string())].into(),
+            prices: [
+                ("p/dear".to_string(), price(15.0, 75.0)),
+                ("p/cheap".to_string(), price(0.1, 0.4)),
+                ("p/mid".to_string(), price(1.0, 4.0)),
+                ("p/unoffered".to_string(), price(0.0, 0.0)),
+            ]
+            .into(),
+            ..ModelCatalog::default()
+        };
+        let checks = tier_checks(&config, &catalog);
+        assert_eq!(checks[0].status, Status::Warn, "{:?}", checks[0]);
+        let fix = checks[0].fix.clone().unwrap_or_default();
+        assert!(fix.contains("tier `fast`"), "{fix}");
+        let (cheap, mid, dear) = (
+            fix.find("p/cheap").expect("cheap proposed"),
+            fix.find("p/mid").expect("mid proposed"),
+            fix.find("p/dear").expect("dear listed third"),
+        );
+        assert!(cheap < mid && mid < dear, "cheapest first: {fix}");
+        assert!(!fix.contains("p/unoffered"), "only offered models: {fix}");
+
+        let unpriced = ModelCatalog {
+            prices: Default::default(),
+            ..catalog
+        };
+        let fix = tier_checks(&config, &unpriced)[0]
+            .fix
+            .clone()
+            .unwrap_or_default();
+        assert!(fix.contains("no prices") && fix.contains("p/free"), "{fix}");
     }
 
     #[test]

@@ -91,10 +91,19 @@ fn a_working_setup_passes_and_leaves_no_server_behind() {
         providers.contains("2 model(s) from 1 provider(s): fake;"),
         "{providers}"
     );
-    // The built-in tiers list no models: each means the server's default, which exists here.
+    // The built-in tiers list no models: each runs the server's default, which exists here, so
+    // delegating saves nothing yet: a warning, whose fix names the scripted catalog's models.
     for tier in ["fast", "standard", "strong"] {
         let l = line(&text, &format!("tier {tier}"));
-        assert!(l.starts_with("ok ") && l.contains("default model"), "{l}");
+        assert!(l.starts_with("warn ") && l.contains("default model"), "{l}");
+        let at = text.find(&l).unwrap_or_default() + l.len();
+        let fix = text[at..].lines().nth(1).unwrap_or_default();
+        assert!(
+            fix.contains("fix:")
+                && fix.contains(&format!("tier `{tier}`"))
+                && fix.contains("fake/"),
+            "{fix}"
+        );
     }
     let sandbox = line(&text, "sandbox");
     assert!(
