@@ -96,7 +96,7 @@ fn a_working_setup_passes_and_leaves_no_server_behind() {
     for tier in ["fast", "standard", "strong"] {
         let l = line(&text, &format!("tier {tier}"));
         assert!(l.starts_with("warn ") && l.contains("default model"), "{l}");
-        let at = text.find(&l).unwrap_or_default() + l.len();
+        let at = text.find(l).unwrap_or_default() + l.len();
         let fix = text[at..].lines().nth(1).unwrap_or_default();
         assert!(
             fix.contains("fix:")
