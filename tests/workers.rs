@@ -2331,7 +2331,8 @@ fn found_under(dir: &std::path::Path, name: &str, depth: u32) -> bool {
 /// - the same `idempotency_key` while it starts is the same task, which then completes;
 /// - a cancel while it starts wins: the task stays cancelled, its prompt never reaches a
 ///   model and nothing of it is left on the worker;
-/// - a gateway killed while it starts: the next one starts it again, and it completes.
+/// - a gateway killed while it starts, or one a host's reconnect closes cleanly: the next one
+///   starts it again, and it completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
     use serde_json::json;
@@ -2439,6 +2440,34 @@ async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
     let r = rig.finish(&across).await;
     assert_eq!(r["status"], "completed", "{r}\n{}", rig.client.stderr());
     assert_eq!(r["workspace"]["changes"][0]["file"], "across.txt", "{r}");
+
+    // A host's clean reconnect (`/mcp`) while a start is under way (OpenCode on the worker
+    // stopped again, so the start has to start one): the next gateway starts it, and it
+    // completes with its work.
+    let server_id = rig.status(&across).await["server_id"]
+        .as_str()
+        .expect("server_id")
+        .to_string();
+    rig.ok("opencode_stop_server", json!({ "server_id": server_id }))
+        .await;
+    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
+        reaper.servers().is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the worker's OpenCode still runs");
+    let during = id(&start_raw(
+        &rig,
+        // This gateway has no server of the first one's: `default` starts one.
+        json!({
+            "server_id": "default",
+            "prompt": "started across a reconnect [[write:during.txt:d\n]]",
+        }),
+    )
+    .await);
+    rig.reconnect().await;
+    let r = rig.finish(&during).await;
+    assert_eq!(r["status"], "completed", "{r}\n{}", rig.client.stderr());
+    assert_eq!(r["workspace"]["changes"][0]["file"], "during.txt", "{r}");
 
     let requests = rig.fake.requests();
     assert!(
