@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::{Config, ConfigError};
-use crate::opencode::{split_model, ModelCatalog, OpencodeError, ServerPool};
+use crate::opencode::{split_model, ModelCatalog, OpencodeError, ServerInfo, ServerPool};
 use crate::tasks::{check_variant, resolve_tier};
 use crate::OPENCODE_API_VERSION;
 
@@ -522,11 +522,14 @@ fn server_phase_budget(config: &Config) -> Duration {
         .saturating_add(BUDGET_MARGIN)
 }
 
-/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does, reads its
-/// models and resolves every tier against them; the server is stopped before this returns.
-async fn server_checks(config: Arc<Config>) -> Vec<Check> {
+/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does and reads
+/// its models; the server is stopped before this returns, whatever happened. `Err`: why no
+/// server answered (bounded by [`server_phase_budget`]).
+pub async fn read_catalog(
+    config: &Arc<Config>,
+) -> Result<(ServerInfo, Result<ModelCatalog, OpencodeError>), String> {
     let pool = ServerPool::new(config.clone());
-    let budget = server_phase_budget(&config);
+    let budget = server_phase_budget(config);
     let outcome = tokio::time::timeout(budget, async {
         let (info, _events) = pool.start(None, None).await?;
         let server = pool.get(&info.server_id).ok_or_else(|| {
@@ -538,20 +541,24 @@ async fn server_checks(config: Arc<Config>) -> Vec<Check> {
     .await;
     // Whatever happened, nothing this command started outlives it.
     pool.stop_all().await;
+    match outcome {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {} (timeouts.server_start plus two timeouts.request)",
+            humantime::format_duration(budget)
+        )),
+    }
+}
 
+/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does, reads its
+/// models and resolves every tier against them; the server is stopped before this returns.
+async fn server_checks(config: Arc<Config>) -> Vec<Check> {
     let mut checks = Vec::new();
     let attach = config.opencode.url.as_deref();
-    let (info, catalog) = match outcome {
-        Ok(Ok(found)) => found,
-        Ok(Err(e)) => {
-            checks.push(start_failure(&config, &e.to_string()));
-            return checks;
-        }
-        Err(_) => {
-            let detail = format!(
-                "no answer within {} (timeouts.server_start plus two timeouts.request)",
-                humantime::format_duration(budget)
-            );
+    let (info, catalog) = match read_catalog(&config).await {
+        Ok(found) => found,
+        Err(detail) => {
             checks.push(start_failure(&config, &detail));
             return checks;
         }
@@ -723,29 +730,38 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
         .collect()
 }
 
-/// The cheapest models the catalog prices (input plus output, per million tokens), as a
-/// proposal; without prices, some of the offered models, saying so.
+/// The cheapest capable models (tool calls, a context of 32k tokens or more), as a proposal;
+/// without prices in the catalog, some capable models, saying so.
 fn cheapest(catalog: &ModelCatalog) -> String {
-    let mut priced: Vec<(&String, f64)> = catalog
-        .prices
-        .iter()
-        .filter(|(model, _)| catalog.models.contains(model))
-        .map(|(model, p)| (model, p.input + p.output))
-        .filter(|(_, total)| total.is_finite())
-        .collect();
-    priced.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(b.0)));
-    if priced.is_empty() {
+    let ranked = crate::init::ranked(catalog);
+    if ranked.models.is_empty() {
         return format!(
-            "the catalog lists no prices; offered: {}",
+            "OpenCode offers no model that calls tools with a context of 32k tokens or more; \
+             offered: {}",
             some_of(&catalog.models)
         );
     }
-    let list: Vec<String> = priced
+    let list: Vec<String> = ranked
+        .models
         .iter()
         .take(3)
-        .map(|(model, total)| format!("{model} (${total:.2}/M tokens in+out)"))
+        .map(|(model, price)| match price {
+            Some(total) => format!("{model} (${total:.2}/M tokens in+out)"),
+            None => model.clone(),
+        })
         .collect();
-    format!("the cheapest offered: {}", list.join(", "))
+    if ranked.priced {
+        format!(
+            "the cheapest capable ones offered: {}; `opencode-mcp init` writes a proposal",
+            list.join(", ")
+        )
+    } else {
+        format!(
+            "the catalog lists no prices; capable ones offered: {}; `opencode-mcp init` writes \
+             a proposal",
+            list.join(", ")
+        )
+    }
 }
 
 fn some_of(models: &[String]) -> String {

@@ -29,6 +29,7 @@ pub mod error;
 pub mod gateway;
 pub mod git;
 pub mod ids;
+pub mod init;
 pub mod logging;
 pub mod memory;
 pub mod opencode;

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use opencode_mcp::config::{self, Sources};
@@ -73,6 +74,19 @@ enum Command {
         /// Print the report as JSON ({checks: [{name, status, detail, fix}], ok, next_steps}).
         #[arg(long)]
         json: bool,
+    },
+    /// Propose cheap models for each tier, and write them to your file.
+    ///
+    /// Reads OpenCode's catalog, proposes the cheapest capable models for each tier (they call
+    /// tools and hold 32k tokens of context), shows the proposal, and writes it to your own
+    /// ~/.config/opencode-mcp/delegation.yaml once you confirm. Never writes a repository's file.
+    Init {
+        /// Write without asking.
+        #[arg(long)]
+        yes: bool,
+        /// Replace the tiers your file sets already (else they are left alone).
+        #[arg(long)]
+        replace_tiers: bool,
     },
     /// List the tasks' worktrees, and remove those left behind.
     ///
@@ -250,6 +264,7 @@ fn main() -> ExitCode {
             serve(&sources)
         }
         Command::Doctor { json } => doctor(&sources, json),
+        Command::Init { yes, replace_tiers } => init(&sources, yes, replace_tiers),
         Command::Gc {
             remove_orphans,
             force,
@@ -554,6 +569,101 @@ fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
     })
 }
 
+/// `init`: the proposal and what was done go to stdout; failures to stderr.
+fn init(sources: &Sources, yes: bool, replace_tiers: bool) -> ExitCode {
+    use std::io::{BufRead, IsTerminal, Write};
+    let cfg = match load_config(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("opencode-mcp init: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(path) = sources.user_dir.as_ref().map(|d| d.join(config::FILE_NAME)) else {
+        eprintln!("opencode-mcp init: no home directory (set HOME or XDG_CONFIG_HOME)");
+        return ExitCode::FAILURE;
+    };
+    // Tiers set already and not to be replaced: nothing to do, and no server to start.
+    let sets_tiers = match std::fs::read_to_string(&path) {
+        Ok(text) => opencode_mcp::init::sets_tiers(&text).unwrap_or(false),
+        Err(_) => false,
+    };
+    if sets_tiers && !replace_tiers {
+        println!(
+            "{} sets `tiers` already: they are left as they are. Pass --replace-tiers for a new \
+             proposal in their place.",
+            path.display()
+        );
+        return ExitCode::SUCCESS;
+    }
+    enable_supervisor();
+    let Some(runtime) = runtime("opencode-mcp init") else {
+        return ExitCode::FAILURE;
+    };
+    let read = runtime.block_on(opencode_mcp::doctor::read_catalog(&Arc::new(cfg.clone())));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    let catalog = match read {
+        Ok((_, Ok(catalog))) => catalog,
+        Ok((_, Err(e))) => {
+            eprintln!("opencode-mcp init: reading OpenCode's models failed: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(why) => {
+            eprintln!("opencode-mcp init: OpenCode did not start: {why} (`opencode-mcp doctor` says more)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ranked = opencode_mcp::init::ranked(&catalog);
+    if ranked.models.is_empty() {
+        eprintln!(
+            "opencode-mcp init: OpenCode offers no model that calls tools with a context of 32k \
+             tokens or more; configure a provider (`opencode auth login`) and run it again"
+        );
+        return ExitCode::FAILURE;
+    }
+    let proposal = opencode_mcp::init::propose(&cfg.tiers, &ranked);
+    let block = match opencode_mcp::init::yaml(&proposal, ranked.priced) {
+        Ok(block) => block,
+        Err(e) => {
+            eprintln!("opencode-mcp init: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("Proposed tiers, for {}:\n\n{block}", path.display());
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            println!("Not written: run `opencode-mcp init --yes` to write it.");
+            return ExitCode::SUCCESS;
+        }
+        print!("Write these tiers to {}? [y/N] ", path.display());
+        let _ = std::io::stdout().flush();
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("Not written.");
+            return ExitCode::SUCCESS;
+        }
+    }
+    match opencode_mcp::init::write(&path, &block, replace_tiers) {
+        Ok(done) => {
+            let what = match done {
+                opencode_mcp::init::Written::Created => "created",
+                opencode_mcp::init::Written::Added => "added the tiers to",
+                opencode_mcp::init::Written::Replaced => "replaced the tiers of",
+            };
+            println!(
+                "Done: {what} {}. `opencode-mcp doctor` shows what each tier resolves to.",
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("opencode-mcp init: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `doctor`: stdout is not MCP here, so the report goes there; only failures to run go to stderr.
 fn doctor(sources: &Sources, json: bool) -> ExitCode {
     // The throwaway server runs under the supervisor, as the gateway's do, so that it goes with
@@ -692,8 +802,6 @@ fn user_config_dir() -> Option<PathBuf> {
 mod tests {
     use clap::{CommandFactory, FromArgMatches};
 
-    /// [`super::without_arguments`] is right as long as clap, given no argument and no
-    /// variable, leaves every field empty, and the config variable is the only one it reads.
     /// Help reads at a glance: each command's one line is short (its details are in its own
     /// `--help`), and every help ends by naming where to start.
     #[test]
@@ -718,6 +826,8 @@ mod tests {
         assert!(help.contains("OPENCODE_MCP_LOG"), "{help}");
     }
 
+    /// [`super::without_arguments`] is right as long as clap, given no argument and no
+    /// variable, leaves every field empty, and the config variable is the only one it reads.
     #[test]
     fn without_arguments_is_what_clap_gives() {
         let command = super::Cli::command();

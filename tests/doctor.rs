@@ -16,17 +16,23 @@ const MARKER: &str = "DOCTOR_TEST_RUN";
 /// Runs `opencode-mcp doctor <args>` in `env` (only PATH inherited), with the pinned OpenCode as
 /// `opencode.command` unless `extra` overrides it.
 fn doctor(env: &OpenCodeEnv, fake: &FakeLlm, extra: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut all = vec!["doctor"];
+    all.extend_from_slice(args);
+    cli(env, fake, extra, &all)
+}
+
+/// Runs `opencode-mcp <args>` as [`doctor`] does.
+fn cli(env: &OpenCodeEnv, fake: &FakeLlm, extra: &[(&str, &str)], args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
     env.apply(&mut cmd, &fake.url())
         .env("OPENCODE_MCP_OPENCODE__COMMAND", opencode_bin())
         .env(MARKER, env.root())
-        .arg("doctor")
         .args(args)
         .stdin(Stdio::null());
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    cmd.output().expect("run opencode-mcp doctor")
+    cmd.output().expect("run opencode-mcp")
 }
 
 fn stdout(o: &Output) -> String {
@@ -339,4 +345,73 @@ async fn attach_mode_checks_the_configured_server() {
         opencode.starts_with("FAIL ") && opencode.contains("401"),
         "{opencode}"
     );
+}
+
+/// **Cheap by default in one step**, as the Quick start runs it on a new machine: `init` reads
+/// OpenCode's catalog (here the scripted provider's), proposes its capable models cheapest tier
+/// first, shows them, and writes nothing without `--yes` when no terminal can confirm. With
+/// `--yes` it writes the user's own file (never the repository's), which `check-config`
+/// accepts and `doctor` then resolves each tier from. Run again, it leaves the tiers alone;
+/// `--replace-tiers` replaces them and keeps the rest of the file. No OpenCode outlives it.
+#[test]
+fn init_writes_cheap_tiers_into_the_users_file() {
+    let fake = FakeLlm::start();
+    let env = OpenCodeEnv::new();
+    let user = env.root().join("config/opencode-mcp/delegation.yaml");
+    let repository = env.work_dir().join("delegation.yaml");
+
+    let shown = cli(&env, &fake, &[], &["init"]);
+    let text = stdout(&shown);
+    assert!(shown.status.success(), "{}", describe(&shown));
+    assert!(
+        text.contains("fake/fake-model") && text.contains("Not written"),
+        "{}",
+        describe(&shown)
+    );
+    assert!(!user.exists(), "written without --yes");
+
+    let wrote = cli(&env, &fake, &[], &["init", "--yes"]);
+    assert!(wrote.status.success(), "{}", describe(&wrote));
+    let written = std::fs::read_to_string(&user).expect("the user's file");
+    let tiers: serde_json::Value = yaml_serde::from_str(&written).expect("YAML");
+    assert_eq!(tiers["tiers"][0]["name"], "fast", "{written}");
+    assert_eq!(
+        tiers["tiers"][0]["models"][0], "fake/fake-model",
+        "{written}"
+    );
+    assert_eq!(
+        tiers["tiers"][2]["models"][0], "fake/fake-strong",
+        "{written}"
+    );
+    assert!(!repository.exists(), "a repository's file was written");
+
+    let checked = cli(&env, &fake, &[], &["check-config"]);
+    assert!(checked.status.success(), "{}", describe(&checked));
+    let report = doctor(&env, &fake, &[], &[]);
+    let text = stdout(&report);
+    let fast = line(&text, "tier fast");
+    assert!(
+        fast.starts_with("ok ") && fast.contains("fake/fake-model"),
+        "{fast}"
+    );
+
+    // Set already: left alone.
+    let mine = format!("limits:\n  queue: 3\n{written}");
+    std::fs::write(&user, &mine).expect("edit the user's file");
+    let again = cli(&env, &fake, &[], &["init", "--yes"]);
+    assert!(again.status.success(), "{}", describe(&again));
+    assert!(
+        stdout(&again).contains("left as they are"),
+        "{}",
+        describe(&again)
+    );
+    assert_eq!(std::fs::read_to_string(&user).expect("read"), mine);
+
+    let replaced = cli(&env, &fake, &[], &["init", "--yes", "--replace-tiers"]);
+    assert!(replaced.status.success(), "{}", describe(&replaced));
+    let now = std::fs::read_to_string(&user).expect("read");
+    assert!(now.starts_with("limits:\n  queue: 3\n"), "{now}");
+    let back: serde_json::Value = yaml_serde::from_str(&now).expect("YAML");
+    assert_eq!(back["tiers"][0]["models"][0], "fake/fake-model", "{now}");
+    assert_eq!(leftovers(&env), Vec::<String>::new());
 }

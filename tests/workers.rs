@@ -508,7 +508,7 @@ async fn opencode_runs_on_a_worker_behind_a_forward() {
     )
     .expect("client");
     assert_eq!(
-        api.configured_shell(&project_dir)
+        api.configured_shell(&project_dir, std::time::Duration::from_secs(30))
             .await
             .expect("its config"),
         Some(shell.clone()),

@@ -238,6 +238,9 @@ impl Api {
                     cache_write: c.cache.write,
                 };
                 catalog.prices.insert(name.clone(), price);
+                if m.capabilities.toolcall && m.limit.context >= super::types::CAPABLE_CONTEXT {
+                    catalog.capable.insert(name.clone());
+                }
                 catalog.models.push(name);
             }
         }
@@ -419,11 +422,21 @@ impl Api {
     /// A confined task starts only when this is the confining shell: a wrapper around OpenCode
     /// (the user's `opencode.command`, a worker's `opencode`) that replaces
     /// `OPENCODE_CONFIG_CONTENT` would otherwise leave its agents on plain `bash`, silently.
-    pub async fn configured_shell(&self, directory: &str) -> Result<Option<String>, OpencodeError> {
+    ///
+    /// It is a task's first request in its directory (a new worktree), for which OpenCode boots
+    /// an instance (its configuration, plugins and tools) before it answers: `within` bounds it
+    /// instead of `timeouts.request` (the callers give it `timeouts.server_start`). On a busy
+    /// machine, with a fan-out's starts side by side, that boot took longer than 15 s.
+    pub async fn configured_shell(
+        &self,
+        directory: &str,
+        within: Duration,
+    ) -> Result<Option<String>, OpencodeError> {
         const OPERATION: &str = "GET /config";
         let response = self
             .http
             .get(format!("{}/config", self.base_url))
+            .timeout(within)
             .query(&[("directory", directory)])
             .send()
             .await

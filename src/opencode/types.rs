@@ -31,7 +31,14 @@ pub struct ModelCatalog {
     pub variants: BTreeMap<String, Vec<String>>,
     /// `provider/model` -> its price as the catalog lists it.
     pub prices: BTreeMap<String, Price>,
+    /// The models able to work as a delegated agent: they call tools and hold a context of at
+    /// least [`CAPABLE_CONTEXT`] tokens.
+    pub capable: std::collections::BTreeSet<String>,
 }
+
+/// The least context, in tokens, of a model [`ModelCatalog::capable`] lists: an agent's system
+/// prompt and tool definitions alone take several thousand.
+pub const CAPABLE_CONTEXT: f64 = 32_000.0;
 
 /// A model's price in the catalog, in USD per million tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

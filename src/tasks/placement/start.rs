@@ -490,7 +490,8 @@ impl Placement {
             .as_ref()
             .map_or(directory.as_str(), |(w, _)| w.path.as_str());
         let opt_out = crate::sandbox::tier_opt_out(&self.tracker.config(), req.tier.as_deref());
-        let confinement = match admit(&server, root, opt_out).await {
+        let boot = self.tracker.config().timeouts.server_start.get();
+        let confinement = match admit(&server, root, opt_out, boot).await {
             Ok(confinement) => confinement,
             Err(e) => return undo(Step::Confinement, e).await,
         };

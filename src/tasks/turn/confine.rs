@@ -12,12 +12,14 @@ use crate::tasks::error::TaskError;
 /// that confines.
 ///
 /// `opt_out`: why this turn runs unconfined on a server that confines (its tier's
-/// `sandbox: off`, [`crate::sandbox::tier_opt_out`]). Returns what the task's record says of
-/// its confinement for the turn.
+/// `sandbox: off`, [`crate::sandbox::tier_opt_out`]). `boot`: how long the server may take to
+/// answer for `root` (see [`crate::opencode::Api::configured_shell`]). Returns what the task's
+/// record says of its confinement for the turn.
 pub(in crate::tasks) async fn admit(
     server: &Server,
     root: &str,
     opt_out: Option<String>,
+    boot: std::time::Duration,
 ) -> Result<crate::sandbox::Confinement, TaskError> {
     let refuse = |why: String| TaskError::Opencode(crate::opencode::OpencodeError::Start(why));
     let open = opt_out.is_some();
@@ -39,7 +41,7 @@ pub(in crate::tasks) async fn admit(
     };
     // OpenCode falls back to plain `bash` without a word: the task starts only once its
     // instance is seen to run commands through the confining shell.
-    let shell = server.api.configured_shell(root).await?;
+    let shell = server.api.configured_shell(root, boot).await?;
     if shell.as_deref() != Some(expected.as_str()) {
         let place = server
             .worker

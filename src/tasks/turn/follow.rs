@@ -55,7 +55,8 @@ pub(in crate::tasks) async fn open_turn(
         .as_ref()
         .map_or(entry.rec.directory.as_str(), |w| w.path.as_str());
     let opt_out = crate::sandbox::tier_opt_out(&config, entry.rec.tier.as_deref());
-    let confinement = super::confine::admit(server, root, opt_out).await?;
+    let boot = config.timeouts.server_start.get();
+    let confinement = super::confine::admit(server, root, opt_out, boot).await?;
     let room = match follows {
         Follows::Finished => Some(ctx.capacity.spread(
             &ctx.registry,
