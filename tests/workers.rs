@@ -2311,6 +2311,25 @@ async fn start_fails(rig: &support::rig::Rig, args: serde_json::Value) -> String
         .to_string()
 }
 
+/// Stops the worker's OpenCode that task `id` ran on, and waits until it is gone (so the next
+/// start there has to start one).
+async fn stop_opencode_of(rig: &support::rig::Rig, id: &str, reaper: &ReapHome) {
+    let server_id = rig.status(id).await["server_id"]
+        .as_str()
+        .expect("server_id")
+        .to_string();
+    rig.ok(
+        "opencode_stop_server",
+        serde_json::json!({ "server_id": server_id }),
+    )
+    .await;
+    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
+        reaper.servers().is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the worker's OpenCode still runs");
+}
+
 /// Whether a file or directory named `name` is anywhere under `dir` (a few levels down).
 fn found_under(dir: &std::path::Path, name: &str, depth: u32) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -2419,17 +2438,7 @@ async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
 
     // A gateway killed while a start is under way: its OpenCode on the worker stopped first,
     // so the start has to start one again.
-    let server_id = rig.status(&first).await["server_id"]
-        .as_str()
-        .expect("server_id")
-        .to_string();
-    rig.ok("opencode_stop_server", json!({ "server_id": server_id }))
-        .await;
-    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
-        reaper.servers().is_empty().then_some(())
-    })
-    .await;
-    assert!(gone.is_some(), "the worker's OpenCode still runs");
+    stop_opencode_of(&rig, &first, &reaper).await;
     let across = id(&start_raw(
         &rig,
         json!({ "prompt": "started across a restart [[write:across.txt:a\\n]]" }),
@@ -2444,17 +2453,7 @@ async fn a_remote_start_answers_at_once_and_finishes_in_the_background() {
     // A host's clean reconnect (`/mcp`) while a start is under way (OpenCode on the worker
     // stopped again, so the start has to start one): the next gateway starts it, and it
     // completes with its work.
-    let server_id = rig.status(&across).await["server_id"]
-        .as_str()
-        .expect("server_id")
-        .to_string();
-    rig.ok("opencode_stop_server", json!({ "server_id": server_id }))
-        .await;
-    let gone = support::rig::poll_for(std::time::Duration::from_secs(15), || {
-        reaper.servers().is_empty().then_some(())
-    })
-    .await;
-    assert!(gone.is_some(), "the worker's OpenCode still runs");
+    stop_opencode_of(&rig, &across, &reaper).await;
     let during = id(&start_raw(
         &rig,
         // This gateway has no server of the first one's: `default` starts one.
