@@ -1615,3 +1615,58 @@ fn claude_code_2026_asks_its_user_for_a_tasks_permission() {
         .any(|r| r.body.to_string().contains("permitted-42"));
     assert!(ran, "the allowed command's output never reached the model");
 }
+
+/// **The Quick start's setup line, as a user types it**: `claude mcp add opencode -- <gateway>`
+/// in a fresh home registers the gateway, and `claude mcp list`, which starts it and speaks MCP
+/// to it, reports it connected. (The Quick start's line runs the gateway through `npx`; the
+/// npm package's own test drives that launcher.)
+#[test]
+fn claude_mcp_add_registers_the_gateway() {
+    let bin = claude_code::claude_bin(&claude_code::current_release());
+    let home = tempfile::tempdir().expect("a home");
+    let config_dir = home.path().join(".claude");
+    std::fs::create_dir_all(&config_dir).expect("CLAUDE_CONFIG_DIR");
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.env("HOME", home.path())
+            .env("CLAUDE_CONFIG_DIR", &config_dir)
+            .env("TMPDIR", home.path())
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL", "1")
+            // Nothing leaves the machine: anything that tries meets a closed port.
+            .env("HTTPS_PROXY", "http://127.0.0.1:9")
+            .env("HTTP_PROXY", "http://127.0.0.1:9")
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .args(args)
+            .current_dir(home.path())
+            .stdin(Stdio::null());
+        let out = cmd.output().expect("run claude");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (added, said) = run(&[
+        "mcp",
+        "add",
+        "opencode",
+        "--",
+        env!("CARGO_BIN_EXE_opencode-mcp"),
+    ]);
+    assert!(added, "claude mcp add: {said}");
+    let (listed, said) = run(&["mcp", "list"]);
+    assert!(listed, "claude mcp list: {said}");
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("opencode"))
+        .unwrap_or_else(|| panic!("no opencode server listed: {said}"));
+    assert!(line.contains("Connected"), "{line}");
+}
