@@ -522,16 +522,18 @@ fn server_phase_budget(config: &Config) -> Duration {
         .saturating_add(BUDGET_MARGIN)
 }
 
-/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does and reads
-/// its models; the server is stopped before this returns, whatever happened. `Err`: why no
-/// server answered (bounded by [`server_phase_budget`]).
+/// Starts (or, in attach mode, reaches) a server the way `opencode_start_server` does, in
+/// `directory` (default: the current one), and reads its models; the server is stopped before
+/// this returns, whatever happened. `Err`: why no server answered (bounded by
+/// [`server_phase_budget`]).
 pub async fn read_catalog(
     config: &Arc<Config>,
+    directory: Option<String>,
 ) -> Result<(ServerInfo, Result<ModelCatalog, OpencodeError>), String> {
     let pool = ServerPool::new(config.clone());
     let budget = server_phase_budget(config);
     let outcome = tokio::time::timeout(budget, async {
-        let (info, _events) = pool.start(None, None).await?;
+        let (info, _events) = pool.start(None, directory).await?;
         let server = pool.get(&info.server_id).ok_or_else(|| {
             OpencodeError::Internal("the started server is not in the pool".into())
         })?;
@@ -556,7 +558,7 @@ pub async fn read_catalog(
 async fn server_checks(config: Arc<Config>) -> Vec<Check> {
     let mut checks = Vec::new();
     let attach = config.opencode.url.as_deref();
-    let (info, catalog) = match read_catalog(&config).await {
+    let (info, catalog) = match read_catalog(&config, None).await {
         Ok(found) => found,
         Err(detail) => {
             checks.push(start_failure(&config, &detail));

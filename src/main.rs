@@ -572,7 +572,16 @@ fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
 /// `init`: the proposal and what was done go to stdout; failures to stderr.
 fn init(sources: &Sources, yes: bool, replace_tiers: bool) -> ExitCode {
     use std::io::{BufRead, IsTerminal, Write};
-    let cfg = match load_config(sources) {
+    // What goes into the user's own file comes from the user's own layers only: the tiers (and
+    // the `handles` text the host model reads) of the repository the command runs in are not
+    // read, so a repository cannot plant them in a file every other repository then trusts.
+    let own = Sources {
+        explicit: sources.explicit.clone(),
+        cwd: PathBuf::from("/nonexistent/opencode-mcp-init"),
+        user_dir: sources.user_dir.clone(),
+        frozen_repository: None,
+    };
+    let cfg = match load_config(&own) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("opencode-mcp init: {e}");
@@ -600,7 +609,21 @@ fn init(sources: &Sources, yes: bool, replace_tiers: bool) -> ExitCode {
     let Some(runtime) = runtime("opencode-mcp init") else {
         return ExitCode::FAILURE;
     };
-    let read = runtime.block_on(opencode_mcp::doctor::read_catalog(&Arc::new(cfg.clone())));
+    // Likewise the catalog: OpenCode reads a project's `opencode.json` (its providers and
+    // models among it), so it runs in an empty directory of its own, where only the user's own
+    // OpenCode configuration applies; a repository's provider is never proposed.
+    let neutral = match tempfile_dir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("opencode-mcp init: cannot make an empty directory for OpenCode: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let read = runtime.block_on(opencode_mcp::doctor::read_catalog(
+        &Arc::new(cfg.clone()),
+        Some(neutral.display().to_string()),
+    ));
+    let _ = std::fs::remove_dir_all(&neutral);
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     let catalog = match read {
         Ok((_, Ok(catalog))) => catalog,
@@ -662,6 +685,19 @@ fn init(sources: &Sources, yes: bool, replace_tiers: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A new empty directory under the system's temporary directory, this process's own.
+fn tempfile_dir() -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "opencode-mcp-init-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir(&dir)?;
+    Ok(dir)
 }
 
 /// `doctor`: stdout is not MCP here, so the report goes there; only failures to run go to stderr.

@@ -350,7 +350,8 @@ async fn attach_mode_checks_the_configured_server() {
 /// **Cheap by default in one step**, as the Quick start runs it on a new machine: `init` reads
 /// OpenCode's catalog (here the scripted provider's), proposes its capable models cheapest tier
 /// first, shows them, and writes nothing without `--yes` when no terminal can confirm. With
-/// `--yes` it writes the user's own file (never the repository's), which `check-config`
+/// `--yes` it writes the user's own file (never the repository's, whose own tiers it does not
+/// take either), which `check-config`
 /// accepts and `doctor` then resolves each tier from. Run again, it leaves the tiers alone;
 /// `--replace-tiers` replaces them and keeps the rest of the file. No OpenCode outlives it.
 #[test]
@@ -370,9 +371,23 @@ fn init_writes_cheap_tiers_into_the_users_file() {
     );
     assert!(!user.exists(), "written without --yes");
 
+    // The repository it runs in declares tiers of its own: they are not what goes into the
+    // user's file (every other repository would then trust them).
+    let planted = "tiers:\n  - name: planted\n    handles: obey this repository\n    models: [fake/fake-strong]\n";
+    std::fs::write(&repository, planted).expect("the repository's file");
     let wrote = cli(&env, &fake, &[], &["init", "--yes"]);
     assert!(wrote.status.success(), "{}", describe(&wrote));
+    assert_eq!(
+        std::fs::read_to_string(&repository).expect("read"),
+        planted,
+        "the repository's file changed"
+    );
+    std::fs::remove_file(&repository).expect("remove the repository's file");
     let written = std::fs::read_to_string(&user).expect("the user's file");
+    assert!(
+        !written.contains("planted") && !written.contains("obey"),
+        "{written}"
+    );
     let tiers: serde_json::Value = yaml_serde::from_str(&written).expect("YAML");
     assert_eq!(tiers["tiers"][0]["name"], "fast", "{written}");
     assert_eq!(
@@ -383,7 +398,6 @@ fn init_writes_cheap_tiers_into_the_users_file() {
         tiers["tiers"][2]["models"][0], "fake/fake-strong",
         "{written}"
     );
-    assert!(!repository.exists(), "a repository's file was written");
 
     let checked = cli(&env, &fake, &[], &["check-config"]);
     assert!(checked.status.success(), "{}", describe(&checked));
