@@ -699,12 +699,19 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
             }
             match resolved.model {
                 Some(model) if resolved.available => match tier.variant.as_deref() {
-                    None => Check::new(name, Status::Ok, format!("resolves to {model}")),
+                    None => Check::new(
+                        name,
+                        Status::Ok,
+                        format!("resolves to {model}{}", price_of(catalog, &model)),
+                    ),
                     Some(v) => match check_variant(v, Some(&model), catalog) {
                         Ok(()) => Check::new(
                             name,
                             Status::Ok,
-                            format!("resolves to {model}, variant {v}"),
+                            format!(
+                                "resolves to {model}{}, variant {v}",
+                                price_of(catalog, &model)
+                            ),
                         ),
                         Err(e) => Check::new(name, Status::Fail, e.to_string()).fix(format!(
                             "set tier `{}`'s `variant` in delegation.yaml to one its model offers, \
@@ -730,6 +737,16 @@ fn tier_checks(config: &Config, catalog: &ModelCatalog) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// ` ($x/M tokens in+out)` for a model the catalog prices above nothing, else nothing.
+fn price_of(catalog: &ModelCatalog, model: &str) -> String {
+    match catalog.prices.get(model).map(|p| p.input + p.output) {
+        Some(total) if total.is_finite() && total > 0.0 => {
+            format!(" (${total:.2}/M tokens in+out)")
+        }
+        _ => String::new(),
+    }
 }
 
 /// The cheapest capable models (tool calls, a context of 32k tokens or more), as a proposal;
@@ -1007,6 +1024,10 @@ mod tests {
                 ("p/unoffered".to_string(), price(0.0, 0.0)),
             ]
             .into(),
+            capable: ["p/dear", "p/cheap", "p/mid", "p/free", "p/unoffered"]
+                .iter()
+                .map(|m| m.to_string())
+                .collect(),
             ..ModelCatalog::default()
         };
         let checks = tier_checks(&config, &catalog);

@@ -408,6 +408,8 @@ fn init_writes_cheap_tiers_into_the_users_file() {
         fast.starts_with("ok ") && fast.contains("fake/fake-model"),
         "{fast}"
     );
+    // With its price from the catalog (the scripted provider's: 1 in, 2 out).
+    assert!(fast.contains("$3.00/M tokens in+out"), "{fast}");
 
     // Set already: left alone.
     let mine = format!("limits:\n  queue: 3\n{written}");

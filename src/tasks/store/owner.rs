@@ -123,6 +123,12 @@ mod tests {
         held.lock().expect("lock");
         assert!(alive(dir.path(), other));
         drop(held);
+        // A child another test thread forks at this moment shares the lock's open file until it
+        // execs (the descriptor is close-on-exec): the release may be seen a moment later.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while alive(dir.path(), other) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         assert!(!alive(dir.path(), other));
         assert!(
             !lock_path(dir.path(), other).exists(),
