@@ -658,6 +658,57 @@ async fn a_task_cancelled_at_once_leaves_its_directory_usable() {
     }
 }
 
+/// OpenCode keeps an instance for every directory it is asked about. A worktree task's
+/// directory is its own, so once its turn is read the gateway disposes that instance (without
+/// it a worker's OpenCode grew by one per worktree task it ever ran); a follow-up boots it again
+/// and completes. A directory tasks share (`isolation: none`) keeps its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worktree_tasks_instance_is_disposed_once_its_turn_is_read() {
+    let env = OpenCodeEnv::new();
+    let repo = env.work_dir();
+    support::git::init_repo(&repo, &[("README", "shared\n")]);
+    let (rig, opencode) = Rig::attached(env, &[]).await;
+    let mut events = GlobalEvents::subscribe(&opencode).await;
+    let disposed = |e: &Value, dir: &str| {
+        e["type"] == "server.instance.disposed" && e["properties"]["directory"] == dir
+    };
+
+    let shared = task_id(&rig.start_task("in the shared directory").await);
+    let r = rig.finish(&shared).await;
+    assert_eq!(r["status"], "completed", "{r}");
+
+    let own = task_id(
+        &rig.start_task_with(json!({ "prompt": "in a worktree", "isolation": "worktree" }))
+            .await,
+    );
+    let worktree = rig.worktree(&own).await.display().to_string();
+    let r = rig.finish(&own).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    events
+        .wait_for(Duration::from_secs(60), |e| disposed(e, &worktree))
+        .await;
+    let repo = repo.display().to_string();
+    assert!(
+        !events.seen.iter().any(|e| disposed(e, &repo)),
+        "the shared directory's instance is kept: {:?}",
+        events.seen
+    );
+
+    let next = rig
+        .ok(
+            "opencode_continue_task",
+            json!({ "task_id": own, "prompt": "once more" }),
+        )
+        .await;
+    assert_eq!(next["task_id"], own.as_str(), "{next}");
+    let r = rig.finish(&own).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["text"], echo_reply("once more"), "{r}");
+    events
+        .wait_for(Duration::from_secs(60), |e| disposed(e, &worktree))
+        .await;
+}
+
 /// OpenCode lists a turn's changed files from snapshots it takes only in a git repository.
 /// Outside one, a task that wrote a file must not read as "changed nothing": its result has no
 /// list and says why, naming what the editing tool wrote. A task in a repository beside it, on

@@ -59,6 +59,8 @@ pub struct Api {
     base_url: String,
     /// The server's agents and models as last read (see `listings`), shared by the clones.
     listings: Arc<Listings>,
+    /// Per directory: a prompt and a disposal of its instance never overlap (see `instances`).
+    gates: Arc<super::instances::InstanceGates>,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +130,7 @@ impl Api {
             stream_http,
             base_url,
             listings: Arc::default(),
+            gates: Arc::default(),
         })
     }
 
@@ -367,6 +370,9 @@ impl Api {
             tools: Default::default(),
             variant: variant.map(String::from),
         };
+        // Not while this directory's instance is being disposed (see `instances`).
+        let gate = self.gates.of(directory);
+        let _held = gate.lock().await;
         self.client
             .session_prompt_async()
             .session_id(session_id)
@@ -389,6 +395,29 @@ impl Api {
             .send()
             .await
             .map_err(|e| OpencodeError::from_client("POST /session/{id}/abort", e))?;
+        Ok(r.into_inner())
+    }
+
+    /// `POST /instance/dispose?directory=`: lets go of `directory`'s instance, if `still_done`
+    /// says so under the directory's lock, which prompts take too (see `instances`). Returns
+    /// whether it was disposed. Only for a directory no other task shares.
+    pub async fn dispose_instance(
+        &self,
+        directory: &str,
+        still_done: impl FnOnce() -> bool,
+    ) -> Result<bool, OpencodeError> {
+        let gate = self.gates.of(directory);
+        let _held = gate.lock().await;
+        if !still_done() {
+            return Ok(false);
+        }
+        let r = self
+            .client
+            .instance_dispose()
+            .directory(directory)
+            .send()
+            .await
+            .map_err(|e| OpencodeError::from_client("POST /instance/dispose", e))?;
         Ok(r.into_inner())
     }
 

@@ -5,6 +5,7 @@
 //! - `process` and `supervisor`: a managed `opencode serve` and the small process that makes
 //!   everything it starts go with the gateway; `linger`: the file and socket through which the
 //!   next gateway takes over one that outlived a clean exit while its tasks ran.
+//! - `instances`: letting go of a worktree's OpenCode instance once its task is done with it.
 //! - `listings`: the server's agents and models, remembered for a minute for `start_task`.
 //! - `types`: the value types the facade returns; `messages`: session messages normalised into
 //!   [`MessageView`], the one view the turn logic judges.
@@ -14,6 +15,7 @@ pub mod client;
 pub mod credentials;
 mod error;
 pub mod events;
+mod instances;
 mod lenient;
 pub mod linger;
 mod listings;

@@ -47,7 +47,36 @@ pub(in crate::tasks) async fn after_turn(
 ) {
     read_outcome(ctx, server, task_id, turn, attempts).await;
     read_files(ctx, server, task_id, turn, attempts).await;
+    release_instance(ctx, server, task_id, turn).await;
     super::fetch::after_turn(ctx, task_id).await;
+}
+
+/// Once a worktree task's turn has been read and the task is done, OpenCode's instance for its
+/// directory is disposed: the directory is the task's alone, and an instance kept for every
+/// worktree ever run grew a worker's OpenCode without bound (see `opencode::instances`). A
+/// follow-up boots it again. Checked again under the directory's lock, so a turn opened
+/// meanwhile keeps it. A failure costs only memory: logged, not reported.
+async fn release_instance(ctx: &TaskContext, server: &Arc<Server>, task_id: &str, turn: u32) {
+    let done = |e: &crate::tasks::lifecycle::entry::TaskEntry| {
+        e.rec.turn == turn
+            && e.is_settled()
+            && e.rec.workspace.as_ref().is_some_and(|w| !w.discarded)
+    };
+    let Some(directory) = ctx
+        .registry
+        .get(task_id)
+        .filter(|e| done(e))
+        .map(|e| e.rec.directory.clone())
+    else {
+        return;
+    };
+    let still_done = || ctx.registry.get(task_id).is_some_and(|e| done(&e));
+    match server.api.dispose_instance(&directory, still_done).await {
+        Ok(disposed) => tracing::debug!(task_id, turn, disposed, "the worktree's instance"),
+        Err(e) => {
+            tracing::debug!(task_id, turn, error = %e, "disposing the worktree's instance failed")
+        }
+    }
 }
 
 /// How hard [`read_outcome`] and [`read_files`] try.
