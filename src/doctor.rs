@@ -172,8 +172,28 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
         ));
     }
     checks.push(state_dir_check(&config));
+    checks.push(dashboard_check(&config));
     checks.extend(worker_checks(&config).await);
     Report::new(checks, exe)
+}
+
+/// The address of a dashboard serving this state directory, token included (only the user can
+/// read the file it comes from), or how to start one.
+fn dashboard_check(config: &Config) -> Check {
+    let running = config
+        .state_dir
+        .as_ref()
+        .map(std::path::PathBuf::from)
+        .or_else(crate::tasks::default_state_dir)
+        .and_then(|dir| crate::dashboard::running_address(&dir));
+    match running {
+        Some(url) => Check::new("dashboard", Status::Ok, format!("serving at {url}")),
+        None => Check::new(
+            "dashboard",
+            Status::Ok,
+            "not running; `opencode-mcp dashboard` serves a live page of tasks and spend",
+        ),
+    }
 }
 
 /// Whether delegated agents' commands and checks can run confined here (a fresh probe: it runs

@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod coverage;
+pub mod dashboard;
 pub mod doctor;
 pub mod error;
 pub mod gateway;

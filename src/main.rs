@@ -138,6 +138,16 @@ enum Command {
         /// The task (`opencode-mcp tasks` lists them).
         task_id: String,
     },
+    /// Serve a live page of tasks, workers, the queue and spend.
+    ///
+    /// Reads the state directory only (no gateway is needed) and serves the page on
+    /// 127.0.0.1, behind a random token in the address it prints. Read-only. Stop it with
+    /// Ctrl-C.
+    Dashboard {
+        /// The port on 127.0.0.1 (0: any free port).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
     /// List the workers and check that each one is ready.
     ///
     /// Lists this machine and each worker of `workers:` in your delegation.yaml, reached over
@@ -273,6 +283,7 @@ fn main() -> ExitCode {
         Command::Tasks { status, json } => tasks(&sources, status.as_deref(), json),
         Command::Watch { task_id } => watch(&sources, &task_id),
         Command::Workers { json } => workers(&sources, json),
+        Command::Dashboard { port } => dashboard(&sources, port),
     }
 }
 
@@ -443,6 +454,42 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
     }
     print!("{}", usage::list_text(&lines));
     ExitCode::SUCCESS
+}
+
+/// `dashboard`: prints the page's address (token included) on stdout, then serves until Ctrl-C.
+fn dashboard(sources: &Sources, port: u16) -> ExitCode {
+    const WHO: &str = "opencode-mcp dashboard";
+    let cfg = match load_config(sources) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{WHO}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(dir) = state_dir(&cfg) else {
+        eprintln!("{WHO}: no state directory: set `state_dir` in your delegation.yaml, or HOME");
+        return ExitCode::FAILURE;
+    };
+    let Some(runtime) = runtime(WHO) else {
+        return ExitCode::FAILURE;
+    };
+    let served = runtime.block_on(async {
+        let page = opencode_mcp::dashboard::Dashboard::bind(cfg, dir, port).await?;
+        println!("{}", page.url());
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        page.serve(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{WHO}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `watch`: checks, then runs OpenCode's TUI in place of this process (see `watch.rs`); only its

@@ -841,3 +841,45 @@ pub fn sandbox(out: &mut Collected, c: &crate::sandbox::SandboxCost) {
         }),
     );
 }
+
+/// The dashboard: a change shown on an open page, and a page of many stored tasks (absolute
+/// goals, the issue's; p95 is what the goal is judged on, as a user waits for the slow one).
+pub fn dashboard(out: &mut Collected, d: &crate::dashboard::DashboardTimes) {
+    let appear = Summary::of(&d.appear_ms);
+    let complete = Summary::of(&d.complete_ms);
+    let page = Summary::of(&d.page_ms);
+    out.figures.push(
+        Figure::new(
+            "dashboard_task_appears",
+            "dashboard: start_task answered → the task's row on an open page",
+            "ms",
+        )
+        .target("≤ 1,000 (p95)", appear.p95 <= 1_000.0)
+        .gateway(appear),
+    );
+    out.figures.push(
+        Figure::new(
+            "dashboard_task_completes",
+            "dashboard: wait_for_task done → the row says completed",
+            "ms",
+        )
+        .target("≤ 1,000 (p95)", complete.p95 <= 1_000.0)
+        .gateway(complete),
+    );
+    out.figures.push(
+        Figure::new(
+            "dashboard_page_of_tasks",
+            format!(
+                "dashboard: navigate → every row of {} stored tasks shown",
+                d.records
+            ),
+            "ms",
+        )
+        .target("< 1,000 (p95)", page.p95 < 1_000.0)
+        .gateway(page),
+    );
+    out.extra.insert(
+        "dashboard_samples".into(),
+        json!({ "appear_ms": d.appear_ms, "complete_ms": d.complete_ms, "page_ms": d.page_ms, "records": d.records }),
+    );
+}

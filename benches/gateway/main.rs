@@ -15,6 +15,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod dashboard;
 mod direct;
 mod figures;
 mod gw;
@@ -105,7 +106,7 @@ const START_MODEL: &str = "fake/fake-strong";
 /// worktree in a large repository, and `workers` a task's work moved to a worker (a real sshd on
 /// 127.0.0.1) and back; neither needs OpenCode; `fanout` is tasks over three workers against
 /// one, with their own gateway and OpenCode servers).
-const SCENARIOS: [&str; 15] = [
+const SCENARIOS: [&str; 16] = [
     "surface",
     "sandbox",
     "start",
@@ -121,6 +122,7 @@ const SCENARIOS: [&str; 15] = [
     "fanout",
     "tour",
     "soak",
+    "dashboard",
 ];
 
 fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
@@ -575,6 +577,16 @@ async fn run() -> Result<(), BoxError> {
             )
             .await?;
             figures::fan_out_writes(&mut out, n, reps, knobs.fan_delay_ms, &f);
+            save(&out, &machine, false)?;
+        }
+
+        if knobs.runs("dashboard") {
+            let (records, reps) = if knobs.quick { (200, 3) } else { (1_000, 10) };
+            step(&format!(
+                "dashboard: a change shown on an open page ({reps} reps), a page of {records} stored tasks"
+            ));
+            let d = dashboard::measure(records, reps).await?;
+            figures::dashboard(&mut out, &d);
             save(&out, &machine, false)?;
         }
 

@@ -16,9 +16,12 @@
 //! - [`npm`]: pinned npm packages (OpenCode, the MCP TypeScript SDK) installed once under the
 //!   target dir.
 //!
+//! - [`browser`]: Debian's headless Chromium driven over WebDriver, for the dashboard.
+//!
 //! Not every test file uses every item.
 #![allow(dead_code, unused_imports)]
 
+pub mod browser;
 pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod fake_responses;

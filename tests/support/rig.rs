@@ -212,6 +212,21 @@ impl Rig {
         )
     }
 
+    /// Starts the gateway binary's subcommand `args` in this rig's environment, with its stdout
+    /// piped; killed when dropped.
+    pub fn spawn_cli(&self, args: &[&str]) -> tokio::process::Child {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        cmd.args(args).current_dir(self.env.work_dir()).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.envs(self.env.vars(&self.fake.url()))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        cmd.spawn().expect("the gateway binary runs")
+    }
+
     /// A host's reconnect (Claude Code's `/mcp`, an update): a new gateway with the same
     /// configuration and environment starts, and the old one's stdin closes, so it exits
     /// cleanly (asserted) while the new one serves.

@@ -1,0 +1,378 @@
+// opencode-mcp dashboard. Everything in the data is untrusted text written by
+// AI agents: the DOM is built with createElement and textContent only.
+"use strict";
+(() => {
+  const params = new URLSearchParams(location.search);
+  const token = params.get("token") || "";
+  const main = document.getElementById("main");
+  const nav = document.getElementById("nav");
+  const live = document.getElementById("live");
+  const spendEl = document.getElementById("spend");
+
+  // el(tag, attrs, ...children): strings become text nodes, null/false are skipped.
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    if (attrs) {
+      for (const [k, v] of Object.entries(attrs)) {
+        if (v == null || v === false) continue;
+        if (k === "class") e.className = String(v);
+        else e.setAttribute(k, String(v));
+      }
+    }
+    for (const c of kids) {
+      if (c == null || c === false) continue;
+      e.append(c instanceof Node ? c : String(c));
+    }
+    return e;
+  }
+  const show = (...nodes) => main.replaceChildren(...nodes.filter((n) => n != null && n !== false));
+  const str = (v) => (v == null ? "" : String(v));
+  const num = (v) => { const n = Number(v); return Number.isFinite(n) ? n : 0; };
+  const arr = (v) => (Array.isArray(v) ? v : []);
+  const usd = (v, d) => "$" + num(v).toFixed(d);
+  const usdAuto = (v) => usd(v, Math.abs(num(v)) < 1 ? 4 : 2);
+  const cls = (v) => str(v).toLowerCase().replace(/[^a-z0-9_-]/g, "");
+  const plural = (n, w) => `${n} ${w}${n === 1 ? "" : "s"}`;
+  const taskHref = (id) => "/task?id=" + encodeURIComponent(id) + "&token=" + encodeURIComponent(token);
+  const api = (path, extra) => path + "?" + new URLSearchParams({ ...(extra || {}), token });
+
+  function dur(ms) {
+    let s = Math.max(0, Math.floor(num(ms) / 1000));
+    if (s < 60) return s + "s";
+    const m = Math.floor(s / 60);
+    s %= 60;
+    if (m < 60) return `${m}m ${s}s`;
+    const h = Math.floor(m / 60);
+    if (h < 48) return `${h}h ${m % 60}m`;
+    return `${Math.floor(h / 24)}d ${h % 24}h`;
+  }
+  const durShort = (ms) => (num(ms) < 1000 ? Math.round(num(ms)) + "ms" : dur(ms));
+  const when = (ms) => (ms == null ? "" : new Date(num(ms)).toLocaleString());
+
+  function badge(status, phase) {
+    const b = el("span", { class: "status status-" + cls(status) });
+    b.textContent = str(status);
+    const out = [b];
+    if (phase != null && phase !== "") out.push(el("span", { class: "phase" }, ` (${str(phase)})`));
+    return out;
+  }
+
+  function checksText(c) {
+    if (!c) return ["", ""];
+    const t = c.passed === true ? "passed" : c.passed === false ? "failed" : "running";
+    const k = c.passed === true ? "pass" : c.passed === false ? "fail" : "";
+    return [c.rounds != null ? `${t} · ${plural(num(c.rounds), "round")}` : t, k];
+  }
+
+  function setLive(text, on) {
+    live.textContent = text;
+    live.className = "live " + (on ? "on" : "off");
+  }
+
+  function listen(onState) {
+    const es = new EventSource(api("/api/events"));
+    es.onopen = () => setLive("live", true);
+    es.addEventListener("state", (ev) => {
+      let d;
+      try { d = JSON.parse(ev.data); } catch (_) { return; }
+      setLive("live", true);
+      if (d && typeof d === "object") onState(d);
+    });
+    es.onerror = () => {
+      setLive("reconnecting…", false);
+      if (es.readyState === EventSource.CLOSED) {
+        es.close();
+        setTimeout(() => listen(onState), 5000);
+      }
+    };
+  }
+
+  function tokenRejected() {
+    setLive("no access", false);
+    show(el("p", { class: "notice" }, "The token was not accepted. Open the address printed by ",
+      el("code", null, "opencode-mcp dashboard"), " again."));
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { cache: "no-store" });
+    if (r.status === 401 || r.status === 403) return { denied: true };
+    if (!r.ok) return { status: r.status };
+    return { data: await r.json() };
+  }
+
+  function renderSpend(sp) {
+    spendEl.replaceChildren();
+    if (!sp || typeof sp !== "object") return;
+    const today = num(sp.today_usd);
+    if (sp.daily_cap_usd == null) {
+      spendEl.append(`${usd(today, 2)} today, no daily cap`);
+      return;
+    }
+    const cap = num(sp.daily_cap_usd);
+    spendEl.append(`${usd(today, 2)} of ${usd(cap, 2)} today`);
+    const fill = el("div", { class: "fill" });
+    fill.style.width = (cap > 0 ? Math.min(100, (today / cap) * 100) : 100) + "%";
+    spendEl.append(el("div", { class: "bar" + (today >= cap ? " over" : ""), title: "daily cap" }, fill));
+  }
+
+  // ---------- index page ----------
+  let stateAt = Date.now();
+
+  function taskRow(t, member) {
+    const id = str(t.task_id);
+    const [ct, ck] = checksText(t.checks);
+    const age = el("td", { class: "num age", "data-ms": num(t.age_ms) }, dur(t.age_ms));
+    const esc = num(t.escalations);
+    return el("tr", { "data-task-id": id, "data-status": str(t.status), class: member ? "member" : null },
+      el("td", null, ...badge(t.status, t.phase)),
+      el("td", { class: "title" },
+        el("a", { href: taskHref(id), title: id }, str(t.title) || id),
+        t.unconfined != null ? el("span", { class: "flag", title: str(t.unconfined) }, "unconfined") : null,
+        t.gateway_gone ? el("span", { class: "flag", title: "the gateway that ran this task is gone" }, "gateway gone") : null),
+      el("td", null, str(t.tier)),
+      el("td", null, str(t.model)),
+      el("td", null, t.worker == null ? "local" : str(t.worker)),
+      age,
+      el("td", { class: "num" }, t.duration_ms == null ? "" : dur(t.duration_ms)),
+      el("td", { class: "num" }, usd(t.spend_usd, 4)),
+      el("td", { class: ck || null }, ct),
+      el("td", { class: "num" }, esc ? String(esc) : ""));
+  }
+
+  function tasksTable(tasks) {
+    const head = el("tr", null, ...["Status", "Title", "Tier", "Model", "Worker", "Age", "Duration", "Spend", "Checks", "Esc."]
+      .map((h, i) => el("th", { class: i >= 5 && i <= 7 ? "num" : null }, h)));
+    const body = el("tbody");
+    const groups = new Map();
+    const gid = (t) => (t.group && typeof t.group === "object" && t.group.id != null ? str(t.group.id) : null);
+    for (const t of tasks) {
+      const g = gid(t);
+      if (g == null) continue;
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push(t);
+    }
+    const done = new Set();
+    for (const t of tasks) {
+      const g = gid(t);
+      if (g == null) { body.append(taskRow(t, false)); continue; }
+      if (done.has(g)) continue;
+      done.add(g);
+      const members = groups.get(g).slice().sort((a, b) => num(a.group.index) - num(b.group.index));
+      body.append(el("tr", { class: "group", "data-group-id": g },
+        el("td", { colspan: 10 }, `fan-out ${g}, ${plural(members.length, "task")}`)));
+      for (const m of members) body.append(taskRow(m, true));
+    }
+    if (!tasks.length) body.append(el("tr", { class: "none" }, el("td", { colspan: 10, class: "empty" }, "No tasks yet.")));
+    return el("table", { id: "tasks" }, el("thead", null, head), body);
+  }
+
+  function queueList(q) {
+    if (!q.length) return el("p", { class: "empty", id: "queue-empty" }, "Nothing queued.");
+    const ol = el("ol", { id: "queue" });
+    for (const e of q.slice().sort((a, b) => num(a.position) - num(b.position))) {
+      ol.append(el("li", { "data-task-id": str(e.task_id), value: Math.max(1, Math.floor(num(e.position))) || null },
+        el("a", { href: taskHref(str(e.task_id)), title: str(e.task_id) }, str(e.title) || str(e.task_id)),
+        e.tier != null ? el("span", { class: "muted" }, ` · ${str(e.tier)}`) : null,
+        e.worker != null ? el("span", { class: "muted" }, ` · on ${str(e.worker)}`) : null));
+    }
+    return ol;
+  }
+
+  function workersTable(ws) {
+    if (!ws.length) return el("p", { class: "empty" }, "No workers.");
+    const body = el("tbody");
+    for (const w of ws) {
+      body.append(el("tr", { "data-worker": str(w.name) },
+        el("td", null, str(w.name)),
+        el("td", { class: "num" }, `${num(w.in_use)} / ${num(w.slots)}`),
+        el("td", { class: "num" }, String(num(w.free))),
+        el("td", null, w.confined === true ? "yes" : w.confined === false ? "no" : "unknown"),
+        el("td", null, w.remote ? "remote" : "local")));
+    }
+    return el("table", { id: "workers" },
+      el("thead", null, el("tr", null, el("th", null, "Name"), el("th", { class: "num" }, "In use / slots"),
+        el("th", { class: "num" }, "Free"), el("th", null, "Confined"), el("th", null, "Where"))), body);
+  }
+
+  function savingsView(sv) {
+    const s = sv && typeof sv === "object" ? sv : {};
+    const tiers = arr(s.tiers), models = arr(s.models);
+    const wrap = el("div", { id: "savings" });
+    if (s.reference != null && s.reference !== "") wrap.append(el("p", { class: "caption" }, str(s.reference)));
+    if (!tiers.length && !models.length) {
+      wrap.append(el("p", { class: "empty" }, "Nothing finished yet."));
+      return wrap;
+    }
+    const max = Math.max(0, ...tiers.concat(models).map((r) => num(r.saved_usd)));
+    for (const [label, rows, kind] of [["By tier", tiers, "tier"], ["By model", models, "model"]]) {
+      if (!rows.length) continue;
+      wrap.append(el("h3", null, label));
+      for (const r of rows) {
+        const fill = el("div", { class: "fill" });
+        fill.style.width = (max > 0 ? (Math.max(0, num(r.saved_usd)) / max) * 100 : 0) + "%";
+        wrap.append(el("div", { class: "srow " + kind },
+          el("div", { class: "sname", title: str(r.name) }, str(r.name)),
+          el("div", { class: "sbar" }, fill),
+          el("div", { class: "slabel" },
+            `${usdAuto(r.saved_usd)} saved, ${usdAuto(r.cost_usd)} spent, ${plural(num(r.tasks), "task")}`)));
+      }
+    }
+    return wrap;
+  }
+
+  function renderIndex(s) {
+    stateAt = Date.now();
+    renderSpend(s.spend);
+    if (!s.exists) {
+      show(el("p", { class: "notice", id: "no-state" }, "No state directory yet at ", el("code", null, str(s.state_dir)),
+        ". Start a task through your host (for example Claude Code with ",
+        el("code", null, "claude mcp add opencode -- opencode-mcp"), "), then this page fills in."));
+      return;
+    }
+    const bad = num(s.unreadable);
+    show(
+      el("h2", null, "Tasks"), tasksTable(arr(s.tasks)),
+      bad ? el("p", { class: "muted" }, `${plural(bad, "task record")} could not be read.`) : null,
+      el("h2", null, "Queue"), queueList(arr(s.queue)),
+      el("h2", null, "Workers"), workersTable(arr(s.workers)),
+      el("h2", null, "Savings"), savingsView(s.savings),
+      el("p", { class: "muted" }, "State directory: ", el("code", null, str(s.state_dir))));
+  }
+
+  async function indexPage() {
+    listen(renderIndex);
+    setInterval(() => {
+      const dt = Date.now() - stateAt;
+      for (const td of main.querySelectorAll("td.age")) td.textContent = dur(num(td.getAttribute("data-ms")) + dt);
+    }, 1000);
+    try {
+      const r = await getJSON(api("/api/state"));
+      if (r.denied) return tokenRejected();
+      if (r.data && typeof r.data === "object") renderIndex(r.data);
+      else if (r.status) show(el("p", { class: "notice" }, `Could not load the state (HTTP ${r.status}).`));
+    } catch (_) {
+      show(el("p", { class: "notice" }, "Could not reach the dashboard server."));
+    }
+  }
+
+  // ---------- task page ----------
+  function section(title, ...nodes) { return [el("h2", null, title), ...nodes]; }
+
+  function filesView(files) {
+    if (files == null) return el("p", { class: "empty" }, "No file changes recorded.");
+    const list = arr(files);
+    if (!list.length) return el("p", { class: "empty" }, "No files changed.");
+    const body = el("tbody");
+    for (const f of list) {
+      body.append(el("tr", null,
+        el("td", null, el("code", null, str(f.path))),
+        el("td", null, str(f.status)),
+        el("td", { class: "num add" }, "+" + num(f.additions)),
+        el("td", { class: "num del" }, "-" + num(f.deletions))));
+    }
+    return el("table", { id: "files" }, el("thead", null, el("tr", null, el("th", null, "Path"), el("th", null, "Change"),
+      el("th", { class: "num" }, "Added"), el("th", { class: "num" }, "Deleted"))), body);
+  }
+
+  function diffView(diff) {
+    if (diff == null || diff === "") return el("p", { class: "empty" }, "No diff.");
+    const pre = el("pre", { id: "diff" });
+    const lines = str(diff).split("\n");
+    if (lines.length && lines[lines.length - 1] === "") lines.pop();
+    for (const line of lines) {
+      const c = line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : null;
+      pre.append(el("span", { class: c }, line));
+    }
+    return pre;
+  }
+
+  function checksView(c) {
+    if (!c || typeof c !== "object") return el("p", { class: "empty" }, "No checks for this task.");
+    const [ct, ck] = checksText(c);
+    const wrap = el("div", { id: "checks" }, el("p", null, "Result: ", el("span", { class: ck || null }, ct)));
+    for (const r of arr(c.results)) {
+      const state = r.ok ? "ok" : "failed";
+      wrap.append(el("div", { class: "check" },
+        el("div", { class: "check-head" }, el("code", null, str(r.command)), " ",
+          el("span", { class: r.ok ? "pass" : "fail" }, state),
+          r.exit != null ? ` · exit ${num(r.exit)}` : "",
+          r.duration_ms != null ? ` · ${durShort(r.duration_ms)}` : ""),
+        r.error != null ? el("p", { class: "error" }, str(r.error)) : null,
+        el("pre", { class: "output" }, str(r.output))));
+    }
+    return wrap;
+  }
+
+  function renderTask(t) {
+    document.title = `${str(t.title) || str(t.task_id)} · opencode-mcp`;
+    const dl = el("dl", { id: "meta" });
+    const add = (k, ...v) => dl.append(el("dt", null, k), el("dd", null, ...v));
+    add("Status", ...badge(t.status, t.phase));
+    add("Task", el("code", null, str(t.task_id)));
+    add("Tier", str(t.tier) || "—");
+    add("Model", str(t.model) || "—");
+    add("Worker", t.worker == null ? "local" : str(t.worker));
+    add("Directory", el("code", null, str(t.directory)));
+    add("Turn", String(num(t.turn)));
+    add("Started", when(t.started_ms));
+    if (t.finished_ms != null) add("Finished", `${when(t.finished_ms)} (took ${dur(num(t.finished_ms) - num(t.started_ms))})`);
+    add("Spend", usd(t.spend_usd, 4));
+    const esc = arr(t.escalations);
+    show(
+      el("h1", { id: "title" }, str(t.title) || str(t.task_id)),
+      dl,
+      el("p", { class: "watch" }, "Follow it live: ", el("code", { id: "watch" }, str(t.watch))),
+      ...(t.error != null && t.error !== "" ? section("Error", el("pre", { id: "error", class: "error" }, str(t.error))) : []),
+      ...section("Answer", el("pre", { id: "answer" }, str(t.answer))),
+      ...section("Files changed", filesView(t.files_changed)),
+      ...section("Diff", diffView(t.diff)),
+      ...section("Checks", checksView(t.checks)),
+      ...section("Escalations", esc.length
+        ? el("pre", { id: "escalations" }, JSON.stringify(esc, null, 2))
+        : el("p", { class: "empty" }, "None.")));
+  }
+
+  function taskPage() {
+    const id = params.get("id") || "";
+    nav.append(el("a", { href: "/?token=" + encodeURIComponent(token), class: "back" }, "← all tasks"));
+    let loaded = false, pending = null, lastFetch = 0, lastKey;
+
+    async function load() {
+      lastFetch = Date.now();
+      try {
+        const r = await getJSON(api("/api/task", { id }));
+        if (r.denied) return tokenRejected();
+        if (r.status === 404) { loaded = false; return show(el("p", { class: "notice", id: "missing" }, "No such task")); }
+        if (r.status) { if (!loaded) show(el("p", { class: "notice" }, `Could not load the task (HTTP ${r.status}).`)); return; }
+        if (r.data && typeof r.data === "object") { loaded = true; renderTask(r.data); }
+      } catch (_) {
+        if (!loaded) show(el("p", { class: "notice" }, "Could not reach the dashboard server."));
+      }
+    }
+    function schedule() {
+      if (pending) return;
+      pending = setTimeout(() => { pending = null; load(); }, Math.max(0, lastFetch + 1000 - Date.now()));
+    }
+    listen((s) => {
+      renderSpend(s.spend);
+      const t = arr(s.tasks).find((x) => x && str(x.task_id) === id);
+      const key = t ? JSON.stringify([t.status, t.phase, t.duration_ms, t.spend_usd, t.checks, t.escalations]) : null;
+      if (key !== lastKey) {
+        lastKey = key;
+        if (t) schedule();
+      }
+    });
+    if (!id) return show(el("p", { class: "notice", id: "missing" }, "No such task"));
+    load();
+  }
+
+  // ---------- start ----------
+  if (!token) {
+    setLive("no token", false);
+    show(el("p", { class: "notice", id: "no-token" }, "This page needs the address printed by ",
+      el("code", null, "opencode-mcp dashboard"), " (it holds a token)."));
+    return;
+  }
+  if (location.pathname === "/task" || location.pathname.endsWith("/task")) taskPage();
+  else indexPage();
+})();

@@ -1,0 +1,141 @@
+//! The dashboard in a real headless Chromium (see `tests/support/browser.rs`), over the state
+//! directory of a real gateway:
+//! - **a change shown**: from a task's start answered through MCP to its row on an open page,
+//!   and from `opencode_wait_for_task` saying it is done to the row saying `completed`;
+//! - **a page of many tasks**: from navigating to a page over `records` stored tasks until its
+//!   table holds them all (copies of one real record under new ids).
+//!
+//! Goals are the issue's: a change shown within 1 s, the page of 1,000 tasks within 1 s.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::AsyncBufReadExt;
+
+use crate::support::browser::Browser;
+use crate::support::rig::Rig;
+use crate::BoxError;
+
+pub struct DashboardTimes {
+    pub records: usize,
+    /// Start answered → its row on the page (ms).
+    pub appear_ms: Vec<f64>,
+    /// Wait answered `done` → the row says completed (ms).
+    pub complete_ms: Vec<f64>,
+    /// Navigate → every stored task's row on the page (ms).
+    pub page_ms: Vec<f64>,
+}
+
+const ROW: &str =
+    "const r = document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"]`); \
+                   return r ? r.dataset.status : null";
+
+/// Polls the page every few milliseconds until `script` answers `want` (any value if `None`).
+async fn until(
+    browser: &Browser,
+    script: &str,
+    args: Value,
+    want: Option<&str>,
+) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = browser.eval(script, args.clone()).await;
+        let ok = match want {
+            Some(w) => v == w,
+            None => !v.is_null() && v != Value::Bool(false),
+        };
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("dashboard: not seen within 60 s ({script} → {v})").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxError> {
+    let rig = Rig::start(&[]).await;
+    let mut page = rig.spawn_cli(&["dashboard"]);
+    let stdout = page.stdout.take().ok_or("dashboard: no stdout")?;
+    let url = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await??
+    .ok_or("dashboard: printed no address")?;
+    let browser = Browser::start().await;
+    browser.goto(&url).await;
+    until(
+        &browser,
+        "return document.querySelector('#live.on') ? true : null",
+        json!([]),
+        None,
+    )
+    .await?;
+    let mut out = DashboardTimes {
+        records,
+        appear_ms: Vec::new(),
+        complete_ms: Vec::new(),
+        page_ms: Vec::new(),
+    };
+    let mut last = String::new();
+    for i in 0..reps {
+        let started = rig
+            .start_task(&format!("dashboard bench {i} [[delay:1500]]"))
+            .await;
+        let t = Instant::now();
+        let id = started["task_id"].as_str().ok_or("no task id")?.to_string();
+        until(&browser, ROW, json!([id]), None).await?;
+        out.appear_ms.push(ms(t.elapsed()));
+        let w = rig.wait(&[&id], "all", 120_000).await;
+        let t = Instant::now();
+        if w["done"] != true {
+            return Err(format!("dashboard bench: task not done: {w}").into());
+        }
+        until(&browser, ROW, json!([id]), Some("completed")).await?;
+        out.complete_ms.push(ms(t.elapsed()));
+        last = id;
+    }
+
+    // Many stored tasks: copies of the last real record under fresh ids.
+    let tasks_dir = rig.env.root().join("state/opencode-mcp/tasks");
+    let record = std::fs::read_to_string(tasks_dir.join(format!("{last}.json")))?;
+    for n in 0..records {
+        let copy_id = format!("tsk_bench{n:06}");
+        std::fs::write(
+            tasks_dir.join(format!("{copy_id}.json")),
+            record.replace(&last, &copy_id),
+        )?;
+    }
+    let total = records + reps;
+    let count = "return document.querySelectorAll('#tasks tr[data-task-id]').length";
+    // The page's server has read them all before the clock starts.
+    until(
+        &browser,
+        &format!("{count} >= {total} ? true : null"),
+        json!([]),
+        None,
+    )
+    .await?;
+    for _ in 0..reps {
+        browser.goto("about:blank").await;
+        let t = Instant::now();
+        browser.goto(&url).await;
+        until(
+            &browser,
+            &format!("{count} >= {total} ? true : null"),
+            json!([]),
+            None,
+        )
+        .await?;
+        out.page_ms.push(ms(t.elapsed()));
+    }
+    drop(browser);
+    let _ = page.kill().await;
+    Ok(out)
+}

@@ -1,0 +1,451 @@
+//! What the page shows, computed from the state directory alone: the stored task records, the
+//! day's spend ledger and the user's configuration. No gateway is asked anything, so the page
+//! works with none running, and a running gateway's changes appear as its records land.
+//!
+//! Records are re-read only when their file changed ([`Records`] keeps each file's length and
+//! modification time with what was read of it), so a poll of a directory of a thousand
+//! finished tasks is a directory listing and a `stat` per file.
+//!
+//! Everything read here was written by a gateway from what agents said: it is data for the
+//! page, sent as JSON and shown as text there, never markup.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::config::{Config, LOCAL_WORKER};
+use crate::tasks::store::usage::{self, TaskSummary};
+use crate::tasks::{epoch_ms, Stored, TaskRecord, TaskStatus};
+
+/// Files read at most per poll: a state directory is bounded by `limits.max_tasks` and a day of
+/// finished tasks, but a directory filled by something else must not make a poll unbounded.
+const MAX_RECORDS: usize = 20_000;
+/// Characters of a task's diff shown on its page.
+const MAX_DIFF_CHARS: usize = 200_000;
+
+/// One row of the task table.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskRow {
+    pub task_id: String,
+    pub status: TaskStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    pub age_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    pub spend_usd: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<ChecksCell>,
+    pub escalations: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::tasks::GroupMember>,
+    pub gateway_gone: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unconfined: Option<String>,
+}
+
+/// The checks' verdict in a row: `passed` is `None` while they have not decided.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChecksCell {
+    pub passed: Option<bool>,
+    pub rounds: u32,
+    pub commands: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueRow {
+    pub task_id: String,
+    pub position: usize,
+    pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerRow {
+    pub name: String,
+    pub slots: u32,
+    pub in_use: u32,
+    pub free: u32,
+    pub confined: bool,
+    pub remote: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Spend {
+    pub today_usd: f64,
+    pub daily_cap_usd: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Saving {
+    pub name: String,
+    pub tasks: u32,
+    pub cost_usd: f64,
+    pub saved_usd: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Savings {
+    /// What the saving is measured against, in words.
+    pub reference: String,
+    pub tiers: Vec<Saving>,
+    pub models: Vec<Saving>,
+}
+
+/// The whole page's data.
+#[derive(Debug, Clone, Serialize)]
+pub struct State {
+    pub state_dir: String,
+    pub exists: bool,
+    pub now_ms: u64,
+    pub tasks: Vec<TaskRow>,
+    pub queue: Vec<QueueRow>,
+    pub workers: Vec<WorkerRow>,
+    pub spend: Spend,
+    pub savings: Savings,
+    /// Records that could not be read (reported, never shown as tasks).
+    pub unreadable: usize,
+}
+
+/// What was read of one record file, kept while the file is unchanged.
+struct Cached {
+    stamp: (u64, Option<SystemTime>),
+    read: Option<(TaskSummary, Extra)>,
+}
+
+/// What a row needs beyond the summary the CLI's list reads.
+#[derive(Clone)]
+struct Extra {
+    checks: Option<ChecksCell>,
+    escalations: usize,
+    group: Option<crate::tasks::GroupMember>,
+}
+
+/// The records of one state directory, re-read as their files change.
+pub struct Records {
+    state_dir: PathBuf,
+    files: HashMap<PathBuf, Cached>,
+}
+
+impl Records {
+    pub fn new(state_dir: PathBuf) -> Self {
+        Self {
+            state_dir,
+            files: HashMap::new(),
+        }
+    }
+
+    /// Re-reads what changed; returns whether anything did (a file added, changed or gone).
+    pub fn refresh(&mut self) -> bool {
+        let dir = self.state_dir.join("tasks");
+        let mut seen: Vec<PathBuf> = Vec::new();
+        let mut changed = false;
+        if let Ok(listing) = std::fs::read_dir(&dir) {
+            for entry in listing.flatten().take(MAX_RECORDS) {
+                let path = entry.path();
+                if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                    continue;
+                }
+                let Ok(meta) = entry.metadata() else { continue };
+                let stamp = (meta.len(), meta.modified().ok());
+                seen.push(path.clone());
+                if self.files.get(&path).is_some_and(|c| c.stamp == stamp) {
+                    continue;
+                }
+                changed = true;
+                let read = read_one(&self.state_dir, &path);
+                self.files.insert(path, Cached { stamp, read });
+            }
+        }
+        let before = self.files.len();
+        let seen: std::collections::HashSet<PathBuf> = seen.into_iter().collect();
+        self.files.retain(|p, _| seen.contains(p));
+        changed || self.files.len() != before
+    }
+
+    /// The page's data as of now.
+    pub fn state(&self, config: &Config) -> State {
+        let now = epoch_ms(SystemTime::now());
+        let alive = |pid: u32| crate::tasks::gateway_alive(&self.state_dir, pid);
+        let mut read: Vec<(&TaskSummary, &Extra)> = Vec::new();
+        let mut unreadable = 0;
+        for c in self.files.values() {
+            match &c.read {
+                Some((s, e)) => read.push((s, e)),
+                None => unreadable += 1,
+            }
+        }
+        let summaries: Vec<TaskSummary> = read.iter().map(|(s, _)| (*s).clone()).collect();
+        let extras: HashMap<&str, &Extra> = read.iter().map(|(s, e)| (s.id.as_str(), *e)).collect();
+        let price = config.report.reference_price;
+        let rows: Vec<TaskRow> = usage::list(&summaries, None, now, &alive)
+            .into_iter()
+            .map(|line| {
+                let summary = summaries.iter().find(|s| s.id == line.task_id);
+                let spend_usd = summary.map_or(0.0, |s| {
+                    usage::report(std::slice::from_ref(s), None, now, price)
+                        .total
+                        .cost
+                });
+                let extra = extras.get(line.task_id.as_str());
+                TaskRow {
+                    spend_usd,
+                    checks: extra.and_then(|e| e.checks.clone()),
+                    escalations: extra.map_or(0, |e| e.escalations),
+                    group: extra.and_then(|e| e.group.clone()),
+                    task_id: line.task_id,
+                    status: line.status,
+                    phase: line.phase,
+                    tier: line.tier,
+                    model: line.model,
+                    title: line.title,
+                    worker: line.worker,
+                    age_ms: line.age_ms,
+                    duration_ms: line.duration_ms,
+                    gateway_gone: line.gateway_gone,
+                    unconfined: line.unconfined,
+                }
+            })
+            .collect();
+        let queue = queue_of(&summaries, &alive);
+        let workers = workers_of(config, &summaries, &alive);
+        let report = usage::report(&summaries, None, now, price);
+        let savings = |groups: &[usage::Group]| {
+            groups
+                .iter()
+                .map(|g| Saving {
+                    name: g.name.clone(),
+                    tasks: g.usage.tasks,
+                    cost_usd: g.usage.cost,
+                    saved_usd: g.usage.saving,
+                })
+                .collect()
+        };
+        let ledger = crate::tasks::spend::ledger::Ledger::new(Some(self.state_dir.join("spend")));
+        State {
+            state_dir: self.state_dir.display().to_string(),
+            exists: self.state_dir.is_dir(),
+            now_ms: now,
+            tasks: rows,
+            queue,
+            workers,
+            spend: Spend {
+                today_usd: ledger.spent_today(),
+                daily_cap_usd: config.limits.max_cost_usd_per_day,
+            },
+            savings: Savings {
+                reference: format!(
+                    "against every token at ${}/M input and ${}/M output (report.reference_price)",
+                    price.input_per_mtok, price.output_per_mtok
+                ),
+                tiers: savings(&report.tiers),
+                models: savings(&report.models),
+            },
+            unreadable,
+        }
+    }
+}
+
+fn read_one(state_dir: &Path, path: &Path) -> Option<(TaskSummary, Extra)> {
+    let id = path.file_stem()?.to_str()?;
+    let Stored::Record(r) = crate::tasks::read_stored(state_dir, id) else {
+        return None;
+    };
+    let extra = Extra {
+        checks: r.checks.as_ref().map(|c| ChecksCell {
+            passed: c.passed,
+            rounds: c.rounds,
+            commands: c.commands.len(),
+        }),
+        escalations: r.escalations.len(),
+        group: r.group.clone(),
+    };
+    Some((TaskSummary::from(r.as_ref()), extra))
+}
+
+/// Queued tasks of live gateways, oldest first: the order a gateway's queue starts them in.
+fn queue_of(summaries: &[TaskSummary], alive: &dyn Fn(u32) -> bool) -> Vec<QueueRow> {
+    let mut queued: Vec<&TaskSummary> = summaries
+        .iter()
+        .filter(|s| s.status == TaskStatus::Queued && alive(s.owner_pid))
+        .collect();
+    queued.sort_by(|a, b| a.started_ms.cmp(&b.started_ms).then(a.id.cmp(&b.id)));
+    queued
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| QueueRow {
+            task_id: s.id.clone(),
+            position: i + 1,
+            title: s.title.clone(),
+            tier: s.tier.clone(),
+            worker: s.worker.clone(),
+        })
+        .collect()
+}
+
+/// The configured workers with their slots in use: unfinished, unqueued tasks of live gateways.
+fn workers_of(
+    config: &Config,
+    summaries: &[TaskSummary],
+    alive: &dyn Fn(u32) -> bool,
+) -> Vec<WorkerRow> {
+    let mut in_use: BTreeMap<&str, u32> = BTreeMap::new();
+    for s in summaries
+        .iter()
+        .filter(|s| !s.status.is_terminal() && s.status != TaskStatus::Queued && alive(s.owner_pid))
+    {
+        *in_use
+            .entry(s.worker.as_deref().unwrap_or(LOCAL_WORKER))
+            .or_default() += 1;
+    }
+    crate::workers::from_config(config)
+        .into_iter()
+        .map(|w| {
+            let used = in_use.get(w.name.as_str()).copied().unwrap_or(0);
+            WorkerRow {
+                slots: w.max_tasks,
+                in_use: used,
+                free: w.max_tasks.saturating_sub(used),
+                confined: w.sandbox == crate::config::SandboxMode::On,
+                remote: w.remote.is_some(),
+                name: w.name,
+            }
+        })
+        .collect()
+}
+
+/// A task's page.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskPage {
+    pub task_id: String,
+    pub status: TaskStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    pub directory: String,
+    pub turn: u32,
+    pub started_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    pub spend_usd: f64,
+    pub answer: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub files_changed: Option<Vec<crate::opencode::FileChange>>,
+    pub diff: Option<String>,
+    pub checks: Option<ChecksDetail>,
+    pub escalations: Vec<crate::tasks::Escalation>,
+    pub watch: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChecksDetail {
+    pub passed: Option<bool>,
+    pub rounds: u32,
+    pub results: Vec<crate::tasks::CheckResult>,
+}
+
+/// The page of task `id`, or `None` when no such record is stored. Ids are checked by the
+/// store's reader (a name that is not a task id is never a path).
+pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<TaskPage> {
+    let Stored::Record(r) = crate::tasks::read_stored(state_dir, id) else {
+        return None;
+    };
+    let r: TaskRecord = *r;
+    let now = epoch_ms(SystemTime::now());
+    let summary = TaskSummary::from(&r);
+    let spend_usd = usage::report(
+        std::slice::from_ref(&summary),
+        None,
+        now,
+        config.report.reference_price,
+    )
+    .total
+    .cost;
+    let diff = diff_of(state_dir, &r).await;
+    Some(TaskPage {
+        task_id: r.id.clone(),
+        status: r.status(),
+        phase: r.phase().shown().map(str::to_string),
+        title: r.title.clone(),
+        tier: r.tier.clone(),
+        model: summary
+            .latest
+            .as_ref()
+            .and_then(|l| l.model.clone())
+            .or(r.model.clone()),
+        worker: summary.worker.clone(),
+        directory: r.directory.clone(),
+        turn: r.turn,
+        started_ms: r.started_ms(),
+        finished_ms: r.finished_ms,
+        spend_usd,
+        answer: r
+            .outcome
+            .as_ref()
+            .map(|o| o.text.clone())
+            .unwrap_or_default(),
+        error: r.error.as_ref().map(|e| e.message.clone()),
+        files_changed: r.files_changed.clone(),
+        diff,
+        checks: r.checks.as_ref().map(|c| ChecksDetail {
+            passed: c.passed,
+            rounds: c.rounds,
+            results: c.last.clone(),
+        }),
+        escalations: r.escalations.clone(),
+        watch: format!("opencode-mcp watch {}", r.id),
+    })
+}
+
+/// A worktree task's change against its base, read the way the gateway reads it: the worktree
+/// pinned to the record's origin and base, its files snapshotted through a scratch index under
+/// the state directory, so a `.git` the agent rewrote neither chooses what runs nor what is
+/// read. A remote task's is what was fetched back. `None` for a task without a worktree, or
+/// when it cannot be read now.
+async fn diff_of(state_dir: &Path, r: &TaskRecord) -> Option<String> {
+    let w = r.workspace.as_ref().filter(|w| !w.discarded)?;
+    let origin = Path::new(&w.origin);
+    let read = async {
+        if let Some(remote) = &w.remote {
+            let tip = remote.fetched.as_deref()?;
+            let repo = crate::git::Repo::at(origin);
+            return crate::git::unified(&repo, &w.base, tip, MAX_DIFF_CHARS)
+                .await
+                .ok();
+        }
+        let tree = crate::git::Worktree::pin(origin, Path::new(&w.path), &w.base)
+            .await
+            .ok()?;
+        let reading = tree.read(&state_dir.join("worktrees")).await.ok()?;
+        crate::git::unified(reading.repo(), &w.base, &reading.tree, MAX_DIFF_CHARS)
+            .await
+            .ok()
+    };
+    let (text, cut) = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+        .await
+        .ok()??;
+    Some(if cut {
+        format!("{text}\n… (cut after {MAX_DIFF_CHARS} characters)")
+    } else {
+        text
+    })
+}
