@@ -73,6 +73,10 @@
     const es = new EventSource(api("/api/events"));
     es.onopen = () => setLive("live", true);
     es.addEventListener("state", (ev) => {
+      // The stream opens with the state the page may have just drawn: the same text is not
+      // drawn again (a thousand rows cost a layout each time).
+      if (ev.data === lastState) { setLive("live", true); return; }
+      lastState = ev.data;
       let d;
       try { d = JSON.parse(ev.data); } catch (_) { return; }
       setLive("live", true);
@@ -97,7 +101,8 @@
     const r = await fetch(url, { cache: "no-store" });
     if (r.status === 401 || r.status === 403) return { denied: true };
     if (!r.ok) return { status: r.status };
-    return { data: await r.json() };
+    const text = await r.text();
+    return { data: JSON.parse(text), text };
   }
 
   function renderSpend(sp) {
@@ -117,6 +122,8 @@
 
   // ---------- index page ----------
   let stateAt = Date.now();
+  // The text of the state last drawn (see `listen`).
+  let lastState = null;
 
   function taskRow(t, member) {
     const id = str(t.task_id);
@@ -240,7 +247,6 @@
   }
 
   async function indexPage() {
-    listen(renderIndex);
     setInterval(() => {
       const dt = Date.now() - stateAt;
       for (const td of main.querySelectorAll("td.age")) td.textContent = dur(num(td.getAttribute("data-ms")) + dt);
@@ -248,11 +254,12 @@
     try {
       const r = await getJSON(api("/api/state"));
       if (r.denied) return tokenRejected();
-      if (r.data && typeof r.data === "object") renderIndex(r.data);
+      if (r.data && typeof r.data === "object") { lastState = r.text; renderIndex(r.data); }
       else if (r.status) show(el("p", { class: "notice" }, `Could not load the state (HTTP ${r.status}).`));
     } catch (_) {
       show(el("p", { class: "notice" }, "Could not reach the dashboard server."));
     }
+    listen(renderIndex);
   }
 
   // ---------- task page ----------
