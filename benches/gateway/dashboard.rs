@@ -24,6 +24,8 @@ pub struct DashboardTimes {
     pub complete_ms: Vec<f64>,
     /// Navigate → every stored task's row on the page (ms).
     pub page_ms: Vec<f64>,
+    /// The baseline: the same navigation over the run's own few tasks (ms).
+    pub few_ms: Vec<f64>,
 }
 
 const ROW: &str =
@@ -82,6 +84,7 @@ pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxE
         appear_ms: Vec::new(),
         complete_ms: Vec::new(),
         page_ms: Vec::new(),
+        few_ms: Vec::new(),
     };
     let mut last = String::new();
     for i in 0..reps {
@@ -102,6 +105,23 @@ pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxE
         last = id;
     }
 
+    let count = "return document.querySelectorAll('#tasks tr[data-task-id]').length";
+    // The baseline: the page over the run's own tasks (what navigating and drawing any page
+    // costs in this browser, on this machine, now).
+    for _ in 0..reps {
+        browser.goto("about:blank").await;
+        let t = Instant::now();
+        browser.goto(&url).await;
+        until(
+            &browser,
+            &format!("{count} >= {reps} ? true : null"),
+            json!([]),
+            None,
+        )
+        .await?;
+        out.few_ms.push(ms(t.elapsed()));
+    }
+
     // Many stored tasks: copies of the last real record under fresh ids.
     let tasks_dir = rig.env.root().join("state/opencode-mcp/tasks");
     let record = std::fs::read_to_string(tasks_dir.join(format!("{last}.json")))?;
@@ -113,7 +133,6 @@ pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxE
         )?;
     }
     let total = records + reps;
-    let count = "return document.querySelectorAll('#tasks tr[data-task-id]').length";
     // The page's server has read them all before the clock starts.
     until(
         &browser,
