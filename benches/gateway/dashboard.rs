@@ -56,6 +56,31 @@ async fn until(
     }
 }
 
+/// A script answering whether the task table holds at least `n` rows.
+fn rows_at_least(n: usize) -> String {
+    format!(
+        "return document.querySelectorAll('#tasks tr[data-task-id]').length >= {n} ? true : null"
+    )
+}
+
+/// `reps` times: from navigating to `url` (from a blank page) until its table holds `rows` rows.
+async fn time_pages(
+    browser: &Browser,
+    url: &str,
+    rows: usize,
+    reps: usize,
+) -> Result<Vec<f64>, BoxError> {
+    let mut took = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        browser.goto("about:blank").await;
+        let t = Instant::now();
+        browser.goto(url).await;
+        until(browser, &rows_at_least(rows), json!([]), None).await?;
+        took.push(ms(t.elapsed()));
+    }
+    Ok(took)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -105,22 +130,9 @@ pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxE
         last = id;
     }
 
-    let count = "return document.querySelectorAll('#tasks tr[data-task-id]').length";
     // The baseline: the page over the run's own tasks (what navigating and drawing any page
     // costs in this browser, on this machine, now).
-    for _ in 0..reps {
-        browser.goto("about:blank").await;
-        let t = Instant::now();
-        browser.goto(&url).await;
-        until(
-            &browser,
-            &format!("{count} >= {reps} ? true : null"),
-            json!([]),
-            None,
-        )
-        .await?;
-        out.few_ms.push(ms(t.elapsed()));
-    }
+    out.few_ms = time_pages(&browser, &url, reps, reps).await?;
 
     // Many stored tasks: copies of the last real record under fresh ids.
     let tasks_dir = rig.env.root().join("state/opencode-mcp/tasks");
@@ -134,26 +146,8 @@ pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxE
     }
     let total = records + reps;
     // The page's server has read them all before the clock starts.
-    until(
-        &browser,
-        &format!("{count} >= {total} ? true : null"),
-        json!([]),
-        None,
-    )
-    .await?;
-    for _ in 0..reps {
-        browser.goto("about:blank").await;
-        let t = Instant::now();
-        browser.goto(&url).await;
-        until(
-            &browser,
-            &format!("{count} >= {total} ? true : null"),
-            json!([]),
-            None,
-        )
-        .await?;
-        out.page_ms.push(ms(t.elapsed()));
-    }
+    until(&browser, &rows_at_least(total), json!([]), None).await?;
+    out.page_ms = time_pages(&browser, &url, total, reps).await?;
     drop(browser);
     let _ = page.kill().await;
     Ok(out)

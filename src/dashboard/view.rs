@@ -25,32 +25,18 @@ const MAX_RECORDS: usize = 20_000;
 /// Characters of a task's diff shown on its page.
 const MAX_DIFF_CHARS: usize = 200_000;
 
-/// One row of the task table.
+/// One row of the task table: the CLI's list line (`opencode-mcp tasks --json`), and what the
+/// page shows beside it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskRow {
-    pub task_id: String,
-    pub status: TaskStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tier: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    pub title: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker: Option<String>,
-    pub age_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duration_ms: Option<u64>,
+    #[serde(flatten)]
+    pub line: usage::TaskLine,
     pub spend_usd: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<ChecksCell>,
     pub escalations: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<crate::tasks::GroupMember>,
-    pub gateway_gone: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unconfined: Option<String>,
 }
 
 /// The checks' verdict in a row: `passed` is `None` while they have not decided.
@@ -205,17 +191,7 @@ impl Records {
                     checks: extra.and_then(|e| e.checks.clone()),
                     escalations: extra.map_or(0, |e| e.escalations),
                     group: extra.and_then(|e| e.group.clone()),
-                    task_id: line.task_id,
-                    status: line.status,
-                    phase: line.phase,
-                    tier: line.tier,
-                    model: line.model,
-                    title: line.title,
-                    worker: line.worker,
-                    age_ms: line.age_ms,
-                    duration_ms: line.duration_ms,
-                    gateway_gone: line.gateway_gone,
-                    unconfined: line.unconfined,
+                    line,
                 }
             })
             .collect();
