@@ -21,6 +21,25 @@ fn id(v: &Value) -> String {
     v["task_id"].as_str().expect("a task id").to_string()
 }
 
+/// Ends a dashboard as Ctrl-C does and waits (bounded) for it to exit on its own, cleanly: it
+/// stops serving, forgets its address file, and (in coverage runs) writes its profile, which a
+/// killed process never does.
+async fn interrupt(mut page: tokio::process::Child) {
+    let pid = page.id().expect("the dashboard runs");
+    let pid = i32::try_from(pid).expect("a pid");
+    // SAFETY: a signal to our own child.
+    assert_eq!(
+        unsafe { libc::kill(pid, libc::SIGINT) },
+        0,
+        "SIGINT is sent"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(20), page.wait())
+        .await
+        .expect("the dashboard exits within 20 s of Ctrl-C")
+        .expect("its status");
+    assert!(status.success(), "a clean exit: {status}");
+}
+
 /// The dashboard of `rig`'s state directory, and its address (the first line it prints).
 async fn dashboard(rig: &Rig) -> (tokio::process::Child, String) {
     let mut child = rig.spawn_cli(&["dashboard"]);
@@ -41,7 +60,7 @@ async fn dashboard(rig: &Rig) -> (tokio::process::Child, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
     let rig = Rig::start(&[]).await;
-    let (_page, url) = dashboard(&rig).await;
+    let (page, url) = dashboard(&rig).await;
     let (origin, token) = url.split_once("/?token=").expect("a token in the address");
 
     // Refused without the token, with another one, and for another host name (a rebinding
@@ -199,6 +218,15 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
     // `doctor` prints the address of the page serving this state directory.
     let (_, doctor, _) = rig.cli(&["doctor"], &[]);
     assert!(doctor.contains(&url), "doctor names the page: {doctor}");
+    let noted = rig.env.root().join("state/opencode-mcp/dashboard.json");
+    assert!(noted.is_file(), "the address is noted while it serves");
+    interrupt(page).await;
+    assert!(!noted.exists(), "and forgotten when it stops");
+    let (_, doctor, _) = rig.cli(&["doctor"], &[]);
+    assert!(
+        !doctor.contains(&url),
+        "doctor no longer names it: {doctor}"
+    );
 }
 
 /// With no state directory yet, the page says so and how to begin, and creates nothing.
@@ -244,4 +272,5 @@ async fn without_a_state_directory_the_page_says_how_to_start() {
     );
     assert!(!state.exists(), "the page created nothing");
     browser.screenshot("no-state").await;
+    interrupt(page).await;
 }

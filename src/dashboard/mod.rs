@@ -180,6 +180,13 @@ impl Dashboard {
         note_address(&app.state_dir, &url);
         let state_dir = app.state_dir.clone();
         let poller = tokio::spawn(poll(app.config.clone(), app.state_dir.clone(), publish));
+        // Stopping ends the poller first: its sender goes, so every open page's event stream
+        // ends and the graceful shutdown does not wait on them for ever.
+        let ending = poller.abort_handle();
+        let stop = async move {
+            stop.await;
+            ending.abort();
+        };
         let routes = Router::new()
             .route("/", get(page))
             .route("/task", get(page))
