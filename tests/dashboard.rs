@@ -59,7 +59,9 @@ async fn dashboard(rig: &Rig) -> (tokio::process::Child, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
-    let rig = Rig::start(&[]).await;
+    let env = support::OpenCodeEnv::new();
+    support::git::init_repo(&env.work_dir(), &[("README", "before\n")]);
+    let rig = Rig::start_in(support::FakeLlm::start(), env, &[]).await;
     let (page, url) = dashboard(&rig).await;
     let (origin, token) = url.split_once("/?token=").expect("a token in the address");
 
@@ -214,6 +216,34 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
         .await;
     assert_eq!(watch, format!("opencode-mcp watch {marked}"));
     browser.screenshot("task-page").await;
+
+    // A worktree task's page shows its change as a diff, read from its worktree.
+    let changed = id(&rig
+        .start_task_with(json!({
+            "prompt": "[[write:notes.txt:written by the agent\n]]",
+            "isolation": "worktree",
+        }))
+        .await);
+    let r = rig.finish(&changed).await;
+    assert_eq!(r["status"], "completed", "{r}");
+    browser
+        .goto(&format!("{origin}/task?id={changed}&token={token}"))
+        .await;
+    let diff = browser
+        .wait_for(
+            "the worktree task's diff",
+            SHOWN,
+            "const d = document.querySelector('#diff'); return d && d.textContent.includes('notes.txt') ? d.textContent : null",
+            json!([]),
+        )
+        .await;
+    assert!(
+        diff.as_str()
+            .unwrap_or("")
+            .contains("+written by the agent"),
+        "{diff}"
+    );
+    browser.screenshot("task-diff").await;
 
     // `doctor` prints the address of the page serving this state directory.
     let (_, doctor, _) = rig.cli(&["doctor"], &[]);
