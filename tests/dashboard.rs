@@ -243,6 +243,16 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
             .contains("+written by the agent"),
         "{diff}"
     );
+    let files = browser
+        .eval(
+            "return document.querySelector('#files').textContent",
+            json!([]),
+        )
+        .await;
+    assert!(
+        files.as_str().unwrap_or("").contains("notes.txt"),
+        "the changed file is named: {files}"
+    );
     browser.screenshot("task-diff").await;
 
     // `doctor` prints the address of the page serving this state directory.

@@ -272,7 +272,7 @@
     const body = el("tbody");
     for (const f of list) {
       body.append(el("tr", null,
-        el("td", null, el("code", null, str(f.path))),
+        el("td", null, el("code", null, str(f.file))),
         el("td", null, str(f.status)),
         el("td", { class: "num add" }, "+" + num(f.additions)),
         el("td", { class: "num del" }, "-" + num(f.deletions))));
