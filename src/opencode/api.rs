@@ -370,9 +370,10 @@ impl Api {
             tools: Default::default(),
             variant: variant.map(String::from),
         };
-        // Not while this directory's instance is being disposed (see `instances`).
+        // Not while this directory's instance is being disposed (see `instances`); prompts of
+        // one directory share the lock.
         let gate = self.gates.of(directory);
-        let _held = gate.lock().await;
+        let _held = gate.read().await;
         self.client
             .session_prompt_async()
             .session_id(session_id)
@@ -407,7 +408,7 @@ impl Api {
         still_done: impl FnOnce() -> bool,
     ) -> Result<bool, OpencodeError> {
         let gate = self.gates.of(directory);
-        let _held = gate.lock().await;
+        let _held = gate.write().await;
         if !still_done() {
             return Ok(false);
         }

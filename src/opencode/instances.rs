@@ -21,12 +21,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-/// One async lock per directory, held while a prompt is sent and while an instance is disposed.
+/// One async lock per directory: prompts take it shared (a fan-out's prompts in one directory go
+/// out side by side), a disposal takes it alone.
 /// Entries are weak: a directory no one holds is dropped when the map is next grown past
 /// [`PRUNE_AT`], so a gateway that runs thousands of worktree tasks keeps only the live ones.
 #[derive(Debug, Default)]
 pub(crate) struct InstanceGates {
-    by_directory: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    by_directory: Mutex<HashMap<String, Weak<tokio::sync::RwLock<()>>>>,
 }
 
 /// Entries at which the dead ones are swept.
@@ -34,7 +35,7 @@ const PRUNE_AT: usize = 64;
 
 impl InstanceGates {
     /// The lock of `directory`, shared with whoever holds it now.
-    pub(crate) fn of(&self, directory: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn of(&self, directory: &str) -> Arc<tokio::sync::RwLock<()>> {
         let mut map = self
             .by_directory
             .lock()
@@ -45,7 +46,7 @@ impl InstanceGates {
         if map.len() >= PRUNE_AT {
             map.retain(|_, w| w.strong_count() > 0);
         }
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let gate = Arc::new(tokio::sync::RwLock::new(()));
         map.insert(directory.to_string(), Arc::downgrade(&gate));
         gate
     }
@@ -72,16 +73,26 @@ mod tests {
             Arc::ptr_eq(&a, &again),
             "one lock per directory while it is held"
         );
-        let held = a.lock().await;
+        let prompt = a.read().await;
         assert!(
-            gates.of("/w/a").try_lock().is_err(),
-            "the same lock is held"
+            gates.of("/w/a").try_read().is_ok(),
+            "prompts go side by side"
         );
         assert!(
-            gates.of("/w/b").try_lock().is_ok(),
+            gates.of("/w/a").try_write().is_err(),
+            "a disposal waits for them"
+        );
+        drop(prompt);
+        let disposal = a.write().await;
+        assert!(
+            gates.of("/w/a").try_read().is_err(),
+            "a prompt waits for a disposal"
+        );
+        assert!(
+            gates.of("/w/b").try_read().is_ok(),
             "another directory's is free"
         );
-        drop(held);
+        drop(disposal);
         drop((a, again));
         for i in 0..PRUNE_AT + 1 {
             drop(gates.of(&format!("/w/{i}")));
