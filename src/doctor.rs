@@ -180,12 +180,8 @@ pub async fn run(loaded: Result<Config, ConfigError>, exe: &Path) -> Report {
 /// The address of a dashboard serving this state directory, token included (only the user can
 /// read the file it comes from), or how to start one.
 fn dashboard_check(config: &Config) -> Check {
-    let running = config
-        .state_dir
-        .as_ref()
-        .map(std::path::PathBuf::from)
-        .or_else(crate::tasks::default_state_dir)
-        .and_then(|dir| crate::dashboard::running_address(&dir));
+    let running =
+        crate::tasks::state_dir_of(config).and_then(|dir| crate::dashboard::running_address(&dir));
     match running {
         Some(url) => Check::new("dashboard", Status::Ok, format!("serving at {url}")),
         None => Check::new(
@@ -822,12 +818,7 @@ fn some_of(models: &[String]) -> String {
 /// diagnosis that alters what it diagnoses would hide the next run's problem.
 fn state_dir_check(config: &Config) -> Check {
     let name = "state dir";
-    let dir = config
-        .state_dir
-        .as_ref()
-        .map(PathBuf::from)
-        .or_else(crate::tasks::default_state_dir);
-    let Some(dir) = dir else {
+    let Some(dir) = crate::tasks::state_dir_of(config) else {
         return Check::new(
             name,
             Status::Warn,

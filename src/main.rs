@@ -218,7 +218,7 @@ fn main() -> ExitCode {
                     }
                     eprintln!("configuration is valid");
                     // Kept worktrees are not a configuration error, but this is where a user looks.
-                    if let Some(dir) = state_dir(&cfg) {
+                    if let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) {
                         let kept = opencode_mcp::tasks::store::gc::kept_count(&dir);
                         if kept > 0 {
                             eprintln!(
@@ -301,7 +301,7 @@ fn workers(sources: &Sources, json: bool) -> ExitCode {
     let workers = opencode_mcp::workers::from_config(&cfg);
     let mut reports = runtime.block_on(opencode_mcp::workers::report(&workers));
     // Slots in use: the unfinished tasks of live gateways on this state directory.
-    if let Some(dir) = state_dir(&cfg) {
+    if let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) {
         let (records, _) = opencode_mcp::tasks::read_summaries(&dir);
         for r in records.iter().filter(|r| {
             !r.status.is_terminal() && opencode_mcp::tasks::gateway_alive(&dir, r.owner_pid)
@@ -362,7 +362,7 @@ fn stored_records(
             return None;
         }
     };
-    let Some(dir) = state_dir(&cfg) else {
+    let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) else {
         eprintln!(
             "{who}: no state directory: set `state_dir` in delegation.yaml (or XDG_STATE_HOME or \
              HOME)"
@@ -438,7 +438,7 @@ fn tasks(sources: &Sources, status: Option<&str>, json: bool) -> ExitCode {
     let Some((cfg, records)) = stored_records(sources, WHO) else {
         return ExitCode::FAILURE;
     };
-    let dir = state_dir(&cfg);
+    let dir = opencode_mcp::tasks::state_dir_of(&cfg);
     let alive = |pid: u32| {
         dir.as_deref()
             .is_some_and(|d| opencode_mcp::tasks::gateway_alive(d, pid))
@@ -466,7 +466,7 @@ fn dashboard(sources: &Sources, port: u16) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(dir) = state_dir(&cfg) else {
+    let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) else {
         eprintln!("{WHO}: no state directory: set `state_dir` in your delegation.yaml, or HOME");
         return ExitCode::FAILURE;
     };
@@ -508,7 +508,7 @@ fn watch(sources: &Sources, task_id: &str) -> ExitCode {
     };
     let planned = runtime.block_on(opencode_mcp::watch::plan(
         &cfg,
-        state_dir(&cfg).as_deref(),
+        opencode_mcp::tasks::state_dir_of(&cfg).as_deref(),
         task_id.trim(),
         |name| std::env::var(name).ok(),
     ));
@@ -540,14 +540,6 @@ fn watch(sources: &Sources, task_id: &str) -> ExitCode {
     }
 }
 
-/// The state directory the gateway would use with `cfg`.
-fn state_dir(cfg: &config::Config) -> Option<PathBuf> {
-    cfg.state_dir
-        .as_ref()
-        .map(PathBuf::from)
-        .or_else(opencode_mcp::tasks::default_state_dir)
-}
-
 /// `gc`: the listing (and what was removed) goes to stdout; failures to run go to stderr.
 fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
     use opencode_mcp::tasks::store::gc::{self, GcAction};
@@ -558,7 +550,7 @@ fn gc(sources: &Sources, remove_orphans: bool, force: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(dir) = state_dir(&cfg) else {
+    let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) else {
         eprintln!(
             "opencode-mcp gc: no state directory: set `state_dir` in delegation.yaml (or \
              XDG_STATE_HOME or HOME)"

@@ -49,7 +49,7 @@ pub use resolve::{check_variant, resolve_tier, AgentCatalog, TierResolution};
 pub use result::Files;
 pub use service::*;
 pub use store::capacity::Slots;
-pub use store::disk::{default_state_dir, read_stored, read_summaries, Stored};
+pub use store::disk::{default_state_dir, read_stored, read_summaries, state_dir_of, Stored};
 pub use store::owner::alive as gateway_alive;
 
 #[cfg(test)]

@@ -49,11 +49,7 @@ impl TaskService {
     /// The service, with its registry written through to the state directory. If that
     /// directory cannot be used the gateway still works, without surviving a restart, and says so.
     pub fn new(config: Arc<Config>) -> Self {
-        let dir = config
-            .state_dir
-            .as_ref()
-            .map(std::path::PathBuf::from)
-            .or_else(disk::default_state_dir);
+        let dir = disk::state_dir_of(&config);
         let state_dir = dir.clone();
         let store = match dir.as_deref().map(Store::open) {
             Some(Ok(s)) => Some(s),

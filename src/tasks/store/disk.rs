@@ -505,6 +505,15 @@ pub(in crate::tasks) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The state directory a gateway with `config` uses: its `state_dir`, else [`default_state_dir`].
+pub fn state_dir_of(config: &crate::config::Config) -> Option<PathBuf> {
+    config
+        .state_dir
+        .as_ref()
+        .map(PathBuf::from)
+        .or_else(default_state_dir)
+}
+
 /// `$XDG_STATE_HOME/opencode-mcp`, else `$HOME/.local/state/opencode-mcp` (a relative
 /// `XDG_STATE_HOME` is ignored: see [`crate::config::xdg_dir`]).
 pub fn default_state_dir() -> Option<PathBuf> {
