@@ -164,28 +164,33 @@ impl Records {
     /// The page's data as of now.
     pub fn state(&self, config: &Config) -> State {
         let now = epoch_ms(SystemTime::now());
-        let alive = |pid: u32| crate::tasks::gateway_alive(&self.state_dir, pid);
-        let mut read: Vec<(&TaskSummary, &Extra)> = Vec::new();
+        // Whether a gateway lives is asked of its owner lock once per pid, not once per task
+        // for each of the list, the queue and the workers.
+        let known = std::cell::RefCell::new(HashMap::<u32, bool>::new());
+        let alive = |pid: u32| {
+            *known
+                .borrow_mut()
+                .entry(pid)
+                .or_insert_with(|| crate::tasks::gateway_alive(&self.state_dir, pid))
+        };
+        let mut by_id: HashMap<&str, (&TaskSummary, &Extra)> = HashMap::new();
         let mut unreadable = 0;
         for c in self.files.values() {
             match &c.read {
-                Some((s, e)) => read.push((s, e)),
+                Some((s, e)) => {
+                    by_id.insert(s.id.as_str(), (s, e));
+                }
                 None => unreadable += 1,
             }
         }
-        let summaries: Vec<TaskSummary> = read.iter().map(|(s, _)| (*s).clone()).collect();
-        let extras: HashMap<&str, &Extra> = read.iter().map(|(s, e)| (s.id.as_str(), *e)).collect();
+        let summaries: Vec<TaskSummary> = by_id.values().map(|(s, _)| (*s).clone()).collect();
         let price = config.report.reference_price;
         let rows: Vec<TaskRow> = usage::list(&summaries, None, now, &alive)
             .into_iter()
             .map(|line| {
-                let summary = summaries.iter().find(|s| s.id == line.task_id);
-                let spend_usd = summary.map_or(0.0, |s| {
-                    usage::report(std::slice::from_ref(s), None, now, price)
-                        .total
-                        .cost
-                });
-                let extra = extras.get(line.task_id.as_str());
+                let read = by_id.get(line.task_id.as_str());
+                let spend_usd = read.map_or(0.0, |(s, _)| cost_of(s, now, price));
+                let extra = read.map(|(_, e)| *e);
                 TaskRow {
                     spend_usd,
                     checks: extra.and_then(|e| e.checks.clone()),
@@ -232,6 +237,13 @@ impl Records {
             unreadable,
         }
     }
+}
+
+/// What a task spent, all its turns, as the usage report counts it.
+fn cost_of(summary: &TaskSummary, now: u64, price: crate::config::ReferencePrice) -> f64 {
+    usage::report(std::slice::from_ref(summary), None, now, price)
+        .total
+        .cost
 }
 
 fn read_one(state_dir: &Path, path: &Path) -> Option<(TaskSummary, Extra)> {
@@ -348,14 +360,7 @@ pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<Ta
     let r: TaskRecord = *r;
     let now = epoch_ms(SystemTime::now());
     let summary = TaskSummary::from(&r);
-    let spend_usd = usage::report(
-        std::slice::from_ref(&summary),
-        None,
-        now,
-        config.report.reference_price,
-    )
-    .total
-    .cost;
+    let spend_usd = cost_of(&summary, now, config.report.reference_price);
     let diff = diff_of(state_dir, &r).await;
     Some(TaskPage {
         task_id: r.id.clone(),
@@ -363,11 +368,7 @@ pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<Ta
         phase: r.phase().shown().map(str::to_string),
         title: r.title.clone(),
         tier: r.tier.clone(),
-        model: summary
-            .latest
-            .as_ref()
-            .and_then(|l| l.model.clone())
-            .or(r.model.clone()),
+        model: summary.ran_on().map(str::to_string),
         worker: summary.worker.clone(),
         directory: r.directory.clone(),
         turn: r.turn,

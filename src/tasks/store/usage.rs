@@ -121,7 +121,7 @@ impl TaskSummary {
 
     /// The model the turn ran on: what OpenCode reported, else what it was asked for (`None`:
     /// the server's default).
-    fn ran_on(&self) -> Option<&str> {
+    pub fn ran_on(&self) -> Option<&str> {
         self.answered().or(self.model.as_deref())
     }
 }
