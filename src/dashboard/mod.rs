@@ -45,7 +45,10 @@ const SCRIPT: &str = include_str!("../../assets/dashboard/app.js");
 const STYLE: &str = include_str!("../../assets/dashboard/style.css");
 
 /// `<state_dir>/dashboard.json`: the running page's address (token included) and its pid,
-/// written `0600` in the `0700` state directory while it serves, so `doctor` can print it.
+/// written `0600` in the `0700` state directory while it serves, so `doctor` can print it. The
+/// page holds a lock on the file while it serves: as with a gateway's owner lock, a held lock
+/// means alive, and a page that was killed leaves a file whose lock anyone can take (a pid
+/// alone could have been reused since).
 pub const ADDRESS_FILE: &str = "dashboard.json";
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -64,28 +67,32 @@ pub fn running_address(state_dir: &std::path::Path) -> Option<String> {
         .read_to_string(&mut text)
         .ok()?;
     let a: Address = serde_json::from_str(&text).ok()?;
-    let pid = i32::try_from(a.pid).ok().filter(|p| *p > 0)?;
-    // SAFETY: signal 0 only asks whether the process exists.
-    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    let file = std::fs::File::open(state_dir.join(ADDRESS_FILE)).ok()?;
+    let alive = matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock));
     (alive && a.url.starts_with("http://127.0.0.1:")).then_some(a.url)
 }
 
-/// Writes the address file when the state directory exists (the page creates nothing).
-fn note_address(state_dir: &std::path::Path, url: &str) {
+/// Writes the address file when the state directory exists (the page creates nothing), and
+/// returns it locked: the lock lasts as long as the returned file is open.
+fn note_address(state_dir: &std::path::Path, url: &str) -> Option<std::fs::File> {
     if !state_dir.is_dir() {
-        return;
+        return None;
     }
     let a = Address {
         url: url.to_string(),
         pid: std::process::id(),
     };
-    let Ok(bytes) = serde_json::to_vec(&a) else {
-        return;
-    };
+    let bytes = serde_json::to_vec(&a).ok()?;
     let path = state_dir.join(ADDRESS_FILE);
-    if let Err(e) = crate::private_files::write_atomic(state_dir, &path, "dashboard", &bytes, None)
-    {
-        tracing::warn!(path = %path.display(), error = %e, "cannot note the dashboard's address for doctor");
+    let locked = crate::private_files::write_atomic(state_dir, &path, "dashboard", &bytes, None)
+        .and_then(|()| std::fs::File::open(&path))
+        .and_then(|file| file.try_lock().map(|()| file).map_err(std::io::Error::from));
+    match locked {
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot note the dashboard's address for doctor");
+            None
+        }
     }
 }
 
@@ -177,7 +184,7 @@ impl Dashboard {
             app,
             publish,
         } = self;
-        note_address(&app.state_dir, &url);
+        let _noted = note_address(&app.state_dir, &url);
         let state_dir = app.state_dir.clone();
         let poller = tokio::spawn(poll(app.config.clone(), app.state_dir.clone(), publish));
         // Stopping ends the poller first: its sender goes, so every open page's event stream
@@ -211,11 +218,11 @@ impl Dashboard {
 /// Reading runs on the blocking pool: it is file I/O, and a slow disk must not stall the pages.
 async fn poll(config: Arc<Config>, state_dir: PathBuf, publish: watch::Sender<Arc<String>>) {
     let records = Arc::new(std::sync::Mutex::new(view::Records::new(state_dir)));
-    let mut last = Instant::now();
-    let mut first = true;
+    // When the data was last published (`None`: not yet).
+    let mut last: Option<Instant> = None;
     loop {
         let (records, config) = (records.clone(), config.clone());
-        let due = first || last.elapsed() >= REFRESH;
+        let due = last.is_none_or(|t| t.elapsed() >= REFRESH);
         let json = tokio::task::spawn_blocking(move || {
             let mut records = records
                 .lock()
@@ -226,8 +233,7 @@ async fn poll(config: Arc<Config>, state_dir: PathBuf, publish: watch::Sender<Ar
         .await;
         match json {
             Ok(Some(Ok(json))) => {
-                first = false;
-                last = Instant::now();
+                last = Some(Instant::now());
                 if publish.send(Arc::new(json)).is_err() {
                     return;
                 }
