@@ -9,9 +9,8 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::browser::Browser;
+use support::browser::{printed_address, Browser};
 use support::rig::Rig;
-use tokio::io::AsyncBufReadExt;
 
 /// How long the page may take to show a change: it polls every 250 ms, so this is slack for a
 /// loaded machine, not the goal (the bench measures that).
@@ -43,13 +42,7 @@ async fn interrupt(mut page: tokio::process::Child) {
 /// The dashboard of `rig`'s state directory, and its address (the first line it prints).
 async fn dashboard(rig: &Rig) -> (tokio::process::Child, String) {
     let mut child = rig.spawn_cli(&["dashboard"]);
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the dashboard prints its address within 30 s")
-        .expect("its stdout")
-        .expect("a line");
+    let url = printed_address(&mut child).await;
     assert!(
         url.starts_with("http://127.0.0.1:") && url.contains("/?token="),
         "{url}"
@@ -286,15 +279,7 @@ async fn without_a_state_directory_the_page_says_how_to_start() {
         cmd.env("PATH", path);
     }
     let mut page = cmd.spawn().expect("the dashboard starts");
-    let stdout = page.stdout.take().expect("stdout");
-    let url = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("an address within 30 s")
-    .expect("stdout")
-    .expect("a line");
+    let url = printed_address(&mut page).await;
     let browser = Browser::start().await;
     browser.goto(&url).await;
     let said = browser

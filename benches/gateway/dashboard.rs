@@ -10,9 +10,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::io::AsyncBufReadExt;
 
-use crate::support::browser::Browser;
+use crate::support::browser::{printed_address, Browser};
 use crate::support::rig::Rig;
 use crate::BoxError;
 
@@ -88,13 +87,7 @@ fn ms(d: Duration) -> f64 {
 pub async fn measure(records: usize, reps: usize) -> Result<DashboardTimes, BoxError> {
     let rig = Rig::start(&[]).await;
     let mut page = rig.spawn_cli(&["dashboard"]);
-    let stdout = page.stdout.take().ok_or("dashboard: no stdout")?;
-    let url = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await??
-    .ok_or("dashboard: printed no address")?;
+    let url = printed_address(&mut page).await;
     let browser = Browser::start().await;
     browser.goto(&url).await;
     until(

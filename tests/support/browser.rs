@@ -31,6 +31,20 @@ fn missing(what: &str) -> ! {
     )
 }
 
+/// The first line `child` prints (a dashboard's address), within 30 s.
+pub async fn printed_address(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncBufReadExt as _;
+    let stdout = child.stdout.take().expect("a piped stdout");
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("the address is printed within 30 s")
+    .expect("its stdout")
+    .expect("a line")
+}
+
 impl Browser {
     pub async fn start() -> Self {
         for (path, what) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromedriver")] {
@@ -38,7 +52,7 @@ impl Browser {
                 missing(what);
             }
         }
-        let port = free_port();
+        let port = super::opencode_server::free_port();
         let driver = tokio::process::Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -160,11 +174,4 @@ impl Browser {
         assert!(bytes.starts_with(b"\x89PNG"), "a PNG screenshot");
         path
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }

@@ -197,12 +197,7 @@ impl Rig {
     /// Runs the gateway binary's subcommand `args` in this rig's environment (its state
     /// directory, its configuration), with `extra` variables; (ok, stdout, stderr).
     pub fn cli(&self, args: &[&str], extra: &[(&str, &str)]) -> (bool, String, String) {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
-        cmd.args(args).current_dir(self.env.work_dir()).env_clear();
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        cmd.envs(self.env.vars(&self.fake.url()));
+        let mut cmd = self.cli_command(args);
         cmd.envs(extra.iter().copied());
         let out = cmd.output().expect("the gateway binary runs");
         (
@@ -215,16 +210,22 @@ impl Rig {
     /// Starts the gateway binary's subcommand `args` in this rig's environment, with its stdout
     /// piped; killed when dropped.
     pub fn spawn_cli(&self, args: &[&str]) -> tokio::process::Child {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
+        let mut cmd = tokio::process::Command::from(self.cli_command(args));
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        cmd.spawn().expect("the gateway binary runs")
+    }
+
+    /// The gateway binary's subcommand `args` in this rig's environment (and `PATH`).
+    fn cli_command(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_opencode-mcp"));
         cmd.args(args).current_dir(self.env.work_dir()).env_clear();
         if let Some(path) = std::env::var_os("PATH") {
             cmd.env("PATH", path);
         }
-        cmd.envs(self.env.vars(&self.fake.url()))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
-        cmd.spawn().expect("the gateway binary runs")
+        cmd.envs(self.env.vars(&self.fake.url()));
+        cmd
     }
 
     /// A host's reconnect (Claude Code's `/mcp`, an update): a new gateway with the same
