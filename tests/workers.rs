@@ -2209,7 +2209,9 @@ async fn a_remote_task_runs_on_across_a_clean_reconnect() {
 /// runs at A's `timeouts.task` (15 s), yet its session is aborted then by the linger timer on
 /// the worker (it used to run on until the next gateway took it over), and OpenCode keeps
 /// running H. The next gateway reports A `timed_out`, saying no gateway ran, and H completes
-/// there once its check passes.
+/// there once its check passes. The 15 s deadline is reloaded in once H is held: a running
+/// gateway holds a held turn to the deadline in force when it began (its checks count), and
+/// that one must not pass before the gateway exits, however slow the machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     use serde_json::json;
@@ -2219,6 +2221,7 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
         _worker,
         _worker_env,
         reaper,
+        user_file,
         mut rig,
         ..
     } = OneWorker::start_with(
@@ -2226,7 +2229,7 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
         |_| {},
         None,
         3,
-        "timeouts:\n  task: 15s\nlimits:\n  linger: 10m\n",
+        "limits:\n  linger: 10m\n",
     )
     .await;
     let held = rig
@@ -2243,6 +2246,16 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     })
     .await;
     assert!(began.is_some(), "the check did not start on the worker");
+    let file = std::fs::read_to_string(&user_file).expect("the user's file");
+    std::fs::write(&user_file, format!("{file}timeouts:\n  task: 15s\n")).expect("edit it");
+    let reloaded = support::rig::poll_for(std::time::Duration::from_secs(30), || {
+        rig.client
+            .stderr()
+            .contains("configuration reloaded")
+            .then_some(())
+    })
+    .await;
+    assert!(reloaded.is_some(), "no reload:\n{}", rig.client.stderr());
 
     let started = std::time::Instant::now();
     let open = rig
@@ -2260,12 +2273,14 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     let running = reaper.servers();
     assert_eq!(running.len(), 1, "the worker's OpenCode runs");
 
-    rig.exit_and_see_aborted_at(request.index, started, std::time::Duration::from_secs(15))
+    let said = rig
+        .exit_and_see_aborted_at(request.index, started, std::time::Duration::from_secs(15))
         .await;
     assert_eq!(
         reaper.servers(),
         running,
-        "the worker's OpenCode stopped: the held task keeps it for limits.linger"
+        "the worker's OpenCode stopped: the held task keeps it for limits.linger; the exited \
+         gateway said:\n{said}"
     );
 
     std::fs::write(worktree.join("check-gate"), "open").expect("open the gate");

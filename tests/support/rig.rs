@@ -132,13 +132,13 @@ impl Rig {
     /// Ends this gateway cleanly with no gateway left running (as a host's reconnect would,
     /// but with the new one gone at once), then waits for the stream of the model's request
     /// `request` to be closed by an abort, no sooner than `deadline` after `started`: a task's
-    /// deadline held while no gateway ran.
+    /// deadline held while no gateway ran. What the exited gateway wrote to stderr.
     pub async fn exit_and_see_aborted_at(
         &mut self,
         request: usize,
         started: std::time::Instant,
         deadline: Duration,
-    ) {
+    ) -> String {
         let next = self
             .launch
             .connect()
@@ -163,6 +163,7 @@ impl Rig {
             "the session was aborted {after:?} after its start, before its {deadline:?} deadline:\n{}",
             said()
         );
+        said()
     }
 
     /// After [`Self::exit_and_see_aborted_at`]: a new gateway on the same state directory
