@@ -300,16 +300,13 @@ fn workers(sources: &Sources, json: bool) -> ExitCode {
     };
     let workers = opencode_mcp::workers::from_config(&cfg);
     let mut reports = runtime.block_on(opencode_mcp::workers::report(&workers));
-    // Slots in use: the unfinished tasks of live gateways on this state directory.
+    // Slots in use: the running tasks of live gateways on this state directory.
     if let Some(dir) = opencode_mcp::tasks::state_dir_of(&cfg) {
         let (records, _) = opencode_mcp::tasks::read_summaries(&dir);
-        for r in records.iter().filter(|r| {
-            !r.status.is_terminal() && opencode_mcp::tasks::gateway_alive(&dir, r.owner_pid)
-        }) {
-            let on = r.worker.as_deref().unwrap_or(config::LOCAL_WORKER);
-            if let Some(report) = reports.iter_mut().find(|w| w.name == on) {
-                report.in_use += 1;
-            }
+        let alive = |pid| opencode_mcp::tasks::gateway_alive(&dir, pid);
+        let in_use = opencode_mcp::tasks::slots_in_use(&records, &alive);
+        for report in &mut reports {
+            report.in_use = in_use.get(&report.name).copied().unwrap_or(0);
         }
     }
     if json {

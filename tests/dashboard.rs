@@ -248,6 +248,66 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
     );
     browser.screenshot("task-diff").await;
 
+    // Many stored tasks are shown a page at a time, newest first: copies of a real record.
+    let tasks_dir = rig.env.root().join("state/opencode-mcp/tasks");
+    let record =
+        std::fs::read_to_string(tasks_dir.join(format!("{marked}.json"))).expect("a record");
+    for n in 0..120 {
+        let copy = format!("tsk_page{n:06}");
+        std::fs::write(
+            tasks_dir.join(format!("{copy}.json")),
+            record.replace(&marked, &copy),
+        )
+        .expect("a copy");
+    }
+    browser.goto(&url).await;
+    let rows = "return document.querySelectorAll('#tasks tr[data-task-id]').length";
+    let has = "return !!document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"]`)";
+    let count = browser
+        .wait_for(
+            "the pager over 123 tasks",
+            SHOWN,
+            "const c = document.getElementById('tasks-count'); \
+             return c && c.dataset.total === '123' ? c.textContent : null",
+            json!([]),
+        )
+        .await;
+    assert_eq!(count, "tasks 1–100 of 123, page 1 of 2");
+    assert_eq!(browser.eval(rows, json!([])).await, 100);
+    assert_eq!(
+        browser.eval(has, json!([changed])).await,
+        true,
+        "the newest first"
+    );
+    assert_eq!(browser.eval(has, json!([slow])).await, false);
+    browser.screenshot("paged").await;
+    browser
+        .eval(
+            "document.getElementById('older').click(); return true",
+            json!([]),
+        )
+        .await;
+    assert_eq!(browser.eval(rows, json!([])).await, 23);
+    assert_eq!(
+        browser.eval(has, json!([slow])).await,
+        true,
+        "the oldest last"
+    );
+    let older = browser
+        .eval(
+            "return document.getElementById('older').disabled",
+            json!([]),
+        )
+        .await;
+    assert_eq!(older, true, "no page after the last");
+    browser
+        .eval(
+            "document.getElementById('newer').click(); return true",
+            json!([]),
+        )
+        .await;
+    assert_eq!(browser.eval(rows, json!([])).await, 100);
+
     // `doctor` prints the address of the page serving this state directory.
     let (_, doctor, _) = rig.cli(&["doctor"], &[]);
     assert!(doctor.contains(&url), "doctor names the page: {doctor}");

@@ -146,31 +146,67 @@
       el("td", { class: "num" }, esc ? String(esc) : ""));
   }
 
-  function tasksTable(tasks) {
+  // A fan-out's tasks are one unit, kept together on one page, its members in target order.
+  const gid = (t) => (t.group && typeof t.group === "object" && t.group.id != null ? str(t.group.id) : null);
+  function unitsOf(tasks) {
+    const groups = new Map(), units = [];
+    for (const t of tasks) {
+      const g = gid(t);
+      if (g == null) { units.push({ group: null, tasks: [t] }); continue; }
+      let u = groups.get(g);
+      if (!u) { u = { group: g, tasks: [] }; groups.set(g, u); units.push(u); }
+      u.tasks.push(t);
+    }
+    for (const u of groups.values()) u.tasks.sort((a, b) => num(a.group.index) - num(b.group.index));
+    return units;
+  }
+
+  // The table shows PAGE tasks at a time, newest first: a thousand rows cost the browser a
+  // second to lay out, and nobody reads them at once. A fan-out is never split (a larger one
+  // is a page of its own).
+  const PAGE = 100;
+  let page = 0;
+  function pagesOf(units) {
+    const pages = [];
+    let cur = [], n = 0;
+    for (const u of units) {
+      if (n && n + u.tasks.length > PAGE) { pages.push(cur); cur = []; n = 0; }
+      cur.push(u);
+      n += u.tasks.length;
+    }
+    if (cur.length || !pages.length) pages.push(cur);
+    return pages;
+  }
+
+  function tasksTable(tasks, redraw) {
     const head = el("tr", null, ...["Status", "Title", "Tier", "Model", "Worker", "Age", "Duration", "Spend", "Checks", "Esc."]
       .map((h, i) => el("th", { class: i >= 5 && i <= 7 ? "num" : null }, h)));
     const body = el("tbody");
-    const groups = new Map();
-    const gid = (t) => (t.group && typeof t.group === "object" && t.group.id != null ? str(t.group.id) : null);
-    for (const t of tasks) {
-      const g = gid(t);
-      if (g == null) continue;
-      if (!groups.has(g)) groups.set(g, []);
-      groups.get(g).push(t);
-    }
-    const done = new Set();
-    for (const t of tasks) {
-      const g = gid(t);
-      if (g == null) { body.append(taskRow(t, false)); continue; }
-      if (done.has(g)) continue;
-      done.add(g);
-      const members = groups.get(g).slice().sort((a, b) => num(a.group.index) - num(b.group.index));
-      body.append(el("tr", { class: "group", "data-group-id": g },
-        el("td", { colspan: 10 }, `fan-out ${g}, ${plural(members.length, "task")}`)));
-      for (const m of members) body.append(taskRow(m, true));
+    const pages = pagesOf(unitsOf(tasks));
+    page = Math.max(0, Math.min(page, pages.length - 1));
+    let before = 0;
+    for (const p of pages.slice(0, page)) for (const u of p) before += u.tasks.length;
+    let shown = 0;
+    for (const u of pages[page]) {
+      shown += u.tasks.length;
+      if (u.group == null) { body.append(taskRow(u.tasks[0], false)); continue; }
+      body.append(el("tr", { class: "group", "data-group-id": u.group },
+        el("td", { colspan: 10 }, `fan-out ${u.group}, ${plural(u.tasks.length, "task")}`)));
+      for (const m of u.tasks) body.append(taskRow(m, true));
     }
     if (!tasks.length) body.append(el("tr", { class: "none" }, el("td", { colspan: 10, class: "empty" }, "No tasks yet.")));
-    return el("table", { id: "tasks" }, el("thead", null, head), body);
+    const table = el("table", { id: "tasks" }, el("thead", null, head), body);
+    if (pages.length < 2) return table;
+    const turn = (to) => () => { page = to; redraw(); };
+    const newer = el("button", { type: "button", id: "newer", disabled: page === 0 }, "← newer");
+    const older = el("button", { type: "button", id: "older", disabled: page === pages.length - 1 }, "older →");
+    newer.addEventListener("click", turn(page - 1));
+    older.addEventListener("click", turn(page + 1));
+    const pager = el("div", { class: "pager", id: "pager" }, newer,
+      el("span", { id: "tasks-count", "data-total": tasks.length, "data-page": page + 1 },
+        `tasks ${before + 1}–${before + shown} of ${tasks.length}, page ${page + 1} of ${pages.length}`),
+      older);
+    return el("div", null, pager, table);
   }
 
   function queueList(q) {
@@ -227,8 +263,9 @@
     return wrap;
   }
 
-  function renderIndex(s) {
-    stateAt = Date.now();
+  // `again`: the same state drawn again (another page of it), whose ages keep their clock.
+  function renderIndex(s, again) {
+    if (!again) stateAt = Date.now();
     renderSpend(s.spend);
     if (!s.exists) {
       show(el("p", { class: "notice", id: "no-state" }, "No state directory yet at ", el("code", null, str(s.state_dir)),
@@ -238,7 +275,7 @@
     }
     const bad = num(s.unreadable);
     show(
-      el("h2", null, "Tasks"), tasksTable(arr(s.tasks)),
+      el("h2", null, "Tasks"), tasksTable(arr(s.tasks), () => renderIndex(s, true)),
       bad ? el("p", { class: "muted" }, `${plural(bad, "task record")} could not be read.`) : null,
       el("h2", null, "Queue"), queueList(arr(s.queue)),
       el("h2", null, "Workers"), workersTable(arr(s.workers)),

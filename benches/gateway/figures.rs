@@ -872,8 +872,9 @@ pub fn dashboard(out: &mut Collected, d: &crate::dashboard::DashboardTimes) {
         Figure::new(
             "dashboard_page_of_tasks",
             format!(
-                "dashboard: navigate → every row of {} stored tasks shown",
-                d.records
+                "dashboard: navigate → {} stored tasks shown (the newest {} drawn, all counted)",
+                d.records,
+                d.records.min(crate::dashboard::PAGE)
             ),
             "ms",
         )

@@ -9,13 +9,13 @@
 //! Everything read here was written by a gateway from what agents said: it is data for the
 //! page, sent as JSON and shown as text there, never markup.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::config::{Config, LOCAL_WORKER};
+use crate::config::Config;
 use crate::tasks::store::usage::{self, TaskSummary};
 use crate::tasks::{epoch_ms, Stored, TaskRecord, TaskStatus};
 
@@ -289,19 +289,11 @@ fn workers_of(
     summaries: &[TaskSummary],
     alive: &dyn Fn(u32) -> bool,
 ) -> Vec<WorkerRow> {
-    let mut in_use: BTreeMap<&str, u32> = BTreeMap::new();
-    for s in summaries
-        .iter()
-        .filter(|s| !s.status.is_terminal() && s.status != TaskStatus::Queued && alive(s.owner_pid))
-    {
-        *in_use
-            .entry(s.worker.as_deref().unwrap_or(LOCAL_WORKER))
-            .or_default() += 1;
-    }
+    let in_use = usage::slots_in_use(summaries, alive);
     crate::workers::from_config(config)
         .into_iter()
         .map(|w| {
-            let used = in_use.get(w.name.as_str()).copied().unwrap_or(0);
+            let used = in_use.get(&w.name).copied().unwrap_or(0);
             WorkerRow {
                 slots: w.max_tasks,
                 in_use: used,

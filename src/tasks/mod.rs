@@ -51,6 +51,7 @@ pub use service::*;
 pub use store::capacity::Slots;
 pub use store::disk::{default_state_dir, read_stored, read_summaries, state_dir_of, Stored};
 pub use store::owner::alive as gateway_alive;
+pub use store::usage::slots_in_use;
 
 #[cfg(test)]
 mod tests {

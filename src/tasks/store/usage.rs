@@ -447,6 +447,23 @@ pub fn list(
         .collect()
 }
 
+/// Slots in use per worker (`local` for this machine) among `records`: the unfinished tasks of
+/// live gateways (`gateway_alive`), less those still queued, which wait for a slot and hold
+/// none. What `opencode-mcp workers` and the dashboard show.
+pub fn slots_in_use(
+    records: &[TaskSummary],
+    gateway_alive: &dyn Fn(u32) -> bool,
+) -> BTreeMap<String, u32> {
+    let mut in_use = BTreeMap::new();
+    for r in records.iter().filter(|r| {
+        !r.status.is_terminal() && r.status != TaskStatus::Queued && gateway_alive(r.owner_pid)
+    }) {
+        let on = r.worker.as_deref().unwrap_or(crate::config::LOCAL_WORKER);
+        *in_use.entry(on.to_string()).or_default() += 1;
+    }
+    in_use
+}
+
 /// The task list as a table for people.
 pub fn list_text(lines: &[TaskLine]) -> String {
     let mut out = format!(
@@ -846,6 +863,34 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("exited"), "{text}");
+    }
+
+    #[test]
+    fn slots_in_use_count_running_tasks_of_live_gateways_not_queued_ones() {
+        let mut all = summaries(&sample());
+        let running = all
+            .iter()
+            .find(|s| !s.status.is_terminal())
+            .expect("an unfinished task")
+            .clone();
+        let on = |id: &str, worker: Option<&str>, status: TaskStatus, pid: u32| TaskSummary {
+            id: id.into(),
+            worker: worker.map(str::to_string),
+            status,
+            owner_pid: pid,
+            ..running.clone()
+        };
+        all.extend([
+            on("w", Some("w1"), TaskStatus::Running, 1),
+            on("w2", Some("w1"), TaskStatus::Pending, 1),
+            on("q", Some("w1"), TaskStatus::Queued, 1),
+            on("gone", Some("w1"), TaskStatus::Running, 7),
+        ]);
+        let in_use = slots_in_use(&all, &|pid| pid != 7);
+        assert_eq!(
+            in_use.into_iter().collect::<Vec<_>>(),
+            [("local".to_string(), 1), ("w1".to_string(), 2)]
+        );
     }
 
     #[test]
