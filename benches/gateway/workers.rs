@@ -319,7 +319,12 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         .env("OPENCODE_MCP_CONFIG", &user_file)
         .env("OPENCODE_MCP_LIMITS__QUEUE", "1000")
         .env("OPENCODE_MCP_LIMITS__MAX_WAIT_IDS", "1000")
-        .env("OPENCODE_MCP_LOG", "warn")
+        // BENCH_GATEWAY_LOG (a level or filter, as `OPENCODE_MCP_LOG`) and BENCH_GATEWAY_STDERR
+        // (a file the gateway's log is written to at the end): what a start spent its time on.
+        .env(
+            "OPENCODE_MCP_LOG",
+            std::env::var("BENCH_GATEWAY_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .unchecked();
     let client = launch.connect().await?;
     let started = client.call_ok("opencode_start_server", json!({})).await?;
@@ -429,6 +434,9 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
             out.one.push(took);
             out.running_one.push(running);
         }
+    }
+    if let Ok(file) = std::env::var("BENCH_GATEWAY_STDERR") {
+        std::fs::write(file, gw.client.stderr())?;
     }
     gw.client.close().await?;
     drop(homes);

@@ -425,10 +425,12 @@ impl Placement {
         };
         // A remote task runs on its worker's OpenCode, whose agents and models are that
         // worker's own.
+        let mut took = StepTimes::new();
         let server = match &worker {
             Some(w) => self.worker_server(w).await.map_err(|e| (Step::Server, e))?,
             None => local,
         };
+        took.mark("server");
         // Held until the prompt is sent (or the start fails): see [`STARTS_AT_ONCE`]. Only a
         // start that makes a new directory (a worktree, whose OpenCode instance boots on its
         // first request) waits in line. A start in place works in a directory its server knows,
@@ -438,6 +440,7 @@ impl Placement {
             Isolation::Worktree => Some(self.start_gate(&server.id).acquire_owned().await),
             Isolation::None => None,
         };
+        took.mark("line");
         let Choice {
             model,
             variant,
@@ -457,6 +460,7 @@ impl Placement {
         )
         .await
         .map_err(|e| (Step::Model, e))?;
+        took.mark("model");
         if !self.still_starting(starting) {
             return Err(cancelled(Step::Model));
         }
@@ -479,6 +483,7 @@ impl Placement {
                     .map_err(|e| (Step::Worktree, e))?,
             ),
         };
+        took.mark("worktree");
         let made = workspace.as_ref().map(|(w, _)| w);
         let undo = |step: Step, e: TaskError| async move {
             self.drop_workspace(made).await;
@@ -502,11 +507,13 @@ impl Placement {
             Ok(confinement) => confinement,
             Err(e) => return undo(Step::Confinement, e).await,
         };
+        took.mark("confinement");
         let forced = forced_rules(&self.tracker.config(), &server);
         let session_id = match server.api.create_session(&directory, &title, &forced).await {
             Ok(id) => id,
             Err(e) => return undo(Step::Session, e.into()).await,
         };
+        took.mark("session");
         let message_id = ids::message_id();
         let mut rec = TaskRecord::new(
             task_id.clone(),
@@ -582,11 +589,46 @@ impl Placement {
             }
             return undo(Step::Prompt, e.into()).await;
         }
+        took.mark("prompt");
+        tracing::debug!(task_id, steps = %took, "the task's start steps are done");
         let limit = self.tracker.config().timeouts.task.get();
         self.tracker.arm_turn_deadline(&server, &task_id, 1, limit);
         self.tracker
             .snapshot(&task_id, false)
             .map_err(|e| (Step::Prompt, e))
+    }
+}
+
+/// How long each of a start's steps took, for the debug log: where a slow start spent its time
+/// (its worker's OpenCode, the line, the model, the worktree, confinement, session, prompt).
+struct StepTimes {
+    last: std::time::Instant,
+    steps: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl StepTimes {
+    fn new() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            steps: Vec::with_capacity(7),
+        }
+    }
+
+    /// The step `name` ended now.
+    fn mark(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.steps.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for StepTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, took)) in self.steps.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{name}={}ms", took.as_millis())?;
+        }
+        Ok(())
     }
 }
 
