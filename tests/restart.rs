@@ -1078,20 +1078,28 @@ async fn checks_under_way_run_again_across_a_clean_reconnect() {
 /// and streaming, reaches its `timeouts.task` meanwhile: the supervisor aborts A's session at
 /// that deadline, with no gateway (the model's stream is cut then, not when the next gateway
 /// comes), and the next gateway reports A `timed_out`, saying no gateway ran; B ends
-/// `completed`.
+/// `completed`. The 15 s deadline is reloaded in once B is held: a running gateway holds a
+/// held turn to the deadline in force when it began (its checks count), and that one must not
+/// pass before the gateway exits, however slow the machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tasks_deadline_holds_while_no_gateway_runs() {
-    let mut rig = Rig::start(&[
-        ("OPENCODE_MCP_TIMEOUTS__TASK", "15s"),
-        ("OPENCODE_MCP_LIMITS__LINGER", "10m"),
-        ("OPENCODE_MCP_CHECKS__FROM_CALLS", "true"),
-    ])
-    .await;
+    let env = OpenCodeEnv::new();
+    // The user's global file (`$XDG_CONFIG_HOME/opencode-mcp/`), which a reload re-reads.
+    let user_file = env.root().join("config/opencode-mcp/delegation.yaml");
+    std::fs::create_dir_all(user_file.parent().expect("parent")).expect("mkdir");
+    std::fs::write(
+        &user_file,
+        "limits:\n  linger: 10m\nchecks:\n  from_calls: true\n",
+    )
+    .expect("write the user's file");
+    let mut rig = Rig::start_in(FakeLlm::start(), env, &[]).await;
     let (runs, gate, check) = gated_check(&rig);
     let held = id(&rig
         .start_task_with(json!({ "prompt": "held for its checks", "checks": [check] }))
         .await);
     check_started(&runs).await;
+    rig.append_and_reload(&user_file, "timeouts:\n  task: 15s\n")
+        .await;
     let started = std::time::Instant::now();
     let open = id(&rig
         .start_task("streams past its deadline [[slow:90000]]")

@@ -2246,16 +2246,8 @@ async fn a_remote_tasks_deadline_holds_while_no_gateway_runs() {
     })
     .await;
     assert!(began.is_some(), "the check did not start on the worker");
-    let file = std::fs::read_to_string(&user_file).expect("the user's file");
-    std::fs::write(&user_file, format!("{file}timeouts:\n  task: 15s\n")).expect("edit it");
-    let reloaded = support::rig::poll_for(std::time::Duration::from_secs(30), || {
-        rig.client
-            .stderr()
-            .contains("configuration reloaded")
-            .then_some(())
-    })
-    .await;
-    assert!(reloaded.is_some(), "no reload:\n{}", rig.client.stderr());
+    rig.append_and_reload(&user_file, "timeouts:\n  task: 15s\n")
+        .await;
 
     let started = std::time::Instant::now();
     let open = rig

@@ -129,6 +129,27 @@ impl Rig {
         )
     }
 
+    /// Appends `yaml` to the user's file `file` and waits (bounded) until this gateway has
+    /// reloaded it: for a setting that must hold only from now on (a reload applies to the
+    /// turns opened after it), such as a short `timeouts.task` that a task started earlier
+    /// must not be held to.
+    pub async fn append_and_reload(&self, file: &std::path::Path, yaml: &str) {
+        const RELOADED: &str = "configuration reloaded";
+        let before = self.client.stderr().matches(RELOADED).count();
+        let text = std::fs::read_to_string(file).expect("the user's file");
+        std::fs::write(file, format!("{text}{yaml}")).expect("edit the user's file");
+        let reloaded = poll_for(Duration::from_secs(30), || {
+            (self.client.stderr().matches(RELOADED).count() > before).then_some(())
+        })
+        .await;
+        assert!(
+            reloaded.is_some(),
+            "{} was not reloaded:\n{}",
+            file.display(),
+            self.client.stderr()
+        );
+    }
+
     /// Ends this gateway cleanly with no gateway left running (as a host's reconnect would,
     /// but with the new one gone at once), then waits for the stream of the model's request
     /// `request` to be closed by an abort, no sooner than `deadline` after `started`: a task's
