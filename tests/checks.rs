@@ -389,15 +389,25 @@ async fn a_provider_outage_moves_the_task_to_a_fallback_model_or_a_stronger_tier
     assert!(result.get("escalations").is_none(), "{result}");
 }
 
-/// **A held task says where it stands.** While a task's checks run, it reads `running` (as
-/// hosts expect) with `phase: held_checks` beside it, in status and in the task list of the CLI,
-/// which reads the saved record; once the checks passed, the phase is gone and the task is
-/// `completed`.
+/// **A held task says where it stands, and its checks are not cut off by the task's deadline.**
+/// While a task's checks run, it reads `running` (as hosts expect) with `phase: held_checks`
+/// beside it, in status and in the task list of the CLI, which reads the saved record. The
+/// check outlasts `timeouts.task` (20 s, counted from the turn's start): the turn ended in time,
+/// so the task stays held, and once the checks passed, the phase is gone and the task is
+/// `completed`, not `timed_out`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_held_for_its_checks_shows_that_phase() {
+    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
     let env = OpenCodeEnv::new();
     let config = env.home_dir().join("user-delegation.yaml");
-    std::fs::write(&config, "checks:\n  from_calls: true\n").expect("the user's file");
+    std::fs::write(
+        &config,
+        format!(
+            "checks:\n  from_calls: true\ntimeouts:\n  task: {}s\n",
+            DEADLINE.as_secs()
+        ),
+    )
+    .expect("the user's file");
     let config_var = config.display().to_string();
     let rig = Rig::start_in(
         FakeLlm::start(),
@@ -407,6 +417,7 @@ async fn a_task_held_for_its_checks_shows_that_phase() {
     .await;
     let gate = rig.env.root().join("checks-gate");
     let check = format!("until test -f {}; do sleep 0.1; done", gate.display());
+    let began = std::time::Instant::now();
     let (task, _) = start(&rig, json!({ "prompt": "held", "checks": [check] })).await;
     let mut seen = Value::Null;
     for _ in 0..600 {
@@ -442,6 +453,21 @@ async fn a_task_held_for_its_checks_shows_that_phase() {
         (&line["status"], &line["phase"]),
         (&json!("running"), &json!("held_checks")),
         "{line}"
+    );
+
+    // The deadline passes while the check still runs: the time itself is what is tested.
+    tokio::time::sleep(
+        (began + DEADLINE + std::time::Duration::from_secs(1))
+            .duration_since(std::time::Instant::now()),
+    )
+    .await;
+    let still = rig
+        .ok("opencode_get_task_status", json!({ "task_id": task }))
+        .await;
+    assert_eq!(
+        (&still["status"], &still["phase"]),
+        (&json!("running"), &json!("held_checks")),
+        "past timeouts.task, a turn that ended in time is still held for its check: {still}"
     );
 
     std::fs::write(&gate, "open").expect("open the gate");

@@ -288,6 +288,12 @@ impl TaskEntry {
     /// checks, or another model after a provider failure, with `outage` the failure); `false`
     /// when it is not open (a hold already runs, an abort claimed it, or it is over). The task
     /// reads as running meanwhile (an ask pending at the turn's end no longer holds it).
+    ///
+    /// The turn's deadline ends here: `timeouts.task` bounds an agent's turn, and this one ended
+    /// within it. What bounds the hold is each check's own `timeouts.check`; a correction round
+    /// or another model's turn gets a deadline of its own. A gateway that adopts a held task
+    /// after a restart arms none for it either, and a worker's OpenCode left lingering keeps
+    /// running for it as long as for any task: one rule wherever the task is held.
     pub fn hold(&mut self, what: Held, outage: Option<ErrorInfo>) -> bool {
         if !self.is_open() {
             return false;
@@ -296,6 +302,7 @@ impl TaskEntry {
             Held::Outage => self.rec.hold_outage(outage),
             _ => self.rec.set_phase(what.into(), TaskStatus::Running),
         }
+        self.stop_deadline();
         true
     }
 
@@ -611,6 +618,34 @@ mod tests {
             (TaskStatus::Pending, Phase::Starting),
             "a starting task reads as pending"
         );
+    }
+
+    /// `timeouts.task` bounds an agent's turn, not the gateway's check of its answer: holding a
+    /// turn ends its deadline timer, as a gateway adopting a held task arms none and a worker's
+    /// lingering OpenCode gives it the whole grace period. Before, a running gateway aborted a
+    /// turn as timed out while its checks ran, throwing away an answer given in time.
+    #[test]
+    fn holding_a_turn_ends_its_deadline() {
+        for what in [Held::Checks, Held::Schema, Held::Outage] {
+            let mut e = TaskEntry::in_first_turn("a", "ses_a");
+            let timer = tokio_util::sync::CancellationToken::new();
+            e.live.deadline = Some(timer.clone());
+            assert!(e.hold(what, None), "{what:?}: an open turn is held");
+            assert!(
+                timer.is_cancelled(),
+                "{what:?}: the deadline timer is stopped"
+            );
+            assert!(e.live.deadline.is_none(), "{what:?}");
+        }
+        let mut over = TaskEntry::in_first_turn("b", "ses_b");
+        assert!(over.claim_abort(1));
+        let timer = tokio_util::sync::CancellationToken::new();
+        over.live.deadline = Some(timer.clone());
+        assert!(
+            !over.hold(Held::Checks, None),
+            "an aborting turn is not held"
+        );
+        assert!(!timer.is_cancelled(), "nor is its deadline touched");
     }
 
     /// Each claim ends a turn only in the statuses it may: a verdict completes, fails or (an
