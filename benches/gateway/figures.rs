@@ -586,11 +586,17 @@ pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
             "95 % bootstrap interval of the ratio {low:.3}–{high:.3}×; {} slots per worker, the \
              queue on (on one worker the tasks past its slots wait and run in waves); the three \
              workers are sshd servers on this machine, so the agents' work shares its cores; \
-             until all {} run: p50 {:.0} ms over three, {:.0} ms on one",
+             until all {} run: p50 {:.0} ms over three, {:.0} ms on one; the workers' \
+             OpenCode used {:.2} s of CPU per task over three (the busiest at {:.0} % of a core) \
+             and {:.2} s on one (at {:.0} % of a core: one JavaScript thread bounds that side)",
             f.slots,
             f.tasks,
             Summary::of(&f.running_three).p50,
             Summary::of(&f.running_one).p50,
+            Summary::of(&f.opencode_cpu_three).p50,
+            100.0 * Summary::of(&f.busiest_three).p50,
+            Summary::of(&f.opencode_cpu_one).p50,
+            100.0 * Summary::of(&f.busiest_one).p50,
         )),
     );
     let start_row = |name: &'static str, what: &'static str, side: &[f64]| {
@@ -625,6 +631,10 @@ pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
             "running_three_ms": f.running_three, "running_one_ms": f.running_one,
             "start_remote_ms": f.start_remote, "start_local_ms": f.start_local,
             "start_none_ms": f.start_none,
+            "opencode_cpu_per_task_three_s": f.opencode_cpu_three,
+            "opencode_cpu_per_task_one_s": f.opencode_cpu_one,
+            "busiest_opencode_core_share_three": f.busiest_three,
+            "busiest_opencode_core_share_one": f.busiest_one,
         }),
     );
 }

@@ -261,6 +261,13 @@ pub struct FanoutTimes {
     /// From the first start until every task of the round runs (or is done) (ms).
     pub running_three: Vec<f64>,
     pub running_one: Vec<f64>,
+    /// CPU time (s) the workers' OpenCode processes used during each round, per task, and the
+    /// busiest one's share of a core over the round: OpenCode is one JavaScript thread, so a
+    /// side whose work is bound by it cannot go faster than one core.
+    pub opencode_cpu_three: Vec<f64>,
+    pub opencode_cpu_one: Vec<f64>,
+    pub busiest_three: Vec<f64>,
+    pub busiest_one: Vec<f64>,
 }
 
 /// **A fan-out of `tasks` across three workers against the same tasks on one**, through the
@@ -374,6 +381,32 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         start_none: Vec::new(),
         running_three: Vec::new(),
         running_one: Vec::new(),
+        opencode_cpu_three: Vec::new(),
+        opencode_cpu_one: Vec::new(),
+        busiest_three: Vec::new(),
+        busiest_one: Vec::new(),
+    };
+    // The workers' OpenCode processes (each started by the gateway through its wrapper, with
+    // that worker's isolated home in its environment).
+    let opencodes: Vec<u32> = homes
+        .iter()
+        .flat_map(|home| {
+            crate::machine::pids_named_with_env("opencode", &home.root().display().to_string())
+        })
+        .collect();
+    if opencodes.len() != names.len() {
+        return Err(format!(
+            "found {} worker OpenCode processes, expected {}",
+            opencodes.len(),
+            names.len()
+        )
+        .into());
+    }
+    let cpu = || -> Vec<f64> {
+        opencodes
+            .iter()
+            .map(|pid| crate::machine::cpu_seconds(*pid).unwrap_or(0.0))
+            .collect()
     };
     // One start at a time, the three kinds in turn (the order rotating each round): what a
     // host waits for a task id.
@@ -395,6 +428,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         .await?;
     for r in 0..reps * 2 {
         let spread = (r % 2 == 0) == (r / 2 % 2 == 0);
+        let cpu_before = cpu();
         let t = Instant::now();
         let mut ids = Vec::with_capacity(tasks);
         for i in 0..tasks {
@@ -427,12 +461,23 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         gw.wait_all(&ids, std::time::Duration::from_secs(600))
             .await?;
         let took = ms(t.elapsed());
+        let used: Vec<f64> = cpu()
+            .iter()
+            .zip(&cpu_before)
+            .map(|(after, before)| after - before)
+            .collect();
+        let per_task = used.iter().sum::<f64>() / tasks as f64;
+        let busiest = used.iter().copied().fold(0.0, f64::max) / (took / 1000.0);
         if spread {
             out.three.push(took);
             out.running_three.push(running);
+            out.opencode_cpu_three.push(per_task);
+            out.busiest_three.push(busiest);
         } else {
             out.one.push(took);
             out.running_one.push(running);
+            out.opencode_cpu_one.push(per_task);
+            out.busiest_one.push(busiest);
         }
     }
     if let Ok(file) = std::env::var("BENCH_GATEWAY_STDERR") {
