@@ -493,7 +493,9 @@ mod tests {
         let t1 = top.join("worktrees/t1");
         for dir in [
             t1.join("sub"),
-            top.join("worktrees/t2"),
+            // A name no temporary directory's can hold (they are `.tmp` and six letters or
+            // digits): the check below looks for it in all the command printed.
+            top.join("worktrees/other-task"),
             top.join("repos/x.git/hooks"),
             top.join("sandbox"),
             home.join(".ssh"),
@@ -535,7 +537,7 @@ mod tests {
             std::fs::read_to_string(t1.join("mine.txt")).expect("its own write"),
             "mine\n"
         );
-        for leaked in ["PLANTED-KEY", "PLANTED-PASSWORD", "t2"] {
+        for leaked in ["PLANTED-KEY", "PLANTED-PASSWORD", "other-task"] {
             assert!(
                 !out.contains(leaked),
                 "{leaked} reached the command:\n{out}"
