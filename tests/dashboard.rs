@@ -64,9 +64,11 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
         .no_proxy()
         .build()
         .expect("client");
+    // Another token: the real one with its first digit changed (to one it is not).
+    let other = if token.starts_with('0') { '1' } else { '0' };
     for bad in [
         format!("{origin}/api/state"),
-        format!("{origin}/api/state?token=0{}", &token[1..]),
+        format!("{origin}/api/state?token={other}{}", &token[1..]),
         format!("{origin}/?token="),
     ] {
         let r = http.get(&bad).send().await.expect("an answer");
