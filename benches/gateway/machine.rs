@@ -99,21 +99,6 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / clock_ticks())
 }
 
-/// The processes named `name` whose environment holds `needle` (a path of the isolated home
-/// they were started with): how the bench finds the OpenCode a worker's gateway started.
-pub fn pids_named_with_env(name: &str, needle: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|d| d.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        })
-        .collect()
-}
-
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf reads a constant of the running system; no memory is touched.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

@@ -386,13 +386,16 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         busiest_three: Vec::new(),
         busiest_one: Vec::new(),
     };
-    // The workers' OpenCode processes (each started by the gateway through its wrapper, with
-    // that worker's isolated home in its environment).
-    let opencodes: Vec<u32> = homes
-        .iter()
-        .flat_map(|home| {
-            crate::machine::pids_named_with_env("opencode", &home.root().display().to_string())
+    // The workers' OpenCode processes: each started by the gateway through its wrapper, which
+    // exports that worker's isolated `HOME`.
+    let opencodes: Vec<u32> = crate::support::procs::all()
+        .into_iter()
+        .filter(|p| p.comm == "opencode" && p.is_live())
+        .filter(|p| {
+            crate::support::procs::env_var(p.pid, "HOME")
+                .is_some_and(|h| homes.iter().any(|home| Path::new(&h) == home.home_dir()))
         })
+        .map(|p| p.pid)
         .collect();
     if opencodes.len() != names.len() {
         return Err(format!(
@@ -402,10 +405,15 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         )
         .into());
     }
-    let cpu = || -> Vec<f64> {
+    // Each one's CPU seconds so far; an OpenCode that is gone fails the round rather than
+    // counting as having used nothing.
+    let cpu = || -> Result<Vec<f64>, BoxError> {
         opencodes
             .iter()
-            .map(|pid| crate::machine::cpu_seconds(*pid).unwrap_or(0.0))
+            .map(|pid| {
+                crate::machine::cpu_seconds(*pid)
+                    .ok_or_else(|| format!("worker OpenCode {pid} is gone").into())
+            })
             .collect()
     };
     // One start at a time, the three kinds in turn (the order rotating each round): what a
@@ -428,7 +436,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         .await?;
     for r in 0..reps * 2 {
         let spread = (r % 2 == 0) == (r / 2 % 2 == 0);
-        let cpu_before = cpu();
+        let cpu_before = cpu()?;
         let t = Instant::now();
         let mut ids = Vec::with_capacity(tasks);
         for i in 0..tasks {
@@ -461,7 +469,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
         gw.wait_all(&ids, std::time::Duration::from_secs(600))
             .await?;
         let took = ms(t.elapsed());
-        let used: Vec<f64> = cpu()
+        let used: Vec<f64> = cpu()?
             .iter()
             .zip(&cpu_before)
             .map(|(after, before)| after - before)
