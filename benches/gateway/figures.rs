@@ -574,8 +574,8 @@ pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
         Figure::new(
             "worker_fanout",
             format!(
-                "a fan-out of {} tasks (each runs `sleep 5`) over three workers, until all finished",
-                f.tasks
+                "a fan-out of {} tasks (each runs `sleep {}`) over three workers, until all finished",
+                f.tasks, f.work_secs
             ),
             "ms",
         )
@@ -627,7 +627,7 @@ pub fn fanout(out: &mut Collected, f: &crate::workers::FanoutTimes) {
     out.extra.insert(
         "worker_fanout".into(),
         json!({
-            "tasks": f.tasks, "slots": f.slots, "three_ms": f.three, "one_ms": f.one,
+            "tasks": f.tasks, "slots": f.slots, "work_secs": f.work_secs, "three_ms": f.three, "one_ms": f.one,
             "running_three_ms": f.running_three, "running_one_ms": f.running_one,
             "start_remote_ms": f.start_remote, "start_local_ms": f.start_local,
             "start_none_ms": f.start_none,

@@ -84,10 +84,12 @@ struct Knobs {
     worktree_reps: usize,
     /// Rounds of the `workers` scenario (on the `worktree` scenario's repository size).
     worker_reps: usize,
-    /// The `fanout` scenario: tasks per round, slots per worker, rounds per side.
+    /// The `fanout` scenario: tasks per round, slots per worker, rounds per side, and the
+    /// seconds each task's agent sleeps (its wall-bound work).
     fanout_tasks: usize,
     fanout_slots: u32,
     fanout_reps: usize,
+    fanout_work_secs: u64,
     /// The steady-rate soak: rounds, tasks per round, seconds per round, and how long a
     /// finished task stays in the soak gateway's memory (`limits.finished_in_memory`).
     soak_rounds: usize,
@@ -187,7 +189,8 @@ impl Knobs {
             worker_reps: env_num("BENCH_WORKER_REPS", q(6, 3))?,
             fanout_tasks: env_num("BENCH_FANOUT_TASKS", 30)?,
             fanout_slots: env_num("BENCH_FANOUT_SLOTS", 10)?,
-            fanout_reps: env_num("BENCH_FANOUT_REPS", q(5, 3))?,
+            fanout_reps: env_num("BENCH_FANOUT_REPS", q(3, 1))?,
+            fanout_work_secs: env_num("BENCH_FANOUT_WORK", 90)?,
             soak_rounds: env_num("BENCH_SOAK_ROUNDS", q(12, 6))?,
             soak_tasks: env_num("BENCH_SOAK_TASKS", q(300, 100))?,
             soak_every_secs: env_num("BENCH_SOAK_EVERY_SECS", q(60, 20) as u64)?,
@@ -398,11 +401,16 @@ async fn run() -> Result<(), BoxError> {
     }
     if knobs.runs("fanout") {
         step(&format!(
-            "fanout: {} tasks over three workers against one, {} slots each, {} rounds per side",
-            knobs.fanout_tasks, knobs.fanout_slots, knobs.fanout_reps
+            "fanout: {} tasks (`sleep {}`) over three workers against one, {} slots each, {} rounds per side",
+            knobs.fanout_tasks, knobs.fanout_work_secs, knobs.fanout_slots, knobs.fanout_reps
         ));
-        let f = workers::worker_fanout(knobs.fanout_tasks, knobs.fanout_slots, knobs.fanout_reps)
-            .await?;
+        let f = workers::worker_fanout(
+            knobs.fanout_tasks,
+            knobs.fanout_slots,
+            knobs.fanout_reps,
+            knobs.fanout_work_secs,
+        )
+        .await?;
         figures::fanout(&mut out, &f);
         save(&out, &machine, false)?;
     }

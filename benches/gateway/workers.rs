@@ -250,6 +250,8 @@ pub async fn worker_moves(files: usize, reps: usize) -> Result<WorkerTimes, BoxE
 pub struct FanoutTimes {
     pub tasks: usize,
     pub slots: u32,
+    /// Seconds each task's agent sleeps.
+    pub work_secs: u64,
     pub three: Vec<f64>,
     pub one: Vec<f64>,
     /// `start_task` answered (ms), in the same gateway, in turn: a worktree task placed on a
@@ -273,10 +275,20 @@ pub struct FanoutTimes {
 /// **A fan-out of `tasks` across three workers against the same tasks on one**, through the
 /// real gateway: three real `sshd` workers on 127.0.0.1, each with `slots` slots and its own
 /// OpenCode (started by the gateway on first use, before the clock), the queue on; each task's
-/// agent runs `sleep 5` (a build or a test run standing in: wall time, not this machine's two
-/// cores). On one worker the tasks beyond its slots queue and run in waves; over three they
-/// run side by side. `reps` rounds, the two sides alternating.
-pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<FanoutTimes, BoxError> {
+/// agent runs `sleep <work_secs>` (a build or a test run standing in: wall time, not this
+/// machine's two cores). On one worker the tasks beyond its slots queue and run in waves; over
+/// three they run side by side. `reps` rounds, the two sides alternating.
+///
+/// Each worktree task also costs its worker's OpenCode about 4 s of CPU (the new directory's
+/// instance), which the stand-in workers take from the same two cores. With `sleep 5` that
+/// CPU, not the sleep, bounds both sides; a longer sleep shows how the placement scales when
+/// the work is what takes the time, as on separate machines.
+pub async fn worker_fanout(
+    tasks: usize,
+    slots: u32,
+    reps: usize,
+    work_secs: u64,
+) -> Result<FanoutTimes, BoxError> {
     let fake = FakeLlm::start();
     let env = OpenCodeEnv::new();
     let repo = env.work_dir();
@@ -374,6 +386,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
     let mut out = FanoutTimes {
         tasks,
         slots,
+        work_secs,
         three: Vec::new(),
         one: Vec::new(),
         start_remote: Vec::new(),
@@ -445,7 +458,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
             } else {
                 names[0]
             };
-            ids.push(start(format!("fan {r}.{i} [[bash:sleep 5]]"), worker).await?);
+            ids.push(start(format!("fan {r}.{i} [[bash:sleep {work_secs}]]"), worker).await?);
         }
         // Every task past `pending` (running, or already done); on one worker, those past its
         // slots wait in the queue, so this is when the last wave begins.
@@ -466,7 +479,7 @@ pub async fn worker_fanout(tasks: usize, slots: u32, reps: usize) -> Result<Fano
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let running = ms(t.elapsed());
-        gw.wait_all(&ids, std::time::Duration::from_secs(600))
+        gw.wait_all(&ids, std::time::Duration::from_secs(600 + 6 * work_secs))
             .await?;
         let took = ms(t.elapsed());
         let used: Vec<f64> = cpu()?
