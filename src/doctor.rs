@@ -273,6 +273,7 @@ fn sandbox_check(config: &Config) -> Check {
 async fn worker_checks(config: &Config) -> Vec<Check> {
     let workers = crate::workers::from_config(config);
     let reports = crate::workers::report(&workers).await;
+    crate::workers::seen::note_probes(crate::tasks::state_dir_of(config).as_deref(), &reports);
     let mut checks = Vec::new();
     for (worker, report) in workers.iter().zip(reports) {
         let Some(check) = reachability_check(report) else {

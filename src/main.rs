@@ -308,6 +308,8 @@ fn workers(sources: &Sources, json: bool) -> ExitCode {
         for report in &mut reports {
             report.in_use = in_use.get(&report.name).copied().unwrap_or(0);
         }
+        // What the probes found is what the dashboard shows until the next look.
+        opencode_mcp::workers::seen::note_probes(Some(&dir), &reports);
     }
     if json {
         match serde_json::to_string_pretty(&reports) {

@@ -1796,6 +1796,25 @@ fn a_repository_cannot_touch_the_sandbox() {
     );
 }
 
+/// A repository's file cannot make the gateway serve the dashboard (a page that lists the
+/// user's tasks and cancels them) or choose its port; the user's own layers can.
+#[test]
+fn a_repository_cannot_open_the_dashboard() {
+    let (_dir, cfg) = load_repo("dashboard:\n  serve: true\n  port: 7420\n", &[]);
+    let cfg = cfg.expect("loads");
+    assert_eq!(
+        cfg.dashboard,
+        opencode_mcp::config::DashboardConfig::default()
+    );
+    let keys: Vec<&str> = cfg.withheld.iter().map(|w| w.key.as_str()).collect();
+    assert!(
+        !keys.is_empty() && keys.iter().all(|k| k.starts_with("dashboard")),
+        "{keys:?}"
+    );
+    let (_dir, cfg) = load_trusted("dashboard:\n  serve: true\n", &[]);
+    assert!(cfg.expect("loads").dashboard.serve);
+}
+
 /// Limits that multiply what delegation spends may only go down in a repository's file, like
 /// the caps: more tasks at once, more paid corrections, a longer task deadline are withheld
 /// (with a warning naming the key), a lower value is taken, and a value of the wrong shape is

@@ -212,6 +212,44 @@ async fn a_started_task_appears_and_changes_live_and_markup_stays_text() {
     assert_eq!(watch, format!("opencode-mcp watch {marked}"));
     browser.screenshot("task-page").await;
 
+    // A follow-up: the page lists both turns, the first in short (its answer still text).
+    rig.ok(
+        "opencode_continue_task",
+        json!({ "task_id": marked, "prompt": "and a second turn" }),
+    )
+    .await;
+    assert_eq!(rig.finish(&marked).await["status"], "completed");
+    browser
+        .goto(&format!("{origin}/task?id={marked}&token={token}"))
+        .await;
+    let turns = browser
+        .wait_for(
+            "both turns",
+            SHOWN,
+            "const rows = document.querySelectorAll('#turns tr[data-turn]');              return rows.length === 2 ? [...rows].map((r) => r.textContent) : null",
+            json!([]),
+        )
+        .await;
+    assert!(
+        turns[0]
+            .as_str()
+            .is_some_and(|t| t.contains("<script>window.__pwned = 1</script>")),
+        "the first turn's answer, as text: {turns}"
+    );
+    assert!(
+        turns[1]
+            .as_str()
+            .is_some_and(|t| t.contains("(the answer below)")),
+        "{turns}"
+    );
+    assert_eq!(
+        browser
+            .eval("return window.__pwned === undefined", json!([]))
+            .await,
+        true
+    );
+    browser.screenshot("task-turns").await;
+
     // A worktree task's page shows its change as a diff, read from its worktree.
     let changed = id(&rig
         .start_task_with(json!({
@@ -359,5 +397,396 @@ async fn without_a_state_directory_the_page_says_how_to_start() {
     );
     assert!(!state.exists(), "the page created nothing");
     browser.screenshot("no-state").await;
+    interrupt(page).await;
+}
+
+/// A gateway whose user's configuration sets `dashboard.serve` serves the page too, and that
+/// page cancels the gateway's unfinished tasks: from the page only (another site's request, or
+/// one without the page's header, is refused), and only there (a page `opencode-mcp dashboard`
+/// serves stays read-only). One page per state directory: a second gateway serves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_serves_the_page_and_it_cancels_that_gateways_tasks() {
+    let env = support::OpenCodeEnv::new();
+    let noted = env.root().join("state/opencode-mcp/dashboard.json");
+    let rig = Rig::start_in(
+        support::FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_DASHBOARD__SERVE", "true")],
+    )
+    .await;
+    let read_url = || {
+        let text = std::fs::read_to_string(&noted).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        v["url"].as_str().map(str::to_string)
+    };
+    let url = support::rig::poll_for(SHOWN, read_url)
+        .await
+        .unwrap_or_else(|| panic!("no page noted\n{}", rig.client.stderr()));
+    assert!(
+        rig.client.stderr().contains(&url),
+        "the gateway logs the page's address at start"
+    );
+    let (_, doctor, _) = rig.cli(&["doctor"], &[]);
+    assert!(doctor.contains(&url), "doctor names the page: {doctor}");
+    let (origin, token) = url.split_once("/?token=").expect("a token in the address");
+
+    // A second gateway over the same state directory serves no page of its own.
+    let second = rig
+        .launch
+        .clone()
+        .connect()
+        .await
+        .expect("a second gateway");
+    let said = support::rig::poll_for(SHOWN, || {
+        second
+            .stderr()
+            .contains("another process serves this state directory's page")
+            .then_some(())
+    })
+    .await;
+    assert!(said.is_some(), "{}", second.stderr());
+    assert_eq!(
+        read_url().as_deref(),
+        Some(url.as_str()),
+        "the first page stays noted"
+    );
+    second.close().await.expect("the second gateway ends");
+
+    let running = id(&rig.start_task("cancel me [[delay:120000]]").await);
+    let done = id(&rig.start_task("finished already").await);
+    assert_eq!(rig.finish(&done).await["status"], "completed");
+    assert_eq!(rig.running(&running).await["status"], "running");
+
+    // Requests that are not the page's own are refused, and cancel nothing.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let cancel_url = format!("{origin}/api/cancel?id={running}&token={token}");
+    let refused = [
+        http.post(&cancel_url)
+            .header("Origin", origin)
+            .header("Sec-Fetch-Site", "same-origin"),
+        http.post(&cancel_url)
+            .header("Origin", "http://evil.example")
+            .header("Sec-Fetch-Site", "cross-site")
+            .header("x-opencode-mcp-dashboard", "cancel"),
+        http.post(format!("{origin}/api/cancel?id={running}&token=0"))
+            .header("Origin", origin)
+            .header("x-opencode-mcp-dashboard", "cancel"),
+    ];
+    for request in refused {
+        let r = request.send().await.expect("an answer");
+        assert_eq!(r.status(), 403);
+    }
+    let r = http.get(&cancel_url).send().await.expect("an answer");
+    assert_eq!(r.status(), 405, "cancel is a POST");
+    assert_eq!(rig.status(&running).await["status"], "running");
+
+    // A read-only page over the same directory (asked for by hand, it serves anyway) offers
+    // no cancel and refuses one.
+    let (page, ro_url) = dashboard(&rig).await;
+    let (ro_origin, ro_token) = ro_url.split_once("/?token=").expect("a token");
+    let r = http
+        .post(format!(
+            "{ro_origin}/api/cancel?id={running}&token={ro_token}"
+        ))
+        .header("Origin", ro_origin)
+        .header("x-opencode-mcp-dashboard", "cancel")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap_or_default().contains("read-only"));
+    let ro: Value = http
+        .get(format!("{ro_origin}/api/state?token={ro_token}"))
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("the state");
+    assert!(ro["gateway_pid"].is_null(), "{ro}");
+    interrupt(page).await;
+    assert_eq!(
+        read_url().as_deref(),
+        Some(url.as_str()),
+        "the read-only page did not take the gateway's note"
+    );
+
+    // The gateway's page: a cancel button on the running task only; a click cancels it.
+    let browser = Browser::start().await;
+    browser.goto(&url).await;
+    let button = "return document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"] button.cancel`) ? true : null";
+    browser
+        .wait_for(
+            "the running task's cancel button",
+            SHOWN,
+            button,
+            json!([running]),
+        )
+        .await;
+    let finished_row = browser
+        .eval(
+            "const r = document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"]`); \
+             return r ? !!r.querySelector('button.cancel') : null",
+            json!([done]),
+        )
+        .await;
+    assert_eq!(finished_row, false, "a finished task has no cancel");
+    browser.screenshot("gateway-page").await;
+    browser
+        .eval(
+            "document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"] button.cancel`).click(); return true",
+            json!([running]),
+        )
+        .await;
+    browser
+        .wait_for(
+            "the task cancelled on the page",
+            SHOWN,
+            "const r = document.querySelector(`#tasks tr[data-task-id=\"${arguments[0]}\"]`); \
+             return r && r.dataset.status === 'cancelled' ? true : null",
+            json!([running]),
+        )
+        .await;
+    assert_eq!(rig.status(&running).await["status"], "cancelled");
+    browser.screenshot("gateway-page-cancelled").await;
+
+    // The page goes with its gateway: even killed, its lock goes, and doctor no longer names it.
+    rig.kill_gateway().await;
+    let (_, doctor, _) = rig.cli(&["doctor"], &[]);
+    assert!(
+        !doctor.contains(&url),
+        "doctor no longer names it: {doctor}"
+    );
+    assert!(
+        http.get(format!("{origin}/api/state?token={token}"))
+            .send()
+            .await
+            .is_err(),
+        "nothing answers there"
+    );
+}
+
+/// A worker's health on the page: what a gateway last saw of it (a start there that could not
+/// reach it), and a probe on request from the page (one `ssh` round trip, noted for every
+/// page). A probe from anywhere but the page is refused. Workers are real `sshd`s on 127.0.0.1;
+/// one of them is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_show_what_was_last_seen_of_them_and_a_probe_on_request() {
+    use support::sshd::{SshKey, Sshd};
+    let env = support::OpenCodeEnv::new();
+    support::git::init_repo(&env.work_dir(), &[("README", "x\n")]);
+    let key = SshKey::new();
+    let ready = Sshd::start("ready", &key);
+    let mut gone = Sshd::start("gone", &key);
+    gone.stop();
+    let entry = |sshd: &Sshd| {
+        format!(
+            "  {name}:\n    ssh: {name}\n    ssh_config: {config}\n    max_tasks: 2\n    opencode: {bin}\n    root: {root}\n    sandbox: off\n",
+            name = sshd.name,
+            config = key.config_file().display(),
+            bin = support::opencode_bin().display(),
+            root = sshd.root.join("mcp").display(),
+        )
+    };
+    let user_file = env.root().join("user-delegation.yaml");
+    std::fs::write(
+        &user_file,
+        format!("workers:\n{}{}", entry(&ready), entry(&gone)),
+    )
+    .expect("the user's file");
+    let config = user_file.display().to_string();
+    let notes = env.root().join("state/opencode-mcp/worker-health");
+    let rig = Rig::start_in(
+        support::FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_CONFIG", config.as_str())],
+    )
+    .await;
+    let gateway = rig.client.pid().expect("the gateway's pid");
+
+    // A start on the stopped worker fails, and the gateway notes that it could not reach it.
+    let started = rig
+        .start_task_with(json!({ "prompt": "x", "worker": "gone" }))
+        .await;
+    let w = rig.wait(&[&id(&started)], "all", 120_000).await;
+    assert_eq!(w["done"], true, "{w}");
+    let noted = support::rig::poll_for(SHOWN, || {
+        let text = std::fs::read_to_string(notes.join("gone.json")).ok()?;
+        serde_json::from_str::<Value>(&text).ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no note of the worker\n{}", rig.client.stderr()));
+    assert_eq!(noted["reachable"], false, "{noted}");
+    assert_eq!(noted["by"], format!("gateway {gateway}"), "{noted}");
+
+    // The page reads the same user's file, to know the workers.
+    let mut page = rig.spawn_cli(&["dashboard", "--config", &config]);
+    let url = printed_address(&mut page).await;
+    let (origin, token) = url.split_once("/?token=").expect("a token");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let state: Value = http
+        .get(format!("{origin}/api/state?token={token}"))
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("the state");
+    let worker = |state: &Value, name: &str| {
+        state["workers"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("no worker {name}: {state}"))
+    };
+    assert_eq!(
+        worker(&state, "gone")["seen"]["reachable"],
+        false,
+        "{state}"
+    );
+    assert!(
+        worker(&state, "ready")["seen"].is_null(),
+        "never seen yet: {state}"
+    );
+
+    // A probe is the page's own request only; a worker must be one of the user's file.
+    let probe = |name: &str| format!("{origin}/api/probe?worker={name}&token={token}");
+    let r = http
+        .post(probe("ready"))
+        .header("Origin", "http://evil.example")
+        .header("x-opencode-mcp-dashboard", "probe")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(r.status(), 403);
+    let r = http
+        .post(probe("local"))
+        .header("Origin", origin)
+        .header("x-opencode-mcp-dashboard", "probe")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(r.status(), 404, "this machine is not probed over ssh");
+    assert!(!notes.join("ready.json").exists(), "nothing probed yet");
+
+    let browser = Browser::start().await;
+    browser.goto(&url).await;
+    let health = "const r = document.querySelector(`#workers tr[data-worker=\"${arguments[0]}\"] td.health`); \
+                  return r ? r.textContent : null";
+    let gone_text = browser
+        .wait_for(
+            "the stopped worker's health",
+            SHOWN,
+            health,
+            json!(["gone"]),
+        )
+        .await;
+    assert!(
+        gone_text.as_str().is_some_and(
+            |t| t.starts_with("out of reach") && t.contains(&format!("gateway {gateway}"))
+        ),
+        "{gone_text}"
+    );
+    assert_eq!(browser.eval(health, json!(["ready"])).await, "never seen");
+    browser
+        .eval(
+            "document.querySelector('button[data-probe=\"ready\"]').click(); return true",
+            json!([]),
+        )
+        .await;
+    let probed = browser
+        .wait_for(
+            "the probe's finding",
+            Duration::from_secs(60),
+            "const r = document.querySelector('#workers tr[data-worker=\"ready\"] td.health'); \
+             return r && r.textContent.startsWith('reachable') ? r.textContent : null",
+            json!([]),
+        )
+        .await;
+    assert!(
+        probed
+            .as_str()
+            .is_some_and(|t| t.contains("(probe)") && t.contains("ready: opencode")),
+        "{probed}"
+    );
+    browser.screenshot("workers-health").await;
+    let note: Value = serde_json::from_str(
+        &std::fs::read_to_string(notes.join("ready.json")).expect("the probe was noted"),
+    )
+    .expect("a note");
+    assert_eq!(note["reachable"], true, "{note}");
+    assert_eq!(note["by"], "probe", "{note}");
+    interrupt(page).await;
+}
+
+/// Savings over days outlive the task records: a record that expires (`finished_task_ttl`,
+/// here 2 s) leaves what it spent in the state directory's daily rollup, and the page still
+/// counts that task on the day it finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savings_by_day_outlive_the_task_records() {
+    let env = support::OpenCodeEnv::new();
+    let state = env.root().join("state/opencode-mcp");
+    let rig = Rig::start_in(
+        support::FakeLlm::start(),
+        env,
+        &[("OPENCODE_MCP_LIMITS__FINISHED_TASK_TTL", "2s")],
+    )
+    .await;
+    let task = id(&rig.start_task("a task that expires").await);
+    assert_eq!(rig.finish(&task).await["status"], "completed");
+    let record = state.join(format!("tasks/{task}.json"));
+    let gone =
+        support::rig::poll_for(Duration::from_secs(60), || (!record.exists()).then_some(())).await;
+    assert!(
+        gone.is_some(),
+        "the record expires\n{}",
+        rig.client.stderr()
+    );
+    let kept = std::fs::read_dir(state.join("savings"))
+        .expect("the rollup's folder")
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(kept.contains(&task), "the task's spend is kept: {kept}");
+
+    let (page, url) = dashboard(&rig).await;
+    let (origin, token) = url.split_once("/?token=").expect("a token");
+    let s: Value = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .get(format!("{origin}/api/state?token={token}"))
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("the state");
+    assert_eq!(s["tasks"].as_array().map(Vec::len), Some(0), "{s}");
+    let day = &s["savings"]["days"][0];
+    assert_eq!(day["tasks"], 1, "{s}");
+    assert!(day["saved_usd"].as_f64().is_some_and(|v| v > 0.0), "{s}");
+    let browser = Browser::start().await;
+    browser.goto(&url).await;
+    let shown = browser
+        .wait_for(
+            "the day's savings",
+            SHOWN,
+            "const r = document.querySelector('#days .srow.day'); return r ? r.textContent : null",
+            json!([]),
+        )
+        .await;
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|t| t.contains("saved") && t.contains("1 task")),
+        "{shown}"
+    );
+    browser.screenshot("savings-by-day").await;
     interrupt(page).await;
 }

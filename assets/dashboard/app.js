@@ -64,6 +64,33 @@
     return [c.rounds != null ? `${t} · ${plural(num(c.rounds), "round")}` : t, k];
   }
 
+  // Cancel: only on a page a gateway serves, for its unfinished tasks (`cancellable`). The
+  // header tells the server the request comes from this page (a cross-site one cannot send it).
+  async function cancelTask(id, button) {
+    button.disabled = true;
+    button.textContent = "cancelling…";
+    let said = "";
+    try {
+      const r = await fetch(api("/api/cancel", { id }), {
+        method: "POST", cache: "no-store", headers: { "x-opencode-mcp-dashboard": "cancel" },
+      });
+      said = (await r.text()).trim();
+      if (r.ok) { button.textContent = "cancelled"; return; }
+    } catch (e) {
+      said = "could not reach the page's gateway";
+    }
+    button.disabled = false;
+    button.textContent = "cancel";
+    button.title = said;
+    button.dataset.error = said;
+    button.classList.add("failed");
+  }
+  function cancelButton(id) {
+    const b = el("button", { type: "button", class: "cancel", "data-cancel": id, title: "cancel this task (its edits stay)" }, "cancel");
+    b.addEventListener("click", () => cancelTask(id, b));
+    return b;
+  }
+
   function setLive(text, on) {
     live.textContent = text;
     live.className = "live " + (on ? "on" : "off");
@@ -131,7 +158,7 @@
     const age = el("td", { class: "num age", "data-ms": num(t.age_ms) }, dur(t.age_ms));
     const esc = num(t.escalations);
     return el("tr", { "data-task-id": id, "data-status": str(t.status), class: member ? "member" : null },
-      el("td", null, ...badge(t.status, t.phase)),
+      el("td", null, ...badge(t.status, t.phase), t.cancellable === true ? cancelButton(id) : null),
       el("td", { class: "title" },
         el("a", { href: taskHref(id), title: id }, str(t.title) || id),
         t.unconfined != null ? el("span", { class: "flag", title: str(t.unconfined) }, "unconfined") : null,
@@ -221,20 +248,96 @@
     return ol;
   }
 
+  // What was last seen of a worker, with its age: a note is a claim about the past.
+  function seenText(seen) {
+    if (!seen || typeof seen !== "object") return ["never seen", ""];
+    const ago = dur(Date.now() - num(seen.at_ms)) + " ago";
+    const by = str(seen.by);
+    const detail = seen.detail == null ? "" : ": " + str(seen.detail);
+    return seen.reachable === true
+      ? [`reachable ${ago} (${by})${detail}`, "pass"]
+      : [`out of reach ${ago} (${by})${detail}`, "fail"];
+  }
+
+  // A probe on request: one ssh round trip from the page's process, noted for every page.
+  async function probeWorker(name, button, cell) {
+    button.disabled = true;
+    button.textContent = "probing…";
+    try {
+      const r = await fetch(api("/api/probe", { worker: name }), {
+        method: "POST", cache: "no-store", headers: { "x-opencode-mcp-dashboard": "probe" },
+      });
+      if (r.ok) {
+        const d = JSON.parse(await r.text());
+        const [t, k] = seenText(d && d.seen);
+        const problems = arr(d && d.problems).map(str);
+        cell.replaceChildren(t, ...problems.map((p) => el("div", { class: "muted" }, p)));
+        cell.className = k;
+      } else {
+        cell.textContent = `probe refused (HTTP ${r.status}): ${(await r.text()).trim()}`;
+        cell.className = "fail";
+      }
+    } catch (_) {
+      cell.textContent = "could not reach the dashboard server";
+    }
+    button.disabled = false;
+    button.textContent = "probe";
+  }
+
   function workersTable(ws) {
     if (!ws.length) return el("p", { class: "empty" }, "No workers.");
     const body = el("tbody");
     for (const w of ws) {
-      body.append(el("tr", { "data-worker": str(w.name) },
-        el("td", null, str(w.name)),
+      const name = str(w.name);
+      const [st, sk] = w.remote ? seenText(w.seen) : ["this machine", ""];
+      const health = el("td", { class: "health " + sk }, st);
+      let probe = null;
+      if (w.remote) {
+        probe = el("button", { type: "button", class: "probe", "data-probe": name }, "probe");
+        probe.addEventListener("click", () => probeWorker(name, probe, health));
+      }
+      body.append(el("tr", { "data-worker": name },
+        el("td", null, name),
         el("td", { class: "num" }, `${num(w.in_use)} / ${num(w.slots)}`),
         el("td", { class: "num" }, String(num(w.free))),
         el("td", null, w.confined === true ? "yes" : w.confined === false ? "no" : "unknown"),
-        el("td", null, w.remote ? "remote" : "local")));
+        el("td", null, w.remote ? "remote" : "local"),
+        health,
+        el("td", null, probe)));
     }
     return el("table", { id: "workers" },
       el("thead", null, el("tr", null, el("th", null, "Name"), el("th", { class: "num" }, "In use / slots"),
-        el("th", { class: "num" }, "Free"), el("th", null, "Confined"), el("th", null, "Where"))), body);
+        el("th", { class: "num" }, "Free"), el("th", null, "Confined"), el("th", null, "Where"),
+        el("th", null, "Health"), el("th", null, ""))), body);
+  }
+
+  // Savings over days, newest first: one stacked bar per day, a segment per tier (the same
+  // tier keeps its colour across days).
+  function daysChart(days) {
+    const box = el("div", { id: "days" }, el("h3", null, "By day"));
+    const colour = new Map();
+    for (const d of days) for (const t of arr(d.tiers)) if (!colour.has(str(t.name))) colour.set(str(t.name), colour.size % 6);
+    const max = Math.max(0, ...days.map((d) => num(d.saved_usd)));
+    for (const d of days) {
+      const bar = el("div", { class: "sbar stack" });
+      for (const t of arr(d.tiers)) {
+        const saved = Math.max(0, num(t.saved_usd));
+        if (!(max > 0) || saved <= 0) continue;
+        const seg = el("div", { class: "seg seg-" + colour.get(str(t.name)), title: `${str(t.name)}: ${usdAuto(t.saved_usd)} saved` });
+        seg.style.width = (saved / max) * 100 + "%";
+        bar.append(seg);
+      }
+      const parts = arr(d.tiers).map((t) => `${str(t.name)} ${usdAuto(t.saved_usd)}`).join(", ");
+      box.append(el("div", { class: "srow day", "data-day": str(d.day) },
+        el("div", { class: "sname" }, str(d.day)),
+        bar,
+        el("div", { class: "slabel", title: parts },
+          `${usdAuto(d.saved_usd)} saved, ${usdAuto(d.cost_usd)} spent, ${plural(num(d.tasks), "task")}`)));
+    }
+    const legend = el("div", { class: "legend" });
+    for (const [name, i] of colour) legend.append(el("span", { class: "key" }, el("span", { class: "swatch seg-" + i }), name));
+    box.append(legend);
+    return box;
   }
 
   function savingsView(sv) {
@@ -242,6 +345,8 @@
     const tiers = arr(s.tiers), models = arr(s.models);
     const wrap = el("div", { id: "savings" });
     if (s.reference != null && s.reference !== "") wrap.append(el("p", { class: "caption" }, str(s.reference)));
+    const days = arr(s.days).filter((d) => d && typeof d === "object");
+    if (days.length) wrap.append(daysChart(days));
     if (!tiers.length && !models.length) {
       wrap.append(el("p", { class: "empty" }, "Nothing finished yet."));
       return wrap;
@@ -275,7 +380,11 @@
     }
     const bad = num(s.unreadable);
     show(
-      el("h2", null, "Tasks"), tasksTable(arr(s.tasks), () => renderIndex(s, true)),
+      el("h2", null, "Tasks"),
+      s.gateway_pid != null
+        ? el("p", { class: "muted", id: "control" }, `Served by the gateway with pid ${num(s.gateway_pid)}: its unfinished tasks can be cancelled here.`)
+        : null,
+      tasksTable(arr(s.tasks), () => renderIndex(s, true)),
       bad ? el("p", { class: "muted" }, `${plural(bad, "task record")} could not be read.`) : null,
       el("h2", null, "Queue"), queueList(arr(s.queue)),
       el("h2", null, "Workers"), workersTable(arr(s.workers)),
@@ -347,6 +456,29 @@
     return wrap;
   }
 
+  // Every turn, oldest first: the past ones in short (what the record keeps), then the
+  // current one, whose whole answer is below.
+  function turnsView(t) {
+    const past = arr(t.past_turns).filter((p) => p && typeof p === "object");
+    const body = el("tbody");
+    const row = (n, status, model, started, finished, cost, answer, cut, error, current) => body.append(
+      el("tr", { "data-turn": String(num(n)), class: current ? "current" : null },
+        el("td", { class: "num" }, String(num(n))),
+        el("td", null, ...badge(status, null)),
+        el("td", null, str(model)),
+        el("td", null, when(started)),
+        el("td", { class: "num" }, finished == null ? "" : dur(num(finished) - num(started))),
+        el("td", { class: "num" }, usd(cost, 4)),
+        el("td", { class: "answer" },
+          error ? el("div", { class: "error" }, str(error)) : null,
+          current ? el("span", { class: "muted" }, "(the answer below)") : str(answer) + (cut ? " …" : ""))));
+    for (const p of past) row(p.turn, p.status, p.model, p.started_ms, p.finished_ms, p.cost, p.answer, p.cut === true, p.error, false);
+    row(t.turn, t.status, t.model, t.turn_started_ms, t.finished_ms, t.turn_cost_usd, "", false, null, true);
+    return el("table", { id: "turns" },
+      el("thead", null, el("tr", null, ...["Turn", "Status", "Model", "Started", "Took", "Spend", "Answer"]
+        .map((h, i) => el("th", { class: i === 0 || (i >= 4 && i <= 5) ? "num" : null }, h)))), body);
+  }
+
   function renderTask(t) {
     document.title = `${str(t.title) || str(t.task_id)} · opencode-mcp`;
     const dl = el("dl", { id: "meta" });
@@ -361,12 +493,14 @@
     add("Started", when(t.started_ms));
     if (t.finished_ms != null) add("Finished", `${when(t.finished_ms)} (took ${dur(num(t.finished_ms) - num(t.started_ms))})`);
     add("Spend", usd(t.spend_usd, 4));
+    if (t.cancellable === true) add("", cancelButton(str(t.task_id)));
     const esc = arr(t.escalations);
     show(
       el("h1", { id: "title" }, str(t.title) || str(t.task_id)),
       dl,
       el("p", { class: "watch" }, "Follow it live: ", el("code", { id: "watch" }, str(t.watch))),
       ...(t.error != null && t.error !== "" ? section("Error", el("pre", { id: "error", class: "error" }, str(t.error))) : []),
+      ...section("Turns", turnsView(t)),
       ...section("Answer", el("pre", { id: "answer" }, str(t.answer))),
       ...section("Files changed", filesView(t.files_changed)),
       ...section("Diff", diffView(t.diff)),

@@ -56,6 +56,7 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "workers",
     "checks",
     "sandbox",
+    "dashboard",
 ];
 
 /// A YAML layer with the name errors should use for it.
@@ -460,6 +461,7 @@ fn extract(figment: &Figment) -> Result<Config, Vec<Problem>> {
                 "workers" => check_entries::<super::types::WorkerConfig>(figment, key, value),
                 "checks" => check_fields::<super::types::ChecksConfig>(figment, key, value),
                 "sandbox" => check_fields::<super::types::SandboxConfig>(figment, key, value),
+                "dashboard" => check_fields::<super::types::DashboardConfig>(figment, key, value),
                 _ => vec![unknown_top_level_key(figment, key)],
             };
             problems.extend(errors.into_iter().flat_map(problems_from));

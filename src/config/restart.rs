@@ -17,6 +17,7 @@
 //! - `instructions`: sent to the host once, at `initialize`; a connected host keeps them.
 //! - `reload`: whether the files are watched at all is decided at start.
 //! - `workers`: the machines, their connections and their OpenCode servers are set up at start.
+//! - `dashboard.*`: the page is bound (or not) once, at start.
 //!
 //! Everything else applies to new calls and new tasks at once.
 
@@ -64,6 +65,8 @@ pub const RESTART_KEYS: &[RestartKey] = restart_keys![
     "limits.finished_in_memory" => limits.finished_in_memory;
     "instructions" => instructions;
     "reload" => reload;
+    "dashboard.serve" => dashboard.serve;
+    "dashboard.port" => dashboard.port;
 ];
 
 /// A restart-only key an edit changed; its running value was kept.

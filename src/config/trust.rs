@@ -124,6 +124,12 @@ pub const POLICY: &[Policy] = &[
               agents run in",
     },
     Policy {
+        pattern: "dashboard",
+        rule: Rule::Withheld,
+        why: "a repository's delegation.yaml may not open a page that shows your tasks and can \
+              cancel them",
+    },
+    Policy {
         pattern: CHECKS_FROM_REPOSITORY,
         rule: Rule::Withheld,
         why: CHECKS,

@@ -98,6 +98,10 @@ pub struct Config {
     /// by default on Linux). Only your own files may set this.
     #[serde(default)]
     pub sandbox: SandboxConfig,
+    /// The live page of tasks, workers, the queue and spend (`opencode-mcp dashboard`), served
+    /// by a gateway too when `serve` is on. Only your own files may set this.
+    #[serde(default)]
+    pub dashboard: DashboardConfig,
     /// Settings of the repository's file that were not applied (not part of the file format).
     #[serde(skip)]
     #[schemars(skip)]
@@ -301,6 +305,21 @@ pub struct SandboxConfig {
     /// `TERM` and the toolchain homes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+}
+
+/// Whether a gateway serves the dashboard, and where.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// A gateway serving MCP also serves the page on 127.0.0.1, behind a random token, and its
+    /// page can cancel that gateway's tasks. One page per state directory: the first gateway
+    /// (or `opencode-mcp dashboard`) to start serves it. The address goes to the log and to
+    /// `opencode-mcp doctor`.
+    #[serde(default)]
+    pub serve: bool,
+    /// The page's port on 127.0.0.1; 0 takes any free port.
+    #[serde(default)]
+    pub port: u16,
 }
 
 /// Whether confinement is on.

@@ -9,7 +9,11 @@
 //!   DNS name to 127.0.0.1 cannot read the page from a browser tab (its requests carry its own
 //!   name);
 //! - answers forbid framing and sniffing, and the page's content policy runs only its own
-//!   script, so an agent's text shown on it stays text.
+//!   script, so an agent's text shown on it stays text;
+//! - the requests that act (cancel, and a probe of a worker, which runs `ssh`) are `POST`s that
+//!   must come from the page itself ([`Access::same_origin_for`]): its `Origin` is the page's, the browser says it is
+//!   same-origin when it says anything, and it carries a header no plain form or cross-site
+//!   request without the page's consent can send.
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -44,6 +48,24 @@ impl Access {
         ["127.0.0.1", "localhost", "[::1]"]
             .iter()
             .any(|name| host == format!("{name}:{port}"))
+    }
+}
+
+/// The header the page's own script sends with an action, naming it. A cross-site page cannot add it
+/// without a CORS preflight, which this server never grants.
+pub const ACTION_HEADER: &str = "x-opencode-mcp-dashboard";
+
+impl Access {
+    /// Whether a request for `action` comes from this page: its `Origin` names this page
+    /// (loopback, this port), `Sec-Fetch-Site` is `same-origin` when the browser sends it, and
+    /// it carries [`ACTION_HEADER`] naming `action`.
+    pub fn same_origin_for(&self, headers: &axum::http::HeaderMap, action: &str) -> bool {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let origin_ok = text("origin")
+            .and_then(|o| o.strip_prefix("http://"))
+            .is_some_and(|host| self.host_matches(host));
+        let fetch_site_ok = text("sec-fetch-site").is_none_or(|s| s == "same-origin");
+        origin_ok && fetch_site_ok && text(ACTION_HEADER) == Some(action)
     }
 }
 
@@ -122,5 +144,43 @@ mod tests {
         assert_eq!(token_of(Some("id=x&token=abc")), Some("abc"));
         assert_eq!(token_of(Some("id=x")), None);
         assert_eq!(token_of(None), None);
+    }
+
+    #[test]
+    fn only_the_pages_own_requests_may_cancel() {
+        use axum::http::HeaderMap;
+        let a = Access::new(4242).expect("token");
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_str(v).expect("a header value"));
+            }
+            h
+        };
+        let own = [
+            ("origin", "http://127.0.0.1:4242"),
+            ("sec-fetch-site", "same-origin"),
+            (ACTION_HEADER, "cancel"),
+        ];
+        assert!(a.same_origin_for(&headers(&own), "cancel"));
+        assert!(
+            !a.same_origin_for(&headers(&own), "probe"),
+            "the header names the action"
+        );
+        // Without Sec-Fetch-Site (an older browser, or a client that is no browser).
+        assert!(a.same_origin_for(&headers(&[own[0], own[2]]), "cancel"));
+        for bad in [
+            vec![own[1], own[2]],
+            vec![("origin", "http://evil.example"), own[1], own[2]],
+            vec![("origin", "http://127.0.0.1:4243"), own[1], own[2]],
+            vec![("origin", "https://127.0.0.1:4242"), own[1], own[2]],
+            vec![("origin", "null"), own[2]],
+            vec![own[0], ("sec-fetch-site", "cross-site"), own[2]],
+            vec![own[0], ("sec-fetch-site", "same-site"), own[2]],
+            vec![own[0], own[1]],
+            vec![own[0], own[1], (ACTION_HEADER, "other")],
+        ] {
+            assert!(!a.same_origin_for(&headers(&bad), "cancel"), "{bad:?}");
+        }
     }
 }

@@ -3,8 +3,16 @@
 //! over the state directory, served on loopback behind a token.
 //!
 //! - `view`: the page's data, read from the state directory (no gateway needed);
-//! - `access`: the token, the host check and the headers every answer carries;
-//! - this file: the routes, and the poller that makes the page live.
+//! - `access`: the token, the host check, the cross-site guard of cancel and the headers every
+//!   answer carries;
+//! - this file: the routes, the one page per state directory, and the poller that makes the
+//!   page live.
+//!
+//! **Who serves it.** `opencode-mcp dashboard` serves it read-only. A gateway whose user's file
+//! sets `dashboard.serve` serves it too, and that page can cancel the gateway's own tasks (the
+//! only thing the page can change). One page per state directory: whoever starts first takes
+//! [`LOCK_FILE`] and notes its address; a gateway that finds it taken serves none, and names the
+//! page that serves (a second `opencode-mcp dashboard`, asked for by hand, serves anyway).
 //!
 //! **Live.** One poller re-reads what changed in the state directory every [`POLL`] and, when
 //! something did (or [`REFRESH`] passed, for the ages), publishes the page's data once; every
@@ -51,6 +59,11 @@ const STYLE: &str = include_str!("../../assets/dashboard/style.css");
 /// alone could have been reused since).
 pub const ADDRESS_FILE: &str = "dashboard.json";
 
+/// `<state_dir>/dashboard.lock`: held by the page that serves the state directory, for as long
+/// as it serves. Apart from the address file, which is replaced whole when written: two pages
+/// starting at once would each lock their own copy of a replaced file.
+pub const LOCK_FILE: &str = "dashboard.lock";
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Address {
     url: String,
@@ -67,32 +80,70 @@ pub fn running_address(state_dir: &std::path::Path) -> Option<String> {
         .read_to_string(&mut text)
         .ok()?;
     let a: Address = serde_json::from_str(&text).ok()?;
-    let file = std::fs::File::open(state_dir.join(ADDRESS_FILE)).ok()?;
-    let alive = matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock));
+    let lock = std::fs::File::open(state_dir.join(LOCK_FILE)).ok()?;
+    let alive = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
     (alive && a.url.starts_with("http://127.0.0.1:")).then_some(a.url)
 }
 
-/// Writes the address file when the state directory exists (the page creates nothing), and
-/// returns it locked: the lock lasts as long as the returned file is open.
-fn note_address(state_dir: &std::path::Path, url: &str) -> Option<std::fs::File> {
+/// The right to serve a state directory's page, held while the value lives.
+pub struct Claim {
+    _lock: std::fs::File,
+}
+
+/// Whether this process may serve `state_dir`'s page.
+pub enum Claimed {
+    /// It may: nobody serves it.
+    Ours(Claim),
+    /// Another page serves it (its address, when it noted one).
+    Taken(Option<String>),
+    /// There is no state directory (the page creates nothing), or its lock cannot be made.
+    Unclaimable,
+}
+
+/// Takes the state directory's page lock, if free.
+pub fn claim(state_dir: &std::path::Path) -> Claimed {
+    use std::os::unix::fs::OpenOptionsExt as _;
     if !state_dir.is_dir() {
-        return None;
+        return Claimed::Unclaimable;
     }
+    let path = state_dir.join(LOCK_FILE);
+    let opened = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path);
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot make the dashboard's lock");
+            return Claimed::Unclaimable;
+        }
+    };
+    match file.try_lock() {
+        Ok(()) => Claimed::Ours(Claim { _lock: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Claimed::Taken(running_address(state_dir)),
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot lock the dashboard's lock");
+            Claimed::Unclaimable
+        }
+    }
+}
+
+/// Writes the address file, for `doctor`, under a claim.
+fn note_address(state_dir: &std::path::Path, url: &str) {
     let a = Address {
         url: url.to_string(),
         pid: std::process::id(),
     };
-    let bytes = serde_json::to_vec(&a).ok()?;
+    let Ok(bytes) = serde_json::to_vec(&a) else {
+        return;
+    };
     let path = state_dir.join(ADDRESS_FILE);
-    let locked = crate::private_files::write_atomic(state_dir, &path, "dashboard", &bytes, None)
-        .and_then(|()| std::fs::File::open(&path))
-        .and_then(|file| file.try_lock().map(|()| file).map_err(std::io::Error::from));
-    match locked {
-        Ok(file) => Some(file),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot note the dashboard's address for doctor");
-            None
-        }
+    if let Err(e) = crate::private_files::write_atomic(state_dir, &path, "dashboard", &bytes, None)
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot note the dashboard's address for doctor");
     }
 }
 
@@ -125,6 +176,9 @@ struct App {
     state_dir: PathBuf,
     /// The page's data as JSON, newest first published by the poller.
     latest: watch::Receiver<Arc<String>>,
+    /// The gateway serving the page: its tasks can be cancelled here. `None`: read-only.
+    control: Option<Arc<crate::tasks::TaskService>>,
+    access: Access,
 }
 
 /// A bound, not yet serving page: its address is known before anything is served, so the
@@ -134,6 +188,7 @@ pub struct Dashboard {
     access: Access,
     app: App,
     publish: watch::Sender<Arc<String>>,
+    claim: Option<Claim>,
 }
 
 impl Dashboard {
@@ -154,14 +209,30 @@ impl Dashboard {
         let (publish, latest) = watch::channel(Arc::new(String::new()));
         Ok(Self {
             listener,
-            access,
             app: App {
                 config: Arc::new(config),
                 state_dir,
                 latest,
+                control: None,
+                access: access.clone(),
             },
+            access,
             publish,
+            claim: None,
         })
+    }
+
+    /// Serves under `claim`, taken before binding (a gateway binds no port for a page that
+    /// another process serves).
+    pub fn claimed(mut self, claim: Claim) -> Self {
+        self.claim = Some(claim);
+        self
+    }
+
+    /// Lets the page cancel the tasks of the gateway whose service `tasks` is.
+    pub fn with_control(mut self, tasks: Arc<crate::tasks::TaskService>) -> Self {
+        self.app.control = Some(tasks);
+        self
     }
 
     /// The page's address, token included.
@@ -183,10 +254,34 @@ impl Dashboard {
             access,
             app,
             publish,
+            claim,
         } = self;
-        let _noted = note_address(&app.state_dir, &url);
+        // The claim lives as long as this call: the lock is let go when the page stops.
+        let claim = match claim {
+            Some(claim) => Some(claim),
+            None => match self::claim(&app.state_dir) {
+                Claimed::Ours(claim) => Some(claim),
+                Claimed::Taken(other) => {
+                    tracing::warn!(
+                        other = other.as_deref().unwrap_or("unknown"),
+                        "another page serves this state directory; `doctor` names that one"
+                    );
+                    None
+                }
+                Claimed::Unclaimable => None,
+            },
+        };
+        if claim.is_some() {
+            note_address(&app.state_dir, &url);
+        }
         let state_dir = app.state_dir.clone();
-        let poller = tokio::spawn(poll(app.config.clone(), app.state_dir.clone(), publish));
+        let controller = app.control.as_ref().map(|_| std::process::id());
+        let poller = tokio::spawn(poll(
+            app.config.clone(),
+            app.state_dir.clone(),
+            controller,
+            publish,
+        ));
         // Stopping ends the poller first: its sender goes, so every open page's event stream
         // ends and the graceful shutdown does not wait on them for ever.
         let ending = poller.abort_handle();
@@ -202,6 +297,8 @@ impl Dashboard {
             .route("/api/state", get(state))
             .route("/api/events", get(events))
             .route("/api/task", get(task))
+            .route("/api/cancel", axum::routing::post(cancel))
+            .route("/api/probe", axum::routing::post(probe))
             .with_state(app)
             .layer(axum::middleware::from_fn_with_state(access, access::guard));
         let served = axum::serve(listener, routes)
@@ -209,14 +306,23 @@ impl Dashboard {
             .await
             .map_err(DashboardError::Serve);
         poller.abort();
-        forget_address(&state_dir);
+        if claim.is_some() {
+            forget_address(&state_dir);
+        }
+        drop(claim);
         served
     }
 }
 
 /// Publishes the page's data whenever the state directory changed, and every [`REFRESH`].
 /// Reading runs on the blocking pool: it is file I/O, and a slow disk must not stall the pages.
-async fn poll(config: Arc<Config>, state_dir: PathBuf, publish: watch::Sender<Arc<String>>) {
+/// `controller` is the pid of the gateway serving the page, whose tasks it can cancel.
+async fn poll(
+    config: Arc<Config>,
+    state_dir: PathBuf,
+    controller: Option<u32>,
+    publish: watch::Sender<Arc<String>>,
+) {
     let records = Arc::new(std::sync::Mutex::new(view::Records::new(state_dir)));
     // When the data was last published (`None`: not yet).
     let mut last: Option<Instant> = None;
@@ -228,7 +334,7 @@ async fn poll(config: Arc<Config>, state_dir: PathBuf, publish: watch::Sender<Ar
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let changed = records.refresh();
-            (changed || due).then(|| serde_json::to_string(&records.state(&config)))
+            (changed || due).then(|| serde_json::to_string(&records.state(&config, controller)))
         })
         .await;
         match json {
@@ -309,11 +415,101 @@ struct TaskQuery {
 async fn task(State(app): State<App>, Query(q): Query<TaskQuery>) -> Response {
     // The store's reader refuses an id that is not a plain name (never a path).
     let id = q.id.trim();
-    match view::task_page(&app.config, &app.state_dir, id).await {
+    let controller = app.control.as_ref().map(|_| std::process::id());
+    match view::task_page(&app.config, &app.state_dir, id, controller).await {
         Some(page) => match serde_json::to_string(&page) {
             Ok(body) => json(body),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         },
         None => (StatusCode::NOT_FOUND, "no such task\n").into_response(),
     }
+}
+
+/// `POST /api/cancel?id=`: cancels a task of the gateway serving the page. Besides the token,
+/// the request must come from the page itself ([`Access::same_origin_for`]): another site open in
+/// the same browser cannot send it, even holding a leaked address.
+async fn cancel(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<TaskQuery>,
+) -> Response {
+    if !app.access.same_origin_for(&headers, "cancel") {
+        return (
+            StatusCode::FORBIDDEN,
+            "cancel is taken from this page only\n",
+        )
+            .into_response();
+    }
+    let Some(tasks) = &app.control else {
+        return (
+            StatusCode::FORBIDDEN,
+            "this page is read-only: only a page a gateway serves (dashboard.serve) can cancel \
+             that gateway's tasks\n",
+        )
+            .into_response();
+    };
+    let id = q.id.trim();
+    match tasks.cancel(id).await {
+        Ok(snapshot) => json(
+            serde_json::json!({ "task_id": snapshot.task_id, "status": snapshot.status })
+                .to_string(),
+        ),
+        Err(e) => {
+            use crate::error::{Coded as _, ErrorCode};
+            let status = match e.code() {
+                ErrorCode::NotFound => StatusCode::NOT_FOUND,
+                ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::CONFLICT,
+            };
+            (status, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ProbeQuery {
+    worker: String,
+}
+
+/// `POST /api/probe?worker=`: probes a remote worker of the user's configuration now (one
+/// `ssh` round trip, bounded), notes what it found, and answers with it. From the page only,
+/// as cancel: it runs `ssh`, so no other site may make it do so.
+async fn probe(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<ProbeQuery>,
+) -> Response {
+    if !app.access.same_origin_for(&headers, "probe") {
+        return (
+            StatusCode::FORBIDDEN,
+            "a probe is taken from this page only\n",
+        )
+            .into_response();
+    }
+    let worker = crate::workers::from_config(&app.config)
+        .into_iter()
+        .find(|w| w.name == q.worker.trim() && w.remote.is_some());
+    let Some(worker) = worker else {
+        return (StatusCode::NOT_FOUND, "no such remote worker\n").into_response();
+    };
+    let limit = crate::workers::probe::PROBE_LIMIT + Duration::from_secs(5);
+    let Ok(health) = tokio::time::timeout(limit, crate::workers::probe::probe(&worker)).await
+    else {
+        return (StatusCode::GATEWAY_TIMEOUT, "the probe took too long\n").into_response();
+    };
+    let seen = crate::workers::seen::Sighting::of_probe(&health);
+    if app.state_dir.is_dir() {
+        crate::workers::seen::note(&app.state_dir, &worker.name, &seen);
+    }
+    let problems: Vec<String> = health
+        .problems(&worker)
+        .into_iter()
+        .map(|(problem, fix)| format!("{problem}: {fix}"))
+        .collect();
+    json(
+        serde_json::json!({
+            "worker": worker.name, "ready": health.ready(), "seen": seen, "problems": problems,
+        })
+        .to_string(),
+    )
 }

@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::tasks::store::rollup;
 use crate::tasks::store::usage::{self, TaskSummary};
 use crate::tasks::{epoch_ms, Stored, TaskRecord, TaskStatus};
 
@@ -24,6 +25,8 @@ use crate::tasks::{epoch_ms, Stored, TaskRecord, TaskStatus};
 const MAX_RECORDS: usize = 20_000;
 /// Characters of a task's diff shown on its page.
 const MAX_DIFF_CHARS: usize = 200_000;
+/// Days of savings shown.
+const SAVINGS_DAYS: u64 = 30;
 
 /// One row of the task table: the CLI's list line (`opencode-mcp tasks --json`), and what the
 /// page shows beside it.
@@ -37,6 +40,9 @@ pub struct TaskRow {
     pub escalations: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<crate::tasks::GroupMember>,
+    /// The page can cancel it: it is unfinished and the gateway serving the page runs it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancellable: bool,
 }
 
 /// The checks' verdict in a row: `passed` is `None` while they have not decided.
@@ -66,6 +72,9 @@ pub struct WorkerRow {
     pub free: u32,
     pub confined: bool,
     pub remote: bool,
+    /// What was last seen of it (a remote worker): reached or not, when, by whom.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seen: Option<crate::workers::seen::Sighting>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,6 +97,9 @@ pub struct Savings {
     pub reference: String,
     pub tiers: Vec<Saving>,
     pub models: Vec<Saving>,
+    /// The last days, newest first: the stored records, and what expired ones spent
+    /// (`tasks::store::rollup`).
+    pub days: Vec<crate::tasks::store::rollup::DayTotals>,
 }
 
 /// The whole page's data.
@@ -103,6 +115,10 @@ pub struct State {
     pub savings: Savings,
     /// Records that could not be read (reported, never shown as tasks).
     pub unreadable: usize,
+    /// The pid of the gateway serving the page, whose tasks it can cancel; absent: the page
+    /// is read-only (`opencode-mcp dashboard`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_pid: Option<u32>,
 }
 
 /// What was read of one record file, kept while the file is unchanged.
@@ -123,13 +139,27 @@ struct Extra {
 pub struct Records {
     state_dir: PathBuf,
     files: HashMap<PathBuf, Cached>,
+    /// The workers' health notes as last listed (file name, modification time).
+    seen: Vec<(std::ffi::OsString, Option<SystemTime>)>,
+    /// The savings day files read.
+    days: Vec<DayFile>,
 }
+
+/// One savings day file as read: its date, its (length, modification time), and what each
+/// expired task it keeps spent.
+type DayFile = (
+    String,
+    (u64, Option<SystemTime>),
+    HashMap<String, rollup::Kept>,
+);
 
 impl Records {
     pub fn new(state_dir: PathBuf) -> Self {
         Self {
             state_dir,
             files: HashMap::new(),
+            seen: Vec::new(),
+            days: Vec::new(),
         }
     }
 
@@ -158,11 +188,54 @@ impl Records {
         let before = self.files.len();
         let seen: std::collections::HashSet<PathBuf> = seen.into_iter().collect();
         self.files.retain(|p, _| seen.contains(p));
-        changed || self.files.len() != before
+        // A worker's health note is a few files at most: listed and compared whole.
+        let mut notes: Vec<(std::ffi::OsString, Option<SystemTime>)> =
+            std::fs::read_dir(self.state_dir.join(crate::workers::seen::DIR))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .take(1000)
+                .map(|e| {
+                    (
+                        e.file_name(),
+                        e.metadata().ok().and_then(|m| m.modified().ok()),
+                    )
+                })
+                .collect();
+        notes.sort();
+        let notes_changed = notes != self.seen;
+        self.seen = notes;
+        changed || notes_changed || self.refresh_days() || self.files.len() != before
     }
 
-    /// The page's data as of now.
-    pub fn state(&self, config: &Config) -> State {
+    /// Re-reads the savings day files that changed; whether any did.
+    fn refresh_days(&mut self) -> bool {
+        let mut changed = false;
+        let mut fresh = Vec::new();
+        for (day, path) in rollup::day_files(&self.state_dir, SAVINGS_DAYS) {
+            let stamp = std::fs::metadata(&path)
+                .map(|m| (m.len(), m.modified().ok()))
+                .unwrap_or((0, None));
+            let known = self
+                .days
+                .iter()
+                .position(|(d, s, _)| *d == day && *s == stamp);
+            match known {
+                Some(i) => fresh.push(self.days.swap_remove(i)),
+                None => {
+                    changed = true;
+                    let kept = rollup::read_day(&path);
+                    fresh.push((day, stamp, kept));
+                }
+            }
+        }
+        changed |= !self.days.is_empty();
+        self.days = fresh;
+        changed
+    }
+
+    /// The page's data as of now; `controller` is the pid of the gateway serving the page.
+    pub fn state(&self, config: &Config, controller: Option<u32>) -> State {
         let now = epoch_ms(SystemTime::now());
         // Whether a gateway lives is asked of its owner lock once per pid, not once per task
         // for each of the list, the queue and the workers.
@@ -191,7 +264,11 @@ impl Records {
                 let read = by_id.get(line.task_id.as_str());
                 let spend_usd = read.map_or(0.0, |(s, _)| cost_of(s, now, price));
                 let extra = read.map(|(_, e)| *e);
+                let cancellable = read.is_some_and(|(s, _)| {
+                    controller == Some(s.owner_pid) && !s.status.is_terminal()
+                });
                 TaskRow {
+                    cancellable,
                     spend_usd,
                     checks: extra.and_then(|e| e.checks.clone()),
                     escalations: extra.map_or(0, |e| e.escalations),
@@ -201,7 +278,7 @@ impl Records {
             })
             .collect();
         let queue = queue_of(&summaries, &alive);
-        let workers = workers_of(config, &summaries, &alive);
+        let workers = workers_of(config, &self.state_dir, &summaries, &alive);
         let report = usage::report(&summaries, None, now, price);
         let savings = |groups: &[usage::Group]| {
             groups
@@ -233,9 +310,46 @@ impl Records {
                 ),
                 tiers: savings(&report.tiers),
                 models: savings(&report.models),
+                days: self.days_of(&summaries, price),
             },
             unreadable,
+            gateway_pid: controller,
         }
+    }
+}
+
+impl Records {
+    /// The savings of the last days: each stored record on the day it finished, and each
+    /// expired task (kept, and no longer stored) on the day its last line says.
+    fn days_of(
+        &self,
+        summaries: &[TaskSummary],
+        price: crate::config::ReferencePrice,
+    ) -> Vec<rollup::DayTotals> {
+        let stored: std::collections::HashSet<&str> =
+            summaries.iter().map(|s| s.id.as_str()).collect();
+        let live: Vec<(String, rollup::Kept)> = summaries
+            .iter()
+            .filter_map(|s| Some((rollup::day_of_summary(s)?, rollup::Kept::of_summary(s))))
+            .collect();
+        // Newest file first: a task kept on two days counts on the later one.
+        let mut counted: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut kept: Vec<(&str, &rollup::Kept)> = Vec::new();
+        for (day, _, tasks) in &self.days {
+            for (id, k) in tasks {
+                if !stored.contains(id.as_str()) && counted.insert(id.as_str()) {
+                    kept.push((day.as_str(), k));
+                }
+            }
+        }
+        let now = epoch_ms(SystemTime::now());
+        let first = rollup::date_of(now.saturating_sub((SAVINGS_DAYS - 1) * 86_400_000));
+        kept.extend(
+            live.iter()
+                .filter(|(day, _)| first.as_deref().is_none_or(|f| day.as_str() >= f))
+                .map(|(day, k)| (day.as_str(), k)),
+        );
+        rollup::totals(kept, price)
     }
 }
 
@@ -286,6 +400,7 @@ fn queue_of(summaries: &[TaskSummary], alive: &dyn Fn(u32) -> bool) -> Vec<Queue
 /// The configured workers with their slots in use: unfinished, unqueued tasks of live gateways.
 fn workers_of(
     config: &Config,
+    state_dir: &Path,
     summaries: &[TaskSummary],
     alive: &dyn Fn(u32) -> bool,
 ) -> Vec<WorkerRow> {
@@ -300,6 +415,10 @@ fn workers_of(
                 free: w.max_tasks.saturating_sub(used),
                 confined: w.sandbox == crate::config::SandboxMode::On,
                 remote: w.remote.is_some(),
+                seen: w
+                    .remote
+                    .as_ref()
+                    .and_then(|_| crate::workers::seen::read(state_dir, &w.name)),
                 name: w.name,
             }
         })
@@ -323,6 +442,9 @@ pub struct TaskPage {
     pub directory: String,
     pub turn: u32,
     pub started_ms: u64,
+    /// When the current turn started, and what OpenCode reported it cost so far.
+    pub turn_started_ms: u64,
+    pub turn_cost_usd: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<u64>,
     pub spend_usd: f64,
@@ -334,6 +456,11 @@ pub struct TaskPage {
     pub checks: Option<ChecksDetail>,
     pub escalations: Vec<crate::tasks::Escalation>,
     pub watch: String,
+    /// The turns before the current one, oldest first, in short.
+    pub past_turns: Vec<crate::tasks::lifecycle::record::PastTurn>,
+    /// The page can cancel it (see [`TaskRow::cancellable`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancellable: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -345,7 +472,12 @@ pub struct ChecksDetail {
 
 /// The page of task `id`, or `None` when no such record is stored. Ids are checked by the
 /// store's reader (a name that is not a task id is never a path).
-pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<TaskPage> {
+pub async fn task_page(
+    config: &Config,
+    state_dir: &Path,
+    id: &str,
+    controller: Option<u32>,
+) -> Option<TaskPage> {
     let Stored::Record(r) = crate::tasks::read_stored(state_dir, id) else {
         return None;
     };
@@ -365,6 +497,8 @@ pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<Ta
         directory: r.directory.clone(),
         turn: r.turn,
         started_ms: r.started_ms(),
+        turn_started_ms: r.turn_started_ms,
+        turn_cost_usd: r.outcome.as_ref().map_or(0.0, |o| o.cost),
         finished_ms: r.finished_ms,
         spend_usd,
         answer: r
@@ -382,6 +516,8 @@ pub async fn task_page(config: &Config, state_dir: &Path, id: &str) -> Option<Ta
         }),
         escalations: r.escalations.clone(),
         watch: format!("opencode-mcp watch {}", r.id),
+        past_turns: r.past_turns.clone(),
+        cancellable: controller == Some(r.owner_pid) && !r.status().is_terminal(),
     })
 }
 

@@ -55,6 +55,52 @@ const SECOND_SIGNAL_FLUSH: Duration = Duration::from_secs(1);
 /// How long stopping the managed servers may take at exit before we give up on them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long the dashboard may take to stop serving at exit.
+const PAGE_STOP: Duration = Duration::from_secs(5);
+
+/// Serves the dashboard (`dashboard.serve`) with cancel for this gateway's tasks, unless
+/// another process serves this state directory's page. Whatever happens here, MCP is served:
+/// a page that cannot be served is logged.
+async fn serve_page(
+    config: Config,
+    tasks: std::sync::Arc<crate::tasks::TaskService>,
+    stop: CancellationToken,
+) {
+    use crate::dashboard::{claim, Claimed, Dashboard};
+    let Some(dir) = crate::tasks::state_dir_of(&config) else {
+        tracing::warn!("dashboard.serve: no state directory, so no page");
+        return;
+    };
+    // The task store made the directory (private) as the gateway started; the page needs it for
+    // its lock, and creates nothing itself.
+    let claim = match claim(&dir) {
+        Claimed::Ours(claim) => claim,
+        Claimed::Taken(other) => {
+            tracing::info!(
+                at = other.as_deref().unwrap_or("an address it did not note"),
+                "dashboard.serve: another process serves this state directory's page"
+            );
+            return;
+        }
+        Claimed::Unclaimable => {
+            tracing::warn!(dir = %dir.display(), "dashboard.serve: the state directory is not usable, so no page");
+            return;
+        }
+    };
+    let port = config.dashboard.port;
+    let page = match Dashboard::bind(config, dir, port).await {
+        Ok(page) => page.claimed(claim).with_control(tasks),
+        Err(e) => {
+            tracing::warn!(error = %e, "dashboard.serve: the page is not served");
+            return;
+        }
+    };
+    tracing::info!(url = %page.url(), "dashboard: serving the page (it can cancel this gateway's tasks)");
+    if let Err(e) = page.serve(async move { stop.cancelled().await }).await {
+        tracing::warn!(error = %e, "dashboard: the page stopped");
+    }
+}
+
 /// Errors that end the stdio server.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -66,8 +112,11 @@ pub enum GatewayError {
 /// then stops every managed OpenCode server and returns. With a `watch`, edits to the config
 /// files are applied while serving (see `reload.rs`).
 pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), GatewayError> {
+    let page_config = config.dashboard.serve.then(|| config.clone());
     let gateway = Gateway::new(config);
     let tasks = gateway.tasks();
+    let page_stop = CancellationToken::new();
+    let page = page_config.map(|c| tokio::spawn(serve_page(c, tasks.clone(), page_stop.clone())));
     // Tasks a previous gateway left in the state directory answer again from the first call
     // (every task action waits for them), but are read only once the handshake is over: the
     // `initialize` reply never waits for a full state directory.
@@ -82,6 +131,11 @@ pub async fn serve_stdio(config: Config, watch: Option<Watch>) -> Result<(), Gat
     // kill the process without stopping its servers.
     let signals = tokio::spawn(cancel_on_signal(stop.clone(), tasks.clone()));
     let served = serve(gateway, stop, watch, handshake_done).await;
+    // The page goes first: it cancels nothing while the servers stop.
+    page_stop.cancel();
+    if let Some(page) = page {
+        let _ = tokio::time::timeout(PAGE_STOP, page).await;
+    }
     // The handlers stay installed through the shutdown: a second signal ends the wait.
     tracing::info!("stopping managed OpenCode servers");
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.shutdown())

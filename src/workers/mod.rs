@@ -9,12 +9,15 @@
 //! - `repo`: the repository there and back with git over the same ssh: the task's base pushed
 //!   into a bare repository per origin, a worktree made on the task's branch, the agent's work
 //!   committed there and fetched back under the gateway's own refs, and all of it removed.
+//! - `seen`: what was last seen of each worker (reached or not, when, by whom), noted under the
+//!   state directory for the dashboard.
 //! - `serve`: the worker's OpenCode, started over ssh on its loopback with a password of its
 //!   own, reached through the same connection's port forward.
 
 pub mod probe;
 pub mod repo;
 pub mod sandbox;
+pub mod seen;
 pub mod serve;
 pub mod ssh;
 

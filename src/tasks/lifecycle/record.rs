@@ -142,6 +142,38 @@ pub struct TaskRecord {
     /// records written before the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::sandbox::Confinement>,
+    /// The turns before the current one, oldest first, in short (the last [`PAST_TURNS`]): what
+    /// the dashboard's task page lists. Absent in older records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_turns: Vec<PastTurn>,
+}
+
+/// Past turns a record keeps (the oldest go first): the record is rewritten on every change.
+pub const PAST_TURNS: usize = 20;
+/// Characters of a past turn's answer kept.
+pub const PAST_ANSWER_CHARS: usize = 500;
+
+/// A turn that ended, in short, as the next one opened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PastTurn {
+    pub turn: u32,
+    pub status: TaskStatus,
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// The model that answered, else the one asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// What OpenCode reported it cost.
+    pub cost: f64,
+    /// The start of its answer (the agent's text: hostile, shown as text).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub answer: String,
+    /// Whether `answer` was cut.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A task's place in a fan-out group.
@@ -248,6 +280,7 @@ impl TaskRecord {
             checks: None,
             escalations: Vec::new(),
             confinement: None,
+            past_turns: Vec::new(),
             budget: None,
             variant: None,
             price: None,
@@ -324,6 +357,9 @@ impl TaskRecord {
             )
         });
         self.spend.open_turn(finished, rounds_before);
+        if self.turn > 0 {
+            self.keep_past_turn(now);
+        }
         self.turn += 1;
         self.note_message_id(&user_message_id);
         self.user_message_id = user_message_id;
@@ -338,6 +374,30 @@ impl TaskRecord {
         self.outcome_error = None;
         self.files_changed = None;
         self.files_error = None;
+    }
+
+    /// Keeps the current turn, in short, before the next one clears it.
+    fn keep_past_turn(&mut self, now: u64) {
+        let text = self.outcome.as_ref().map_or("", |o| o.text.as_str());
+        let answer: String = text.chars().take(PAST_ANSWER_CHARS).collect();
+        let past = PastTurn {
+            turn: self.turn,
+            status: self.status(),
+            started_ms: self.turn_started_ms,
+            finished_ms: Some(self.finished_ms.unwrap_or(now)),
+            model: self
+                .outcome
+                .as_ref()
+                .and_then(|o| o.model.clone())
+                .or_else(|| self.model.clone()),
+            cost: self.outcome.as_ref().map_or(0.0, |o| o.cost),
+            cut: answer.len() < text.len(),
+            answer,
+            error: self.error.as_ref().map(|e| e.message.clone()),
+        };
+        self.past_turns.push(past);
+        let over = self.past_turns.len().saturating_sub(PAST_TURNS);
+        self.past_turns.drain(..over);
     }
 
     /// Ends the turn with a terminal status.

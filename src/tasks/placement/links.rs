@@ -19,7 +19,53 @@ pub(in crate::tasks) struct WorkerServes {
     /// started, so two tasks placed at once start one OpenCode.
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Link>>>>>,
     /// Workers out of reach: why, and until when placement avoids them.
-    pub(in crate::tasks) down: Arc<Mutex<HashMap<String, Down>>>,
+    pub(in crate::tasks) down: Arc<Reach>,
+}
+
+/// Which workers this gateway found out of reach, and (with a state directory) a note of each
+/// change for the dashboard ([`crate::workers::seen`]).
+#[derive(Default)]
+pub(in crate::tasks) struct Reach {
+    down: Mutex<HashMap<String, Down>>,
+    /// The state directory the notes go under; unset: none are written.
+    notes: std::sync::OnceLock<std::path::PathBuf>,
+    /// Per worker, what was last noted and when: a note is written when reachability changes,
+    /// or at most every [`NOTE_AGAIN`] while it stays the same (every task start marks a
+    /// worker up; the disk need not hear of each).
+    noted: Mutex<HashMap<String, (bool, std::time::Instant)>>,
+}
+
+/// How often an unchanged reachability is noted again, so the page's "last seen" stays fresh.
+const NOTE_AGAIN: Duration = Duration::from_secs(60);
+
+impl Reach {
+    /// Notes go under `state_dir` from now on.
+    pub(in crate::tasks) fn note_under(&self, state_dir: std::path::PathBuf) {
+        let _ = self.notes.set(state_dir);
+    }
+
+    fn note(&self, worker: &str, reachable: bool, why: Option<&str>) {
+        let Some(dir) = self.notes.get() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        {
+            let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+            let fresh = noted
+                .get(worker)
+                .is_some_and(|(was, at)| *was == reachable && now.duration_since(*at) < NOTE_AGAIN);
+            if fresh {
+                return;
+            }
+            noted.insert(worker.to_string(), (reachable, now));
+        }
+        let by = format!("gateway {}", std::process::id());
+        crate::workers::seen::note(
+            dir,
+            worker,
+            &crate::workers::seen::Sighting::now(reachable, why, by),
+        );
+    }
 }
 
 /// A worker found out of reach.
@@ -33,37 +79,38 @@ pub(in crate::tasks) struct Down {
 impl WorkerServes {
     /// Whether placement should avoid `worker` now.
     pub(in crate::tasks) fn avoided(&self, worker: &str) -> bool {
-        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        let down = self.down.down.lock().unwrap_or_else(|p| p.into_inner());
         down.get(worker)
             .is_some_and(|d| d.avoid_until > std::time::Instant::now())
     }
 
-    pub(in crate::tasks) fn mark_down(
-        down: &Mutex<HashMap<String, Down>>,
-        worker: &str,
-        why: String,
-    ) {
+    pub(in crate::tasks) fn mark_down(down: &Reach, worker: &str, why: String) {
         let now = std::time::Instant::now();
-        let mut down = down.lock().unwrap_or_else(|p| p.into_inner());
-        let since = down.get(worker).map_or(now, |d| d.since);
-        down.insert(
-            worker.to_string(),
-            Down {
-                why,
-                since,
-                avoid_until: now + AVOID_DOWN,
-            },
-        );
+        {
+            let mut map = down.down.lock().unwrap_or_else(|p| p.into_inner());
+            let since = map.get(worker).map_or(now, |d| d.since);
+            map.insert(
+                worker.to_string(),
+                Down {
+                    why: why.clone(),
+                    since,
+                    avoid_until: now + AVOID_DOWN,
+                },
+            );
+        }
+        down.note(worker, false, Some(&why));
     }
 
-    pub(in crate::tasks) fn mark_up(down: &Mutex<HashMap<String, Down>>, worker: &str) {
-        down.lock()
+    pub(in crate::tasks) fn mark_up(down: &Reach, worker: &str) {
+        down.down
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(worker);
+        down.note(worker, true, None);
     }
 
     pub(in crate::tasks) fn down_since(&self, worker: &str) -> Option<Down> {
-        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        let down = self.down.down.lock().unwrap_or_else(|p| p.into_inner());
         down.get(worker).cloned()
     }
 }

@@ -59,12 +59,16 @@ impl Placement {
         pool: ServerPool,
         state_dir: Option<PathBuf>,
     ) -> Self {
+        let workers = links::WorkerServes::default();
+        if let Some(dir) = &state_dir {
+            workers.down.note_under(dir.clone());
+        }
         Self {
             registry: tracker.registry.clone(),
             git_lock: tracker.git_lock.clone(),
             tracker,
             pool,
-            workers: Default::default(),
+            workers,
             keys: Default::default(),
             enqueueing: Default::default(),
             state_dir,

@@ -1,13 +1,12 @@
 //! What watches one worker's connection: a dropped link is reached again with a backoff, and
 //! the OpenCode a lost period left running there is stopped once the worker answers again.
 
-use super::links::{Down, Link, WorkerServes};
+use super::links::{Link, Reach, WorkerServes};
 use super::remote::Named;
 use crate::opencode::Server;
 use crate::tasks::tracking::tracker;
 use crate::workers::serve::{RemoteServe, Saved, ServeError};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often a worker's connection is looked at (a dropped one is noticed this fast; ssh
@@ -20,7 +19,7 @@ const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duratio
 pub(super) struct Supervision {
     pub(super) worker: Named,
     pub(super) slot: Arc<tokio::sync::Mutex<Option<Link>>>,
-    pub(super) down: Arc<Mutex<HashMap<String, Down>>>,
+    pub(super) down: Arc<Reach>,
     pub(super) server: Arc<Server>,
     pub(super) registry: Arc<crate::tasks::store::registry::Registry>,
     pub(super) lost_after: Duration,

@@ -6,6 +6,7 @@
 //! - `capacity`: slots per worker, taken at the check.
 //! - `gc`: worktrees that outlive their tasks' records (`opencode-mcp gc`).
 //! - `usage`: pure: the usage report and the task list over stored records.
+//! - `rollup`: what expired records spent, kept by day for the dashboard's savings over days.
 
 pub(crate) mod capacity;
 pub(crate) mod disk;
@@ -14,5 +15,6 @@ pub mod gc;
 pub(crate) mod owner;
 pub(crate) mod read;
 pub(crate) mod registry;
+pub mod rollup;
 pub mod usage;
 mod writer;

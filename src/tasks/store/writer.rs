@@ -189,7 +189,13 @@ fn apply(dir: &Path, task_id: &str, op: &Op) -> std::io::Result<()> {
                 );
                 Ok(())
             }
-            Ok(_) => remove_record(&path),
+            Ok(on_disk) => {
+                // What it spent outlives it, for the dashboard's savings over days.
+                if let Some(state_dir) = dir.parent() {
+                    super::rollup::keep(state_dir, &on_disk);
+                }
+                remove_record(&path)
+            }
             Err(ReadError::Missing) => Ok(()),
             // Unreadable: reported where records are read; not this writer's to judge.
             Err(ReadError::Bad(_)) => Ok(()),
