@@ -534,7 +534,10 @@ mod tests {
     #[test]
     fn only_tasks_still_due_in_memory_are_held_whole() {
         let (memory, disk) = (Duration::from_secs(600), Duration::from_secs(86_400));
-        let now = epoch_ms(std::time::SystemTime::now());
+        // Noon of today (UTC): a record that finished minutes before `now` finished today too,
+        // so its spend counts toward the day whatever the time the test runs at (at 00:05 UTC,
+        // 700 s before the real now was yesterday, and the spend read 0).
+        let now = epoch_ms(std::time::SystemTime::now()) / DAY_MS * DAY_MS + DAY_MS / 2;
         let on_disk =
             |r: TaskRecord| matches!(Loaded::sort(r, now, memory, disk), Loaded::OnDisk(_));
         assert!(!on_disk(finished("a", now, 599_000, 0.0, None)));
