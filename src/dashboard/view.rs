@@ -205,7 +205,10 @@ impl Records {
         notes.sort();
         let notes_changed = notes != self.seen;
         self.seen = notes;
-        changed || notes_changed || self.refresh_days() || self.files.len() != before
+        // Every poll reads the day files too: behind `||` they were skipped whenever a record
+        // changed, so on a busy directory the days stayed stale (at first, empty).
+        let days_changed = self.refresh_days();
+        changed || notes_changed || days_changed || self.files.len() != before
     }
 
     /// Re-reads the savings day files that changed; whether any did.
@@ -342,8 +345,7 @@ impl Records {
                 }
             }
         }
-        let now = epoch_ms(SystemTime::now());
-        let first = rollup::date_of(now.saturating_sub((SAVINGS_DAYS - 1) * 86_400_000));
+        let first = rollup::first_day(SAVINGS_DAYS);
         kept.extend(
             live.iter()
                 .filter(|(day, _)| first.as_deref().is_none_or(|f| day.as_str() >= f))

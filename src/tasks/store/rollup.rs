@@ -169,10 +169,15 @@ fn is_date(name: &str) -> bool {
         })
 }
 
+/// The first date of the last `days` days, today included.
+pub fn first_day(days: u64) -> Option<String> {
+    let now = crate::tasks::epoch_ms(std::time::SystemTime::now());
+    date_of(now.saturating_sub(days.saturating_sub(1) * DAY_MS))
+}
+
 /// The day files of the last `days` days, newest first: (date, path).
 pub fn day_files(state_dir: &Path, days: u64) -> Vec<(String, PathBuf)> {
-    let now = crate::tasks::epoch_ms(std::time::SystemTime::now());
-    let oldest = date_of(now.saturating_sub(days.saturating_sub(1) * DAY_MS)).unwrap_or_default();
+    let oldest = first_day(days).unwrap_or_default();
     let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(state_dir.join(DIR))
         .into_iter()
         .flatten()
